@@ -1,0 +1,86 @@
+"""PyTorch reference decoding: the Transformer behind the search algorithms of `service.search`.
+
+`TorchDecoder` implements the incremental-decoder protocol (step / select) on top of
+`Transformer.decode()` with its key/value cache, so greedy search, beam search and sampling run
+the very code the service runs over onnxruntime; only the network differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from service.search import beam_search, greedy_search, max_lengths
+
+from .batching import pad
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from .transformer import KV, Transformer, padding_mask
+
+
+class TorchDecoder:
+    """Incremental decoding state for one batch of encoded sources."""
+
+    def __init__(self, model: Transformer, src: torch.Tensor | None = None):
+        self.model = model
+        self.past: list[KV] | None = None
+        self.cross_kv: list[KV] | None = None
+        self.src_mask: torch.Tensor | None = None
+        if src is not None:
+            self.src_mask = padding_mask(src, PAD_ID)                        # (B, 1, 1, S)
+            memory = model.encode(src, self.src_mask)                        # (B, S, d_model)
+            self.cross_kv = model.cross_kv(memory)
+
+    @torch.no_grad()
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        tgt = torch.as_tensor(tokens, dtype=torch.long, device=self.device)[:, None]  # (N, 1)
+        logits, self.past = self.model.decode(tgt, None, src_mask=self.src_mask, cross_kv=self.cross_kv,
+                                              past=self.past)
+        return torch.log_softmax(logits[:, -1].float(), dim=-1).cpu().numpy()  # (N, V)
+
+    def select(self, rows: np.ndarray) -> None:
+        idx = torch.as_tensor(rows, dtype=torch.long, device=self.device)
+        pick = lambda kvs: None if kvs is None else [(k[idx], v[idx]) for k, v in kvs]  # noqa: E731
+        self.past, self.cross_kv = pick(self.past), pick(self.cross_kv)
+        if self.src_mask is not None:
+            self.src_mask = self.src_mask[idx]
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed.weight.device
+
+
+@dataclass
+class DecodeSettings:
+    beam_size: int = 1            # 1 = greedy search
+    length_penalty: float = 1.0   # 0 = off
+    max_length_a: float = 1.5     # output budget: a * source_length + b tokens, at most max_length
+    max_length_b: int = 10
+    max_length: int = 256
+
+
+@torch.no_grad()
+def translate(model: Transformer, tokenizer: Tokenizer, texts: Sequence[str], *, target_lang: str | None = None,
+              settings: DecodeSettings = DecodeSettings(), batch_size: int = 64) -> list[str]:
+    """Translates `texts` (best hypothesis each). Sources are sorted by length so batches pad little."""
+    model.eval()
+    srcs = [tokenizer.source_ids(t, target_lang)[: model.config.max_len] for t in texts]
+    order = sorted(range(len(srcs)), key=lambda i: len(srcs[i]))
+    out: list[str] = [""] * len(texts)
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        src = pad([srcs[i] for i in idx]).to(model.embed.weight.device)
+        limits = max_lengths([len(srcs[i]) for i in idx], a=settings.max_length_a, b=settings.max_length_b,
+                             cap=min(settings.max_length, model.config.max_len))
+        decoder = TorchDecoder(model, src)
+        if settings.beam_size == 1:
+            hyps = greedy_search(decoder, len(idx), bos_id=BOS_ID, eos_id=EOS_ID, max_length=limits)
+        else:
+            hyps = [h[0] for h in beam_search(decoder, len(idx), bos_id=BOS_ID, eos_id=EOS_ID,
+                                              beam_size=settings.beam_size, max_length=limits,
+                                              length_penalty=settings.length_penalty)]
+        for i, h in zip(idx, hyps):
+            out[i] = tokenizer.decode(h.tokens)
+    return out

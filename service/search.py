@@ -1,0 +1,251 @@
+"""Decoding algorithms over any incremental decoder: greedy, beam search and sampling.
+
+Pure NumPy, no torch and no onnxruntime: the same code drives the onnxruntime engine in the
+service and the PyTorch reference in `model.evaluate`, so BLEU measured in training is measured
+on the search that is served.
+
+A decoder is anything with two methods (one object per batch of already-encoded sources):
+
+    step(tokens: int64 (N,)) -> float32 (N, V)   log-probabilities of the next token for each row;
+                                                  appends `tokens` to each row's key/value cache
+    select(rows: int64 (M,)) -> None              keeps rows `rows` of every cached tensor, in that
+                                                  order (expands sources into beams, follows beam
+                                                  back-pointers, drops finished sentences)
+
+Row r of a fresh decoder is source r. Beam search follows fairseq and CTranslate2: top-k over
+2 × beam candidates so that hypotheses ending in </s> can be set aside without shrinking the beam,
+one length-penalty normalisation when a hypothesis is finished, and finished sentences dropped
+from the batch so later steps only compute rows that still matter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+
+NEG_INF = np.float32(-np.inf)
+
+
+class IncrementalDecoder(Protocol):
+    def step(self, tokens: np.ndarray) -> np.ndarray: ...
+    def select(self, rows: np.ndarray) -> None: ...
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]          # generated ids, without bos, without the final eos
+    score: float               # sum of log-probs / length ** length_penalty (length counts the eos)
+    log_prob: float            # plain sum of log-probs, eos included
+    finished: bool = True      # False when cut at max_length without eos
+
+
+@dataclass
+class _Rows:
+    """Book-keeping for the rows currently in the decoder."""
+    sentence: np.ndarray                     # (N,) which input sentence each row belongs to
+    history: list[list[int]] = field(default_factory=list)  # generated ids per row
+
+
+def max_lengths(source_lengths: Sequence[int], *, a: float = 0.0, b: int = 256, cap: int = 512) -> np.ndarray:
+    """Output length budget per sentence: min(a * source_length + b, cap). a=0 makes it a constant b."""
+    src = np.asarray(source_lengths, dtype=np.float64)
+    return np.minimum(np.floor(a * src + b), cap).astype(np.int64)
+
+
+def _adjust(logp: np.ndarray, rows: _Rows, step: int, max_len: np.ndarray, *, eos_id: int, min_length: int,
+            no_repeat_ngram_size: int, repetition_penalty: float, banned_ids: Sequence[int]) -> np.ndarray:
+    """Applies the constraints shared by every algorithm to a (N, V) block of log-probs, in place."""
+    if banned_ids:
+        logp[:, banned_ids] = NEG_INF
+    if repetition_penalty != 1.0:
+        for r, hist in enumerate(rows.history):
+            if hist:
+                ids = np.unique(hist)
+                # Log-probs are negative: multiplying by a penalty > 1 makes a seen token less likely.
+                logp[r, ids] *= repetition_penalty
+    if no_repeat_ngram_size > 0:
+        n = no_repeat_ngram_size
+        for r, hist in enumerate(rows.history):
+            if len(hist) >= n:
+                prefix = tuple(hist[len(hist) - n + 1:]) if n > 1 else ()
+                banned = [hist[i + n - 1] for i in range(len(hist) - n + 1) if tuple(hist[i:i + n - 1]) == prefix]
+                logp[r, banned] = NEG_INF
+    if step < min_length:
+        logp[:, eos_id] = NEG_INF
+    # Rows at their length budget may only end; eos keeps its own log-prob, so scores stay honest.
+    at_limit = max_len[rows.sentence] <= step + 1
+    if at_limit.any():
+        eos_logp = logp[at_limit, eos_id]
+        logp[at_limit] = NEG_INF
+        logp[at_limit, eos_id] = eos_logp
+    return logp
+
+
+def greedy_search(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eos_id: int,
+                  max_length: Sequence[int] | np.ndarray, min_length: int = 0, no_repeat_ngram_size: int = 0,
+                  repetition_penalty: float = 1.0, banned_ids: Sequence[int] = ()) -> list[Hypothesis]:
+    """Arg-max decoding; one Hypothesis per input sentence.
+
+    min_length: 0 = off. no_repeat_ngram_size: 0 = off. repetition_penalty: 1.0 = off.
+    """
+    return _one_path_per_row(decoder, batch_size, lambda logp, sentence: logp.argmax(axis=1), bos_id=bos_id,
+                             eos_id=eos_id, max_length=max_length, min_length=min_length,
+                             no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
+                             banned_ids=banned_ids)
+
+
+def _one_path_per_row(decoder: IncrementalDecoder, batch_size: int, pick, *, bos_id: int, eos_id: int,
+                      max_length, min_length: int, no_repeat_ngram_size: int, repetition_penalty: float,
+                      banned_ids: Sequence[int]) -> list[Hypothesis]:
+    """The loop shared by greedy search and sampling: `pick(logp (N, V), sentence (N,)) -> (N,)` ids."""
+    results: list[Hypothesis | None] = [None] * batch_size
+    rows = _Rows(sentence=np.arange(batch_size), history=[[] for _ in range(batch_size)])
+    sums = np.zeros(batch_size, dtype=np.float64)
+    max_len = np.asarray(max_length, dtype=np.int64)
+    tokens = np.full(batch_size, bos_id, dtype=np.int64)
+    step = 0
+    while len(rows.sentence):
+        logp = decoder.step(tokens).astype(np.float32, copy=True)
+        logp = _adjust(logp, rows, step, max_len, eos_id=eos_id, min_length=min_length,
+                       no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
+                       banned_ids=banned_ids)
+        tokens = np.asarray(pick(logp, rows.sentence), dtype=np.int64)
+        sums += logp[np.arange(len(tokens)), tokens]
+        keep = []
+        for r, tok in enumerate(tokens):
+            if tok == eos_id:
+                results[rows.sentence[r]] = Hypothesis(rows.history[r], float(sums[r]), float(sums[r]))
+            else:
+                rows.history[r].append(int(tok))
+                keep.append(r)
+        if len(keep) < len(tokens):
+            keep_idx = np.asarray(keep, dtype=np.int64)
+            rows = _Rows(rows.sentence[keep_idx], [rows.history[r] for r in keep])
+            sums, tokens = sums[keep_idx], tokens[keep_idx]
+            if len(keep):
+                decoder.select(keep_idx)
+        step += 1
+    return results  # type: ignore[return-value]
+
+
+def beam_search(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eos_id: int, beam_size: int = 4,
+                max_length: Sequence[int] | np.ndarray, length_penalty: float = 1.0, num_hypotheses: int = 1,
+                min_length: int = 0, no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0,
+                banned_ids: Sequence[int] = ()) -> list[list[Hypothesis]]:
+    """Batched beam search; for each input sentence its `num_hypotheses` best hypotheses, best first.
+
+    length_penalty: a finished hypothesis scores sum(log p) / length ** length_penalty (0 = off,
+    1.0 = average log-prob). min_length: 0 = off. no_repeat_ngram_size: 0 = off.
+    repetition_penalty: 1.0 = off. A sentence stops once it has `beam_size` finished hypotheses;
+    the best `num_hypotheses` of them are returned.
+    """
+    if not 1 <= num_hypotheses <= beam_size:
+        raise ValueError(f"num_hypotheses must be between 1 and beam_size ({beam_size}), got {num_hypotheses}")
+    K = beam_size
+    max_len = np.asarray(max_length, dtype=np.int64)
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch_size)]
+    active = np.arange(batch_size)                                  # sentences still in the decoder
+    decoder.select(np.repeat(active, K))                            # (B*K) rows: K beams per sentence
+    rows = _Rows(sentence=np.repeat(active, K), history=[[] for _ in range(batch_size * K)])
+    # Only the first beam of each sentence is live at step 0, or the K beams would be K copies.
+    beam_scores = np.tile(np.array([0.0] + [-np.inf] * (K - 1)), batch_size).reshape(batch_size, K)
+    tokens = np.full(batch_size * K, bos_id, dtype=np.int64)
+    step = 0
+    while len(active):
+        A = len(active)
+        logp = decoder.step(tokens).astype(np.float32, copy=True)    # (A*K, V)
+        V = logp.shape[1]
+        logp = _adjust(logp, rows, step, max_len, eos_id=eos_id, min_length=min_length,
+                       no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
+                       banned_ids=banned_ids)
+        total = (beam_scores.reshape(A * K, 1) + logp).reshape(A, K * V)  # (A, K*V)
+        n_cand = min(2 * K, K * V)
+        cand = np.argpartition(-total, n_cand - 1, axis=1)[:, :n_cand]     # (A, 2K) unsorted
+        cand_scores = np.take_along_axis(total, cand, axis=1)
+        order = np.argsort(-cand_scores, axis=1, kind="stable")
+        cand, cand_scores = np.take_along_axis(cand, order, axis=1), np.take_along_axis(cand_scores, order, axis=1)
+
+        next_rows, next_tokens, next_scores, next_hist, still_active = [], [], [], [], []
+        for a in range(A):
+            s = active[a]
+            chosen = 0
+            for c in range(n_cand):
+                score = cand_scores[a, c]
+                if not np.isfinite(score):
+                    break
+                beam, tok = divmod(int(cand[a, c]), V)
+                row = a * K + beam
+                if tok == eos_id:
+                    # An eos outside the top K is not a hypothesis the beam would have kept.
+                    if c < K and len(finished[s]) < K:
+                        length = len(rows.history[row]) + 1
+                        norm = length ** length_penalty if length_penalty else 1.0
+                        finished[s].append(Hypothesis(list(rows.history[row]), float(score) / norm, float(score)))
+                    continue
+                next_rows.append(row)
+                next_tokens.append(tok)
+                next_scores.append(score)
+                next_hist.append(rows.history[row] + [tok])
+                chosen += 1
+                if chosen == K:
+                    break
+            done = len(finished[s]) >= K or chosen < K
+            if done:
+                # Drop this sentence's candidates again.
+                del next_rows[len(next_rows) - chosen:], next_tokens[len(next_tokens) - chosen:]
+                del next_scores[len(next_scores) - chosen:], next_hist[len(next_hist) - chosen:]
+            else:
+                still_active.append(a)
+        if not still_active:
+            break
+        keep = np.asarray(next_rows, dtype=np.int64)
+        decoder.select(keep)
+        active = active[still_active]
+        rows = _Rows(sentence=np.repeat(active, K), history=next_hist)
+        beam_scores = np.asarray(next_scores, dtype=np.float64).reshape(len(active), K)
+        tokens = np.asarray(next_tokens, dtype=np.int64)
+        step += 1
+    return [sorted(f, key=lambda h: -h.score)[:num_hypotheses] for f in finished]
+
+
+def sample(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eos_id: int,
+           max_length: Sequence[int] | np.ndarray, seeds: Sequence[int | None], temperature: float = 1.0,
+           top_k: int = 0, top_p: float = 1.0, min_length: int = 0, no_repeat_ngram_size: int = 0,
+           repetition_penalty: float = 1.0, banned_ids: Sequence[int] = ()) -> list[Hypothesis]:
+    """Ancestral sampling; one Hypothesis per input row.
+
+    temperature: 1.0 = the model's distribution (must be > 0; use greedy_search for 0). top_k: 0 = off.
+    top_p: 1.0 = off. Each row draws from its own generator seeded by `seeds[r]` (None = random), so a
+    seeded request samples the same text alone or batched with others.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for sampling (e.g. 0.7), got {temperature}")
+    rngs = [np.random.default_rng(s) for s in seeds]
+
+    def pick(logp: np.ndarray, sentence: np.ndarray) -> np.ndarray:
+        return [_sample_one(logp[r], rngs[sentence[r]], temperature, top_k, top_p) for r in range(len(logp))]
+
+    return _one_path_per_row(decoder, batch_size, pick, bos_id=bos_id, eos_id=eos_id, max_length=max_length,
+                             min_length=min_length, no_repeat_ngram_size=no_repeat_ngram_size,
+                             repetition_penalty=repetition_penalty, banned_ids=banned_ids)
+
+
+def _sample_one(logp: np.ndarray, rng: np.random.Generator, temperature: float, top_k: int, top_p: float) -> int:
+    z = logp.astype(np.float64) / temperature
+    if top_k > 0 and top_k < z.size:
+        kth = np.partition(z, -top_k)[-top_k]
+        z[z < kth] = -np.inf
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        cum = np.cumsum(p[order])
+        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+        cut = int(np.searchsorted(cum, top_p)) + 1
+        mask = np.zeros_like(p, dtype=bool)
+        mask[order[:cut]] = True
+        p = np.where(mask, p, 0.0)
+        p /= p.sum()
+    return int(rng.choice(p.size, p=p))

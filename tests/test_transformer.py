@@ -1,0 +1,148 @@
+"""The Transformer's defining properties, checked on a randomly initialised model."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from model.batching import pad
+from model.decoding import TorchDecoder
+from model.transformer import (Transformer, causal_mask, padding_mask, preset,
+                               sinusoidal_positional_encoding)
+from service.search import beam_search, greedy_search
+
+torch.manual_seed(0)
+
+
+def make(arch="encoder-decoder", **kw):
+    m = Transformer(preset("tiny", vocab_size=97, arch=arch, **kw))
+    return m.eval()
+
+
+def test_positional_encoding_is_the_papers_formula():
+    d_model, L = 16, 50
+    pe = sinusoidal_positional_encoding(L, d_model)
+    for pos in (0, 1, 7, 49):
+        for i in range(d_model // 2):
+            angle = pos / 10000 ** (2 * i / d_model)
+            assert pe[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_masks_have_the_documented_shapes_and_values():
+    ids = torch.tensor([[5, 6, 0], [7, 0, 0]])
+    m = padding_mask(ids, 0)
+    assert m.shape == (2, 1, 1, 3) and m[0, 0, 0].tolist() == [True, True, False]
+    c = causal_mask(3)
+    assert c.shape == (1, 1, 3, 3) and c[0, 0].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+
+
+def test_sentence_alone_equals_sentence_padded_in_a_batch():
+    model = make()
+    short = [11, 12, 13, 3]
+    longer = [20, 21, 22, 23, 24, 25, 26, 27, 3]
+    tgt_short = [2, 30, 31]
+    tgt_long = [2, 40, 41, 42, 43, 44, 45]
+    with torch.no_grad():
+        src1 = pad([short])
+        mem1 = model.encode(src1, padding_mask(src1, 0))
+        t1 = pad([tgt_short])
+        out1 = model(src1, t1, padding_mask(src1, 0), padding_mask(t1, 0) & causal_mask(t1.size(1)))
+        srcB = pad([longer, short])
+        memB = model.encode(srcB, padding_mask(srcB, 0))
+        tB = pad([tgt_long, tgt_short])
+        outB = model(srcB, tB, padding_mask(srcB, 0), padding_mask(tB, 0) & causal_mask(tB.size(1)))
+    assert torch.allclose(mem1[0], memB[1, : len(short)], atol=1e-5)
+    lp1 = torch.log_softmax(out1[0], -1)
+    lpB = torch.log_softmax(outB[1, : len(tgt_short)], -1)
+    assert torch.allclose(lp1, lpB, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["encoder-decoder", "decoder"])
+def test_changing_a_future_token_never_changes_earlier_positions(arch):
+    model = make(arch)
+    src = pad([[11, 12, 13, 14, 3]]) if arch == "encoder-decoder" else None
+    src_mask = padding_mask(src, 0) if src is not None else None
+    tgt = torch.tensor([[2, 30, 31, 32, 33, 34]])
+    mask = causal_mask(tgt.size(1))
+    with torch.no_grad():
+        a = model(src, tgt, src_mask, mask)
+        for j in range(1, tgt.size(1)):
+            changed = tgt.clone()
+            changed[0, j:] = 50
+            b = model(src, changed, src_mask, mask)
+            assert torch.allclose(a[0, :j], b[0, :j], atol=1e-6)
+            assert not torch.allclose(a[0, j:], b[0, j:], atol=1e-3)
+
+
+@pytest.mark.parametrize("arch", ["encoder-decoder", "decoder"])
+def test_incremental_decoding_with_cache_equals_full_decoding(arch):
+    model = make(arch)
+    src = pad([[11, 12, 13, 14, 3], [15, 16, 3]]) if arch == "encoder-decoder" else None
+    src_mask = padding_mask(src, 0) if src is not None else None
+    tgt = torch.tensor([[2, 30, 31, 32, 33], [2, 40, 41, 42, 43]])
+    with torch.no_grad():
+        full = torch.log_softmax(model(src, tgt, src_mask, causal_mask(tgt.size(1))), -1)
+        dec = TorchDecoder(model, src)
+        for t in range(tgt.size(1)):
+            step = dec.step(tgt[:, t].numpy())
+            np.testing.assert_allclose(step, full[:, t].numpy(), atol=1e-5)
+
+
+def test_decoder_only_has_no_encoder_and_no_cross_attention():
+    model = make("decoder")
+    assert model.encoder is None
+    assert all(layer.cross_attn is None for layer in model.decoder)
+
+
+def test_embeddings_are_tied():
+    model = make()
+    logits = model.generator(torch.eye(model.config.d_model)[None])
+    assert torch.allclose(logits[0], model.embed.weight.t(), atol=1e-6)
+
+
+def test_config_rejects_bad_values_with_a_valid_example():
+    with pytest.raises(ValueError, match="divisible"):
+        preset("tiny", d_model=65)
+    with pytest.raises(ValueError, match="unknown preset"):
+        preset("huge")
+
+
+def _brute_force_best(model, src, length, vocab):
+    """Highest-scoring complete sequence of exactly `length` tokens + eos, by enumeration."""
+    import itertools
+    best = (-math.inf, None)
+    with torch.no_grad():
+        mem_mask = padding_mask(src, 0)
+        for seq in itertools.product(vocab, repeat=length):
+            tgt = torch.tensor([[2, *seq]])
+            lp = torch.log_softmax(model(src, tgt, mem_mask, causal_mask(tgt.size(1))), -1)[0]
+            s = sum(lp[i, tok].item() for i, tok in enumerate(seq)) + lp[length, 3].item()
+            best = max(best, (s, list(seq)))
+    return best
+
+
+def test_beam_search_finds_better_or_equal_scores_than_greedy_and_is_sorted():
+    model = make()
+    src = pad([[11, 12, 13, 14, 3], [15, 16, 3], [17, 18, 19, 3]])
+    greedy = greedy_search(TorchDecoder(model, src), 3, bos_id=2, eos_id=3, max_length=[8, 8, 8])
+    beams = beam_search(TorchDecoder(model, src), 3, bos_id=2, eos_id=3, beam_size=5, max_length=[8, 8, 8],
+                        length_penalty=0.0, num_hypotheses=3)
+    for g, hyps in zip(greedy, beams):
+        assert len(hyps) == 3
+        assert [h.score for h in hyps] == sorted([h.score for h in hyps], reverse=True)
+        assert hyps[0].score >= g.score - 1e-4
+
+
+def test_beam_search_scores_are_the_models_log_probs():
+    model = make()
+    src = pad([[11, 12, 13, 14, 3]])
+    hyp = beam_search(TorchDecoder(model, src), 1, bos_id=2, eos_id=3, beam_size=4, max_length=[6],
+                      length_penalty=1.0)[0][0]
+    tgt = torch.tensor([[2, *hyp.tokens]])
+    with torch.no_grad():
+        lp = torch.log_softmax(model(src, tgt, padding_mask(src, 0), causal_mask(tgt.size(1))), -1)[0]
+    total = sum(lp[i, t].item() for i, t in enumerate(hyp.tokens)) + lp[len(hyp.tokens), 3].item()
+    assert hyp.log_prob == pytest.approx(total, abs=1e-4)
+    assert hyp.score == pytest.approx(total / (len(hyp.tokens) + 1), abs=1e-4)
