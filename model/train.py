@@ -222,6 +222,8 @@ def main(argv=None) -> None:
     while epoch < tc.epochs and not stop:
         batches = token_batches(train, tc.max_tokens, seed=tc.seed + epoch)
         batches = batches[: len(batches) - len(batches) % world]  # every rank takes the same number of steps
+        if not batches:
+            raise SystemExit(f"{len(train)} examples make fewer batches than {world} processes; lower --max-tokens")
         for bi in range(batch_pos + rank, len(batches), world):
             b = collate([train[i] for i in batches[bi]]).to(device)
             step += 1

@@ -68,7 +68,7 @@ PRESETS: dict[str, TransformerConfig] = {
     "tiny": TransformerConfig(d_model=64, h=4, d_ff=256, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0),
     # The embedded default: a deep encoder and a shallow decoder keep CPU decoding fast (the decoder
     # runs once per output token, the encoder once per sentence).
-    "small": TransformerConfig(d_model=256, h=4, d_ff=1024, n_encoder_layers=6, n_decoder_layers=3, dropout=0.1),
+    "small": TransformerConfig(d_model=256, h=4, d_ff=1024, n_encoder_layers=4, n_decoder_layers=3, dropout=0.1),
     # The paper's base model, for a GPU.
     "base": TransformerConfig(d_model=512, h=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, dropout=0.1),
 }
