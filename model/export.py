@@ -1,0 +1,203 @@
+"""Export a trained checkpoint to a self-contained model package for the service.
+
+    python -m model.export --checkpoint runs/small --out models/small [--quantize int8] [--fp16]
+
+A model package is a directory:
+
+    model.json     config, task, languages, special ids, graph signatures, metrics, sha256 of each file
+    encoder.onnx   src_ids (B, S) -> cross_kv (L, 2, B, h, S, d_k)   (translation only)
+    decoder.onnx   one decoding step with a key/value cache (below)
+    spm.model      the SentencePiece model (one joint vocabulary)
+    MODEL_CARD.md  copied from the run directory when it has one
+
+The decoder step (translation):
+
+    tokens     int64 (N, 1)                  the newest token of each row
+    past_kv    float (L, 2, M, h, T, d_k)    self-attention cache of the previous step (T may be 0)
+    past_rows  int64 (N,)                    row of past_kv each row continues (beam back-pointers,
+                                             finished sentences dropped): the reorder happens inside
+                                             the graph, so the cache never travels through Python
+    cross_kv   float (L, 2, B, h, S, d_k)    from the encoder, computed once per batch
+    cross_rows int64 (N,)                    source sentence of each row
+    src_mask   bool  (B, S)                  True at real source tokens
+  ->
+    log_probs  float32 (N, V)                log-softmax computed in the graph
+    present_kv float (L, 2, N, h, T+1, d_k)
+
+A decoder-only model (text generation) has no encoder, no cross inputs, and takes tokens (N, T_new)
+so a prompt is read in one call; see the generation issue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+import onnx
+import torch
+import torch.nn as nn
+
+from .evaluate import load_checkpoint
+from .tokenizer import Tokenizer
+from .transformer import Transformer, padding_mask
+
+PACKAGE_FORMAT = "transerve-model/1"
+OPSET = 18
+
+
+class EncoderGraph(nn.Module):
+    """Runs the encoder and precomputes every decoder layer's cross-attention keys/values."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, src_ids: torch.Tensor) -> torch.Tensor:
+        src_mask = padding_mask(src_ids, self.model.config.pad_id)              # (B, 1, 1, S)
+        memory = self.model.encode(src_ids, src_mask)                           # (B, S, d_model)
+        kv = [torch.stack(layer_kv) for layer_kv in self.model.cross_kv(memory)]  # L x (2, B, h, S, d_k)
+        return torch.stack(kv)                                                  # (L, 2, B, h, S, d_k)
+
+
+class DecoderGraph(nn.Module):
+    """One incremental decoding step; reorders the caches by the given rows first."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens, past_kv, past_rows, cross_kv, cross_rows, src_mask):
+        past = past_kv.index_select(2, past_rows)                               # (L, 2, N, h, T, d_k)
+        cross = cross_kv.index_select(2, cross_rows)                            # (L, 2, N, h, S, d_k)
+        mask = src_mask.index_select(0, cross_rows)[:, None, None, :]           # (N, 1, 1, S)
+        L = past.size(0)
+        logits, present = self.model.decode(
+            tokens, None, src_mask=mask, cross_kv=[(cross[i, 0], cross[i, 1]) for i in range(L)],
+            past=[(past[i, 0], past[i, 1]) for i in range(L)])                  # (N, 1, V)
+        log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1)            # (N, V)
+        return log_probs, torch.stack([torch.stack(kv) for kv in present])     # (L, 2, N, h, T+1, d_k)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _export(module: nn.Module, args: tuple, path: Path, input_names, output_names, dynamic_shapes) -> None:
+    module.eval()
+    torch.onnx.export(module, args, str(path), input_names=input_names, output_names=output_names,
+                      dynamic_shapes=dynamic_shapes, opset_version=OPSET, external_data=False, dynamo=True,
+                      optimize=True, verbose=False)
+    onnx.checker.check_model(str(path), full_check=True)
+
+
+def export_translation(model: Transformer, out: Path, dtype: torch.dtype = torch.float32) -> dict:
+    """Writes encoder.onnx and decoder.onnx; returns their signatures for model.json."""
+    c = model.config
+    model = model.to(dtype).eval()
+    B, S, T, N = 2, 7, 3, 4
+    Dim = torch.export.Dim
+    batch, src_len, past_len, rows, kv_rows = Dim("batch"), Dim("src_len"), Dim("past_len"), Dim("rows"), Dim("kv_rows")
+    src = torch.randint(4, c.vocab_size, (B, S))
+    _export(EncoderGraph(model), (src,), out / "encoder.onnx", ["src_ids"], ["cross_kv"],
+            {"src_ids": {0: batch, 1: src_len}})
+    shape_kv = lambda n, t: (c.n_decoder_layers, 2, n, c.h, t, c.d_k)  # noqa: E731
+    args = (torch.randint(4, c.vocab_size, (N, 1)), torch.randn(shape_kv(3, T), dtype=dtype),
+            torch.tensor([0, 1, 2, 1]), torch.randn(shape_kv(B, S), dtype=dtype), torch.tensor([0, 0, 1, 1]),
+            torch.ones(B, S, dtype=torch.bool))
+    _export(DecoderGraph(model), args, out / "decoder.onnx",
+            ["tokens", "past_kv", "past_rows", "cross_kv", "cross_rows", "src_mask"], ["log_probs", "present_kv"],
+            {"tokens": {0: rows}, "past_kv": {2: kv_rows, 4: past_len}, "past_rows": {0: rows},
+             "cross_kv": {2: batch, 4: src_len}, "cross_rows": {0: rows}, "src_mask": {0: batch, 1: src_len}})
+    return {
+        "encoder": {"inputs": {"src_ids": ["batch", "src_len"]},
+                    "outputs": {"cross_kv": ["layers", 2, "batch", "heads", "src_len", "d_k"]}},
+        "decoder": {"inputs": {"tokens": ["rows", 1], "past_kv": ["layers", 2, "kv_rows", "heads", "past_len", "d_k"],
+                               "past_rows": ["rows"], "cross_kv": ["layers", 2, "batch", "heads", "src_len", "d_k"],
+                               "cross_rows": ["rows"], "src_mask": ["batch", "src_len"]},
+                    "outputs": {"log_probs": ["rows", "vocab"],
+                                "present_kv": ["layers", 2, "rows", "heads", "past_len + 1", "d_k"]}},
+    }
+
+
+def quantize_int8(path: Path) -> None:
+    """Dynamic int8 quantization of the MatMul weights (activations quantized on the fly)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    tmp = path.with_suffix(".fp32.onnx")
+    path.rename(tmp)
+    quantize_dynamic(str(tmp), str(path), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+    tmp.unlink()
+
+
+def export_package(checkpoint: str | Path, out: str | Path, *, quantize: str | None = None, fp16: bool = False,
+                   name: str | None = None) -> Path:
+    """Checkpoint (run directory) -> model package directory. Returns the model.json path."""
+    if quantize not in (None, "int8"):
+        raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
+    if quantize and fp16:
+        raise ValueError("choose one of --quantize int8 (CPU) and --fp16 (GPU)")
+    model, tok, info = load_checkpoint(checkpoint)
+    if model.config.arch != "encoder-decoder":
+        raise SystemExit("decoder-only export comes with the generation issue")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    graphs = export_translation(model, out, torch.float16 if fp16 else torch.float32)
+    if quantize == "int8":
+        for f in ("encoder.onnx", "decoder.onnx"):
+            quantize_int8(out / f)
+    shutil.copy(tok.model_file, out / "spm.model")
+    run = Path(checkpoint) if Path(checkpoint).is_dir() else Path(checkpoint).parent
+    if (run / "MODEL_CARD.md").exists():
+        shutil.copy(run / "MODEL_CARD.md", out / "MODEL_CARD.md")
+    langs = info.get("langs") or ["de", "en"]
+    directions = info.get("directions") or [f"{langs[0]}-{langs[1]}"]
+    tagged = bool(info.get("tagged"))
+    tokenizer = Tokenizer(out / "spm.model")
+    metrics = info.get("metrics") or {}
+    meta = {
+        "format": PACKAGE_FORMAT,
+        "name": name or out.name,
+        "task": "translation",
+        "directions": directions,
+        "languages": sorted({lang for d in directions for lang in d.split("-")}),
+        "target_tags": {lang: tokenizer.lang_id(lang) for lang in tokenizer.languages()} if tagged else {},
+        "config": model.config.to_dict() | {"d_k": model.config.d_k},
+        "special_ids": {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
+        "precision": "int8" if quantize else ("fp16" if fp16 else "fp32"),
+        "tokenizer": {"source": "spm.model", "target": "spm.model"},
+        "graphs": graphs,
+        "training": {"step": info.get("step"), "dev_metrics": metrics, "checkpoint": Path(info["file"]).name},
+        "export_seconds": round(time.time() - t0, 1),
+    }
+    meta["files"] = {f.name: {"sha256": _sha256(f), "bytes": f.stat().st_size}
+                     for f in sorted(out.iterdir()) if f.name != "model.json" and f.is_file()}
+    path = out / "model.json"
+    path.write_text(json.dumps(meta, indent=2) + "\n")
+    return path
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description="Export a checkpoint to an ONNX model package.")
+    p.add_argument("--checkpoint", required=True, help="run directory from model.train (best.pt is used)")
+    p.add_argument("--out", required=True, help="package directory to write, e.g. models/de-en")
+    p.add_argument("--quantize", choices=["int8"], default=None, help="dynamic int8 weights (CPU serving)")
+    p.add_argument("--fp16", action="store_true", help="half-precision graphs (GPU serving)")
+    p.add_argument("--name", default=None, help="model id shown by the service (default: the directory name)")
+    args = p.parse_args(argv)
+    path = export_package(args.checkpoint, args.out, quantize=args.quantize, fp16=args.fp16, name=args.name)
+    meta = json.loads(path.read_text())
+    sizes = ", ".join(f"{k} {v['bytes'] / 1e6:.1f} MB" for k, v in meta["files"].items())
+    print(f"wrote {path.parent} ({meta['precision']}): {sizes}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+"""The decoding engine: a model package run by onnxruntime, without torch.
+
+    engine = Engine("models/de-en")                       # CUDA when there is a GPU, else CPU
+    engine.translate(["Das geht zu weit."], source_lang="de", target_lang="en", beam_size=4)
+
+Layers, so the HTTP service can split the work across LitServe's hooks:
+
+- `load_package()` reads `model.json`, checks every file against its sha256, and says which file
+  is missing or corrupt;
+- `Engine.source_ids()` / `Engine.detokenize()` (tokenizer, host side);
+- `Engine.search(src_ids, options)` (arrays only: encoder once per batch, then the decoder step
+  by step under `service.search`).
+
+The key/value cache stays inside onnxruntime between steps (IO binding: on the GPU it never
+leaves the device), and beam reordering and dropping finished rows happen inside the decoder
+graph through its `past_rows`/`cross_rows` inputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import onnxruntime as ort
+import sentencepiece as spm
+
+from .search import Hypothesis, beam_search, greedy_search, max_lengths, sample
+
+PACKAGE_FORMAT = "transerve-model/1"
+
+
+class PackageError(RuntimeError):
+    """A model package that cannot be served; the message names the file."""
+
+
+@dataclass
+class ModelPackage:
+    path: Path
+    meta: dict
+
+    @property
+    def name(self) -> str:
+        return self.meta["name"]
+
+    @property
+    def config(self) -> dict:
+        return self.meta["config"]
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+
+def load_package(path: str | Path, *, verify: bool = True) -> ModelPackage:
+    """Reads and checks a model package directory (see model/export.py for its layout)."""
+    path = Path(path)
+    meta_file = path / "model.json"
+    if not meta_file.is_file():
+        raise PackageError(f"{meta_file}: missing (is {path} a model package written by model.export?)")
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise PackageError(f"{meta_file}: not readable JSON ({e})") from None
+    if meta.get("format") != PACKAGE_FORMAT:
+        raise PackageError(f"{meta_file}: format is {meta.get('format')!r}, expected {PACKAGE_FORMAT!r}")
+    for name, info in meta.get("files", {}).items():
+        f = path / name
+        if not f.is_file():
+            raise PackageError(f"{f}: missing from the model package")
+        if f.stat().st_size != info["bytes"]:
+            raise PackageError(f"{f}: {f.stat().st_size} bytes, model.json says {info['bytes']} (corrupt or truncated)")
+        if verify and _sha256(f) != info["sha256"]:
+            raise PackageError(f"{f}: sha256 does not match model.json (corrupt or modified)")
+    return ModelPackage(path, meta)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class SearchOptions:
+    """Decoding options; each says its "off" value."""
+    beam_size: int = 4                # 1 = greedy search
+    num_hypotheses: int = 1           # n-best returned per input (<= beam_size)
+    length_penalty: float = 1.0       # score = log p / length ** length_penalty; 0 = off
+    max_length_a: float = 1.5         # output budget a * source_length + b tokens ...
+    max_length_b: int = 10
+    max_length: int = 256             # ... never more than this (also capped by the model)
+    min_length: int = 0               # 0 = off
+    no_repeat_ngram_size: int = 0     # 0 = off
+    repetition_penalty: float = 1.0   # 1.0 = off
+    sampling: bool = False            # True = ancestral sampling instead of search
+    temperature: float = 1.0          # sampling only
+    top_k: int = 0                    # sampling only; 0 = off
+    top_p: float = 1.0                # sampling only; 1.0 = off
+    seed: int | None = None           # sampling only; None = random
+
+
+@dataclass
+class Translation:
+    text: str
+    score: float
+    tokens: int                                   # output pieces, eos excluded
+    alternatives: list[tuple[str, float]] = field(default_factory=list)
+
+
+def session_options(intra_op_threads: int = 0, inter_op_threads: int = 1) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = intra_op_threads       # 0 = one per physical core
+    so.inter_op_num_threads = inter_op_threads
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return so
+
+
+def pick_providers(device: str) -> list[str]:
+    """"auto": CUDA when onnxruntime has it and a GPU answers, else CPU. "cpu" or "cuda" force one."""
+    available = ort.get_available_providers()
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+    if device == "cuda" and "CUDAExecutionProvider" not in available:
+        raise ValueError("device=cuda but this onnxruntime has no CUDAExecutionProvider (install the gpu extra)")
+    if device in ("auto", "cuda") and "CUDAExecutionProvider" in available:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+class OrtDecoder:
+    """The incremental-decoder protocol of service.search over the decoder graph."""
+
+    def __init__(self, engine: "Engine", cross_kv: ort.OrtValue, src_mask: np.ndarray):
+        self.e = engine
+        self.cross_kv = cross_kv
+        self.src_mask = src_mask
+        B = src_mask.shape[0]
+        c = engine.package.config
+        self.rows = np.arange(B, dtype=np.int64)          # past row each current row continues
+        self.cross_rows = np.arange(B, dtype=np.int64)    # source sentence of each current row
+        self.past = engine.new_value(np.zeros((c["n_decoder_layers"], 2, B, c["h"], 0, c["d_k"]), dtype=engine.float_dtype))
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        io = self.e.decoder.io_binding()
+        io.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64)[:, None])
+        io.bind_ortvalue_input("past_kv", self.past)
+        io.bind_cpu_input("past_rows", self.rows)
+        io.bind_ortvalue_input("cross_kv", self.cross_kv)
+        io.bind_cpu_input("cross_rows", self.cross_rows)
+        io.bind_cpu_input("src_mask", self.src_mask)
+        io.bind_output("log_probs", "cpu")
+        io.bind_output("present_kv", self.e.device_type)
+        self.e.decoder.run_with_iobinding(io)
+        log_probs, self.past = io.get_outputs()
+        self.rows = np.arange(len(tokens), dtype=np.int64)
+        return log_probs.numpy()
+
+    def select(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows, dtype=np.int64)
+        self.cross_rows = self.cross_rows[rows]
+        self.rows = self.rows[rows]
+
+
+class Engine:
+    """A loaded translation package: tokenizer, encoder and decoder sessions."""
+
+    def __init__(self, package: str | Path | ModelPackage, *, device: str = "auto", intra_op_threads: int = 0,
+                 inter_op_threads: int = 1, verify: bool = True):
+        self.package = package if isinstance(package, ModelPackage) else load_package(package, verify=verify)
+        meta = self.package.meta
+        if meta["task"] != "translation":
+            raise PackageError(f"{self.package.path}: task {meta['task']!r}; Engine serves translation packages")
+        self.providers = pick_providers(device)
+        self.device_type = "cuda" if self.providers[0] == "CUDAExecutionProvider" else "cpu"
+        so = session_options(intra_op_threads, inter_op_threads)
+        try:
+            self.encoder = ort.InferenceSession(str(self.package.file("encoder.onnx")), so, providers=self.providers)
+            self.decoder = ort.InferenceSession(str(self.package.file("decoder.onnx")), so, providers=self.providers)
+        except Exception as e:  # onnxruntime raises several types for unreadable graphs
+            raise PackageError(f"{self.package.path}: onnxruntime cannot load the graphs ({e})") from None
+        self.float_dtype = np.float16 if meta["precision"] == "fp16" else np.float32
+        self.sp = spm.SentencePieceProcessor(model_file=str(self.package.file(meta["tokenizer"]["source"])))
+        ids = meta["special_ids"]
+        self.pad_id, self.bos_id, self.eos_id = ids["pad"], ids["bos"], ids["eos"]
+        self.target_tags: dict[str, int] = meta.get("target_tags", {})
+        self.directions: list[str] = meta["directions"]
+        self.max_positions: int = self.package.config["max_len"]
+        # Tags never appear in output: a model that wrote one would be writing nonsense.
+        self.banned_ids = [self.pad_id, self.bos_id, *self.target_tags.values()]
+
+    # --- host side: text <-> ids -------------------------------------------------------------------
+    def check_direction(self, source_lang: str, target_lang: str) -> None:
+        if f"{source_lang}-{target_lang}" not in self.directions:
+            raise ValueError(f"{self.package.name} translates {', '.join(self.directions)}, "
+                             f"not {source_lang}-{target_lang}")
+
+    def source_ids(self, texts: Sequence[str], target_lang: str) -> list[list[int]]:
+        """Encoder inputs: the target tag when the model is multi-directional, pieces, eos."""
+        tag = [self.target_tags[target_lang]] if self.target_tags else []
+        return [tag + ids + [self.eos_id] for ids in self.sp.encode(list(texts), out_type=int)]
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.sp.decode([i for i in ids if i > self.eos_id and i not in self.target_tags.values()])
+
+    # --- device side: arrays only ---------------------------------------------------------------------
+    def new_value(self, array: np.ndarray) -> ort.OrtValue:
+        return ort.OrtValue.ortvalue_from_numpy(array, self.device_type, 0)
+
+    def encode(self, src: np.ndarray) -> ort.OrtValue:
+        """src (B, S) int64 padded -> cross_kv (L, 2, B, h, S, d_k), left where the model runs."""
+        io = self.encoder.io_binding()
+        io.bind_cpu_input("src_ids", src)
+        io.bind_output("cross_kv", self.device_type)
+        self.encoder.run_with_iobinding(io)
+        return io.get_outputs()[0]
+
+    def search(self, src_ids: Sequence[Sequence[int]], options: SearchOptions,
+               seeds: Sequence[int | None] | None = None) -> list[list[Hypothesis]]:
+        """Decodes one padded batch; for each source its hypotheses, best first."""
+        B = len(src_ids)
+        width = max(len(s) for s in src_ids)
+        src = np.full((B, width), self.pad_id, dtype=np.int64)
+        for i, s in enumerate(src_ids):
+            src[i, :len(s)] = s
+        decoder = OrtDecoder(self, self.encode(src), src != self.pad_id)
+        limits = max_lengths([len(s) for s in src_ids], a=options.max_length_a, b=options.max_length_b,
+                             cap=min(options.max_length, self.max_positions))
+        common = dict(bos_id=self.bos_id, eos_id=self.eos_id, max_length=limits, min_length=options.min_length,
+                      no_repeat_ngram_size=options.no_repeat_ngram_size,
+                      repetition_penalty=options.repetition_penalty, banned_ids=self.banned_ids)
+        if options.sampling:
+            seeds = list(seeds) if seeds is not None else [options.seed] * B
+            return [[h] for h in sample(decoder, B, seeds=seeds, temperature=options.temperature,
+                                        top_k=options.top_k, top_p=options.top_p, **common)]
+        if options.beam_size == 1:
+            return [[h] for h in greedy_search(decoder, B, **common)]
+        return beam_search(decoder, B, beam_size=options.beam_size, length_penalty=options.length_penalty,
+                           num_hypotheses=options.num_hypotheses, **common)
+
+    # --- convenience: text in, text out ---------------------------------------------------------------
+    def translate(self, texts: Sequence[str], *, source_lang: str, target_lang: str,
+                  batch_size: int = 32, **options) -> list[Translation]:
+        """Translates texts in length-sorted batches. Options: see SearchOptions."""
+        self.check_direction(source_lang, target_lang)
+        opts = SearchOptions(**options)
+        ids = [s[: self.max_positions] for s in self.source_ids(texts, target_lang)]
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        out: list[Translation | None] = [None] * len(ids)
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            for i, hyps in zip(idx, self.search([ids[i] for i in idx], opts)):
+                best = hyps[0]
+                out[i] = Translation(self.detokenize(best.tokens), best.score, len(best.tokens),
+                                     [(self.detokenize(h.tokens), h.score) for h in hyps[1:]])
+        return out  # type: ignore[return-value]
+
