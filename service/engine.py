@@ -223,6 +223,12 @@ class Engine:
     def search(self, src_ids: Sequence[Sequence[int]], options: SearchOptions,
                seeds: Sequence[int | None] | None = None) -> list[list[Hypothesis]]:
         """Decodes one padded batch; for each source its hypotheses, best first."""
+        # Checked here, not only in beam_search: greedy search and sampling would silently return one.
+        most = 1 if options.sampling else options.beam_size
+        if not 1 <= options.num_hypotheses <= most:
+            raise ValueError(f"num_hypotheses must be between 1 and {most} "
+                             f"({'sampling returns one per input' if options.sampling else 'beam_size'}), "
+                             f"got {options.num_hypotheses}")
         B = len(src_ids)
         width = max(len(s) for s in src_ids)
         src = np.full((B, width), self.pad_id, dtype=np.int64)

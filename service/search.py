@@ -72,10 +72,12 @@ def _adjust(logp: np.ndarray, rows: _Rows, step: int, max_len: np.ndarray, *, eo
                 prefix = tuple(hist[len(hist) - n + 1:]) if n > 1 else ()
                 banned = [hist[i + n - 1] for i in range(len(hist) - n + 1) if tuple(hist[i:i + n - 1]) == prefix]
                 logp[r, banned] = NEG_INF
-    if step < min_length:
-        logp[:, eos_id] = NEG_INF
     # Rows at their length budget may only end; eos keeps its own log-prob, so scores stay honest.
     at_limit = max_len[rows.sentence] <= step + 1
+    if step < min_length:
+        # The budget wins over min_length: a row at its limit that may not end either would run past
+        # its budget on -inf (banned) tokens in greedy search, or end with no hypothesis in beam search.
+        logp[~at_limit, eos_id] = NEG_INF
     if at_limit.any():
         eos_logp = logp[at_limit, eos_id]
         logp[at_limit] = NEG_INF

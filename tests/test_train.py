@@ -13,32 +13,7 @@ import torch
 from model import evaluate, train
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
 
-FIXTURES = Path(__file__).parent / "fixtures"
-ROOT = Path(__file__).parent.parent
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    rows = [line.rstrip("\n").split("\t") for line in (FIXTURES / "pairs64.tsv").read_text(encoding="utf-8").splitlines()]
-    assert len(rows) == 64
-    text = "".join(f"{de}\t{en}\tding\n" for de, en in rows)
-    for split in ("train", "dev", "test"):
-        (d / f"{split}.tsv").write_text(text, encoding="utf-8")
-    (d / "meta.json").write_text(json.dumps({"langs": ["de", "en"]}))
-    return d
-
-
-TINY = ["--preset", "tiny", "--vocab-size", "300", "--warmup", "50", "--lr-factor", "1",
-        "--max-tokens", "2000", "--label-smoothing", "0"]
-
-
-@pytest.fixture(scope="module")
-def overfit_run(data_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("run") / "tiny"
-    train.main(["--data", str(data_dir), "--out", str(out), "--direction", "de-en", "--max-steps", "300",
-                "--eval-every", "0", "--eval-sentences", "64", *TINY])
-    return out
+from conftest import FIXTURES, ROOT, TINY
 
 
 def test_tokenizer_has_fixed_special_ids_and_language_tags(tmp_path):
@@ -56,9 +31,9 @@ def test_tokenizer_has_fixed_special_ids_and_language_tags(tmp_path):
     assert Tokenizer(tmp_path / "spm.model").encode("Daran wirst du nicht sterben.") == tok.encode("Daran wirst du nicht sterben.")
 
 
-def test_tiny_model_overfits_64_pairs_to_bleu_90(overfit_run, data_dir, capsys):
+def test_tiny_model_overfits_64_pairs_to_bleu_90(tiny_run, data_dir, capsys):
     capsys.readouterr()
-    evaluate.main(["--checkpoint", str(overfit_run), "--data", str(data_dir / "test.tsv"), "--beam", "4", "--json"])
+    evaluate.main(["--checkpoint", str(tiny_run), "--data", str(data_dir / "test.tsv"), "--beam", "4", "--json"])
     result = json.loads(capsys.readouterr().out)
     assert result["sentences"] == 64
     assert result["greedy"]["bleu"] >= 90, result
@@ -83,9 +58,9 @@ def test_training_writes_resumable_checkpoints(data_dir, tmp_path, capsys):
     assert {"dev_loss", "bleu_de-en", "bleu_en-de", "step"} <= set(log[-1])
 
 
-def test_evaluate_rejects_a_direction_the_model_does_not_have(overfit_run, data_dir):
+def test_evaluate_rejects_a_direction_the_model_does_not_have(tiny_run, data_dir):
     with pytest.raises(SystemExit, match="translates de-en"):
-        evaluate.main(["--checkpoint", str(overfit_run), "--data", str(data_dir / "test.tsv"), "--direction", "en-de"])
+        evaluate.main(["--checkpoint", str(tiny_run), "--data", str(data_dir / "test.tsv"), "--direction", "en-de"])
 
 
 def test_torchrun_trains_with_two_processes(data_dir, tmp_path):

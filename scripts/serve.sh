@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Sets up a serving-only virtual environment (no torch) and serves the embedded model package.
+# Extra arguments go to `python -m service` (e.g. --port 9000 --host 0.0.0.0).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv-serve}
+if [[ ! -x "$VENV/bin/python" ]]; then
+  python3 -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -q -e ".[serve]"
+exec "$VENV/bin/python" -m service --model "${TRANSERVE_MODEL:-models/de-en}" "$@"

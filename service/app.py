@@ -1,0 +1,307 @@
+"""The HTTP layer: a LitServer around TranslateAPI, plus the routes LitServe does not have.
+
+    POST /translate                 our API (pydantic models, in the OpenAPI schema at /docs)
+    POST /libretranslate/translate  LibreTranslate's API, feeding the same queue and batches
+    GET  /languages, /libretranslate/languages
+    GET  /health                    liveness: the HTTP process answers
+    GET  /ready                     readiness: every inference worker loaded and warmed up (LitServe's check)
+    GET  /info                      models, versions, settings
+    GET  /metrics                   Prometheus, merged over all processes
+
+LitServe's queue is unbounded and its /translate route would accept any JSON, so we replace that
+route with one that validates, bounds the queue (503 + Retry-After when full), records metrics and
+turns worker-side failures into status codes; it still submits through LitServe's own request
+handler, so batching is untouched.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+import uuid
+from typing import Any
+
+import litserve as ls
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from litserve.server import RegularRequestHandler
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import __version__
+from .config import Settings
+from .metrics import m, render
+from .schemas import ErrorResponse, Language, TranslateRequest, TranslateResponse
+from .translate_api import ENDPOINT, TranslateAPI, check_packages
+
+log = logging.getLogger("transerve")
+
+LANGUAGE_NAMES = {"de": "German", "en": "English", "fr": "French", "es": "Spanish", "it": "Italian",
+                  "nl": "Dutch", "pt": "Portuguese", "pl": "Polish", "ru": "Russian", "zh": "Chinese",
+                  "ja": "Japanese", "cs": "Czech", "da": "Danish", "sv": "Swedish", "fi": "Finnish"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, type_: str, message: str, limit: int | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.type, self.message, self.limit, self.headers = status, type_, message, limit, headers or {}
+
+    def body(self, request_id: str | None) -> dict:
+        err: dict[str, Any] = {"type": self.type, "message": self.message}
+        if self.limit is not None:
+            err["limit"] = self.limit
+        return {"error": err, "request_id": request_id}
+
+
+ERROR_KIND = {400: "validation", 401: "auth", 403: "auth", 413: "limit", 422: "validation", 429: "overload",
+              503: "overload", 504: "timeout"}
+
+
+class Gateway:
+    """Routes, limits and metrics of the HTTP process."""
+
+    def __init__(self, server: ls.LitServer, api: TranslateAPI, settings: Settings, packages: list[dict]):
+        self.server, self.api, self.settings, self.packages = server, api, settings, packages
+        self.handler = RegularRequestHandler(api, server)
+        self.in_flight = 0
+        self.pairs = sorted({tuple(d.split("-")) for p in packages for d in p["directions"]})
+
+    # --- the one way into the queue ---------------------------------------------------------------
+    async def submit(self, endpoint: str, payload: dict) -> dict:
+        if self.in_flight >= self.settings.max_queue:
+            m().rejected.labels(endpoint).inc()
+            raise ApiError(503, "overloaded", f"{self.settings.max_queue} requests are already waiting; retry later",
+                           self.settings.max_queue, {"Retry-After": "1"})
+        self.in_flight += 1
+        m().in_flight.labels(endpoint).inc()
+        m().queue_depth.labels(ENDPOINT).inc()
+        try:
+            out = await self.handler.handle_request(payload, dict)
+        except StarletteHTTPException as e:
+            if e.status_code == 504:  # LitServe evicted it from the queue before a worker took it
+                m().queue_depth.labels(ENDPOINT).dec()
+                raise ApiError(504, "timeout", f"the request waited more than {self.settings.request_timeout_s:g} s "
+                               "for a worker", headers={"Retry-After": "5"}) from None
+            raise ApiError(500, "internal_error", "the inference worker failed on this batch") from None
+        finally:
+            self.in_flight -= 1
+            m().in_flight.labels(endpoint).dec()
+        if "error" in out:
+            e = out["error"]
+            raise ApiError(out["status"], e["type"], e["message"], e.get("limit"))
+        return out
+
+    def check_key(self, request: Request, body_key: str | None = None) -> None:
+        if not self.settings.api_keys:
+            return
+        auth = request.headers.get("authorization", "")
+        given = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key") or body_key or ""
+        # Compare against every key in constant time, so timing says nothing about a near miss.
+        ok = False
+        for key in self.settings.api_keys:
+            ok |= hmac.compare_digest(given.encode(), key.encode())
+        if not ok:
+            raise ApiError(401 if not given else 403, "unauthorized",
+                           "missing API key: send Authorization: Bearer <key>" if not given else "invalid API key")
+
+    def check_limits(self, texts: list[str]) -> None:
+        s = self.settings
+        if len(texts) > s.max_texts:
+            raise ApiError(413, "too_many_texts", f"{len(texts)} texts in one request; the limit is {s.max_texts}",
+                           s.max_texts)
+        for i, t in enumerate(texts):
+            if len(t) > s.max_text_chars:
+                raise ApiError(413, "text_too_long", f"text[{i}] has {len(t)} characters; the limit is "
+                               f"{s.max_text_chars}", s.max_text_chars)
+
+    def check_pair(self, source: str, target: str) -> None:
+        if (source, target) not in self.pairs:
+            valid = ", ".join(f"{a}-{b}" for a, b in self.pairs)
+            raise ApiError(400, "unsupported_language_pair",
+                           f"no model translates {source}-{target}; available pairs: {valid}")
+
+    def languages(self) -> list[dict]:
+        codes = sorted({c for pair in self.pairs for c in pair})
+        return [{"code": c, "name": LANGUAGE_NAMES.get(c, c),
+                 "targets": sorted(t for s, t in self.pairs if s == c)} for c in codes]
+
+    # --- routes -----------------------------------------------------------------------------------
+    async def translate(self, body: TranslateRequest, request: Request) -> TranslateResponse:
+        self.check_key(request)
+        texts = [body.text] if isinstance(body.text, str) else list(body.text)
+        self.check_limits(texts)
+        self.check_pair(body.source_lang, body.target_lang)
+        received = time.monotonic()
+        payload = body.model_dump(exclude={"text"}) | {"texts": texts, "received": received,
+                                                       "request_id": request.state.request_id}
+        out = await self.submit(ENDPOINT, payload)
+        total = (time.monotonic() - received) * 1000
+        m().queue_wait.labels(ENDPOINT).observe(out["timings"]["queue_ms"] / 1000)
+        out["timings"]["total_ms"] = round(total, 2)
+        return out  # type: ignore[return-value]
+
+    async def libre_translate(self, request: Request) -> JSONResponse:
+        """LibreTranslate's POST /translate: JSON or form; errors as {"error": "..."}."""
+        try:
+            ctype = request.headers.get("content-type", "")
+            if ctype.startswith("application/x-www-form-urlencoded") or ctype.startswith("multipart/form-data"):
+                form = await request.form()
+                data: dict = {k: form.get(k) for k in form.keys()}
+                if len(form.getlist("q")) > 1:
+                    data["q"] = form.getlist("q")
+            else:
+                try:
+                    data = await request.json()
+                except ValueError:
+                    raise ApiError(400, "invalid_json", "the body is not valid JSON") from None
+            if not isinstance(data, dict):
+                raise ApiError(400, "invalid_request", "the body must be a JSON object")
+            self.check_key(request, data.get("api_key") if isinstance(data.get("api_key"), str) else None)
+            q, source, target = data.get("q"), data.get("source"), data.get("target")
+            for name, value in (("q", q), ("source", source), ("target", target)):
+                if value is None or value == "" or value == []:
+                    raise ApiError(400, "invalid_request", f"Invalid request: missing {name} parameter")
+            fmt = data.get("format", "text")
+            if fmt not in ("text", "html"):
+                raise ApiError(400, "invalid_request", f"format must be text or html, got {fmt!r}")
+            try:
+                alternatives = int(data.get("alternatives", 0) or 0)
+            except (TypeError, ValueError):
+                raise ApiError(400, "invalid_request", "alternatives must be an integer from 0 to 3") from None
+            if not 0 <= alternatives <= 3:
+                raise ApiError(400, "invalid_request", "alternatives must be an integer from 0 to 3")
+            if source == "auto":
+                raise ApiError(400, "invalid_request", "language detection (source=auto) is not supported; "
+                               f"name the source language, one of {', '.join(sorted({s for s, _ in self.pairs}))}")
+            try:
+                req = TranslateRequest(text=q, source_lang=source, target_lang=target, beam_size=max(4, alternatives + 1),
+                                       num_alternatives=alternatives)
+            except ValidationError as e:
+                raise ApiError(400, "invalid_request", _first_error(e)) from None
+            texts = [req.text] if isinstance(req.text, str) else list(req.text)
+            self.check_limits(texts)
+            self.check_pair(source, target)
+            payload = req.model_dump(exclude={"text"}) | {"texts": texts, "received": time.monotonic(),
+                                                          "request_id": request.state.request_id}
+            out = await self.submit("libretranslate", payload)
+        except ApiError as e:
+            return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
+        items = out["translations"]
+        if isinstance(q, list):
+            body = {"translatedText": [i["text"] for i in items]}
+            if alternatives:
+                body["alternatives"] = [[a["text"] for a in i["alternatives"]] for i in items]
+        else:
+            body = {"translatedText": items[0]["text"]}
+            if alternatives:
+                body["alternatives"] = [a["text"] for a in items[0]["alternatives"]]
+        return JSONResponse(body)
+
+    def info(self) -> dict:
+        import onnxruntime
+        import pydantic
+
+        return {"service": "transerve", "version": __version__,
+                "versions": {"litserve": ls.__version__, "onnxruntime": onnxruntime.__version__,
+                             "pydantic": pydantic.__version__},
+                "providers": onnxruntime.get_available_providers(),
+                "models": self.packages, "settings": self.settings.public()}
+
+    def install(self) -> None:
+        app = self.server.app
+        # Drop LitServe's own POST /translate; ours submits through the same handler.
+        app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) != "/translate"]
+        app.openapi_schema = None
+        app.title, app.version = "transerve", __version__
+        errors = {c: {"model": ErrorResponse} for c in (400, 401, 403, 413, 422, 503, 504)}
+        app.add_api_route("/translate", self.translate, methods=["POST"], response_model=TranslateResponse,
+                          responses=errors, summary="Translate one text or a list of texts", tags=["translation"])
+        app.add_api_route("/languages", self.languages, methods=["GET"], response_model=list[Language],
+                          tags=["translation"])
+        app.add_api_route("/libretranslate/translate", self.libre_translate, methods=["POST"],
+                          summary="LibreTranslate-compatible translate", tags=["libretranslate"])
+        app.add_api_route("/libretranslate/languages", self.languages, methods=["GET"],
+                          response_model=list[Language], tags=["libretranslate"])
+        app.add_api_route("/health", lambda: PlainTextResponse("ok"), methods=["GET"], tags=["ops"],
+                          summary="Liveness: the HTTP process answers")
+        app.add_api_route("/info", self.info, methods=["GET"], tags=["ops"])
+        app.add_api_route("/metrics", _metrics, methods=["GET"], tags=["ops"], include_in_schema=False)
+        app.add_exception_handler(ApiError, self._api_error)
+        app.add_exception_handler(RequestValidationError, self._validation_error)
+        app.add_exception_handler(StarletteHTTPException, self._http_error)
+        app.middleware("http")(self._request_middleware)
+
+    # --- cross-cutting ------------------------------------------------------------------------------
+    async def _request_middleware(self, request: Request, call_next):
+        rid = request.headers.get("x-request-id", "")[:64] or uuid.uuid4().hex
+        request.state.request_id = rid
+        path = request.url.path
+        endpoint = {"/translate": ENDPOINT, "/libretranslate/translate": "libretranslate"}.get(path)
+        t0 = time.perf_counter()
+        try:
+            response = await call_next(request)
+        except Exception:  # never a stack trace to the client
+            log.exception("unhandled error on %s", path)
+            response = JSONResponse(ApiError(500, "internal_error", "internal error").body(rid), status_code=500)
+        response.headers["X-Request-ID"] = rid
+        if endpoint:
+            status = response.status_code
+            m().requests.labels(endpoint, str(status)).inc()
+            m().request_duration.labels(endpoint).observe(time.perf_counter() - t0)
+            if status >= 400:
+                m().errors.labels(endpoint, ERROR_KIND.get(status, "internal")).inc()
+        return response
+
+    async def _api_error(self, request: Request, e: ApiError) -> JSONResponse:
+        return JSONResponse(e.body(getattr(request.state, "request_id", None)), status_code=e.status, headers=e.headers)
+
+    async def _validation_error(self, request: Request, e: RequestValidationError) -> JSONResponse:
+        errs = e.errors()
+        if any(err.get("type") == "json_invalid" for err in errs):
+            err = ApiError(400, "invalid_json", "the body is not valid JSON")
+        elif any(tuple(err.get("loc", ())) == ("body",) for err in errs):
+            err = ApiError(400, "invalid_json", "the body must be a JSON object sent with Content-Type: application/json")
+        else:
+            err = ApiError(422, "invalid_request", _first_error(e))
+        return await self._api_error(request, err)
+
+    async def _http_error(self, request: Request, e: StarletteHTTPException) -> JSONResponse:
+        kinds = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large", 504: "timeout"}
+        message = str(e.detail) if e.status_code < 500 else "internal error"
+        if e.status_code == 413:
+            message = f"the body is larger than {self.settings.max_payload_bytes} bytes"
+        return await self._api_error(request, ApiError(e.status_code, kinds.get(e.status_code, "error"), message,
+                                                       self.settings.max_payload_bytes if e.status_code == 413 else None))
+
+
+def _first_error(e: ValidationError | RequestValidationError) -> str:
+    parts = []
+    for err in e.errors()[:3]:
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
+        msg = err.get("msg", "invalid").removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}")
+    return "; ".join(parts)
+
+
+async def _metrics() -> Response:
+    body, ctype = render()
+    return Response(body, media_type=ctype)
+
+
+def build_server(settings: Settings) -> ls.LitServer:
+    """Checks the packages, then builds the LitServer (workers start in server.run())."""
+    import onnxruntime
+
+    packages = check_packages(settings)
+    cuda = settings.device == "cuda" or (settings.device == "auto"
+                                         and "CUDAExecutionProvider" in onnxruntime.get_available_providers())
+    api = TranslateAPI(settings)
+    server = ls.LitServer(api, accelerator="cuda" if cuda else "cpu", devices=1 if cuda else "auto",
+                          workers_per_device=settings.workers, timeout=settings.request_timeout_s,
+                          healthcheck_path="/ready", info_path="/litserve/info",
+                          max_payload_size=settings.max_payload_bytes)
+    Gateway(server, api, settings, packages).install()
+    return server

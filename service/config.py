@@ -1,0 +1,94 @@
+"""Service settings: command-line flags, each with an environment-variable twin for Kubernetes.
+
+Precedence: flag > TRANSERVE_<NAME> environment variable > default. `--model` may be given several
+times; TRANSERVE_MODELS takes a comma-separated list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+
+@dataclass
+class Settings:
+    models: list[str] = field(default_factory=lambda: ["models/de-en"])  # model package directories
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = "auto"                # auto | cpu | cuda
+    workers: int = 1                    # inference worker processes per device
+    api_servers: int = 1                # HTTP server processes
+    threads: int = 0                    # onnxruntime intra-op threads per worker (0 = all cores)
+    max_batch_size: int = 32            # requests one worker takes at once
+    batch_timeout_ms: float = 5.0       # how long a worker waits to fill a batch
+    max_batch_tokens: int = 8192        # padded source tokens per engine call (beams multiply this)
+    max_texts: int = 64                 # texts per request
+    max_text_chars: int = 10_000        # characters per text
+    max_sentence_tokens: int = 256      # source tokens per sentence after splitting
+    max_request_tokens: int = 8192      # source tokens per request
+    max_queue: int = 256                # requests waiting or running per HTTP process; beyond: 503
+    request_timeout_s: float = 60.0     # longest a request may wait in the queue; then 504
+    max_payload_bytes: int = 1_000_000  # request body size; beyond: 413
+    max_output_tokens: int = 512        # hard cap on tokens written per sentence
+    api_keys: list[str] = field(default_factory=list)  # empty = no authentication
+    log_level: str = "info"
+
+    @property
+    def model_paths(self) -> list[Path]:
+        return [Path(p) for p in self.models]
+
+    def public(self) -> dict:
+        """Settings safe to show on /info (no keys)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "api_keys"}
+        out["auth"] = bool(self.api_keys)
+        return out
+
+
+_HELP = {
+    "models": "model package directory (repeatable; requests are routed by language pair)",
+    "device": "auto (CUDA when available), cpu or cuda",
+    "workers": "inference worker processes per device",
+    "api_servers": "HTTP server processes",
+    "threads": "onnxruntime intra-op threads per worker (0 = all cores)",
+    "api_keys": "comma-separated API keys; when set, requests need Authorization: Bearer KEY",
+}
+
+
+def _env_value(name: str, default):
+    raw = os.environ.get(f"TRANSERVE_{name.upper()}")
+    if raw is None:
+        return default
+    if isinstance(default, list):
+        return [x.strip() for x in raw.split(",") if x.strip()]
+    return type(default)(raw)
+
+
+def parse_settings(argv: list[str] | None = None) -> Settings:
+    defaults = Settings()
+    p = argparse.ArgumentParser(prog="python -m service", description="Serve model packages over HTTP.")
+    for f in fields(Settings):
+        default = _env_value(f.name, getattr(defaults, f.name))
+        flag = "--model" if f.name == "models" else "--" + f.name.replace("_", "-")
+        help_text = _HELP.get(f.name, "") + f" (env TRANSERVE_{f.name.upper()}; default {default})"
+        if isinstance(default, list):
+            p.add_argument(flag, dest=f.name, action="append", default=None, help=help_text)
+        else:
+            p.add_argument(flag, dest=f.name, type=type(default), default=default, help=help_text)
+    args = p.parse_args(argv)
+    values = {}
+    for f in fields(Settings):
+        v = getattr(args, f.name)
+        if isinstance(getattr(defaults, f.name), list):
+            v = (v if v is not None else _env_value(f.name, getattr(defaults, f.name)))
+            if f.name == "api_keys":
+                v = [k for item in v for k in item.split(",") if k]
+        values[f.name] = v
+    s = Settings(**values)
+    if s.device not in ("auto", "cpu", "cuda"):
+        p.error(f"--device must be auto, cpu or cuda, got {s.device!r}")
+    for name in ("workers", "api_servers", "max_batch_size", "max_texts", "max_queue"):
+        if getattr(s, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(s, name)}")
+    return s

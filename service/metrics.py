@@ -1,0 +1,85 @@
+"""Every Prometheus metric the service exports, in one place, prefix `transerve_`, units in names.
+
+LitServe runs HTTP servers and inference workers in separate processes, so the metrics use
+prometheus-client's multiprocess mode: each process writes to files under
+PROMETHEUS_MULTIPROC_DIR and `/metrics` merges them. `configure()` must run before this module
+is imported anywhere (the CLI does it first thing), which is why the metric objects are created
+lazily by `m()` rather than at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from types import SimpleNamespace
+
+PREFIX = "transerve_"
+
+# Latency buckets, seconds: from a 1 ms cache hit to a 60 s long document.
+SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOKEN_COUNTS = (1, 4, 16, 64, 128, 256, 512, 1024, 4096)
+
+
+def configure(directory: str | None = None) -> str:
+    """Points prometheus-client at a fresh multiprocess directory (inherited by spawned workers)."""
+    directory = directory or os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix="transerve-metrics-")
+    path = Path(directory)
+    if path.exists():
+        # Files of a previous run would be summed into this one's counters.
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
+    return str(path)
+
+
+@lru_cache(maxsize=None)
+def m() -> SimpleNamespace:
+    """The metric objects of this process."""
+    from prometheus_client import Counter, Gauge, Histogram
+
+    p = PREFIX
+    return SimpleNamespace(
+        requests=Counter(p + "requests_total", "HTTP requests answered, by endpoint and status code",
+                         ["endpoint", "status"]),
+        request_duration=Histogram(p + "request_duration_seconds", "End-to-end request latency",
+                                   ["endpoint"], buckets=SECONDS),
+        queue_wait=Histogram(p + "queue_wait_seconds", "Time from request arrival to the start of its batch",
+                             ["endpoint"], buckets=SECONDS),
+        inference=Histogram(p + "inference_duration_seconds", "Time an inference worker spends on one batch",
+                            ["endpoint", "model"], buckets=SECONDS),
+        batch_requests=Histogram(p + "batch_size_requests", "Requests per batch an inference worker takes",
+                                 ["endpoint"], buckets=BATCH_SIZES),
+        batch_sentences=Histogram(p + "batch_size_sentences", "Sentences decoded together in one engine call",
+                                  ["endpoint", "model"], buckets=BATCH_SIZES),
+        input_tokens=Counter(p + "input_tokens_total", "Source tokens read", ["endpoint", "model"]),
+        output_tokens=Counter(p + "output_tokens_total", "Target tokens written", ["endpoint", "model"]),
+        in_flight=Gauge(p + "requests_in_flight", "Requests received and not yet answered",
+                        ["endpoint"], multiprocess_mode="livesum"),
+        queue_depth=Gauge(p + "queue_depth_requests", "Requests waiting for an inference worker",
+                          ["endpoint"], multiprocess_mode="livesum"),
+        errors=Counter(p + "errors_total", "Failed requests by kind (validation, limit, overload, timeout, internal)",
+                       ["endpoint", "kind"]),
+        model_info=Gauge(p + "model_info", "Loaded model packages (value 1)",
+                         ["model", "directions", "precision", "provider"], multiprocess_mode="liveall"),
+        rejected=Counter(p + "requests_rejected_total", "Requests refused because the queue was full", ["endpoint"]),
+    )
+
+
+def render() -> tuple[bytes, str]:
+    """The merged exposition of every process, for GET /metrics."""
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def mark_process_dead(pid: int) -> None:
+    """Drops a dead worker's live gauges (its counters stay, as Prometheus expects)."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid)

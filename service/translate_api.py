@@ -1,0 +1,255 @@
+"""The LitAPI behind POST /translate (and the LibreTranslate-compatible route, which feeds the same
+queue): runs in each inference worker process.
+
+    decode_request  validate against the loaded models, split texts into sentences, tokenize
+    batch           every sentence of every request in the batch: grouped by model and search
+                    options, sorted by length, cut into token-budget engine batches
+    predict         arrays only: Engine.search per engine batch
+    encode_response one JSON-ready dict per request
+
+No hook raises for a single request: LitServe would fail the whole batch. A request that cannot
+be served becomes a `Failure` value and travels to `encode_response`, which returns it as an error
+dict; the HTTP layer turns that into the right status code. Batch-mates are untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import litserve as ls
+import numpy as np
+
+from .config import Settings
+from .engine import Engine, SearchOptions
+from .metrics import m
+from .search import Hypothesis
+from .text import join_sentences, split_sentences
+
+log = logging.getLogger("transerve")
+ENDPOINT = "translate"
+
+
+@dataclass
+class Failure:
+    status: int
+    type: str
+    message: str
+    limit: int | None = None
+
+    def to_dict(self) -> dict:
+        err = {"type": self.type, "message": self.message}
+        if self.limit is not None:
+            err["limit"] = self.limit
+        return {"error": err, "status": self.status}
+
+
+@dataclass
+class Job:
+    """One request, tokenized."""
+    request_id: str
+    model: str
+    source_lang: str
+    target_lang: str
+    options: SearchOptions
+    sentences: list[list[int]]            # source ids of every sentence of every text
+    text_spans: list[tuple[int, int]]     # sentences[start:end] belong to text i
+    separators: list[list[str]]           # per text: what stood between its sentences
+    received: float                       # time.monotonic() when the HTTP process got it
+    hyps: list[list[Hypothesis] | None] = field(default_factory=list)
+    failure: Failure | None = None
+    started: float = 0.0                  # batch start and end, time.monotonic()
+    finished: float = 0.0
+
+
+@dataclass
+class EngineBatch:
+    model: str
+    options: SearchOptions
+    rows: list[tuple[int, int]]           # (job index, sentence index)
+    src_ids: list[list[int]]
+
+
+@dataclass
+class Plan:
+    jobs: list[Job | Failure]
+    batches: list[EngineBatch]
+    started: float
+
+
+def options_key(o: SearchOptions) -> tuple:
+    return (o.beam_size, o.num_hypotheses, o.length_penalty, o.max_length, o.max_length_a, o.max_length_b,
+            o.min_length, o.no_repeat_ngram_size, o.repetition_penalty, o.sampling, o.temperature, o.top_k, o.top_p)
+
+
+class TranslateAPI(ls.LitAPI):
+    def __init__(self, settings: Settings):
+        super().__init__(max_batch_size=settings.max_batch_size, batch_timeout=settings.batch_timeout_ms / 1000,
+                         api_path="/translate")
+        self.settings = settings
+
+    # --- worker start-up -------------------------------------------------------------------------
+    def setup(self, device: str) -> None:
+        provider = "cuda" if str(device).startswith("cuda") else "cpu"
+        if self.settings.device == "cpu":
+            provider = "cpu"
+        self.engines: dict[str, Engine] = {}
+        self.routes: dict[tuple[str, str], str] = {}
+        for path in self.settings.model_paths:
+            engine = Engine(path, device=provider, intra_op_threads=self.settings.threads)
+            name = engine.package.name
+            self.engines[name] = engine
+            for d in engine.directions:
+                src, tgt = d.split("-")
+                self.routes.setdefault((src, tgt), name)
+            m().model_info.labels(model=name, directions=",".join(engine.directions),
+                                  precision=engine.package.meta["precision"], provider=engine.device_type).set(1)
+        # Warm-up: the first run of an onnxruntime session allocates and optimises; do it before /ready.
+        for (src, tgt), name in self.routes.items():
+            self.engines[name].translate(["Hallo Welt."] if src == "de" else ["Hello world."],
+                                         source_lang=src, target_lang=tgt, beam_size=2, max_length=8)
+        log.info("worker ready: %s", {f"{s}-{t}": n for (s, t), n in self.routes.items()})
+
+    # --- per request -----------------------------------------------------------------------------
+    def decode_request(self, request: dict) -> Job | Failure:
+        m().queue_depth.labels(ENDPOINT).dec()
+        s = self.settings
+        pair = (request["source_lang"], request["target_lang"])
+        name = self.routes.get(pair)
+        if name is None:
+            valid = ", ".join(f"{a}-{b}" for a, b in sorted(self.routes))
+            return Failure(400, "unsupported_language_pair",
+                           f"no model translates {pair[0]}-{pair[1]}; available pairs: {valid}")
+        engine = self.engines[name]
+        beam = request.get("beam_size", 4)
+        n_alt = request.get("num_alternatives", 0)
+        if n_alt and n_alt >= beam:
+            return Failure(422, "invalid_request",
+                           f"num_alternatives ({n_alt}) needs beam_size > num_alternatives, e.g. beam_size={n_alt + 1}")
+        options = SearchOptions(
+            beam_size=beam, num_hypotheses=n_alt + 1 if beam > 1 else 1,
+            length_penalty=request.get("length_penalty", 1.0),
+            max_length=min(request.get("max_length") or s.max_output_tokens, s.max_output_tokens),
+            no_repeat_ngram_size=request.get("no_repeat_ngram_size", 0),
+            repetition_penalty=request.get("repetition_penalty", 1.0))
+        texts = request["texts"]
+        sentences, spans, seps = [], [], []
+        for text in texts:
+            sents, sep = split_sentences(text)
+            spans.append((len(sentences), len(sentences) + len(sents)))
+            seps.append(sep)
+            sentences.extend(sents)
+        ids = engine.source_ids(sentences, pair[1])
+        longest = max(len(x) for x in ids)
+        if longest > s.max_sentence_tokens:
+            return Failure(413, "too_many_tokens", f"a sentence has {longest} tokens; the limit is "
+                           f"{s.max_sentence_tokens} per sentence (split it)", s.max_sentence_tokens)
+        total = sum(len(x) for x in ids)
+        if total > s.max_request_tokens:
+            return Failure(413, "too_many_tokens", f"the request has {total} source tokens; the limit is "
+                           f"{s.max_request_tokens} (send fewer or shorter texts)", s.max_request_tokens)
+        return Job(request.get("request_id", ""), name, pair[0], pair[1], options, ids, spans, seps,
+                   request.get("received", time.monotonic()))
+
+    def batch(self, jobs: list[Job | Failure]) -> Plan:
+        """All sentences of all requests, grouped by (model, options), sorted by length, cut by token budget."""
+        started = time.monotonic()
+        m().batch_requests.labels(ENDPOINT).observe(len(jobs))
+        groups: dict[tuple, list[tuple[int, int]]] = {}
+        for j, job in enumerate(jobs):
+            if isinstance(job, Job):
+                job.hyps = [None] * len(job.sentences)
+                for k in range(len(job.sentences)):
+                    groups.setdefault((job.model, options_key(job.options)), []).append((j, k))
+        batches = []
+        for (model, _), rows in groups.items():
+            options = jobs[rows[0][0]].options
+            rows.sort(key=lambda r: len(jobs[r[0]].sentences[r[1]]))
+            budget = max(1, self.settings.max_batch_tokens // max(1, options.beam_size))
+            chunk: list[tuple[int, int]] = []
+            for r in rows:
+                width = len(jobs[r[0]].sentences[r[1]])  # sorted: the newest row is the widest
+                if chunk and width * (len(chunk) + 1) > budget:
+                    batches.append(EngineBatch(model, options, chunk, [jobs[a].sentences[b] for a, b in chunk]))
+                    chunk = []
+                chunk.append(r)
+            if chunk:
+                batches.append(EngineBatch(model, options, chunk, [jobs[a].sentences[b] for a, b in chunk]))
+        return Plan(list(jobs), batches, started)
+
+    def predict(self, plan: Plan) -> list[Job | Failure]:
+        for eb in plan.batches:
+            engine = self.engines[eb.model]
+            t0 = time.perf_counter()
+            try:
+                results = engine.search(eb.src_ids, eb.options)
+            except Exception:  # one bad engine batch must not take its requests' batch-mates down
+                log.exception("engine batch of %d sentences failed; retrying one by one", len(eb.rows))
+                results = []
+                for src in eb.src_ids:
+                    try:
+                        results.append(engine.search([src], eb.options)[0])
+                    except Exception:
+                        log.exception("sentence failed")
+                        results.append(None)
+            m().inference.labels(ENDPOINT, eb.model).observe(time.perf_counter() - t0)
+            m().batch_sentences.labels(ENDPOINT, eb.model).observe(len(eb.rows))
+            for (j, k), hyps in zip(eb.rows, results):
+                job = plan.jobs[j]
+                if hyps is None:
+                    job.failure = Failure(500, "internal_error", "the engine failed on this text")
+                job.hyps[k] = hyps
+        finished = time.monotonic()
+        for job in plan.jobs:
+            if isinstance(job, Job):
+                job.started, job.finished = plan.started, finished
+        return plan.jobs
+
+    def unbatch(self, output: list[Job | Failure]) -> list[Job | Failure]:
+        return output
+
+    def encode_response(self, job: Job | Failure) -> dict:
+        if isinstance(job, Failure):
+            return job.to_dict()
+        if job.failure is not None:
+            return job.failure.to_dict()
+        engine = self.engines[job.model]
+        items = []
+        n_in = n_out = 0
+        for (start, end), seps in zip(job.text_spans, job.separators):
+            sent_hyps = job.hyps[start:end]
+            best = [h[0] for h in sent_hyps]
+            text = join_sentences([engine.detokenize(h.tokens) for h in best], seps)
+            alternatives = []
+            for a in range(1, job.options.num_hypotheses):
+                # For a split text the k-th alternative joins each sentence's k-th hypothesis.
+                pieces = [h[a] if a < len(h) else h[0] for h in sent_hyps]
+                alternatives.append({"text": join_sentences([engine.detokenize(h.tokens) for h in pieces], seps),
+                                     "score": float(np.mean([h.score for h in pieces]))})
+            tokens_in = sum(len(x) for x in job.sentences[start:end])
+            tokens_out = sum(len(h.tokens) for h in best)
+            n_in, n_out = n_in + tokens_in, n_out + tokens_out
+            items.append({"text": text, "score": float(np.mean([h.score for h in best])),
+                          "alternatives": alternatives, "input_tokens": tokens_in, "output_tokens": tokens_out})
+        m().input_tokens.labels(ENDPOINT, job.model).inc(n_in)
+        m().output_tokens.labels(ENDPOINT, job.model).inc(n_out)
+        return {"translations": items, "model": job.model, "source_lang": job.source_lang,
+                "target_lang": job.target_lang,
+                "timings": {"queue_ms": round((job.started - job.received) * 1000, 2),
+                            "inference_ms": round((job.finished - job.started) * 1000, 2)}}
+
+
+def check_packages(settings: Settings) -> list[dict]:
+    """Reads every package's model.json (and checksums) in the HTTP process, so a broken package stops
+    the server before any worker starts, with a message naming the file."""
+    from .engine import load_package
+
+    out = []
+    for path in settings.model_paths:
+        pkg = load_package(path)
+        out.append({"name": pkg.name, "path": str(Path(path)), "task": pkg.meta["task"],
+                    "directions": pkg.meta["directions"], "precision": pkg.meta["precision"],
+                    "config": pkg.meta["config"], "training": pkg.meta.get("training", {})})
+    return out

@@ -1,0 +1,53 @@
+"""Shared fixtures: a corpus of 64 real Ding sentence pairs (tests/fixtures/pairs64.tsv, from Debian's
+trans-de-en, GPL-2+), a tiny model trained on it until it reproduces them, and its exported package."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+FIXTURES = Path(__file__).parent / "fixtures"
+sys.path.insert(0, str(Path(__file__).parent))
+
+# Settings that make the tiny preset overfit 64 pairs in a few hundred steps on a CPU.
+TINY = ["--preset", "tiny", "--vocab-size", "300", "--warmup", "50", "--lr-factor", "1",
+        "--max-tokens", "2000", "--label-smoothing", "0"]
+
+
+def pairs64() -> list[tuple[str, str]]:
+    rows = [line.split("\t") for line in (FIXTURES / "pairs64.tsv").read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == 64
+    return [(de, en) for de, en in rows]
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    text = "".join(f"{de}\t{en}\tding\n" for de, en in pairs64())
+    for split in ("train", "dev", "test"):
+        (d / f"{split}.tsv").write_text(text, encoding="utf-8")
+    (d / "meta.json").write_text(json.dumps({"langs": ["de", "en"]}))
+    return d
+
+
+@pytest.fixture(scope="session")
+def tiny_run(data_dir, tmp_path_factory):
+    """A de→en tiny model that has memorised the 64 pairs (trained by our own command)."""
+    from model import train
+
+    out = tmp_path_factory.mktemp("run") / "tiny"
+    train.main(["--data", str(data_dir), "--out", str(out), "--direction", "de-en", "--max-steps", "500",
+                "--eval-every", "0", "--eval-sentences", "64", *TINY])
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_package(tiny_run, tmp_path_factory):
+    """tiny_run exported to an fp32 model package."""
+    from model.export import export_package
+
+    out = tmp_path_factory.mktemp("pkg") / "tiny-de-en"
+    export_package(tiny_run, out)
+    return out

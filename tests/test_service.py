@@ -1,0 +1,301 @@
+"""The HTTP service, for real: `python -m service` on 127.0.0.1 serving the tiny package (which has
+memorised 64 Ding sentence pairs, so correct translations are known), driven over HTTP."""
+
+import asyncio
+import concurrent.futures as cf
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import ROOT, pairs64
+
+PAIRS = dict(pairs64())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(package, *extra, env=None):
+    port = free_port()
+    cmd = [sys.executable, "-m", "service", "--model", str(package), "--host", "127.0.0.1", "--port", str(port),
+           "--threads", "1", *extra]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, **(env or {})), start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{proc.stdout.read()[-3000:]}")
+        try:
+            if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    stop_server(proc)
+    raise RuntimeError("server did not become ready in 180 s")
+
+
+def stop_server(proc):
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_package):
+    proc, url = start_server(tiny_package, "--batch-timeout-ms", "100", "--max-batch-size", "16")
+    yield url
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def strict_server(tiny_package):
+    """Small limits and an API key, to see each limit answered with its status and value."""
+    proc, url = start_server(tiny_package, "--max-texts", "3", "--max-text-chars", "200", "--max-payload-bytes", "2000",
+                             "--max-sentence-tokens", "12", "--max-queue", "2", "--api-keys", "s3cret,other",
+                             "--batch-timeout-ms", "300")
+    yield url
+    stop_server(proc)
+
+
+def post(url, path, body, **kw):
+    return httpx.post(url + path, json=body, timeout=60, **kw)
+
+
+def test_health_ready_info_languages(server):
+    assert httpx.get(server + "/health").text == "ok"
+    assert httpx.get(server + "/ready").status_code == 200
+    info = httpx.get(server + "/info").json()
+    assert info["models"][0]["directions"] == ["de-en"] and "onnxruntime" in info["versions"]
+    assert "api_keys" not in info["settings"]
+    assert httpx.get(server + "/languages").json() == [{"code": "de", "name": "German", "targets": ["en"]},
+                                                       {"code": "en", "name": "English", "targets": []}]
+
+
+def test_translate_one_text_returns_the_memorised_translation(server):
+    r = post(server, "/translate", {"text": "Das geht zu weit.", "source_lang": "de", "target_lang": "en"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["translations"][0]["text"] == PAIRS["Das geht zu weit."]
+    assert body["model"] == "tiny-de-en" and body["target_lang"] == "en"
+    t = body["timings"]
+    assert t["total_ms"] >= t["inference_ms"] > 0 and t["queue_ms"] >= 0
+    assert body["translations"][0]["input_tokens"] > 0 and body["translations"][0]["output_tokens"] > 0
+    assert r.headers["x-request-id"]
+
+
+def test_translate_many_texts_keeps_order(server):
+    src = list(PAIRS)[:20]
+    r = post(server, "/translate", {"text": src, "source_lang": "de", "target_lang": "en", "beam_size": 1})
+    assert [t["text"] for t in r.json()["translations"]] == [PAIRS[s] for s in src]
+
+
+def test_long_text_is_split_into_sentences_and_joined_back(server):
+    src = list(PAIRS)[:3]
+    text = f"{src[0]} {src[1]}\n\n{src[2]}"
+    r = post(server, "/translate", {"text": text, "source_lang": "de", "target_lang": "en"})
+    assert r.json()["translations"][0]["text"] == f"{PAIRS[src[0]]} {PAIRS[src[1]]}\n\n{PAIRS[src[2]]}"
+
+
+def test_alternatives_are_distinct_and_not_better_than_the_best(server):
+    r = post(server, "/translate", {"text": "Das geht zu weit.", "source_lang": "de", "target_lang": "en",
+                                    "beam_size": 4, "num_alternatives": 2}).json()["translations"][0]
+    assert len(r["alternatives"]) == 2
+    texts = [r["text"]] + [a["text"] for a in r["alternatives"]]
+    assert len(set(texts)) == 3
+    assert all(a["score"] <= r["score"] for a in r["alternatives"])
+
+
+def test_concurrent_requests_are_batched_and_all_correct(server):
+    src = list(PAIRS)[:24]
+
+    def one(s):
+        return post(server, "/translate", {"text": s, "source_lang": "de", "target_lang": "en"}).json()
+
+    before = _metric(server, "transerve_batch_size_requests_count", endpoint="translate")
+    with cf.ThreadPoolExecutor(24) as ex:
+        results = list(ex.map(one, src))
+    assert [r["translations"][0]["text"] for r in results] == [PAIRS[s] for s in src]
+    batches = _metric(server, "transerve_batch_size_requests_count", endpoint="translate") - before
+    assert batches < len(src), "24 concurrent requests should share batches"
+
+
+@pytest.mark.parametrize("body,status,fragment", [
+    ({"text": "", "source_lang": "de", "target_lang": "en"}, 422, "text is empty"),
+    ({"text": ["ok", "  "], "source_lang": "de", "target_lang": "en"}, 422, "text[1] is empty"),
+    ({"text": [], "source_lang": "de", "target_lang": "en"}, 422, "non-empty"),
+    ({"text": 5, "source_lang": "de", "target_lang": "en"}, 422, "text"),
+    ({"source_lang": "de", "target_lang": "en"}, 422, "text: Field required"),
+    ({"text": "Hallo", "source_lang": "fr", "target_lang": "en"}, 400, "available pairs: de-en"),
+    ({"text": "Hallo", "source_lang": "de", "target_lang": "en", "beam_size": 0}, 422, "beam_size"),
+    ({"text": "Hallo", "source_lang": "de", "target_lang": "en", "beam_size": 2, "num_alternatives": 2}, 422,
+     "beam_size=3"),
+    ({"text": "Hallo", "source_lang": "de", "target_lang": "en", "colour": "red"}, 422, "colour"),
+])
+def test_bad_requests_get_a_clear_4xx(server, body, status, fragment):
+    r = post(server, "/translate", body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert fragment in err["message"] and err["type"]
+    assert "Traceback" not in r.text and "/work" not in r.text
+
+
+def test_malformed_json_is_400(server):
+    r = httpx.post(server + "/translate", content=b'{"text": ', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_json"
+    r = httpx.post(server + "/translate", content=b"text=hallo")
+    assert r.status_code == 400 and "Content-Type: application/json" in r.json()["error"]["message"]
+
+
+def test_limits_name_their_value(strict_server):
+    auth = {"Authorization": "Bearer s3cret"}
+    r = post(strict_server, "/translate", {"text": ["a", "b", "c", "d"], "source_lang": "de", "target_lang": "en"},
+             headers=auth)
+    assert r.status_code == 413 and r.json()["error"]["limit"] == 3
+    r = post(strict_server, "/translate", {"text": "x" * 201, "source_lang": "de", "target_lang": "en"}, headers=auth)
+    assert r.status_code == 413 and r.json()["error"]["limit"] == 200
+    r = post(strict_server, "/translate", {"text": "Das ist ein sehr langer Satz mit vielen vielen Wörtern darin",
+                                           "source_lang": "de", "target_lang": "en"}, headers=auth)
+    assert r.status_code == 413 and r.json()["error"]["limit"] == 12 and "per sentence" in r.json()["error"]["message"]
+    r = httpx.post(strict_server + "/translate", content=json.dumps({"text": "ä" * 3000}).encode(),
+                   headers={**auth, "content-type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_a_failing_request_does_not_fail_its_batch_mates(strict_server):
+    auth = {"Authorization": "Bearer s3cret"}
+    good = {"text": "Das geht zu weit.", "source_lang": "de", "target_lang": "en"}
+    bad = {"text": "Das ist ein sehr langer Satz mit vielen vielen Wörtern darin", "source_lang": "de",
+           "target_lang": "en"}
+    with cf.ThreadPoolExecutor(2) as ex:  # within one 300 ms batch window, inside max_queue=2
+        fg, fb = ex.submit(post, strict_server, "/translate", good, headers=auth), \
+            ex.submit(post, strict_server, "/translate", bad, headers=auth)
+        rg, rb = fg.result(), fb.result()
+    assert rb.status_code == 413
+    assert rg.status_code == 200 and rg.json()["translations"][0]["text"] == PAIRS["Das geht zu weit."]
+
+
+def test_full_queue_answers_503_with_retry_after(strict_server):
+    auth = {"Authorization": "Bearer s3cret"}
+    body = {"text": ["Das geht zu weit."] * 3, "source_lang": "de", "target_lang": "en", "beam_size": 8}
+    with cf.ThreadPoolExecutor(8) as ex:
+        rs = list(ex.map(lambda _: post(strict_server, "/translate", body, headers=auth), range(8)))
+    codes = sorted(r.status_code for r in rs)
+    assert 503 in codes and 200 in codes and set(codes) <= {200, 503}
+    r503 = next(r for r in rs if r.status_code == 503)
+    assert r503.headers["retry-after"] == "1" and r503.json()["error"]["limit"] == 2
+
+
+def test_api_key_is_required_but_probes_stay_open(strict_server):
+    body = {"text": "Das geht zu weit.", "source_lang": "de", "target_lang": "en"}
+    assert post(strict_server, "/translate", body).status_code == 401
+    assert post(strict_server, "/translate", body, headers={"Authorization": "Bearer wrong"}).status_code == 403
+    assert post(strict_server, "/translate", body, headers={"X-API-Key": "other"}).status_code == 200
+    for path in ("/health", "/ready", "/metrics"):
+        assert httpx.get(strict_server + path).status_code == 200
+
+
+def test_libretranslate_api_with_a_real_client(server):
+    from libretranslatepy import LibreTranslateAPI
+
+    lt = LibreTranslateAPI(server + "/libretranslate/")
+    assert lt.translate("Das geht zu weit.", "de", "en") == PAIRS["Das geht zu weit."]
+    assert {"code": "de", "name": "German", "targets": ["en"]} in lt.languages()
+
+
+def test_libretranslate_json_shapes_and_errors(server):
+    src = list(PAIRS)[:2]
+    r = post(server, "/libretranslate/translate", {"q": src, "source": "de", "target": "en", "alternatives": 2})
+    body = r.json()
+    assert body["translatedText"] == [PAIRS[s] for s in src]
+    assert len(body["alternatives"]) == 2 and all(len(a) == 2 for a in body["alternatives"])
+    r = post(server, "/libretranslate/translate", {"q": src[0], "source": "de", "target": "en", "format": "text"})
+    assert r.json() == {"translatedText": PAIRS[src[0]]}
+    r = post(server, "/libretranslate/translate", {"q": "Hallo", "source": "de"})
+    assert r.status_code == 400 and r.json() == {"error": "Invalid request: missing target parameter"}
+    r = post(server, "/libretranslate/translate", {"q": "Hallo", "source": "xx", "target": "en"})
+    assert r.status_code == 400 and "available pairs" in r.json()["error"]
+    r = post(server, "/libretranslate/translate", {"q": "Hallo", "source": "auto", "target": "en"})
+    assert r.status_code == 400 and "auto" in r.json()["error"]
+
+
+def _metric(url, name, **labels):
+    text = httpx.get(url + "/metrics").text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def test_metrics_count_what_happened(server):
+    before_ok = _metric(server, "transerve_requests_total", endpoint="translate", status="200")
+    before_bad = _metric(server, "transerve_requests_total", endpoint="translate", status="422")
+    before_out = _metric(server, "transerve_output_tokens_total", endpoint="translate", model="tiny-de-en")
+    r = post(server, "/translate", {"text": "Das geht zu weit.", "source_lang": "de", "target_lang": "en"})
+    post(server, "/translate", {"text": "", "source_lang": "de", "target_lang": "en"})
+    assert _metric(server, "transerve_requests_total", endpoint="translate", status="200") == before_ok + 1
+    assert _metric(server, "transerve_requests_total", endpoint="translate", status="422") == before_bad + 1
+    assert _metric(server, "transerve_output_tokens_total", endpoint="translate", model="tiny-de-en") == \
+        before_out + r.json()["translations"][0]["output_tokens"]
+    names = {f.name for f in text_string_to_metric_families(httpx.get(server + "/metrics").text)}
+    for n in ("transerve_request_duration_seconds", "transerve_queue_wait_seconds", "transerve_inference_duration_seconds",
+              "transerve_batch_size_requests", "transerve_batch_size_sentences", "transerve_input_tokens",
+              "transerve_requests_in_flight", "transerve_queue_depth_requests", "transerve_errors", "transerve_model_info"):
+        assert n in names, n
+    assert _metric(server, "transerve_model_info", model="tiny-de-en", precision="fp32") == 1
+
+
+def test_openapi_schema_documents_translate(server):
+    spec = httpx.get(server + "/openapi.json").json()
+    op = spec["paths"]["/translate"]["post"]
+    assert "TranslateRequest" in json.dumps(op["requestBody"]) and "422" in op["responses"]
+    assert httpx.get(server + "/docs").status_code == 200
+
+
+def test_python_sdk_sync_and_async(server):
+    from transerve import AsyncClient, BadRequestError, Client
+
+    with Client(server) as c:
+        r = c.translate(["Das geht zu weit."], source_lang="de", target_lang="en", beam_size=2)
+        assert r.translations[0].text == PAIRS["Das geht zu weit."]
+        assert [lang.code for lang in c.languages()] == ["de", "en"]
+        with pytest.raises(BadRequestError) as e:
+            c.translate("Hallo", source_lang="fr", target_lang="en")
+        assert e.value.status_code == 400 and e.value.request_id and e.value.type == "unsupported_language_pair"
+
+    async def run():
+        async with AsyncClient(server) as ac:
+            rs = await asyncio.gather(*(ac.translate(s, source_lang="de", target_lang="en") for s in list(PAIRS)[:5]))
+            return [r.translations[0].text for r in rs], await ac.ready()
+
+    texts, ready = asyncio.run(run())
+    assert texts == [PAIRS[s] for s in list(PAIRS)[:5]] and ready
+
+
+def test_broken_package_stops_the_server_with_the_file_named(tiny_package, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_package, broken)
+    (broken / "decoder.onnx").write_bytes(b"not a model")
+    proc = subprocess.run([sys.executable, "-m", "service", "--model", str(broken), "--port", str(free_port())],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "decoder.onnx" in proc.stderr
