@@ -17,7 +17,7 @@ from service.search import beam_search, greedy_search, max_lengths
 
 from .batching import pad
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from .transformer import KV, Transformer, padding_mask
+from .transformer import KV, Transformer, causal_mask, padding_mask
 
 
 class TorchDecoder:
@@ -50,6 +50,30 @@ class TorchDecoder:
     @property
     def device(self) -> torch.device:
         return self.model.embed.weight.device
+
+
+class UncachedTorchDecoder:
+    """The naive loop the cache exists to avoid: every step re-runs the decoder over the whole prefix
+    and the cross-attention projections over the whole memory. Same protocol and outputs as
+    `TorchDecoder`; kept as the baseline `benchmarks/decode.py` measures the engine against."""
+
+    def __init__(self, model: Transformer, src: torch.Tensor):
+        self.model = model
+        self.src_mask = padding_mask(src, PAD_ID)                            # (B, 1, 1, S)
+        self.memory = model.encode(src, self.src_mask)                       # (B, S, d_model)
+        self.prefix = torch.empty(src.size(0), 0, dtype=torch.long, device=src.device)  # (N, T)
+
+    @torch.no_grad()
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        new = torch.as_tensor(tokens, dtype=torch.long, device=self.prefix.device)[:, None]  # (N, 1)
+        self.prefix = torch.cat([self.prefix, new], dim=1)                  # (N, T)
+        logits, _ = self.model.decode(self.prefix, causal_mask(self.prefix.size(1), self.prefix.device),
+                                      memory=self.memory, src_mask=self.src_mask)  # (N, T, V)
+        return torch.log_softmax(logits[:, -1].float(), dim=-1).cpu().numpy()  # (N, V)
+
+    def select(self, rows: np.ndarray) -> None:
+        idx = torch.as_tensor(rows, dtype=torch.long, device=self.prefix.device)
+        self.prefix, self.memory, self.src_mask = self.prefix[idx], self.memory[idx], self.src_mask[idx]
 
 
 @dataclass

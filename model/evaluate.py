@@ -1,9 +1,12 @@
-"""Evaluate a trained checkpoint: sacreBLEU and chrF, greedy and beam search, in PyTorch.
+"""Evaluate a trained model: sacreBLEU and chrF, greedy and beam search.
 
     python -m model.evaluate --checkpoint runs/small --data data/de-en/test.tsv [--beam 4] [--direction de-en]
+    python -m model.evaluate --package models/de-en --data data/de-en/test.tsv [--beam 4]
 
-This decoding is the reference the ONNX engine must match: it runs the same search code
-(`service.search`) over the PyTorch network.
+`--checkpoint` decodes in PyTorch: the reference the ONNX engine must match. `--package` decodes
+an exported model package through `service.engine.Engine`, exactly as the service does, so the
+score of what is deployed (int8 or fp16 included) is measured rather than assumed. Both run the
+same search code (`service.search`) and are scored and printed by the same functions.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Sequence
 
 import sacrebleu
 import torch
@@ -47,47 +52,112 @@ def score(hyps: list[str], refs: list[str]) -> dict:
             "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature())}
 
 
+# (sources, beam size) -> one translation per source
+TranslateFn = Callable[[Sequence[str], int], list[str]]
+
+
+@dataclass
+class Subject:
+    """What is evaluated, whichever runtime decodes it."""
+    info: dict                   # identifies the model in the results: checkpoint or package path, step, ...
+    label: str                   # first line of the text report
+    directions: list[str]
+    translate: Callable[[str], TranslateFn]   # direction -> translate function
+
+
+def checkpoint_subject(path: str, device: str, length_penalty: float, batch_size: int) -> Subject:
+    """The PyTorch reference."""
+    model, tok, info = load_checkpoint(path, device)
+
+    def for_direction(direction: str) -> TranslateFn:
+        target_lang = direction.split("-")[1] if info.get("tagged") else None
+        return lambda srcs, beam: translate(model, tok, srcs, target_lang=target_lang, batch_size=batch_size,
+                                            settings=DecodeSettings(beam_size=beam, length_penalty=length_penalty))
+
+    return Subject({"checkpoint": info["file"], "step": info.get("step")},
+                   f"{info['file']} (step {info.get('step')})", info.get("directions") or ["de-en"], for_direction)
+
+
+def package_subject(path: str, device: str, length_penalty: float, batch_size: int) -> Subject:
+    """A model package decoded by the serving engine (onnxruntime; imported here so that the
+    PyTorch path does not need it)."""
+    from service.engine import Engine, PackageError
+
+    try:
+        engine = Engine(path, device=_engine_device(device))
+    except PackageError as e:
+        raise SystemExit(f"--package: {e}") from None
+    meta = engine.package.meta
+    step = (meta.get("training") or {}).get("step")
+
+    def for_direction(direction: str) -> TranslateFn:
+        src_lang, tgt_lang = direction.split("-")
+        return lambda srcs, beam: [t.text for t in engine.translate(
+            srcs, source_lang=src_lang, target_lang=tgt_lang, batch_size=batch_size, beam_size=beam,
+            length_penalty=length_penalty)]
+
+    return Subject({"package": str(path), "precision": meta["precision"], "step": step},
+                   f"{path} ({meta['precision']}, step {step}, onnxruntime {engine.device_type})",
+                   engine.directions, for_direction)
+
+
+def _engine_device(device: str) -> str:
+    """torch-style device names ("cuda:0") to the engine's ("cuda")."""
+    return "cuda" if device.startswith("cuda") else device
+
+
+def evaluate(fn: TranslateFn, srcs: list[str], refs: list[str], beams: Sequence[int]) -> dict:
+    """Scores each beam size (1 = greedy) and times its decoding."""
+    out = {}
+    for beam in beams:
+        t0 = time.time()
+        hyps = fn(srcs, beam)
+        out["greedy" if beam == 1 else f"beam{beam}"] = score(hyps, refs) | {"seconds": round(time.time() - t0, 1)}
+    return out
+
+
+def print_report(results: dict, label: str) -> None:
+    print(f"{label}, {results['direction']}, {results['sentences']} sentences from {results['data']}")
+    for name, r in results.items():
+        if isinstance(r, dict) and "bleu" in r:
+            print(f"{name:>8}: BLEU {r['bleu']:5.2f}  chrF {r['chrf']:5.2f}  ({r['seconds']}s)")
+    r = results["greedy"]
+    print(f"signatures: {r['bleu_signature']} | {r['chrf_signature']}")
+
+
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description="sacreBLEU and chrF of a checkpoint, greedy and beam search.")
-    p.add_argument("--checkpoint", required=True, help="run directory from model.train, or a .pt file")
+    p = argparse.ArgumentParser(description="sacreBLEU and chrF of a checkpoint or model package, greedy and beam search.")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--checkpoint", help="run directory from model.train, or a .pt file (decoded in PyTorch)")
+    what.add_argument("--package", help="model package from model.export (decoded by the service's onnxruntime engine)")
     p.add_argument("--data", required=True, help="TSV: de<TAB>en[<TAB>origin] from model.data, or source<TAB>target")
     p.add_argument("--direction", default=None, help="e.g. de-en or en-de (default: the model's first direction)")
     p.add_argument("--beam", type=int, default=4, help="beam size for the beam-search pass (greedy always runs)")
     p.add_argument("--length-penalty", type=float, default=1.0)
     p.add_argument("--limit", type=int, default=0, help="evaluate only the first N pairs (0 = all)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (a package also accepts auto)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = p.parse_args(argv)
+    if not Path(args.data).is_file():
+        raise SystemExit(f"--data {args.data}: no such file (expected a TSV such as data/de-en/test.tsv "
+                         f"written by model.data)")
 
-    model, tok, info = load_checkpoint(args.checkpoint, args.device)
-    directions = info.get("directions") or ["de-en"]
-    direction = args.direction or directions[0]
-    if direction not in directions:
-        raise SystemExit(f"--direction {direction}: this model translates {', '.join(directions)}")
+    make = package_subject if args.package else checkpoint_subject
+    subject = make(args.package or args.checkpoint, args.device, args.length_penalty, args.batch_size)
+    direction = args.direction or subject.directions[0]
+    if direction not in subject.directions:
+        raise SystemExit(f"--direction {direction}: this model translates {', '.join(subject.directions)}")
     pairs = read_pairs(args.data, direction=direction)
     if args.limit:
         pairs = pairs[: args.limit]
     srcs, refs = [s for s, _ in pairs], [t for _, t in pairs]
-    target_lang = direction.split("-")[1] if info.get("tagged") else None
-    results = {"checkpoint": info["file"], "step": info.get("step"), "direction": direction,
-               "data": str(args.data), "sentences": len(pairs)}
-    for name, beam in (("greedy", 1), (f"beam{args.beam}", args.beam)):
-        t0 = time.time()
-        hyps = translate(model, tok, srcs, target_lang=target_lang,
-                         settings=DecodeSettings(beam_size=beam, length_penalty=args.length_penalty))
-        results[name] = score(hyps, refs) | {"seconds": round(time.time() - t0, 1)}
-        if beam == 1 and args.beam == 1:
-            break
+    results = subject.info | {"direction": direction, "data": str(args.data), "sentences": len(pairs)}
+    results |= evaluate(subject.translate(direction), srcs, refs, [1] if args.beam == 1 else [1, args.beam])
     if args.json:
         print(json.dumps(results, indent=2))
-        return
-    print(f"{info['file']} (step {info.get('step')}), {direction}, {len(pairs)} sentences from {args.data}")
-    for name in ("greedy", f"beam{args.beam}"):
-        if name in results:
-            r = results[name]
-            print(f"{name:>8}: BLEU {r['bleu']:5.2f}  chrF {r['chrf']:5.2f}  ({r['seconds']}s)")
-    r = results["greedy"]
-    print(f"signatures: {r['bleu_signature']} | {r['chrf_signature']}")
+    else:
+        print_report(results, subject.label)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,325 @@
+"""The model package and its onnxruntime engine, checked against the PyTorch model they come from.
+
+The tiny model has memorised 64 real Ding sentence pairs (tests/fixtures/pairs64.tsv), so the right
+outputs are known, and its decoding is fast enough to run every search option over all 64 inputs.
+"""
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from model import evaluate
+from model.decoding import DecodeSettings, TorchDecoder, translate
+from model.export import export_package
+from service.engine import Engine, OrtDecoder, PackageError, SearchOptions, load_package
+
+from conftest import ROOT, pairs64
+
+PAIRS = pairs64()
+SOURCES = [de for de, _ in PAIRS]
+REFERENCES = [en for _, en in PAIRS]
+# Parity inputs: the 64 memorised sentences and 64 the model never saw (the same words, lower-cased,
+# each with its last word dropped), so the comparison also covers uncertain, longer-running outputs.
+UNSEEN = [" ".join(de.lower().split()[:-1]) or de.lower() for de in SOURCES]
+PARITY = SOURCES + UNSEEN
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_package) -> Engine:
+    return Engine(tiny_package, device="cpu", intra_op_threads=1)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_run):
+    """(model, tokenizer) in PyTorch, on one thread: two threads on a loaded 2-core machine are slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model, tok, _ = evaluate.load_checkpoint(tiny_run)
+    yield model, tok
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def ids(engine) -> list[list[int]]:
+    return engine.source_ids(SOURCES, "en")
+
+
+@pytest.fixture(scope="module")
+def greedy(engine, ids) -> list[list[int]]:
+    """Unconstrained greedy outputs (token ids), the baseline the constrained searches are compared to."""
+    return [h[0].tokens for h in engine.search(ids, SearchOptions(beam_size=1))]
+
+
+def tokens(engine: Engine, ids, **options) -> list[list[int]]:
+    return [h[0].tokens for h in engine.search(ids, SearchOptions(**options))]
+
+
+def has_repeat(toks: list[int]) -> bool:
+    return len(toks) != len(set(toks))
+
+
+# --- the package ----------------------------------------------------------------------------------
+
+def test_model_json_describes_the_package(tiny_package):
+    meta = json.loads((tiny_package / "model.json").read_text())
+    assert meta["format"] == "transerve-model/1"
+    assert meta["task"] == "translation"
+    assert meta["directions"] == ["de-en"] and meta["languages"] == ["de", "en"]
+    assert meta["special_ids"] == {"pad": 0, "unk": 1, "bos": 2, "eos": 3}
+    assert meta["precision"] == "fp32"
+    assert meta["config"]["d_k"] == meta["config"]["d_model"] // meta["config"]["h"]
+    assert set(meta["files"]) == {"encoder.onnx", "decoder.onnx", "spm.model"}
+    for name, info in meta["files"].items():
+        data = (tiny_package / name).read_bytes()
+        assert info["bytes"] == len(data)
+        assert info["sha256"] == hashlib.sha256(data).hexdigest(), name
+
+
+def test_graphs_pass_the_checker_and_have_the_documented_signatures(tiny_package):
+    meta = json.loads((tiny_package / "model.json").read_text())
+    c = meta["config"]
+    # Names in model.json that are fixed by the model; every other name is a dynamic axis.
+    fixed = {"layers": c["n_decoder_layers"], "heads": c["h"], "d_k": c["d_k"], "vocab": c["vocab_size"]}
+    for graph in ("encoder", "decoder"):
+        model = onnx.load(str(tiny_package / f"{graph}.onnx"))
+        onnx.checker.check_model(model, full_check=True)
+        doc = meta["graphs"][graph]
+        for values, documented in ((model.graph.input, doc["inputs"]), (model.graph.output, doc["outputs"])):
+            assert [v.name for v in values] == list(documented)
+            for v in values:
+                dims = v.type.tensor_type.shape.dim
+                assert len(dims) == len(documented[v.name]), v.name
+                for dim, want in zip(dims, documented[v.name]):
+                    if isinstance(want, int) or want in fixed:
+                        assert dim.dim_value == fixed.get(want, want), (v.name, want)
+                    else:  # dynamic: a symbolic size, named as documented ("past_len + 1" is an expression)
+                        assert dim.dim_param and want.split()[0] in dim.dim_param, (v.name, want, dim)
+
+
+# --- parity with PyTorch ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_engine_translates_exactly_like_the_pytorch_reference(engine, reference, beam):
+    model, tok = reference
+    assert len(set(PARITY)) >= 100
+    expected = translate(model, tok, PARITY, settings=DecodeSettings(beam_size=beam))
+    got = [t.text for t in engine.translate(PARITY, source_lang="de", target_lang="en", beam_size=beam)]
+    assert got == expected
+    assert sum(g == r for g, r in zip(got, REFERENCES)) >= 60  # and the outputs are the memorised ones
+
+
+def test_decoder_steps_match_pytorch_through_select(engine, reference, ids):
+    """Padded sources of different lengths; steps before and after select() reorders, duplicates and
+    drops rows, so the in-graph reorder of the cache (past_rows/cross_rows) is what is compared."""
+    model, _ = reference
+    by_length = {len(s): s for s in ids}                                      # one source per length
+    lengths = sorted(by_length)
+    assert len(lengths) >= 4
+    batch = [by_length[n] for n in (lengths[-1], lengths[0], lengths[len(lengths) // 2], lengths[1])]
+    src = np.zeros((4, max(map(len, batch))), dtype=np.int64)                # (B, S), 0 = pad
+    for i, s in enumerate(batch):
+        src[i, :len(s)] = s
+    ort_dec = OrtDecoder(engine, engine.encode(src), src != engine.pad_id)
+    torch_dec = TorchDecoder(model, torch.from_numpy(src))
+    toks = np.full(4, engine.bos_id, dtype=np.int64)                          # (N,)
+    steps = 0
+    for rows in (None, None, [3, 1, 1, 0], None, [2, 0], None):
+        if rows is not None:
+            ort_dec.select(np.array(rows))
+            torch_dec.select(np.array(rows))
+            toks = toks[rows]
+        a, b = ort_dec.step(toks), torch_dec.step(toks)                      # (N, V) each
+        assert a.shape == b.shape == (len(toks), model.config.vocab_size)
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
+        toks = b.argmax(axis=1)
+        steps += 1
+    assert steps == 6
+
+
+def test_evaluate_package_reproduces_the_references(tiny_package, data_dir, capsys):
+    capsys.readouterr()
+    evaluate.main(["--package", str(tiny_package), "--data", str(data_dir / "test.tsv"), "--beam", "4", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert result["package"] == str(tiny_package) and result["precision"] == "fp32"
+    assert result["sentences"] == 64 and result["direction"] == "de-en"
+    for name in ("greedy", "beam4"):
+        assert result[name]["bleu"] >= 90, result
+        assert result[name]["chrf"] >= 90, result
+        assert result[name]["bleu_signature"].startswith("nrefs:1|case:mixed")
+        assert result[name]["chrf_signature"].startswith("nrefs:1|case:mixed")
+
+
+def test_evaluate_says_when_the_data_file_is_missing(tiny_package, tmp_path):
+    with pytest.raises(SystemExit, match="no such file"):
+        evaluate.main(["--package", str(tiny_package), "--data", str(tmp_path / "nope.tsv")])
+
+
+# --- search options ---------------------------------------------------------------------------------
+
+def test_n_best_returns_distinct_hypotheses_best_first(engine, ids):
+    results = engine.search(ids, SearchOptions(beam_size=4, num_hypotheses=3))
+    for hyps in results:
+        assert len(hyps) == 3
+        assert len({tuple(h.tokens) for h in hyps}) == 3
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+    t = engine.translate(SOURCES[:4], source_lang="de", target_lang="en", beam_size=4, num_hypotheses=3)
+    for tr in t:
+        assert len(tr.alternatives) == 2 and all(score <= tr.score for _, score in tr.alternatives)
+
+
+@pytest.mark.parametrize("options", [dict(beam_size=4, num_hypotheses=5), dict(beam_size=1, num_hypotheses=2),
+                                     dict(sampling=True, num_hypotheses=2)])
+def test_more_hypotheses_than_the_search_keeps_is_rejected(engine, ids, options):
+    with pytest.raises(ValueError, match="num_hypotheses"):
+        engine.search(ids[:2], SearchOptions(**options))
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_max_length_counts_the_forced_eos(engine, ids, greedy, beam):
+    """The budget counts the eos (as the positional table does): max_length=3 is 2 pieces + eos."""
+    hyps = [h[0] for h in engine.search(ids, SearchOptions(beam_size=beam, max_length=3))]
+    assert all(len(g) >= 3 for g in greedy)   # so the cap bites on every sentence
+    assert all(len(h.tokens) == 2 and np.isfinite(h.score) for h in hyps)
+    if beam == 1:
+        assert [h.tokens for h in hyps] == [g[:2] for g in greedy]
+
+
+def test_max_length_a_b_budget_per_source_length(engine, ids, greedy):
+    a, b, cap = 0.5, 2, 9
+    got = tokens(engine, ids, beam_size=1, max_length_a=a, max_length_b=b, max_length=cap)
+    cut = 0
+    for src, g, out in zip(ids, greedy, got):
+        budget = min(int(a * len(src) + b), cap)
+        if len(g) + 1 > budget:
+            assert out == g[:budget - 1]
+            cut += 1
+        else:
+            assert out == g
+    assert 0 < cut < len(ids)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_min_length_forces_that_many_tokens(engine, ids, greedy, beam):
+    got = tokens(engine, ids, beam_size=beam, min_length=15, max_length_b=30)
+    assert sum(len(g) < 15 for g in greedy) > 40
+    assert all(len(out) >= 15 for out in got)
+    if beam == 1:
+        assert all(out[:len(g)] == g for g, out in zip(greedy, got))
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_max_length_wins_over_min_length(engine, ids, beam):
+    """min_length above the budget used to yield -inf pad tokens past the budget (greedy) or no
+    hypothesis at all (beam: IndexError in translate)."""
+    hyps = engine.search(ids, SearchOptions(beam_size=beam, min_length=5, max_length=3))
+    for h in hyps:
+        assert len(h[0].tokens) == 2 and np.isfinite(h[0].score)
+        assert not set(h[0].tokens) & set(engine.banned_ids)
+
+
+def test_sampling_with_a_seed_is_reproducible_alone_and_batched(engine, ids):
+    opts = SearchOptions(sampling=True, temperature=1.5)
+    seeds = [1000 + i for i in range(len(ids))]
+    batched = [h[0].tokens for h in engine.search(ids, opts, seeds=seeds)]
+    assert [h[0].tokens for h in engine.search(ids, opts, seeds=seeds)] == batched
+    for i in range(0, len(ids), 4):
+        assert engine.search([ids[i]], opts, seeds=[seeds[i]])[0][0].tokens == batched[i]
+        seeded = SearchOptions(sampling=True, temperature=1.5, seed=seeds[i])  # the per-request form
+        assert engine.search([ids[i]], seeded)[0][0].tokens == batched[i]
+
+
+def test_sampling_with_other_seeds_gives_other_outputs(engine, ids):
+    opts = SearchOptions(sampling=True, temperature=1.5)
+    first = [h[0].tokens for h in engine.search(ids, opts, seeds=list(range(64)))]
+    second = [h[0].tokens for h in engine.search(ids, opts, seeds=list(range(100, 164)))]
+    assert sum(x != y for x, y in zip(first, second)) >= 1
+
+
+def test_sampling_top_k_1_is_greedy(engine, ids, greedy):
+    assert tokens(engine, ids, sampling=True, temperature=1.5, top_k=1) == greedy
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_no_repeat_ngram_size_1_repeats_no_token(engine, ids, greedy, beam):
+    assert sum(map(has_repeat, greedy)) >= 5       # the plain outputs do repeat pieces
+    assert not any(map(has_repeat, tokens(engine, ids, beam_size=beam, no_repeat_ngram_size=1)))
+
+
+def test_repetition_penalty_lowers_the_score_of_repeating_outputs(engine, ids):
+    """The memorised model is too sure of itself for a penalty to change its words, but the penalised
+    log-probs are what the score sums: lower exactly where a token repeats."""
+    plain = [h[0] for h in engine.search(ids, SearchOptions(beam_size=1))]
+    penal = [h[0] for h in engine.search(ids, SearchOptions(beam_size=1, repetition_penalty=10.0))]
+    lowered = 0
+    for p, q in zip(plain, penal):
+        if q.tokens != p.tokens:
+            continue
+        if has_repeat(p.tokens):
+            assert q.score <= p.score
+            lowered += q.score < p.score
+        else:
+            assert q.score == pytest.approx(p.score, abs=1e-9)
+    assert lowered >= 5
+
+
+# --- int8, broken packages, directions, the torch-free service ---------------------------------------
+
+def test_int8_package_is_smaller_and_translates_like_fp32(tiny_run, tiny_package, engine, tmp_path):
+    out = tmp_path / "int8"
+    export_package(tiny_run, out, quantize="int8")
+    meta = json.loads((out / "model.json").read_text())
+    assert meta["precision"] == "int8"
+    for graph in ("encoder.onnx", "decoder.onnx"):
+        assert (out / graph).stat().st_size < 0.8 * (tiny_package / graph).stat().st_size
+    int8 = Engine(out, device="cpu", intra_op_threads=1)
+    for beam in (1, 4):
+        a = [t.text for t in engine.translate(SOURCES, source_lang="de", target_lang="en", beam_size=beam)]
+        b = [t.text for t in int8.translate(SOURCES, source_lang="de", target_lang="en", beam_size=beam)]
+        # Measured on this fixture: 64/64 greedy, 62/64 beam 4.
+        assert sum(x == y for x, y in zip(a, b)) >= 58, beam
+
+
+@pytest.mark.parametrize("damage, file", [("flip", "decoder.onnx"), ("delete", "encoder.onnx"),
+                                          ("truncate", "model.json")])
+def test_a_corrupt_package_is_refused_naming_the_file(tiny_package, tmp_path, damage, file):
+    pkg = tmp_path / "pkg"
+    shutil.copytree(tiny_package, pkg)
+    target = pkg / file
+    if damage == "flip":
+        data = bytearray(target.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        target.write_bytes(bytes(data))
+    elif damage == "delete":
+        target.unlink()
+    else:
+        target.write_text(target.read_text()[:100])
+    with pytest.raises(PackageError, match=re.escape(str(target))):
+        load_package(pkg)
+    with pytest.raises(PackageError, match=re.escape(file)):
+        Engine(pkg, device="cpu")
+
+
+def test_an_unknown_direction_names_the_valid_ones(engine):
+    with pytest.raises(ValueError, match="translates de-en, not en-de"):
+        engine.translate(["Hello."], source_lang="en", target_lang="de")
+
+
+def test_service_never_imports_torch_or_model():
+    code = ("import sys; import service.engine, service.search; "
+            "assert 'torch' not in sys.modules and 'model' not in sys.modules, sorted(sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pattern = re.compile(r"^\s*(import\s+(torch|model)\b|from\s+(torch|model)\b)", re.MULTILINE)
+    sources = sorted((ROOT / "service").rglob("*.py"))
+    assert sources
+    offenders = [f"{f.relative_to(ROOT)}: {m.group(0).strip()}" for f in sources
+                 for m in pattern.finditer(f.read_text(encoding="utf-8"))]
+    assert not offenders
