@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+import threading
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,10 +20,17 @@ def main(argv: list[str] | None = None) -> int:
     from .engine import PackageError
 
     try:
-        server = build_server(settings)
+        server, gateway = build_server(settings)
     except PackageError as e:
         print(f"error: cannot serve: {e}", file=sys.stderr)
         return 2
+
+    def on_sigterm(signum, frame):
+        if getattr(server, "_shutdown_event", None) is None:  # still starting: nothing to drain
+            raise KeyboardInterrupt
+        threading.Thread(target=gateway.drain_and_stop, args=(settings.drain_timeout_s,), daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     server.run(host=settings.host, port=settings.port, num_api_servers=settings.api_servers,
                log_level=settings.log_level, generate_client_file=False)
     return 0

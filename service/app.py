@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import multiprocessing as mp
 import time
 import uuid
 from typing import Any
@@ -27,6 +28,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from litserve.server import RegularRequestHandler
+from litserve.utils import WorkerSetupStatus
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -66,16 +68,25 @@ class Gateway:
     def __init__(self, server: ls.LitServer, api: TranslateAPI, settings: Settings, packages: list[dict]):
         self.server, self.api, self.settings, self.packages = server, api, settings, packages
         self.handler = RegularRequestHandler(api, server)
-        self.in_flight = 0
+        # Shared by every HTTP process (LitServe forks them after this): the queue bound is global,
+        # and SIGTERM in the main process can see when the last request has been answered.
+        self.active = mp.Value("i", 0)
+        self.draining = mp.Event()
         self.pairs = sorted({tuple(d.split("-")) for p in packages for d in p["directions"]})
 
     # --- the one way into the queue ---------------------------------------------------------------
     async def submit(self, endpoint: str, payload: dict) -> dict:
-        if self.in_flight >= self.settings.max_queue:
+        if self.draining.is_set():
+            raise ApiError(503, "shutting_down", "the server is shutting down; retry on another replica",
+                           headers={"Retry-After": "1"})
+        with self.active.get_lock():
+            full = self.active.value >= self.settings.max_queue
+            if not full:
+                self.active.value += 1
+        if full:
             m().rejected.labels(endpoint).inc()
             raise ApiError(503, "overloaded", f"{self.settings.max_queue} requests are already waiting; retry later",
                            self.settings.max_queue, {"Retry-After": "1"})
-        self.in_flight += 1
         m().in_flight.labels(endpoint).inc()
         m().queue_depth.labels(ENDPOINT).inc()
         try:
@@ -87,12 +98,33 @@ class Gateway:
                                "for a worker", headers={"Retry-After": "5"}) from None
             raise ApiError(500, "internal_error", "the inference worker failed on this batch") from None
         finally:
-            self.in_flight -= 1
+            with self.active.get_lock():
+                self.active.value -= 1
             m().in_flight.labels(endpoint).dec()
         if "error" in out:
             e = out["error"]
             raise ApiError(out["status"], e["type"], e["message"], e.get("limit"))
         return out
+
+    def ready(self) -> PlainTextResponse:
+        status = getattr(self.server, "workers_setup_status", None) or {}
+        if self.draining.is_set():
+            return PlainTextResponse("draining", status_code=503)
+        if status and all(v == WorkerSetupStatus.READY for v in status.values()):
+            return PlainTextResponse("ok")
+        return PlainTextResponse("not ready", status_code=503)
+
+    def drain_and_stop(self, grace_s: float) -> None:
+        """SIGTERM: refuse new requests (and fail /ready), let the admitted ones finish, then stop."""
+        self.draining.set()
+        deadline = time.monotonic() + grace_s
+        # Connections accepted just before the signal may not have reached a handler yet: give them a
+        # moment to be admitted (or refused with 503) before waiting for the active count to reach 0.
+        time.sleep(min(1.0, grace_s))
+        while self.active.value > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        log.info("drained (%d requests still active); stopping", self.active.value)
+        self.server._shutdown_event.set()
 
     def check_key(self, request: Request, body_key: str | None = None) -> None:
         if not self.settings.api_keys:
@@ -212,8 +244,9 @@ class Gateway:
 
     def install(self) -> None:
         app = self.server.app
-        # Drop LitServe's own POST /translate; ours submits through the same handler.
-        app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) != "/translate"]
+        # Drop LitServe's own POST /translate and readiness check; ours submit through the same handler
+        # and know about draining.
+        app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) not in ("/translate", "/ready")]
         app.openapi_schema = None
         app.title, app.version = "transerve", __version__
         errors = {c: {"model": ErrorResponse} for c in (400, 401, 403, 413, 422, 503, 504)}
@@ -227,6 +260,8 @@ class Gateway:
                           response_model=list[Language], tags=["libretranslate"])
         app.add_api_route("/health", lambda: PlainTextResponse("ok"), methods=["GET"], tags=["ops"],
                           summary="Liveness: the HTTP process answers")
+        app.add_api_route("/ready", self.ready, methods=["GET"], tags=["ops"],
+                          summary="Readiness: every inference worker loaded and warmed up, not draining")
         app.add_api_route("/info", self.info, methods=["GET"], tags=["ops"])
         app.add_api_route("/metrics", _metrics, methods=["GET"], tags=["ops"], include_in_schema=False)
         app.add_exception_handler(ApiError, self._api_error)
@@ -291,7 +326,7 @@ async def _metrics() -> Response:
     return Response(body, media_type=ctype)
 
 
-def build_server(settings: Settings) -> ls.LitServer:
+def build_server(settings: Settings) -> tuple[ls.LitServer, Gateway]:
     """Checks the packages, then builds the LitServer (workers start in server.run())."""
     import onnxruntime
 
@@ -303,5 +338,6 @@ def build_server(settings: Settings) -> ls.LitServer:
                           workers_per_device=settings.workers, timeout=settings.request_timeout_s,
                           healthcheck_path="/ready", info_path="/litserve/info",
                           max_payload_size=settings.max_payload_bytes)
-    Gateway(server, api, settings, packages).install()
-    return server
+    gateway = Gateway(server, api, settings, packages)
+    gateway.install()
+    return server, gateway

@@ -1,18 +1,18 @@
 """Python client for the transerve HTTP API: `Client` (blocking) and `AsyncClient` (asyncio).
 
-    from transerve import Client
+    from service.client import Client
     with Client("http://127.0.0.1:8000") as c:
         r = c.translate("Das geht zu weit.", source_lang="de", target_lang="en")
         print(r.translations[0].text)
 
-Installs with the `client` extra alone (httpx, pydantic). Request building and response parsing live
+Needs only the `client` extra (httpx, pydantic): importing it loads neither onnxruntime nor litserve. Request building and response parsing live
 in `BaseClient`, which does no I/O; the two clients only differ in how they send.
 
 Exceptions:
 
     TranserveError
-    ├── APIConnectionError          the server could not be reached
-    │   └── APITimeoutError         ... or did not answer in time
+    ├── APIConnectionError          the server could not be reached (retried with backoff)
+    │   └── APITimeoutError         ... or did not answer in time (not retried: it may have run)
     └── APIStatusError              an error status; .status_code, .request_id, .type, .limit, .body
         ├── BadRequestError         400, 422: the request is wrong (see .message)
         ├── AuthenticationError     401, 403
@@ -29,7 +29,7 @@ from typing import Any, Optional, Sequence, Union
 
 import httpx
 
-from service.schemas import Language, TranslateResponse
+from .schemas import Language, TranslateResponse
 
 __all__ = ["Client", "AsyncClient", "TranserveError", "APIConnectionError", "APITimeoutError", "APIStatusError",
            "BadRequestError", "AuthenticationError", "PayloadTooLargeError", "OverloadedError", "InternalServerError"]
@@ -104,9 +104,10 @@ class BaseClient:
         return body
 
     @staticmethod
-    def _raise_for_status(response: httpx.Response) -> None:
+    def _check(response: httpx.Response) -> httpx.Response:
+        """The response itself when it succeeded; otherwise the matching APIStatusError."""
         if response.status_code < 400:
-            return
+            return response
         try:
             body = response.json()
         except ValueError:
@@ -120,9 +121,15 @@ class BaseClient:
                   request_id=response.headers.get("x-request-id") or (body.get("request_id") if isinstance(body, dict) else None),
                   body=body)
 
-    def _should_retry(self, error: APIStatusError, attempt: int) -> Optional[float]:
-        if isinstance(error, OverloadedError) and attempt < self.max_retries:
+    def _retry_delay(self, error: TranserveError, attempt: int) -> Optional[float]:
+        """Seconds to wait before retrying, or None to give up. Overload: the server's Retry-After;
+        connection errors: exponential backoff (0.5 s, 1 s, 2 s, ...)."""
+        if attempt >= self.max_retries:
+            return None
+        if isinstance(error, OverloadedError):
             return min(error.retry_after, 10.0)
+        if isinstance(error, APIConnectionError) and not isinstance(error, APITimeoutError):
+            return 0.5 * 2 ** attempt
         return None
 
 
@@ -137,20 +144,21 @@ class Client(BaseClient):
         attempt = 0
         while True:
             try:
-                r = self._http.request(method, path, **kwargs)
-            except httpx.TimeoutException as e:
-                raise APITimeoutError(f"{method} {path}: no answer within {self.timeout} s") from e
-            except httpx.TransportError as e:
-                raise APIConnectionError(f"{method} {path}: {e}") from e
-            try:
-                self._raise_for_status(r)
-                return r
-            except APIStatusError as e:
-                wait = self._should_retry(e, attempt)
-                if wait is None:
+                return self._check(self._send(method, path, **kwargs))
+            except TranserveError as e:
+                delay = self._retry_delay(e, attempt)
+                if delay is None:
                     raise
-                time.sleep(wait)
+                time.sleep(delay)
                 attempt += 1
+
+    def _send(self, method: str, path: str, **kwargs) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kwargs)
+        except httpx.TimeoutException as e:
+            raise APITimeoutError(f"{method} {path}: no answer within {self.timeout} s") from e
+        except httpx.TransportError as e:
+            raise APIConnectionError(f"{method} {path}: {e}") from e
 
     def translate(self, text: Union[str, Sequence[str]], *, source_lang: str, target_lang: str,
                   beam_size: Optional[int] = None, num_alternatives: Optional[int] = None,
@@ -199,20 +207,21 @@ class AsyncClient(BaseClient):
         attempt = 0
         while True:
             try:
-                r = await self._http.request(method, path, **kwargs)
-            except httpx.TimeoutException as e:
-                raise APITimeoutError(f"{method} {path}: no answer within {self.timeout} s") from e
-            except httpx.TransportError as e:
-                raise APIConnectionError(f"{method} {path}: {e}") from e
-            try:
-                self._raise_for_status(r)
-                return r
-            except APIStatusError as e:
-                wait = self._should_retry(e, attempt)
-                if wait is None:
+                return self._check(await self._send(method, path, **kwargs))
+            except TranserveError as e:
+                delay = self._retry_delay(e, attempt)
+                if delay is None:
                     raise
-                await asyncio.sleep(wait)
+                await asyncio.sleep(delay)
                 attempt += 1
+
+    async def _send(self, method: str, path: str, **kwargs) -> httpx.Response:
+        try:
+            return await self._http.request(method, path, **kwargs)
+        except httpx.TimeoutException as e:
+            raise APITimeoutError(f"{method} {path}: no answer within {self.timeout} s") from e
+        except httpx.TransportError as e:
+            raise APIConnectionError(f"{method} {path}: {e}") from e
 
     async def translate(self, text: Union[str, Sequence[str]], *, source_lang: str, target_lang: str,
                         beam_size: Optional[int] = None, num_alternatives: Optional[int] = None,

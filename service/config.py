@@ -30,6 +30,7 @@ class Settings:
     max_request_tokens: int = 8192      # source tokens per request
     max_queue: int = 256                # requests waiting or running per HTTP process; beyond: 503
     request_timeout_s: float = 60.0     # longest a request may wait in the queue; then 504
+    drain_timeout_s: float = 30.0       # on SIGTERM: how long admitted requests may take to finish
     max_payload_bytes: int = 1_000_000  # request body size; beyond: 413
     max_output_tokens: int = 512        # hard cap on tokens written per sentence
     api_keys: list[str] = field(default_factory=list)  # empty = no authentication
