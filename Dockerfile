@@ -1,11 +1,79 @@
-# Serving image skeleton (CPU). The deployment issue turns this into a multi-stage build with a CUDA
-# target, tini, a HEALTHCHECK and a baked-in or mounted model package. No torch in the image.
-ARG BASE_IMAGE=python:3.11-slim
-FROM ${BASE_IMAGE}
-RUN useradd --create-home --uid 10001 app
-WORKDIR /app
+# transerve serving image, CPU or GPU from one recipe: the two differ only in BASE_IMAGE and
+# ORT_EXTRA, so what CI builds and tests on CPU is what runs on the GPU nodes. No torch in either
+# (the build fails if anything pulls it in). See deploy/README.md.
+#
+#   CPU: docker build -t transerve:cpu .
+#   GPU: docker build -t transerve:gpu --build-arg ORT_EXTRA=gpu \
+#          --build-arg BASE_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04 .
+#   Model baked in (default: none, mount a package at /models/de-en):
+#        --build-arg MODEL_DIR=models/de-en
+#   Model-only image for the Kubernetes init container (deploy/k8s):
+#        docker build --target model --build-arg MODEL_DIR=models/de-en -t transerve-model:de-en-1 .
+
+# Same Ubuntu release as the CUDA image, so both variants install the same Python and packages.
+ARG BASE_IMAGE=ubuntu:24.04
+# The model image only needs `sh` and `cp` for the init container.
+ARG MODEL_BASE_IMAGE=busybox:1.36.1
+# A directory in the build context holding a model package (encoder.onnx, decoder.onnx, spm.model,
+# model.json). The default holds only a README, so an image built without a model says so at start.
+ARG MODEL_DIR=deploy/docker/no-model
+
+# --- os: the runtime's operating system layer, shared by build and final stages -------------------
+FROM ${BASE_IMAGE} AS os
+# Versions come from the base image's release; pinning them would tie this file to one distribution.
+# tini runs as PID 1: it forwards SIGTERM to the server (whose drain needs it) and reaps zombies.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv tini \
+ && rm -rf /var/lib/apt/lists/*
+
+# --- build: the virtual environment with transerve and its serving dependencies ---------------------
+FROM os AS build
+# serve = onnxruntime (CPU), gpu = onnxruntime-gpu; every other dependency is the same.
+ARG ORT_EXTRA=serve
+RUN python3 -m venv /opt/venv
+WORKDIR /src
+# Only what the serving package needs: model/ (training, torch) stays out of the image.
 COPY pyproject.toml README.md ./
 COPY service/ service/
-COPY model/__init__.py model/__init__.py
-RUN pip install --no-cache-dir ".[serve]"
-USER app
+RUN /opt/venv/bin/pip install --no-cache-dir ".[${ORT_EXTRA}]" \
+ && /opt/venv/bin/python -c "import importlib.util as u, sys; sys.exit('torch must not be in the serving image' if u.find_spec('torch') else 0)" \
+ && /opt/venv/bin/python -c "import service.app, onnxruntime; print('onnxruntime', onnxruntime.__version__, onnxruntime.get_available_providers())"
+
+# --- model: a model package alone, copied into pods by deploy/k8s's init container ---------------
+FROM ${MODEL_BASE_IMAGE} AS model
+ARG MODEL_DIR
+COPY ${MODEL_DIR}/ /model/
+
+# --- runtime (default target): the server ---------------------------------------------------------
+FROM os AS runtime
+ARG MODEL_DIR
+# Settings as TRANSERVE_* variables rather than flags in CMD: flags win over the environment, so
+# flags here would make Kubernetes ConfigMaps and `docker run -e` unable to change them.
+# PROMETHEUS_MULTIPROC_DIR under /tmp: the one place a read-only-root pod can write (an emptyDir).
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    TRANSERVE_HOST=0.0.0.0 \
+    TRANSERVE_PORT=8000 \
+    TRANSERVE_MODELS=/models/de-en \
+    PROMETHEUS_MULTIPROC_DIR=/tmp/transerve-metrics
+# A fixed numeric uid/gid, so Kubernetes' runAsNonRoot can verify it and runAsUser can match it.
+RUN groupadd --system --gid 10001 transerve \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin transerve
+COPY --from=build /opt/venv /opt/venv
+# Owned by root and read-only to the server: a compromised process cannot alter the model.
+COPY ${MODEL_DIR}/ /models/de-en/
+# An empty, read-only working directory: `python -m` puts the working directory on sys.path.
+WORKDIR /opt/transerve
+USER 10001:10001
+EXPOSE 8000
+# Healthy = ready to translate (models loaded and warmed, not draining). The start period covers
+# model loading; compose waits on this, Kubernetes ignores it and uses its own probes.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=180s --retries=3 \
+  CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % os.environ.get('TRANSERVE_PORT', '8000'), timeout=2)"]
+# tini without -g: SIGTERM goes to the server only, which drains and then stops its own workers;
+# signalling the whole group would kill the workers under requests still in flight.
+ENTRYPOINT ["/usr/bin/tini", "--"]
+CMD ["python3", "-m", "service"]

@@ -244,6 +244,12 @@ class Gateway:
 
     def install(self) -> None:
         app = self.server.app
+        # Error and rejection series exist at 0 from the start: rate() over a series that appears
+        # with its first event misses that event, so alerts would not see the first burst.
+        for endpoint in ("translate", "libretranslate"):
+            m().rejected.labels(endpoint)
+            for kind in sorted(set(ERROR_KIND.values()) | {"internal"}):
+                m().errors.labels(endpoint, kind)
         # Drop LitServe's own POST /translate and readiness check; ours submit through the same handler
         # and know about draining.
         app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) not in ("/translate", "/ready")]

