@@ -889,6 +889,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1234, help="seed of the train shuffle")
     p.add_argument("--max-chars", type=int, default=MAX_CHARS, help="max characters per side")
     p.add_argument("--max-ratio", type=float, default=MAX_RATIO, help="max length ratio")
+    p.add_argument("--monolingual", action="store_true",
+                   help="write German and English monolingual text for the decoder-only model instead "
+                   "(see model/mono.py); e.g. --out data/mono")
+    from .mono import add_arguments
+
+    add_arguments(p)
     return p
 
 
@@ -950,6 +956,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.monolingual:
+        from .mono import main as mono_main
+
+        return mono_main(args, argv)
     start = time.monotonic()
     try:
         readers, sources = collect_sources(args)

@@ -108,3 +108,28 @@ def translate(model: Transformer, tokenizer: Tokenizer, texts: Sequence[str], *,
         for i, h in zip(idx, hyps):
             out[i] = tokenizer.decode(h.tokens)
     return out
+
+
+class TorchPromptDecoder:
+    """The PyTorch reference for decoder-only generation: each row keeps its own whole sequence and
+    every step re-runs the model over it, without padding, masks beyond the causal one, or a cache.
+    Nothing is shared with the engine's left-padded, cached graph but the weights, which is what
+    makes it a reference. Same step/select protocol; `start_tokens` are the prompts' last tokens."""
+
+    def __init__(self, model: Transformer, prompts: Sequence[Sequence[int]]):
+        self.model = model
+        self.seqs = [list(p[:-1]) for p in prompts]
+        self.start_tokens = np.array([p[-1] for p in prompts], dtype=np.int64)
+
+    @torch.no_grad()
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        out = []
+        for seq, tok in zip(self.seqs, tokens):
+            seq.append(int(tok))
+            ids = torch.tensor([seq], dtype=torch.long, device=self.model.embed.weight.device)  # (1, T)
+            logits, _ = self.model.decode(ids, causal_mask(ids.size(1), ids.device))           # (1, T, V)
+            out.append(torch.log_softmax(logits[0, -1].float(), dim=-1).cpu().numpy())
+        return np.stack(out)                                                                     # (N, V)
+
+    def select(self, rows: np.ndarray) -> None:
+        self.seqs = [list(self.seqs[r]) for r in rows]

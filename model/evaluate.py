@@ -1,7 +1,12 @@
-"""Evaluate a trained model: sacreBLEU and chrF, greedy and beam search.
+"""Evaluate a trained model: sacreBLEU and chrF, greedy and beam search; perplexity for a language model.
 
     python -m model.evaluate --checkpoint runs/small --data data/de-en/test.tsv [--beam 4] [--direction de-en]
     python -m model.evaluate --package models/de-en --data data/de-en/test.tsv [--beam 4]
+    python -m model.evaluate --checkpoint runs/lm-small --data data/mono/test.tsv      # perplexity
+    python -m model.evaluate --package models/lm-small --data data/mono/test.tsv
+
+Perplexity is exp(mean negative log-likelihood per SentencePiece piece), the closing </s> included,
+over every held-out paragraph (cut into the training windows), overall and per language.
 
 `--checkpoint` decodes in PyTorch: the reference the ONNX engine must match. `--package` decodes
 an exported model package through `service.engine.Engine`, exactly as the service does, so the
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,12 +131,115 @@ def print_report(results: dict, label: str) -> None:
     print(f"signatures: {r['bleu_signature']} | {r['chrf_signature']}")
 
 
+# --- language models: perplexity ------------------------------------------------------------------
+
+def _windows(ids: list[int], width: int) -> list[list[int]]:
+    return [ids[i:i + width] for i in range(0, len(ids), width) if ids[i:i + width]]
+
+
+@torch.no_grad()
+def checkpoint_nll(model: Transformer, seqs: list[list[int]], batch_size: int) -> list[float]:
+    """Summed negative log-likelihood of each sequence's pieces and its </s>, teacher-forced in PyTorch."""
+    from .batching import Example, collate
+
+    out = []
+    for start in range(0, len(seqs), batch_size):
+        b = collate([Example([], s) for s in seqs[start:start + batch_size]], decoder_only=True)
+        logits = model(None, b.tgt_in, None, b.tgt_mask)                       # (B, T, V)
+        nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), b.tgt_out, ignore_index=0,
+                                                reduction="none")              # (B, T)
+        out.extend(nll.sum(dim=1).tolist())
+    return out
+
+
+def package_nll(engine, seqs: list[list[int]], batch_size: int) -> list[float]:
+    """The same through the serving engine's decoder graph, one position per call with its cache."""
+    import numpy as np
+
+    from service.engine import OrtLmDecoder
+
+    out = []
+    for start in range(0, len(seqs), batch_size):
+        batch = [s + [engine.eos_id] for s in seqs[start:start + batch_size]]
+        decoder = OrtLmDecoder(engine, [[engine.bos_id]] * len(batch))
+        alive = np.arange(len(batch))
+        tokens = np.full(len(batch), engine.bos_id, dtype=np.int64)
+        nll = np.zeros(len(batch))
+        t = 0
+        while len(alive):
+            logp = decoder.step(tokens)                                          # (A, V)
+            target = np.array([batch[r][t] for r in alive])
+            nll[alive] -= logp[np.arange(len(alive)), target]
+            keep = np.array([i for i, r in enumerate(alive) if t + 1 < len(batch[r])], dtype=np.int64)
+            tokens = target[keep] if len(keep) else target[:0]
+            alive = alive[keep]
+            if len(keep):
+                decoder.select(keep)
+            t += 1
+        out.extend(nll.tolist())
+    return out
+
+
+def perplexity(args) -> None:
+    from .mono import read_texts
+
+    rows = read_texts(args.data)
+    if args.limit:
+        rows = rows[: args.limit]
+    if args.package:
+        from service.engine import Engine
+
+        engine = Engine(args.package, device=_engine_device(args.device))
+        trained = (engine.package.meta.get("training") or {}).get("max_positions") or engine.max_positions
+        encode, width = (lambda texts: engine.sp.encode(texts, out_type=int)), trained - 1
+        nll_fn = lambda seqs: package_nll(engine, seqs, args.batch_size)  # noqa: E731
+        label = f"{args.package} ({engine.package.meta['precision']}, onnxruntime {engine.device_type})"
+    else:
+        model, tok, info = load_checkpoint(args.checkpoint, args.device)
+        train_cfg = json.loads((Path(info["file"]).parent / "config.json").read_text()).get("train", {}) \
+            if (Path(info["file"]).parent / "config.json").exists() else {}
+        encode, width = tok.encode_batch, train_cfg.get("max_positions", model.config.max_len) - 1
+        nll_fn = lambda seqs: checkpoint_nll(model, seqs, args.batch_size)  # noqa: E731
+        label = f"{info['file']} (step {info.get('step')}, PyTorch)"
+    t0 = time.time()
+    langs, seqs = [], []
+    for (lang, _), ids in zip(rows, encode([t for _, t in rows])):
+        for w in _windows(ids, width):
+            langs.append(lang)
+            seqs.append(w)
+    nll = nll_fn(seqs)
+    results = {"model": label, "data": str(args.data), "paragraphs": len(rows), "windows": len(seqs)}
+    for lang in ["all", *sorted(set(langs))]:
+        idx = [i for i, g in enumerate(langs) if lang == "all" or g == lang]
+        tokens = sum(len(seqs[i]) + 1 for i in idx)
+        results[lang] = {"tokens": tokens, "perplexity": round(math.exp(sum(nll[i] for i in idx) / max(tokens, 1)), 2)}
+    results["seconds"] = round(time.time() - t0, 1)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    print(f"{label}, {results['paragraphs']} paragraphs ({results['windows']} windows) from {args.data}")
+    for lang in ["all", *sorted(set(langs))]:
+        r = results[lang]
+        print(f"{lang:>4}: perplexity {r['perplexity']:8.2f} over {r['tokens']} pieces")
+
+
+def _is_language_model(args) -> bool:
+    if args.package:
+        meta = json.loads((Path(args.package) / "model.json").read_text()) if (Path(args.package) / "model.json").exists() else {}
+        return meta.get("task") == "generation"
+    run = Path(args.checkpoint)
+    run = run if run.is_dir() else run.parent
+    cfg = json.loads((run / "config.json").read_text()) if (run / "config.json").exists() else {}
+    return cfg.get("arch") == "decoder" or cfg.get("model", {}).get("arch") == "decoder"
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description="sacreBLEU and chrF of a checkpoint or model package, greedy and beam search.")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--checkpoint", help="run directory from model.train, or a .pt file (decoded in PyTorch)")
     what.add_argument("--package", help="model package from model.export (decoded by the service's onnxruntime engine)")
-    p.add_argument("--data", required=True, help="TSV: de<TAB>en[<TAB>origin] from model.data, or source<TAB>target")
+    p.add_argument("--data", required=True, help="TSV: de<TAB>en[<TAB>origin] from model.data, or source<TAB>target; "
+                   "for a language model lang<TAB>text[<TAB>origin] from model.data --monolingual")
     p.add_argument("--direction", default=None, help="e.g. de-en or en-de (default: the model's first direction)")
     p.add_argument("--beam", type=int, default=4, help="beam size for the beam-search pass (greedy always runs)")
     p.add_argument("--length-penalty", type=float, default=1.0)
@@ -143,6 +252,8 @@ def main(argv=None) -> None:
         raise SystemExit(f"--data {args.data}: no such file (expected a TSV such as data/de-en/test.tsv "
                          f"written by model.data)")
 
+    if _is_language_model(args):
+        return perplexity(args)
     make = package_subject if args.package else checkpoint_subject
     subject = make(args.package or args.checkpoint, args.device, args.length_penalty, args.batch_size)
     direction = args.direction or subject.directions[0]

@@ -24,8 +24,17 @@ The decoder step (translation):
     log_probs  float32 (N, V)                log-softmax computed in the graph
     present_kv float (L, 2, N, h, T+1, d_k)
 
-A decoder-only model (text generation) has no encoder, no cross inputs, and takes tokens (N, T_new)
-so a prompt is read in one call; see the generation issue.
+A decoder-only model (text generation, task "generation") has no encoder.onnx; its decoder step
+reads a whole batch of left-padded prompts in one call, then one token per row per call:
+
+    tokens     int64 (N, T_new)              new tokens of each row (prompts: left-padded)
+    past_kv    float (L, 2, M, h, T, d_k)    self-attention cache of the previous call (T may be 0)
+    past_rows  int64 (N,)                    row of past_kv each row continues
+    key_mask   bool  (N, T + T_new)          True at real (not padding) positions, cached and new
+    positions  int64 (N, T_new)              position of each new token in its own row's text
+  ->
+    log_probs  float32 (N, V)                next-token log-softmax after each row's last token
+    present_kv float (L, 2, N, h, T+T_new, d_k)
 """
 
 from __future__ import annotations
@@ -82,6 +91,27 @@ class DecoderGraph(nn.Module):
         return log_probs, torch.stack([torch.stack(kv) for kv in present])     # (L, 2, N, h, T+1, d_k)
 
 
+class LMDecoderGraph(nn.Module):
+    """Decoder-only step: prompts (several tokens per row) or one new token per row."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens, past_kv, past_rows, key_mask, positions):
+        past = past_kv.index_select(2, past_rows)                               # (L, 2, N, h, T, d_k)
+        T_new, T_all = tokens.size(1), key_mask.size(1)
+        # New token i sits at T_all - T_new + i and may see every real key up to itself.
+        query_at = torch.arange(T_new, device=tokens.device) + (T_all - T_new)  # (T_new,)
+        causal = torch.arange(T_all, device=tokens.device)[None, :] <= query_at[:, None]  # (T_new, T_all)
+        mask = key_mask[:, None, None, :] & causal[None, None]                  # (N, 1, T_new, T_all)
+        L = past.size(0)
+        logits, present = self.model.decode(tokens, mask, past=[(past[i, 0], past[i, 1]) for i in range(L)],
+                                            positions=positions)               # (N, T_new, V)
+        log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1)            # (N, V)
+        return log_probs, torch.stack([torch.stack(kv) for kv in present])     # (L, 2, N, h, T+T_new, d_k)
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -127,6 +157,29 @@ def export_translation(model: Transformer, out: Path, dtype: torch.dtype = torch
     }
 
 
+def export_generation(model: Transformer, out: Path, dtype: torch.dtype = torch.float32) -> dict:
+    """Writes decoder.onnx of a decoder-only model; returns its signature for model.json."""
+    c = model.config
+    model = model.to(dtype).eval()
+    N, M, T, T_new = 3, 2, 4, 2
+    Dim = torch.export.Dim
+    rows, kv_rows, past_len, new_len = Dim("rows"), Dim("kv_rows"), Dim("past_len"), Dim("new_len")
+    all_len = Dim("all_len")
+    args = (torch.randint(4, c.vocab_size, (N, T_new)),
+            torch.randn((c.n_decoder_layers, 2, M, c.h, T, c.d_k), dtype=dtype), torch.tensor([0, 1, 1]),
+            torch.ones(N, T + T_new, dtype=torch.bool), torch.tensor([[4, 5], [4, 5], [2, 3]]))
+    _export(LMDecoderGraph(model), args, out / "decoder.onnx",
+            ["tokens", "past_kv", "past_rows", "key_mask", "positions"], ["log_probs", "present_kv"],
+            {"tokens": {0: rows, 1: new_len}, "past_kv": {2: kv_rows, 4: past_len}, "past_rows": {0: rows},
+             "key_mask": {0: rows, 1: all_len}, "positions": {0: rows, 1: new_len}})
+    return {"decoder": {"inputs": {"tokens": ["rows", "new_len"],
+                                   "past_kv": ["layers", 2, "kv_rows", "heads", "past_len", "d_k"],
+                                   "past_rows": ["rows"], "key_mask": ["rows", "past_len + new_len"],
+                                   "positions": ["rows", "new_len"]},
+                        "outputs": {"log_probs": ["rows", "vocab"],
+                                    "present_kv": ["layers", 2, "rows", "heads", "past_len + new_len", "d_k"]}}}
+
+
 def quantize_int8(path: Path) -> None:
     """Dynamic int8 quantization of the MatMul weights (activations quantized on the fly)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -145,37 +198,39 @@ def export_package(checkpoint: str | Path, out: str | Path, *, quantize: str | N
     if quantize and fp16:
         raise ValueError("choose one of --quantize int8 (CPU) and --fp16 (GPU)")
     model, tok, info = load_checkpoint(checkpoint)
-    if model.config.arch != "encoder-decoder":
-        raise SystemExit("decoder-only export comes with the generation issue")
+    generation = model.config.arch == "decoder"
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    graphs = export_translation(model, out, torch.float16 if fp16 else torch.float32)
+    export = export_generation if generation else export_translation
+    graphs = export(model, out, torch.float16 if fp16 else torch.float32)
     if quantize == "int8":
-        for f in ("encoder.onnx", "decoder.onnx"):
-            quantize_int8(out / f)
+        for f in graphs:
+            quantize_int8(out / f"{f}.onnx")
     shutil.copy(tok.model_file, out / "spm.model")
     run = Path(checkpoint) if Path(checkpoint).is_dir() else Path(checkpoint).parent
     if (run / "MODEL_CARD.md").exists():
         shutil.copy(run / "MODEL_CARD.md", out / "MODEL_CARD.md")
     langs = info.get("langs") or ["de", "en"]
-    directions = info.get("directions") or [f"{langs[0]}-{langs[1]}"]
+    directions = [] if generation else (info.get("directions") or [f"{langs[0]}-{langs[1]}"])
     tagged = bool(info.get("tagged"))
     tokenizer = Tokenizer(out / "spm.model")
     metrics = info.get("metrics") or {}
     meta = {
         "format": PACKAGE_FORMAT,
         "name": name or out.name,
-        "task": "translation",
+        "task": "generation" if generation else "translation",
         "directions": directions,
-        "languages": sorted({lang for d in directions for lang in d.split("-")}),
+        "languages": sorted(langs if generation else {lang for d in directions for lang in d.split("-")}),
         "target_tags": {lang: tokenizer.lang_id(lang) for lang in tokenizer.languages()} if tagged else {},
         "config": model.config.to_dict() | {"d_k": model.config.d_k},
         "special_ids": {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
         "precision": "int8" if quantize else ("fp16" if fp16 else "fp32"),
         "tokenizer": {"source": "spm.model", "target": "spm.model"},
         "graphs": graphs,
-        "training": {"step": info.get("step"), "dev_metrics": metrics, "checkpoint": Path(info["file"]).name},
+        "training": {"step": info.get("step"), "dev_metrics": metrics, "checkpoint": Path(info["file"]).name,
+                     # Longest training sequence: language-model perplexity is measured in such windows.
+                     "max_positions": _train_config(run).get("max_positions")},
         "export_seconds": round(time.time() - t0, 1),
     }
     meta["files"] = {f.name: {"sha256": _sha256(f), "bytes": f.stat().st_size}
@@ -183,6 +238,11 @@ def export_package(checkpoint: str | Path, out: str | Path, *, quantize: str | N
     path = out / "model.json"
     path.write_text(json.dumps(meta, indent=2) + "\n")
     return path
+
+
+def _train_config(run: Path) -> dict:
+    path = run / "config.json"
+    return json.loads(path.read_text()).get("train", {}) if path.exists() else {}
 
 
 def main(argv=None) -> None:

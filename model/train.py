@@ -2,6 +2,11 @@
 
     python -m model.train --preset small --data data/de-en --out runs/small [--direction both]
         [--device cpu|cuda] [--max-minutes M]
+    python -m model.train --arch decoder --preset small --data data/mono --out runs/lm-small
+
+`--arch decoder` trains the decoder-only variant (the same decoder blocks without cross-attention)
+on monolingual text from `model.data --monolingual`: paragraphs cut into windows of at most
+--max-positions pieces, next-token cross-entropy, dev perplexity instead of BLEU.
 
 - token-budget batches from length buckets (model.batching)
 - label-smoothed cross-entropy (0.1), Adam(0.9, 0.98, eps 1e-9) with the paper's schedule
@@ -33,6 +38,7 @@ from tqdm import tqdm
 
 from .batching import Example, collate, token_batches
 from .data import read_pairs
+from .mono import read_texts
 from .decoding import DecodeSettings, translate
 from .tokenizer import PAD_ID, Tokenizer, train_tokenizer
 from .transformer import PRESETS, Transformer, TransformerConfig, preset
@@ -86,6 +92,31 @@ def load_examples(path: Path, tok: Tokenizer, directions: list[tuple[str, str]],
     return examples, refs
 
 
+def load_lm_examples(path: Path, tok: Tokenizer, max_positions: int) -> list[Example]:
+    """Monolingual paragraphs as decoder-only examples: windows of at most max_positions - 1 pieces
+    (bos and eos take the last position)."""
+    texts = [t for _, t in read_texts(path)]
+    width = max_positions - 1
+    return [Example([], ids[i:i + width]) for ids in tok.encode_batch(texts) for i in range(0, len(ids), width)
+            if ids[i:i + width]]
+
+
+def evaluate_lm_dev(model: Transformer, dev: list[Example], max_tokens: int, device) -> dict:
+    """Dev loss per token (eos included) and its perplexity."""
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for idx in token_batches(dev, max_tokens, shuffle=False):
+            b = collate([dev[i] for i in idx], decoder_only=True).to(device)
+            logits = model(None, b.tgt_in, None, b.tgt_mask)
+            total += F.cross_entropy(logits.float().view(-1, logits.size(-1)), b.tgt_out.view(-1),
+                                     ignore_index=PAD_ID, reduction="sum").item()
+            count += b.n_tokens
+    model.train()
+    loss = total / max(count, 1)
+    return {"dev_loss": round(loss, 4), "dev_perplexity": round(math.exp(min(loss, 50)), 2)}
+
+
 def evaluate_dev(model: Transformer, tok: Tokenizer, dev: list[Example], dev_refs: dict, tagged: bool,
                  max_tokens: int, n_sentences: int, device) -> dict:
     """Dev loss (plain cross-entropy per token) on all dev pairs, greedy BLEU on the first n per direction."""
@@ -111,6 +142,8 @@ def evaluate_dev(model: Transformer, tok: Tokenizer, dev: list[Example], dev_ref
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    p.add_argument("--arch", default="encoder-decoder", choices=["encoder-decoder", "decoder"],
+                   help="encoder-decoder (translation, parallel data) or decoder (language model, monolingual data)")
     p.add_argument("--data", required=True, help="directory with train.tsv and dev.tsv from model.data")
     p.add_argument("--out", required=True, help="run directory (resumed if it holds checkpoint.pt)")
     p.add_argument("--direction", default="both", help="de-en, en-de, or both (one model with a <2xx> target tag)")
@@ -142,14 +175,20 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     meta = json.loads((data / "meta.json").read_text()) if (data / "meta.json").exists() else {"langs": ["de", "en"]}
     langs = meta["langs"]
-    directions = directions_for(args.direction, langs)
+    lm = args.arch == "decoder"
+    if lm != (meta.get("kind") == "monolingual"):
+        want = "model.data --monolingual" if lm else "model.data (parallel)"
+        raise SystemExit(f"--arch {args.arch} needs a corpus from {want}; {data} is "
+                         f"{meta.get('kind', 'parallel')}")
+    directions = [] if lm else directions_for(args.direction, langs)
     tagged = len(directions) > 1
 
     ckpt_path = out / "checkpoint.pt"
     resume = ckpt_path.exists() and not args.no_resume
     spm_file = out / "spm.model"
     if is_main and not (resume and spm_file.exists()):
-        texts = [c for pair in read_pairs(data / "train.tsv", direction=f"{langs[0]}-{langs[1]}") for c in pair]
+        texts = ([t for _, t in read_texts(data / "train.tsv")] if lm else
+                 [c for pair in read_pairs(data / "train.tsv", direction=f"{langs[0]}-{langs[1]}") for c in pair])
         train_tokenizer(texts, out / "spm", vocab_size=args.vocab_size, languages=langs if tagged else ())
     if distributed:
         dist.barrier()
@@ -159,11 +198,11 @@ def main(argv=None) -> None:
     random.seed(tc.seed)
     state = torch.load(ckpt_path, map_location="cpu", weights_only=False) if resume else None
     config = (TransformerConfig(**state["config"]) if state else
-              preset(args.preset, vocab_size=tok.vocab_size, pad_id=tok.special.pad, bos_id=tok.special.bos,
-                     eos_id=tok.special.eos))
+              preset(args.preset, arch=args.arch, vocab_size=tok.vocab_size, pad_id=tok.special.pad,
+                     bos_id=tok.special.bos, eos_id=tok.special.eos))
     model = Transformer(config).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
-    step, epoch, batch_pos, best_bleu, history = 0, 0, 0, -1.0, []
+    step, epoch, batch_pos, best_bleu, history = 0, 0, 0, -math.inf, []
     if state:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -177,13 +216,19 @@ def main(argv=None) -> None:
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
 
     t0 = time.time()
-    train, _ = load_examples(data / "train.tsv", tok, directions, tagged, tc.max_positions, langs)
-    dev, dev_refs = load_examples(data / "dev.tsv", tok, directions, tagged, tc.max_positions, langs)
+    if lm:
+        train, dev, dev_refs = (load_lm_examples(data / "train.tsv", tok, tc.max_positions),
+                                load_lm_examples(data / "dev.tsv", tok, tc.max_positions), {})
+    else:
+        train, _ = load_examples(data / "train.tsv", tok, directions, tagged, tc.max_positions, langs)
+        dev, dev_refs = load_examples(data / "dev.tsv", tok, directions, tagged, tc.max_positions, langs)
     log(f"{len(train):,} training examples, {len(dev):,} dev examples ({time.time() - t0:.0f}s to load); "
         f"{config.arch} {args.preset}: {model.num_parameters() / 1e6:.1f}M parameters; device {device} x{world}")
     if is_main:
         (out / "config.json").write_text(json.dumps({"model": config.to_dict(), "train": asdict(tc),
-                                                     "preset": args.preset, "direction": args.direction,
+                                                     "preset": args.preset, "arch": args.arch,
+                                                     "task": "generation" if lm else "translation",
+                                                     "direction": None if lm else args.direction,
                                                      "directions": [f"{s}-{t}" for s, t in directions],
                                                      "tagged": tagged, "langs": langs, "data": str(data),
                                                      "command": "python -m model.train " + " ".join(sys.argv[1:] if argv is None else argv)},
@@ -199,8 +244,12 @@ def main(argv=None) -> None:
 
     def run_eval():
         nonlocal best_bleu
-        metrics = evaluate_dev(model, tok, dev, dev_refs, tagged, tc.max_tokens, tc.eval_sentences, device)
-        bleu = sum(v for k, v in metrics.items() if k.startswith("bleu")) / max(1, len(dev_refs))
+        if lm:  # "best" is the lowest dev loss; kept in best_bleu's slot so resuming works alike
+            metrics = evaluate_lm_dev(model, dev, tc.max_tokens, device)
+            bleu = -metrics["dev_loss"]
+        else:
+            metrics = evaluate_dev(model, tok, dev, dev_refs, tagged, tc.max_tokens, tc.eval_sentences, device)
+            bleu = sum(v for k, v in metrics.items() if k.startswith("bleu")) / max(1, len(dev_refs))
         metrics.update(step=step, minutes=round((time.time() - t_start + elapsed_before) / 60, 1))
         history.append(metrics)
         tqdm.write(json.dumps(metrics))
@@ -225,7 +274,7 @@ def main(argv=None) -> None:
         if not batches:
             raise SystemExit(f"{len(train)} examples make fewer batches than {world} processes; lower --max-tokens")
         for bi in range(batch_pos + rank, len(batches), world):
-            b = collate([train[i] for i in batches[bi]]).to(device)
+            b = collate([train[i] for i in batches[bi]], decoder_only=lm).to(device)
             step += 1
             for g in optimizer.param_groups:
                 g["lr"] = lr_at(step, config.d_model, tc.warmup, tc.lr_factor)
@@ -270,7 +319,8 @@ def main(argv=None) -> None:
         if not history or history[-1]["step"] != step:
             run_eval()
         save(ckpt_path)
-        log(f"done: step {step}, epoch {epoch}, best dev BLEU {best_bleu:.2f}; checkpoints in {out}")
+        best = (f"best dev perplexity {math.exp(-best_bleu):.2f}" if lm else f"best dev BLEU {best_bleu:.2f}")
+        log(f"done: step {step}, epoch {epoch}, {best}; checkpoints in {out}")
     if distributed:
         dist.destroy_process_group()
 

@@ -229,10 +229,12 @@ class Transformer(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def _embed(self, ids: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
+    def _embed(self, ids: torch.Tensor, offset: int | torch.Tensor = 0,
+               positions: torch.Tensor | None = None) -> torch.Tensor:
         T = ids.size(1)
         x = self.embed(ids) * self.embed_scale                          # (B, T, d_model)
-        return self.emb_dropout(x + self.pe[offset:offset + T])
+        pe = self.pe[offset:offset + T] if positions is None else self.pe[positions]  # (T | B, T, d_model)
+        return self.emb_dropout(x + pe)
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         """src (B, S) token ids, src_mask (B, 1, 1, S) -> memory (B, S, d_model)."""
@@ -247,17 +249,20 @@ class Transformer(nn.Module):
 
     def decode(self, tgt: torch.Tensor, tgt_mask: torch.Tensor | None, *, memory: torch.Tensor | None = None,
                src_mask: torch.Tensor | None = None, cross_kv: list[KV] | None = None,
-               past: list[KV] | None = None) -> tuple[torch.Tensor, list[KV]]:
+               past: list[KV] | None = None, positions: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, list[KV]]:
         """tgt (B, T) -> (logits (B, T, V), present self-attention cache: one KV per layer).
 
         Training passes the whole shifted target with a causal tgt_mask; incremental decoding passes
         the newest token(s), `past` from the previous step and tgt_mask=None (every cached position is
         visible). Translation also needs `memory` or its precomputed `cross_kv`, and `src_mask`.
+        `positions` (B, T) overrides the positions counted from the cache length: a batch of
+        left-padded prompts has a different position for each row.
         """
         offset = 0 if past is None else past[0][0].size(2)
         if self.encoder is not None and cross_kv is None:
             cross_kv = self.cross_kv(memory)
-        x = self._embed(tgt, offset)
+        x = self._embed(tgt, offset, positions)
         present = []
         for i, layer in enumerate(self.decoder):
             x, kv = layer(x, tgt_mask, cross_kv=None if cross_kv is None else cross_kv[i], src_mask=src_mask,

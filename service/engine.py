@@ -2,6 +2,8 @@
 
     engine = Engine("models/de-en")                       # CUDA when there is a GPU, else CPU
     engine.translate(["Das geht zu weit."], source_lang="de", target_lang="en", beam_size=4)
+    lm = Engine("models/lm-small")                         # a package with task "generation"
+    lm.generate(["Die Datei wird"], max_new_tokens=20, temperature=0.8, seed=1)
 
 Layers, so the HTTP service can split the work across LitServe's hooks:
 
@@ -28,7 +30,7 @@ import numpy as np
 import onnxruntime as ort
 import sentencepiece as spm
 
-from .search import Hypothesis, beam_search, greedy_search, max_lengths, sample
+from .search import Hypothesis, Steps, beam_search, finish, greedy_search, greedy_steps, max_lengths, sample, sample_steps
 
 PACKAGE_FORMAT = "transerve-model/1"
 
@@ -112,6 +114,14 @@ class Translation:
     alternatives: list[tuple[str, float]] = field(default_factory=list)
 
 
+@dataclass
+class Generation:
+    text: str                                     # the continuation only, as streamed
+    tokens: int                                   # generated pieces, eos excluded
+    finish_reason: str                            # "stop" (eos or a stop sequence), "length" or "cancelled"
+    score: float = 0.0                            # sum of log-probs of the generated pieces
+
+
 def session_options(intra_op_threads: int = 0, inter_op_threads: int = 1) -> ort.SessionOptions:
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -167,20 +177,82 @@ class OrtDecoder:
         self.rows = self.rows[rows]
 
 
+class OrtLmDecoder:
+    """The incremental-decoder protocol over a decoder-only package's graph.
+
+    Prompts differ in length, so they are left-padded: `key_mask` hides the padding from attention and
+    `positions` counts each row's tokens from its own first one, which makes a prompt's continuation
+    the same alone or batched. Everything but each prompt's last token is read in one call here; the
+    search then starts from those last tokens (`start_tokens`).
+    """
+
+    def __init__(self, engine: "Engine", prompts: Sequence[Sequence[int]]):
+        self.e = engine
+        c = engine.package.config
+        N = len(prompts)
+        heads = [list(p[:-1]) for p in prompts]
+        W = max(len(h) for h in heads)
+        self.rows = np.arange(N, dtype=np.int64)
+        self.key_mask = np.zeros((N, W), dtype=bool)                  # (N, T) True at real tokens
+        self.next_pos = np.array([len(h) for h in heads], dtype=np.int64)
+        self.past = engine.new_value(np.zeros((c["n_decoder_layers"], 2, N, c["h"], 0, c["d_k"]),
+                                              dtype=engine.float_dtype))
+        self.start_tokens = np.array([p[-1] for p in prompts], dtype=np.int64)
+        if W:
+            tokens = np.full((N, W), engine.pad_id, dtype=np.int64)
+            positions = np.zeros((N, W), dtype=np.int64)
+            for r, h in enumerate(heads):
+                if h:
+                    tokens[r, W - len(h):] = h
+                    positions[r, W - len(h):] = np.arange(len(h))
+                    self.key_mask[r, W - len(h):] = True
+            self._run(tokens, self.key_mask, positions)
+
+    def _run(self, tokens: np.ndarray, key_mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        io = self.e.decoder.io_binding()
+        io.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64))
+        io.bind_ortvalue_input("past_kv", self.past)
+        io.bind_cpu_input("past_rows", self.rows)
+        io.bind_cpu_input("key_mask", np.ascontiguousarray(key_mask))
+        io.bind_cpu_input("positions", np.ascontiguousarray(positions, dtype=np.int64))
+        io.bind_output("log_probs", "cpu")
+        io.bind_output("present_kv", self.e.device_type)
+        self.e.decoder.run_with_iobinding(io)
+        log_probs, self.past = io.get_outputs()
+        self.rows = np.arange(len(tokens), dtype=np.int64)
+        return log_probs.numpy()
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        self.key_mask = np.concatenate([self.key_mask, np.ones((len(tokens), 1), dtype=bool)], axis=1)
+        log_probs = self._run(np.asarray(tokens, dtype=np.int64)[:, None], self.key_mask, self.next_pos[:, None])
+        self.next_pos = self.next_pos + 1
+        return log_probs
+
+    def select(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows, dtype=np.int64)
+        self.rows = self.rows[rows]
+        self.key_mask = self.key_mask[rows]
+        self.next_pos = self.next_pos[rows]
+
+
 class Engine:
-    """A loaded translation package: tokenizer, encoder and decoder sessions."""
+    """A loaded model package: tokenizer and onnxruntime sessions (encoder and decoder for
+    translation, the decoder alone for generation)."""
 
     def __init__(self, package: str | Path | ModelPackage, *, device: str = "auto", intra_op_threads: int = 0,
                  inter_op_threads: int = 1, verify: bool = True):
         self.package = package if isinstance(package, ModelPackage) else load_package(package, verify=verify)
         meta = self.package.meta
-        if meta["task"] != "translation":
-            raise PackageError(f"{self.package.path}: task {meta['task']!r}; Engine serves translation packages")
+        self.task: str = meta.get("task", "translation")
+        if self.task not in ("translation", "generation"):
+            raise PackageError(f"{self.package.path / 'model.json'}: task {self.task!r}; "
+                               "this engine serves translation and generation packages")
         self.providers = pick_providers(device)
         self.device_type = "cuda" if self.providers[0] == "CUDAExecutionProvider" else "cpu"
         so = session_options(intra_op_threads, inter_op_threads)
         try:
-            self.encoder = ort.InferenceSession(str(self.package.file("encoder.onnx")), so, providers=self.providers)
+            self.encoder = (ort.InferenceSession(str(self.package.file("encoder.onnx")), so, providers=self.providers)
+                            if self.task == "translation" else None)
             self.decoder = ort.InferenceSession(str(self.package.file("decoder.onnx")), so, providers=self.providers)
         except Exception as e:  # onnxruntime raises several types for unreadable graphs
             raise PackageError(f"{self.package.path}: onnxruntime cannot load the graphs ({e})") from None
@@ -193,6 +265,11 @@ class Engine:
         self.max_positions: int = self.package.config["max_len"]
         # Tags never appear in output: a model that wrote one would be writing nonsense.
         self.banned_ids = [self.pad_id, self.bos_id, *self.target_tags.values()]
+        self.languages: list[str] = meta.get("languages", [])
+        # What each piece adds to a generated text, so streamed pieces concatenate to the full text.
+        self.piece_texts = [("" if self.sp.is_control(i) else " ⁇ " if self.sp.is_unknown(i)
+                             else self.sp.id_to_piece(i).replace("▁", " "))
+                            for i in range(self.sp.get_piece_size())]
 
     # --- host side: text <-> ids -------------------------------------------------------------------
     def check_direction(self, source_lang: str, target_lang: str) -> None:
@@ -249,6 +326,48 @@ class Engine:
         return beam_search(decoder, B, beam_size=options.beam_size, length_penalty=options.length_penalty,
                            num_hypotheses=options.num_hypotheses, **common)
 
+    # --- generation (decoder-only packages) -------------------------------------------------------------
+    def prompt_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Decoder inputs: bos, then the prompt's pieces (an empty prompt is bos alone)."""
+        return [[self.bos_id] + ids for ids in self.sp.encode(list(texts), out_type=int)]
+
+    def piece_text(self, ids: Sequence[int]) -> str:
+        return "".join(self.piece_texts[i] for i in ids)
+
+    def generate_steps(self, prompts: Sequence[Sequence[int]], options: SearchOptions, *,
+                       seeds: Sequence[int | None] | None = None, cancel: set[int] | None = None) -> Steps:
+        """Continues each prompt (ids from prompt_ids); yields a Step per decoder call and returns the
+        hypotheses (one per prompt, or num_hypotheses with beam search, which yields no steps).
+        options.max_length counts generated tokens, eos included."""
+        if self.task != "generation":
+            raise ValueError(f"{self.package.name} is a {self.task} package; generation needs a decoder-only one")
+        decoder = OrtLmDecoder(self, prompts)
+        N = len(prompts)
+        budget = [min(options.max_length, self.max_positions - len(p)) for p in prompts]
+        common = dict(bos_id=self.bos_id, eos_id=self.eos_id, max_length=budget, min_length=options.min_length,
+                      no_repeat_ngram_size=options.no_repeat_ngram_size, repetition_penalty=options.repetition_penalty,
+                      banned_ids=self.banned_ids, start_tokens=decoder.start_tokens)
+        if options.sampling:
+            return sample_steps(decoder, N, seeds=list(seeds) if seeds is not None else [options.seed] * N,
+                                temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
+                                cancel=cancel, **common)
+        if options.beam_size == 1:
+            return greedy_steps(decoder, N, cancel=cancel, **common)
+        return _no_steps(beam_search(decoder, N, beam_size=options.beam_size, length_penalty=options.length_penalty,
+                                     num_hypotheses=options.num_hypotheses, **common))
+
+    def generate(self, texts: Sequence[str], *, max_new_tokens: int = 64, **options) -> list[Generation]:
+        """Continues each text (best hypothesis). Options: see SearchOptions; e.g. sampling=True, seed=1."""
+        opts = SearchOptions(**options | {"max_length": max_new_tokens + 1})
+        prompts = self.prompt_ids(texts)
+        hyps = finish(self.generate_steps(prompts, opts))
+        out = []
+        for h in hyps:
+            best = h[0] if isinstance(h, list) else h
+            reason = "length" if len(best.tokens) >= max_new_tokens else "stop"
+            out.append(Generation(self.piece_text(best.tokens), len(best.tokens), reason, best.log_prob))
+        return out
+
     # --- convenience: text in, text out ---------------------------------------------------------------
     def translate(self, texts: Sequence[str], *, source_lang: str, target_lang: str,
                   batch_size: int = 32, **options) -> list[Translation]:
@@ -266,3 +385,8 @@ class Engine:
                                      [(self.detokenize(h.tokens), h.score) for h in hyps[1:]])
         return out  # type: ignore[return-value]
 
+
+def _no_steps(result):
+    """A Steps generator that yields nothing and returns `result` (beam search does not stream)."""
+    return result
+    yield  # noqa: unreachable - makes this a generator

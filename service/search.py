@@ -21,7 +21,7 @@ from the batch so later steps only compute rows that still matter.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Generator, Protocol, Sequence
 
 import numpy as np
 
@@ -38,7 +38,7 @@ class Hypothesis:
     tokens: list[int]          # generated ids, without bos, without the final eos
     score: float               # sum of log-probs / length ** length_penalty (length counts the eos)
     log_prob: float            # plain sum of log-probs, eos included
-    finished: bool = True      # False when cut at max_length without eos
+    finished: bool = True      # False when stopped from outside (see `cancel`) before its eos
 
 
 @dataclass
@@ -87,26 +87,61 @@ def _adjust(logp: np.ndarray, rows: _Rows, step: int, max_len: np.ndarray, *, eo
 
 def greedy_search(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eos_id: int,
                   max_length: Sequence[int] | np.ndarray, min_length: int = 0, no_repeat_ngram_size: int = 0,
-                  repetition_penalty: float = 1.0, banned_ids: Sequence[int] = ()) -> list[Hypothesis]:
+                  repetition_penalty: float = 1.0, banned_ids: Sequence[int] = (),
+                  start_tokens: np.ndarray | None = None) -> list[Hypothesis]:
     """Arg-max decoding; one Hypothesis per input sentence.
 
     min_length: 0 = off. no_repeat_ngram_size: 0 = off. repetition_penalty: 1.0 = off.
+    start_tokens: what each row reads first (a prompt's last token); None = bos for every row.
     """
-    return _one_path_per_row(decoder, batch_size, lambda logp, sentence: logp.argmax(axis=1), bos_id=bos_id,
-                             eos_id=eos_id, max_length=max_length, min_length=min_length,
-                             no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
-                             banned_ids=banned_ids)
+    return finish(greedy_steps(decoder, batch_size, bos_id=bos_id, eos_id=eos_id, max_length=max_length,
+                               min_length=min_length, no_repeat_ngram_size=no_repeat_ngram_size,
+                               repetition_penalty=repetition_penalty, banned_ids=banned_ids,
+                               start_tokens=start_tokens))
 
 
-def _one_path_per_row(decoder: IncrementalDecoder, batch_size: int, pick, *, bos_id: int, eos_id: int,
-                      max_length, min_length: int, no_repeat_ngram_size: int, repetition_penalty: float,
-                      banned_ids: Sequence[int]) -> list[Hypothesis]:
-    """The loop shared by greedy search and sampling: `pick(logp (N, V), sentence (N,)) -> (N,)` ids."""
+@dataclass
+class Step:
+    """What one decoding step chose: row r of the batch continues input `sentence[r]` with `tokens[r]`
+    (eos when that input just finished)."""
+    sentence: np.ndarray       # (N,)
+    tokens: np.ndarray         # (N,)
+
+
+# A generator of Steps whose return value is the list of Hypotheses, one per input.
+Steps = Generator[Step, None, list[Hypothesis]]
+
+
+def finish(steps: Steps) -> list[Hypothesis]:
+    """Runs a step generator to the end; returns its hypotheses."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def greedy_steps(decoder: IncrementalDecoder, batch_size: int, *, cancel: set[int] | None = None, **kw) -> Steps:
+    """greedy_search, one Step at a time (for streaming); see `_paths` for `cancel`."""
+    return _paths(decoder, batch_size, lambda logp, sentence: logp.argmax(axis=1), cancel=cancel, **kw)
+
+
+def _paths(decoder: IncrementalDecoder, batch_size: int, pick: Callable, *, bos_id: int, eos_id: int,
+           max_length, min_length: int = 0, no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0,
+           banned_ids: Sequence[int] = (), start_tokens: np.ndarray | None = None,
+           cancel: set[int] | None = None) -> Steps:
+    """The loop shared by greedy search and sampling: `pick(logp (N, V), sentence (N,)) -> (N,)` ids.
+
+    Yields a Step after every decoder call. Inputs the caller adds to `cancel` while iterating (a
+    stop sequence seen, a client gone) end after the step just yielded, with finished=False.
+    """
+    cancel = cancel if cancel is not None else set()
     results: list[Hypothesis | None] = [None] * batch_size
     rows = _Rows(sentence=np.arange(batch_size), history=[[] for _ in range(batch_size)])
     sums = np.zeros(batch_size, dtype=np.float64)
     max_len = np.asarray(max_length, dtype=np.int64)
-    tokens = np.full(batch_size, bos_id, dtype=np.int64)
+    tokens = (np.full(batch_size, bos_id, dtype=np.int64) if start_tokens is None
+              else np.asarray(start_tokens, dtype=np.int64).copy())
     step = 0
     while len(rows.sentence):
         logp = decoder.step(tokens).astype(np.float32, copy=True)
@@ -115,12 +150,16 @@ def _one_path_per_row(decoder: IncrementalDecoder, batch_size: int, pick, *, bos
                        banned_ids=banned_ids)
         tokens = np.asarray(pick(logp, rows.sentence), dtype=np.int64)
         sums += logp[np.arange(len(tokens)), tokens]
+        yield Step(rows.sentence.copy(), tokens.copy())
         keep = []
         for r, tok in enumerate(tokens):
             if tok == eos_id:
                 results[rows.sentence[r]] = Hypothesis(rows.history[r], float(sums[r]), float(sums[r]))
+                continue
+            rows.history[r].append(int(tok))
+            if rows.sentence[r] in cancel:
+                results[rows.sentence[r]] = Hypothesis(rows.history[r], float(sums[r]), float(sums[r]), False)
             else:
-                rows.history[r].append(int(tok))
                 keep.append(r)
         if len(keep) < len(tokens):
             keep_idx = np.asarray(keep, dtype=np.int64)
@@ -135,13 +174,14 @@ def _one_path_per_row(decoder: IncrementalDecoder, batch_size: int, pick, *, bos
 def beam_search(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eos_id: int, beam_size: int = 4,
                 max_length: Sequence[int] | np.ndarray, length_penalty: float = 1.0, num_hypotheses: int = 1,
                 min_length: int = 0, no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0,
-                banned_ids: Sequence[int] = ()) -> list[list[Hypothesis]]:
+                banned_ids: Sequence[int] = (), start_tokens: np.ndarray | None = None) -> list[list[Hypothesis]]:
     """Batched beam search; for each input sentence its `num_hypotheses` best hypotheses, best first.
 
     length_penalty: a finished hypothesis scores sum(log p) / length ** length_penalty (0 = off,
     1.0 = average log-prob). min_length: 0 = off. no_repeat_ngram_size: 0 = off.
-    repetition_penalty: 1.0 = off. A sentence stops once it has `beam_size` finished hypotheses;
-    the best `num_hypotheses` of them are returned.
+    repetition_penalty: 1.0 = off. start_tokens: each input's first token (a prompt's last);
+    None = bos. A sentence stops once it has `beam_size` finished hypotheses; the best
+    `num_hypotheses` of them are returned.
     """
     if not 1 <= num_hypotheses <= beam_size:
         raise ValueError(f"num_hypotheses must be between 1 and beam_size ({beam_size}), got {num_hypotheses}")
@@ -153,7 +193,8 @@ def beam_search(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eo
     rows = _Rows(sentence=np.repeat(active, K), history=[[] for _ in range(batch_size * K)])
     # Only the first beam of each sentence is live at step 0, or the K beams would be K copies.
     beam_scores = np.tile(np.array([0.0] + [-np.inf] * (K - 1)), batch_size).reshape(batch_size, K)
-    tokens = np.full(batch_size * K, bos_id, dtype=np.int64)
+    tokens = (np.full(batch_size * K, bos_id, dtype=np.int64) if start_tokens is None
+              else np.repeat(np.asarray(start_tokens, dtype=np.int64), K))
     step = 0
     while len(active):
         A = len(active)
@@ -215,13 +256,25 @@ def beam_search(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eo
 def sample(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eos_id: int,
            max_length: Sequence[int] | np.ndarray, seeds: Sequence[int | None], temperature: float = 1.0,
            top_k: int = 0, top_p: float = 1.0, min_length: int = 0, no_repeat_ngram_size: int = 0,
-           repetition_penalty: float = 1.0, banned_ids: Sequence[int] = ()) -> list[Hypothesis]:
+           repetition_penalty: float = 1.0, banned_ids: Sequence[int] = (),
+           start_tokens: np.ndarray | None = None) -> list[Hypothesis]:
     """Ancestral sampling; one Hypothesis per input row.
 
     temperature: 1.0 = the model's distribution (must be > 0; use greedy_search for 0). top_k: 0 = off.
     top_p: 1.0 = off. Each row draws from its own generator seeded by `seeds[r]` (None = random), so a
     seeded request samples the same text alone or batched with others.
     """
+    return finish(sample_steps(decoder, batch_size, bos_id=bos_id, eos_id=eos_id, max_length=max_length,
+                               seeds=seeds, temperature=temperature, top_k=top_k, top_p=top_p,
+                               min_length=min_length, no_repeat_ngram_size=no_repeat_ngram_size,
+                               repetition_penalty=repetition_penalty, banned_ids=banned_ids,
+                               start_tokens=start_tokens))
+
+
+def sample_steps(decoder: IncrementalDecoder, batch_size: int, *, seeds: Sequence[int | None],
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, cancel: set[int] | None = None,
+                 **kw) -> Steps:
+    """sample, one Step at a time (for streaming); see `_paths` for `cancel`."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for sampling (e.g. 0.7), got {temperature}")
     rngs = [np.random.default_rng(s) for s in seeds]
@@ -229,9 +282,7 @@ def sample(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eos_id:
     def pick(logp: np.ndarray, sentence: np.ndarray) -> np.ndarray:
         return [_sample_one(logp[r], rngs[sentence[r]], temperature, top_k, top_p) for r in range(len(logp))]
 
-    return _one_path_per_row(decoder, batch_size, pick, bos_id=bos_id, eos_id=eos_id, max_length=max_length,
-                             min_length=min_length, no_repeat_ngram_size=no_repeat_ngram_size,
-                             repetition_penalty=repetition_penalty, banned_ids=banned_ids)
+    return _paths(decoder, batch_size, pick, cancel=cancel, **kw)
 
 
 def _sample_one(logp: np.ndarray, rng: np.random.Generator, temperature: float, top_k: int, top_p: float) -> int:

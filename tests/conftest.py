@@ -51,3 +51,35 @@ def tiny_package(tiny_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("pkg") / "tiny-de-en"
     export_package(tiny_run, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def mono_dir(tmp_path_factory):
+    """The 128 sentences of pairs64.tsv as monolingual text (what model.data --monolingual writes)."""
+    d = tmp_path_factory.mktemp("mono")
+    text = "".join(f"de\t{de}\tding\nen\t{en}\tding\n" for de, en in pairs64())
+    for split in ("train", "dev", "test"):
+        (d / f"{split}.tsv").write_text(text, encoding="utf-8")
+    (d / "meta.json").write_text(json.dumps({"kind": "monolingual", "langs": ["de", "en"]}))
+    return d
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_run(mono_dir, tmp_path_factory):
+    """A tiny decoder-only model that has memorised the 128 sentences (trained by our own command)."""
+    from model import train
+
+    out = tmp_path_factory.mktemp("run") / "tiny-lm"
+    train.main(["--arch", "decoder", "--data", str(mono_dir), "--out", str(out), "--max-steps", "400",
+                "--eval-every", "0", *TINY])
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_package(tiny_lm_run, tmp_path_factory):
+    """tiny_lm_run exported to an fp32 generation package."""
+    from model.export import export_package
+
+    out = tmp_path_factory.mktemp("pkg") / "tiny-lm"
+    export_package(tiny_lm_run, out)
+    return out

@@ -1,0 +1,236 @@
+"""The decoder-only side: monolingual data, training, export with a key/value cache, and generation
+through the engine, checked against the PyTorch model it comes from.
+
+The tiny language model has memorised the 128 sentences of tests/fixtures/pairs64.tsv, so a prompt
+made of a sentence's first words has a known continuation.
+"""
+
+import gzip
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from model import evaluate
+from model.decoding import TorchPromptDecoder
+from model.mono import detect_lang, roff_paragraphs, split_paragraphs, Paragraph
+from service.engine import Engine, PackageError, SearchOptions
+from service.search import finish, greedy_search, sample
+
+from conftest import ROOT, pairs64
+
+SENTENCES = [s for pair in pairs64() for s in pair]
+# Prompts of every length: a word, half a sentence, a whole sentence, and text the model never saw.
+PROMPTS = ([" ".join(s.split()[:1]) for s in SENTENCES[:16]] + [" ".join(s.split()[: len(s.split()) // 2])
+           for s in SENTENCES[16:48]] + SENTENCES[48:56] + ["zzz qqq", "Das", "the the the", ""])
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_lm_package) -> Engine:
+    return Engine(tiny_lm_package, device="cpu", intra_op_threads=1)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_lm_run):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model, tok, _ = evaluate.load_checkpoint(tiny_lm_run)
+    yield model, tok
+    torch.set_num_threads(threads)
+
+
+# --- data ------------------------------------------------------------------------------------------
+
+MAN_PAGE = r""".\" Comment line
+.TH DEMO 1 2024-01-01 "1.0" "User Commands"
+.SH NAME
+demo \- show a demo
+.SH SYNOPSIS
+.B demo
+[\fIOPTION\fR]... \fIFILE\fR
+.SH DESCRIPTION
+\fBdemo\fR reads the given file and writes a short summary of it to the
+standard output, which is useful for testing.
+.PP
+Die Datei wird gelesen und eine kurze Zusammenfassung f\(:ur den Benutzer wird ausgegeben.
+.TP
+.BR \-v ", " \-\-verbose
+Print more details about what is done with the file and the summary.
+.nf
+demo --verbose file.txt | grep summary
+.fi
+.SH SEE ALSO
+.BR cat (1)
+"""
+
+
+def test_roff_paragraphs_keep_prose_and_drop_code(tmp_path):
+    paras = list(roff_paragraphs(MAN_PAGE))
+    assert "demo reads the given file and writes a short summary of it to the standard output, which is useful " \
+           "for testing." in paras
+    assert "Die Datei wird gelesen und eine kurze Zusammenfassung für den Benutzer wird ausgegeben." in paras
+    assert "Print more details about what is done with the file and the summary." in paras
+    assert not any("grep" in p or "--verbose" in p or "OPTION" in p for p in paras)  # code, label, synopsis
+    assert detect_lang(paras[1]) == "de" and detect_lang(paras[0]) == "en"
+
+
+def test_monolingual_command_splits_by_document(tmp_path):
+    man = tmp_path / "man"
+    for i in range(40):
+        for sub, lang_text in (("man1", "This is page {i}; it is read by the tool and the text of the page is kept."),
+                               ("de/man1", "Dies ist die Seite {i}, die von dem Werkzeug gelesen und nicht verworfen wird.")):
+            (man / sub).mkdir(parents=True, exist_ok=True)
+            page = f".TH P{i} 1\n.SH DESCRIPTION\n{lang_text.format(i=i)}\n.PP\nA second paragraph of page {i} " \
+                   f"is also in the same split as the first one of it.\n"
+            (man / sub / f"p{i}.1.gz").write_bytes(gzip.compress(page.encode("latin-1")))
+    out = tmp_path / "mono"
+    r = subprocess.run([sys.executable, "-m", "model.data", "--monolingual", "--out", str(out), "--no-corpus",
+                        "--man-root", str(man), "--held-out-permille", "200"], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["kind"] == "monolingual" and meta["langs"] == ["de", "en"]
+    where = {}
+    for split in ("train", "dev", "test"):
+        for line in (out / f"{split}.tsv").read_text().splitlines():
+            lang, text, origin = line.split("\t")
+            assert lang == ("de" if "Seite" in text else "en") or "second paragraph" in text
+            where.setdefault(origin, set()).add(split)
+    assert len(where) == 80 and all(len(s) == 1 for s in where.values())  # a page never straddles splits
+    assert {s for v in where.values() for s in v} == {"train", "dev", "test"}
+
+
+def test_split_is_deterministic_and_deduplicates():
+    paras = [Paragraph("en", f"text number {i} here", "x", f"doc{i % 50}") for i in range(500)] * 2
+    a, stats = split_paragraphs(paras, 100)
+    b, _ = split_paragraphs(list(reversed(paras)), 100)
+    assert sum(len(v) for v in a.values()) == 500 and stats["x:en:raw"] == 1000
+    assert {k: sorted(p.text for p in v) for k, v in a.items()} == {k: sorted(p.text for p in v) for k, v in b.items()}
+
+
+# --- training and export -----------------------------------------------------------------------------
+
+def test_training_learns_the_text(tiny_lm_run):
+    log = [json.loads(line) for line in (tiny_lm_run / "train_log.jsonl").read_text().splitlines()]
+    assert log[-1]["dev_perplexity"] < 3, log[-1]  # memorised: the dev split is the training text
+    config = json.loads((tiny_lm_run / "config.json").read_text())
+    assert config["task"] == "generation" and config["model"]["arch"] == "decoder"
+
+
+def test_package_is_a_decoder_only_generation_package(tiny_lm_package):
+    meta = json.loads((tiny_lm_package / "model.json").read_text())
+    assert meta["task"] == "generation" and meta["directions"] == [] and meta["languages"] == ["de", "en"]
+    assert not (tiny_lm_package / "encoder.onnx").exists()
+    graph = onnx.load(str(tiny_lm_package / "decoder.onnx")).graph
+    assert [i.name for i in graph.input] == ["tokens", "past_kv", "past_rows", "key_mask", "positions"]
+    assert [o.name for o in graph.output] == ["log_probs", "present_kv"]
+
+
+def test_translation_engine_calls_refuse_a_generation_package(engine, tiny_package):
+    with pytest.raises(ValueError, match="generation needs a decoder-only"):
+        Engine(tiny_package, device="cpu").generate_steps([[2]], SearchOptions(beam_size=1))
+    with pytest.raises(PackageError, match="task 'summarise'"):
+        meta = engine.package.meta | {"task": "summarise"}
+        Engine(type(engine.package)(engine.package.path, meta), device="cpu")
+
+
+# --- parity with PyTorch -------------------------------------------------------------------------------
+
+def test_greedy_generation_equals_pytorch_token_for_token(engine, reference):
+    model, _ = reference
+    prompts = engine.prompt_ids(PROMPTS)
+    limits = [24] * len(prompts)
+    common = dict(bos_id=engine.bos_id, eos_id=engine.eos_id, max_length=limits, banned_ids=engine.banned_ids)
+    ref = TorchPromptDecoder(model, prompts)
+    expected = greedy_search(ref, len(prompts), start_tokens=ref.start_tokens, **common)
+    got = finish(engine.generate_steps(prompts, SearchOptions(beam_size=1, max_length=24)))
+    assert [h.tokens for h in got] == [h.tokens for h in expected]
+    assert np.allclose([h.log_prob for h in got], [h.log_prob for h in expected], atol=1e-3)
+    # The memorised sentences really are continued: the parity is not between two empty outputs.
+    half = [(p, s) for p, s in zip(PROMPTS[16:48], SENTENCES[16:48])]
+    texts = engine.generate([p for p, _ in half], max_new_tokens=40)
+    assert sum((p + g.text).strip() == s for (p, s), g in zip(half, texts)) >= 28
+
+
+def test_decoder_log_probs_match_pytorch(engine, reference):
+    """After a left-padded batched prompt read, every row's next-token distribution is PyTorch's."""
+    from service.engine import OrtLmDecoder
+
+    model, _ = reference
+    prompts = engine.prompt_ids(PROMPTS[:40])
+    ours = OrtLmDecoder(engine, prompts)
+    ref = TorchPromptDecoder(model, prompts)
+    tokens = ours.start_tokens
+    for _ in range(3):
+        a, b = ours.step(tokens), ref.step(tokens)
+        assert np.abs(a - b).max() < 1e-4
+        keep = np.arange(0, len(tokens), 2)  # drop every other row, as finished rows are dropped
+        ours.select(keep), ref.select(keep)
+        tokens = a[keep].argmax(axis=1)
+
+
+def test_seeded_sampling_is_the_same_alone_or_batched(engine):
+    opts = dict(max_new_tokens=20, sampling=True, temperature=1.3, top_k=50, top_p=0.95)
+    batched = engine.generate(PROMPTS[:12], seed=7, **opts)
+    for prompt, got in zip(PROMPTS[:12], batched):
+        alone = engine.generate([prompt], seed=7, **opts)[0]
+        assert (alone.text, alone.tokens, alone.finish_reason) == (got.text, got.tokens, got.finish_reason)
+        assert alone.score == pytest.approx(got.score, abs=1e-4)
+    unseeded = engine.generate(["zzz qqq"] * 8, max_new_tokens=20, sampling=True, temperature=2.0)
+    assert len({g.text for g in unseeded}) > 1  # without a seed it really samples
+
+
+def test_sampling_matches_pytorch_with_the_same_seed(engine, reference):
+    model, _ = reference
+    prompts = engine.prompt_ids(PROMPTS[:10])
+    ref = TorchPromptDecoder(model, prompts)
+    kw = dict(bos_id=engine.bos_id, eos_id=engine.eos_id, max_length=[16] * 10, banned_ids=engine.banned_ids,
+              seeds=list(range(10)), temperature=0.8, top_k=20)
+    expected = sample(ref, 10, start_tokens=ref.start_tokens, **kw)
+    got = finish(engine.generate_steps(prompts, SearchOptions(sampling=True, temperature=0.8, top_k=20,
+                                                              max_length=16), seeds=list(range(10))))
+    assert [h.tokens for h in got] == [h.tokens for h in expected]
+
+
+def test_steps_stream_exactly_the_final_text_and_cancel_stops_a_row(engine):
+    prompts = engine.prompt_ids(PROMPTS[16:24])
+    cancel: set[int] = set()
+    steps = engine.generate_steps(prompts, SearchOptions(beam_size=1, max_length=30), cancel=cancel)
+    streamed: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    while True:
+        try:
+            step = next(steps)
+        except StopIteration as done:
+            hyps = done.value
+            break
+        for s, tok in zip(step.sentence, step.tokens):
+            if tok != engine.eos_id:
+                streamed[int(s)].append(int(tok))
+            if int(s) == 3 and len(streamed[3]) == 2:
+                cancel.add(3)
+    assert [h.tokens for h in hyps] == [streamed[i] for i in range(len(prompts))]
+    assert len(hyps[3].tokens) == 2 and not hyps[3].finished
+    assert all(h.finished for i, h in enumerate(hyps) if i != 3)
+
+
+def test_length_limit_and_beam_search(engine):
+    g = engine.generate(["the the the"], max_new_tokens=3)[0]
+    assert g.tokens <= 3 and (g.finish_reason == "length") == (g.tokens == 3)
+    beams = engine.generate(PROMPTS[16:20], max_new_tokens=30, beam_size=4)
+    greedy = engine.generate(PROMPTS[16:20], max_new_tokens=30)
+    assert all(b.score >= g.score - 1e-4 for b, g in zip(beams, greedy))  # beam finds at least greedy's score
+
+
+def test_perplexity_of_package_equals_checkpoint(tiny_lm_run, tiny_lm_package, mono_dir, capsys):
+    evaluate.main(["--checkpoint", str(tiny_lm_run), "--data", str(mono_dir / "test.tsv"), "--json"])
+    a = json.loads(capsys.readouterr().out)
+    evaluate.main(["--package", str(tiny_lm_package), "--data", str(mono_dir / "test.tsv"), "--json"])
+    b = json.loads(capsys.readouterr().out)
+    assert a["all"]["tokens"] == b["all"]["tokens"] > 1000
+    assert math.isclose(a["all"]["perplexity"], b["all"]["perplexity"], rel_tol=1e-3)
+    assert 1.0 <= a["all"]["perplexity"] < 3 and set(a) >= {"de", "en"}
