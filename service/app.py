@@ -1,6 +1,8 @@
 """The HTTP layer: a LitServer around TranslateAPI, plus the routes LitServe does not have.
 
     POST /translate                 our API (pydantic models, in the OpenAPI schema at /docs)
+    POST /generate                  text generation with a decoder-only package; "stream": true for
+                                    server-sent events
     POST /libretranslate/translate  LibreTranslate's API, feeding the same queue and batches
     GET  /languages, /libretranslate/languages
     GET  /health                    liveness: the HTTP process answers
@@ -16,26 +18,32 @@ handler, so batching is untouched.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import json
 import logging
 import multiprocessing as mp
+import pickle
 import time
 import uuid
-from typing import Any
+from collections import deque
+from contextlib import contextmanager
+from typing import Any, AsyncIterator
 
 import litserve as ls
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from litserve.server import RegularRequestHandler
-from litserve.utils import WorkerSetupStatus
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from litserve.server import RegularRequestHandler, StreamingRequestHandler
+from litserve.utils import LitAPIStatus, ResponseBufferItem, WorkerSetupStatus
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
 from .config import Settings
 from .metrics import m, render
-from .schemas import ErrorResponse, Language, TranslateRequest, TranslateResponse
+from .generate_api import ENDPOINT as GENERATE, CancelBoard, GenerateAPI
+from .schemas import ErrorResponse, GenerateRequest, GenerateResponse, Language, TranslateRequest, TranslateResponse
 from .translate_api import ENDPOINT, TranslateAPI, check_packages
 
 log = logging.getLogger("transerve")
@@ -65,17 +73,23 @@ ERROR_KIND = {400: "validation", 401: "auth", 403: "auth", 413: "limit", 422: "v
 class Gateway:
     """Routes, limits and metrics of the HTTP process."""
 
-    def __init__(self, server: ls.LitServer, api: TranslateAPI, settings: Settings, packages: list[dict]):
+    def __init__(self, server: ls.LitServer, api: TranslateAPI | None, settings: Settings, packages: list[dict],
+                 generate_api: GenerateAPI | None = None, board: CancelBoard | None = None):
         self.server, self.api, self.settings, self.packages = server, api, settings, packages
-        self.handler = RegularRequestHandler(api, server)
+        self.handler = RegularRequestHandler(api, server) if api else None
+        self.generate_handler = StreamingRequestHandler(generate_api, server) if generate_api else None
+        self.board = board
+        self.generators = [p["name"] for p in packages if p["task"] == "generation"]
         # Shared by every HTTP process (LitServe forks them after this): the queue bound is global,
         # and SIGTERM in the main process can see when the last request has been answered.
         self.active = mp.Value("i", 0)
         self.draining = mp.Event()
         self.pairs = sorted({tuple(d.split("-")) for p in packages for d in p["directions"]})
 
-    # --- the one way into the queue ---------------------------------------------------------------
-    async def submit(self, endpoint: str, payload: dict) -> dict:
+    # --- the one way into the queues ---------------------------------------------------------------
+    @contextmanager
+    def admitted(self, endpoint: str, queue: str):
+        """Holds one of the max_queue places shared by every HTTP process, or refuses with 503."""
         if self.draining.is_set():
             raise ApiError(503, "shutting_down", "the server is shutting down; retry on another replica",
                            headers={"Retry-After": "1"})
@@ -88,23 +102,56 @@ class Gateway:
             raise ApiError(503, "overloaded", f"{self.settings.max_queue} requests are already waiting; retry later",
                            self.settings.max_queue, {"Retry-After": "1"})
         m().in_flight.labels(endpoint).inc()
-        m().queue_depth.labels(ENDPOINT).inc()
+        m().queue_depth.labels(queue).inc()
         try:
-            out = await self.handler.handle_request(payload, dict)
+            yield
+        finally:
+            with self.active.get_lock():
+                self.active.value -= 1
+            m().in_flight.labels(endpoint).dec()
+
+    async def submit(self, endpoint: str, payload: dict) -> dict:
+        if self.handler is None:
+            raise ApiError(400, "no_translation_model", "no translation model is loaded; start the service with "
+                           "--model <a translation package>")
+        with self.admitted(endpoint, ENDPOINT):
+            out = await self._submit(payload)
+        if "error" in out:
+            e = out["error"]
+            raise ApiError(out["status"], e["type"], e["message"], e.get("limit"))
+        return out
+
+    async def _submit(self, payload: dict) -> dict:
+        try:
+            return await self.handler.handle_request(payload, dict)
         except StarletteHTTPException as e:
             if e.status_code == 504:  # LitServe evicted it from the queue before a worker took it
                 m().queue_depth.labels(ENDPOINT).dec()
                 raise ApiError(504, "timeout", f"the request waited more than {self.settings.request_timeout_s:g} s "
                                "for a worker", headers={"Retry-After": "5"}) from None
             raise ApiError(500, "internal_error", "the inference worker failed on this batch") from None
+
+    async def worker_events(self, payload: dict) -> AsyncIterator[dict]:
+        """Submits to the generation workers and yields their per-step events for this request."""
+        uid, _ = await self.generate_handler._submit_request(payload)
+        available, queue = asyncio.Event(), deque()
+        self.server.response_buffer[uid] = ResponseBufferItem(event=available, response_queue=queue)
+        try:
+            async for data, status in self.server.data_streamer(queue, data_available=available, send_status=True):
+                if status == LitAPIStatus.ERROR:
+                    try:
+                        err = pickle.loads(data) if isinstance(data, bytes) else data
+                    except Exception:
+                        err = None
+                    if getattr(err, "status_code", None) == 504:
+                        m().queue_depth.labels(GENERATE).dec()
+                        raise ApiError(504, "timeout", f"the request waited more than "
+                                       f"{self.settings.request_timeout_s:g} s for a worker", headers={"Retry-After": "5"})
+                    raise ApiError(500, "internal_error", "the inference worker failed on this batch")
+                if data:
+                    yield json.loads(data) if isinstance(data, (str, bytes)) else data
         finally:
-            with self.active.get_lock():
-                self.active.value -= 1
-            m().in_flight.labels(endpoint).dec()
-        if "error" in out:
-            e = out["error"]
-            raise ApiError(out["status"], e["type"], e["message"], e.get("limit"))
-        return out
+            self.server.response_buffer.pop(uid, None)
 
     def ready(self) -> PlainTextResponse:
         status = getattr(self.server, "workers_setup_status", None) or {}
@@ -174,6 +221,121 @@ class Gateway:
         m().queue_wait.labels(ENDPOINT).observe(out["timings"]["queue_ms"] / 1000)
         out["timings"]["total_ms"] = round(total, 2)
         return out  # type: ignore[return-value]
+
+    async def generate(self, body: GenerateRequest, request: Request):
+        self.check_key(request)
+        if not self.generators:
+            raise ApiError(400, "no_generation_model", "no generation model is loaded; start the service with "
+                           "--model <a generation package> (model.json task \"generation\")")
+        if body.model is not None and body.model not in self.generators:
+            raise ApiError(400, "unknown_model", f"no generation model {body.model!r}; loaded: "
+                           f"{', '.join(self.generators)}")
+        if len(body.prompt) > self.settings.max_text_chars:
+            raise ApiError(413, "text_too_long", f"the prompt has {len(body.prompt)} characters; the limit is "
+                           f"{self.settings.max_text_chars}", self.settings.max_text_chars)
+        received = time.monotonic()
+        number = self.board.new_number()
+        payload = body.model_dump() | {"received": received, "request_id": request.state.request_id, "number": number}
+        admission = self.admitted(GENERATE, GENERATE)
+        admission.__enter__()
+        events = self.worker_events(payload)
+        state = {"first": None, "last": None, "done": None, "texts": {}}
+        try:
+            first = await anext(events)
+            if "error" in first:
+                e = first["error"]
+                raise ApiError(first["status"], e["type"], e["message"], e.get("limit"))
+        except BaseException:
+            await events.aclose()
+            admission.__exit__(None, None, None)
+            raise
+
+        def take(event: dict) -> None:
+            now = time.monotonic()
+            for p in event.get("pieces", ()):
+                state["first"] = state["first"] or now
+                state["last"] = now
+                state["texts"][p["index"]] = state["texts"].get(p["index"], "") + p["text"]
+            if "done" in event:
+                state["done"] = event["done"]
+
+        def finish(completed: bool) -> dict | None:
+            admission.__exit__(None, None, None)
+            if not completed:
+                self.board.cancel(number)  # the client went away: free its rows in the batch
+                return None
+            done = state["done"]
+            model = done["model"]
+            end = time.monotonic()
+            if state["first"] is not None:
+                m().time_to_first_token.labels(GENERATE, model).observe(state["first"] - received)
+                most = max(c["tokens"] for c in done["choices"])
+                if most > 1:
+                    m().time_per_output_token.labels(GENERATE, model).observe((state["last"] - state["first"]) / (most - 1))
+            m().queue_wait.labels(GENERATE).observe(done["queue_ms"] / 1000)
+            return {"queue_ms": done["queue_ms"], "total_ms": round((end - received) * 1000, 2),
+                    "first_token_ms": None if state["first"] is None else round((state["first"] - received) * 1000, 2)}
+
+        if not body.stream:
+            watcher = asyncio.create_task(self._watch_disconnect(request))
+            completed = False
+            try:
+                take(first)
+                while state["done"] is None:
+                    reader = asyncio.ensure_future(anext(events))
+                    await asyncio.wait({reader, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                    if not reader.done():  # disconnected
+                        reader.cancel()
+                        await asyncio.wait({reader})  # the generator must stop running before aclose()
+                        break
+                    take(reader.result())
+                completed = state["done"] is not None
+            finally:
+                watcher.cancel()
+                timings = finish(completed)  # first: the queue place is given back whatever aclose() does
+                await events.aclose()
+            if not completed:
+                return Response(status_code=499)
+            done = state["done"]
+            return {"model": done["model"], "usage": done["usage"], "timings": timings,
+                    "choices": [c | {"text": state["texts"].get(c["index"], "")} for c in done["choices"]]}
+
+        async def sse():
+            completed = False
+            t0 = time.perf_counter()
+            try:
+                event = first
+                while True:
+                    take(event)
+                    for p in event.get("pieces", ()):
+                        yield _sse({"type": "token", "index": p["index"], "text": p["text"]})
+                    if "done" in event:
+                        break
+                    event = await anext(events)
+                completed = True
+                timings = finish(True)
+                done = state["done"]
+                yield _sse({"type": "done", "model": done["model"], "choices": done["choices"], "usage": done["usage"],
+                            "timings": timings})
+            except ApiError as e:
+                completed = True
+                finish(False) if state["done"] is None else None
+                yield _sse({"type": "error", "error": {"type": e.type, "message": e.message}})
+            finally:
+                await events.aclose()
+                if not completed:
+                    finish(False)
+                m().request_duration.labels(GENERATE).observe(time.perf_counter() - t0 + (t0 - received))
+
+        return StreamingResponse(sse(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def _watch_disconnect(self, request: Request) -> None:
+        """Returns when the client goes away. A blocking receive, not polling is_disconnected(): under
+        Starlette's BaseHTTPMiddleware the latter never sees the disconnect (its zero-timeout receive
+        is cancelled inside the middleware's task group)."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
 
     async def libre_translate(self, request: Request) -> JSONResponse:
         """LibreTranslate's POST /translate: JSON or form; errors as {"error": "..."}."""
@@ -246,18 +408,23 @@ class Gateway:
         app = self.server.app
         # Error and rejection series exist at 0 from the start: rate() over a series that appears
         # with its first event misses that event, so alerts would not see the first burst.
-        for endpoint in ("translate", "libretranslate"):
+        for endpoint in ("translate", "libretranslate", GENERATE):
             m().rejected.labels(endpoint)
             for kind in sorted(set(ERROR_KIND.values()) | {"internal"}):
                 m().errors.labels(endpoint, kind)
         # Drop LitServe's own POST /translate and readiness check; ours submit through the same handler
         # and know about draining.
-        app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) not in ("/translate", "/ready")]
+        app.router.routes = [r for r in app.router.routes
+                             if getattr(r, "path", None) not in ("/translate", "/generate", "/ready")]
         app.openapi_schema = None
         app.title, app.version = "transerve", __version__
         errors = {c: {"model": ErrorResponse} for c in (400, 401, 403, 413, 422, 503, 504)}
         app.add_api_route("/translate", self.translate, methods=["POST"], response_model=TranslateResponse,
                           responses=errors, summary="Translate one text or a list of texts", tags=["translation"])
+        app.add_api_route("/generate", self.generate, methods=["POST"], response_model=GenerateResponse,
+                          responses=errors | {200: {"content": {"text/event-stream": {}},
+                                                    "description": "JSON, or server-sent events with stream=true"}},
+                          summary="Continue a prompt with a generation model", tags=["generation"])
         app.add_api_route("/languages", self.languages, methods=["GET"], response_model=list[Language],
                           tags=["translation"])
         app.add_api_route("/libretranslate/translate", self.libre_translate, methods=["POST"],
@@ -280,7 +447,8 @@ class Gateway:
         rid = request.headers.get("x-request-id", "")[:64] or uuid.uuid4().hex
         request.state.request_id = rid
         path = request.url.path
-        endpoint = {"/translate": ENDPOINT, "/libretranslate/translate": "libretranslate"}.get(path)
+        endpoint = {"/translate": ENDPOINT, "/libretranslate/translate": "libretranslate",
+                    "/generate": GENERATE}.get(path)
         t0 = time.perf_counter()
         try:
             response = await call_next(request)
@@ -291,7 +459,9 @@ class Gateway:
         if endpoint:
             status = response.status_code
             m().requests.labels(endpoint, str(status)).inc()
-            m().request_duration.labels(endpoint).observe(time.perf_counter() - t0)
+            if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                # A stream's duration is observed when it ends (Gateway.generate), not at its headers.
+                m().request_duration.labels(endpoint).observe(time.perf_counter() - t0)
             if status >= 400:
                 m().errors.labels(endpoint, ERROR_KIND.get(status, "internal")).inc()
         return response
@@ -318,6 +488,10 @@ class Gateway:
                                                        self.settings.max_payload_bytes if e.status_code == 413 else None))
 
 
+def _sse(event: dict) -> str:
+    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+
 def _first_error(e: ValidationError | RequestValidationError) -> str:
     parts = []
     for err in e.errors()[:3]:
@@ -339,11 +513,16 @@ def build_server(settings: Settings) -> tuple[ls.LitServer, Gateway]:
     packages = check_packages(settings)
     cuda = settings.device == "cuda" or (settings.device == "auto"
                                          and "CUDAExecutionProvider" in onnxruntime.get_available_providers())
-    api = TranslateAPI(settings)
-    server = ls.LitServer(api, accelerator="cuda" if cuda else "cpu", devices=1 if cuda else "auto",
+    tasks = {p["task"] for p in packages}
+    # One LitAPI per endpoint, each with its own workers, loading only its own packages.
+    api = TranslateAPI(settings) if "translation" in tasks else None
+    board = CancelBoard()
+    generate_api = GenerateAPI(settings, board) if "generation" in tasks else None
+    server = ls.LitServer([a for a in (api, generate_api) if a], accelerator="cuda" if cuda else "cpu",
+                          devices=1 if cuda else "auto",
                           workers_per_device=settings.workers, timeout=settings.request_timeout_s,
                           healthcheck_path="/ready", info_path="/litserve/info",
                           max_payload_size=settings.max_payload_bytes)
-    gateway = Gateway(server, api, settings, packages)
+    gateway = Gateway(server, api, settings, packages, generate_api, board)
     gateway.install()
     return server, gateway

@@ -5,34 +5,65 @@
         r = c.translate("Das geht zu weit.", source_lang="de", target_lang="en")
         print(r.translations[0].text)
 
+        g = c.generate("Die Datei wird", max_new_tokens=32, temperature=0.7, seed=1)
+        print(g.text, g.choices[0].finish_reason, g.usage.completion_tokens)
+
+        with c.stream("Die Datei wird", max_new_tokens=32) as s:   # server-sent events
+            for piece in s:                                        # the text of sequence 0, piece by piece
+                print(piece, end="", flush=True)
+        print(s.result.choices[0].finish_reason)                  # the done event, with the whole text
+
+    async with AsyncClient() as c:                                 # the same, awaited
+        g = await c.generate("Die Datei wird")
+        async with c.stream("Die Datei wird") as s:
+            async for piece in s:
+                ...
+
+Leaving a stream early (closing it, or the `with` block) closes its connection, which stops the
+generation on the server. Generation options left out take the server's defaults (see
+`GenerateOptions`); only the ones given are sent.
+
 Needs only the `client` extra (httpx, pydantic): importing it loads neither onnxruntime nor litserve. Request building and response parsing live
-in `BaseClient`, which does no I/O; the two clients only differ in how they send.
+in `BaseClient` (and the stream parser `_EventParser`), which do no I/O; the two clients only differ in how they send.
 
 Exceptions:
 
     TranserveError
-    ├── APIConnectionError          the server could not be reached (retried with backoff)
-    │   └── APITimeoutError         ... or did not answer in time (not retried: it may have run)
-    └── APIStatusError              an error status; .status_code, .request_id, .type, .limit, .body
-        ├── BadRequestError         400, 422: the request is wrong (see .message)
-        ├── AuthenticationError     401, 403
-        ├── PayloadTooLargeError    413: over a limit (.limit says which value)
-        ├── OverloadedError         429, 503: queue full; .retry_after seconds (retried automatically)
-        └── InternalServerError     500 and other 5xx, 504 (timed out in the queue)
+    ├── APIConnectionError            the server could not be reached (retried with backoff), or a stream broke off
+    │   └── APITimeoutError           ... or did not answer in time (not retried: it may have run)
+    └── APIError                      the server reported an error: .message, .type, .limit, .request_id, .body
+        ├── APIStatusError            an error status; .status_code
+        │   ├── BadRequestError       400, 422: the request is wrong (see .message)
+        │   ├── AuthenticationError   401, 403
+        │   ├── PayloadTooLargeError  413: over a limit (.limit says which value)
+        │   ├── OverloadedError       429, 503: queue full; .retry_after seconds (retried automatically)
+        │   └── InternalServerError   500 and other 5xx, 504 (timed out in the queue)
+        └── APIStreamError            an error event after a stream began (status 200): .status_code is None
+
+Retries (max_retries, default 2) happen only before a response is accepted: for a stream, before its
+first event (the server sends the stream's headers with its first event, and errors before it as a
+status). Once a stream has begun, nothing is retried: its pieces may already have been used.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from typing import Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, Sequence, TypedDict, Union
 
 import httpx
+from pydantic import BaseModel
 
 from .schemas import Language, TranslateResponse
 
-__all__ = ["Client", "AsyncClient", "TranserveError", "APIConnectionError", "APITimeoutError", "APIStatusError",
-           "BadRequestError", "AuthenticationError", "PayloadTooLargeError", "OverloadedError", "InternalServerError"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["Client", "AsyncClient", "TextStream", "AsyncTextStream", "GenerateOptions", "GenerateResult",
+           "GenerationChoice", "GenerationUsage", "GenerationTimings", "TranserveError", "APIConnectionError",
+           "APITimeoutError", "APIError", "APIStatusError", "APIStreamError", "BadRequestError", "AuthenticationError",
+           "PayloadTooLargeError", "OverloadedError", "InternalServerError"]
 
 
 class TranserveError(Exception):
@@ -47,13 +78,29 @@ class APITimeoutError(APIConnectionError):
     pass
 
 
-class APIStatusError(TranserveError):
-    def __init__(self, message: str, *, status_code: int, request_id: Optional[str], body: Any):
-        super().__init__(f"{status_code}: {message}")
-        self.message, self.status_code, self.request_id, self.body = message, status_code, request_id, body
+class APIError(TranserveError):
+    """An error the server reported. .status_code is None where there was none (an error event in a stream)."""
+
+    status_code: Optional[int] = None
+
+    def __init__(self, message: str, *, request_id: Optional[str], body: Any, status_code: Optional[int] = None):
         err = body.get("error") if isinstance(body, dict) else None
         self.type = err.get("type") if isinstance(err, dict) else None
         self.limit = err.get("limit") if isinstance(err, dict) else None
+        self.message, self.status_code, self.request_id, self.body = message, status_code, request_id, body
+        super().__init__(f"{status_code if status_code is not None else self.type or 'error'}: {message}")
+
+
+class APIStatusError(APIError):
+    status_code: int
+
+    def __init__(self, message: str, *, status_code: int, request_id: Optional[str], body: Any):
+        super().__init__(message, status_code=status_code, request_id=request_id, body=body)
+
+
+class APIStreamError(APIError):
+    """The server sent {"type": "error", "error": {"type", "message"}} after the stream began (its status was
+    200, so .status_code is None); .request_id is the stream's X-Request-ID, .body the event."""
 
 
 class BadRequestError(APIStatusError):
@@ -82,6 +129,246 @@ _STATUS = {400: BadRequestError, 422: BadRequestError, 401: AuthenticationError,
            413: PayloadTooLargeError, 429: OverloadedError, 503: OverloadedError}
 
 
+# --- text generation ----------------------------------------------------------------------------------
+
+class GenerateOptions(TypedDict, total=False):
+    """Options of POST /generate; those not given take the server's defaults (shown here)."""
+    model: Optional[str]            # generation package id (default: the first one loaded)
+    max_new_tokens: int             # 64
+    min_new_tokens: int             # 0 = off
+    temperature: float              # 1.0; 0 = greedy
+    top_k: int                      # 0 = off
+    top_p: float                    # 1.0 = off
+    repetition_penalty: float       # 1.0 = off
+    stop: Union[str, Sequence[str]]  # up to 4 stop sequences (not returned)
+    seed: Optional[int]             # None = random
+    num_return_sequences: int       # 1 (generate() only)
+    beam_size: int                  # 1 = off
+
+
+class GenerationChoice(BaseModel):
+    index: int
+    text: str                       # the continuation, without the prompt
+    finish_reason: str              # "stop" (end of text or a stop sequence), "length" (max_new_tokens), "cancelled"
+    tokens: int                     # generated pieces
+
+
+class GenerationUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class GenerationTimings(BaseModel):
+    queue_ms: float
+    first_token_ms: Optional[float] = None   # None when nothing was generated
+    total_ms: float
+
+
+class GenerateResult(BaseModel):
+    model: str
+    choices: list[GenerationChoice]
+    usage: GenerationUsage
+    timings: GenerationTimings
+
+    @property
+    def text(self) -> str:
+        """The text of the first (or only) sequence."""
+        return self.choices[0].text
+
+
+class _EventParser:
+    """Server-sent events of a /generate stream, line by line; no I/O. feed() returns the text pieces of
+    sequence 0 the line completes; after the done event, .result is set."""
+
+    def __init__(self, request_id: Optional[str]):
+        self.request_id = request_id
+        self.result: Optional[GenerateResult] = None
+        self._data: list[str] = []
+        self._texts: dict[int, list[str]] = {}
+
+    def feed(self, line: str) -> list[str]:
+        if line == "":
+            return self._dispatch()
+        if line.startswith(":"):                      # a comment (keep-alive)
+            return []
+        field, _, value = line.partition(":")
+        if field == "data":
+            self._data.append(value[1:] if value.startswith(" ") else value)
+        return []                                     # event:, id:, retry: are not used
+
+    def end(self) -> list[str]:
+        """The stream ended: a last event without its blank line still counts."""
+        pieces = self._dispatch()
+        if self.result is None:
+            raise APIConnectionError("the stream ended before its done event")
+        return pieces
+
+    def _dispatch(self) -> list[str]:
+        if not self._data:
+            return []
+        data, self._data = "\n".join(self._data), []
+        try:
+            event = json.loads(data)
+        except ValueError:
+            raise APIStreamError(f"the server sent an event that is not JSON: {data[:200]!r}", request_id=self.request_id,
+                                 body={"error": {"type": "invalid_event", "message": data[:200]}}) from None
+        kind = event.get("type") if isinstance(event, dict) else None
+        if kind == "token":
+            index, text = int(event.get("index", 0)), event.get("text") or ""
+            self._texts.setdefault(index, []).append(text)
+            return [text] if index == 0 and text else []
+        if kind == "done":
+            choices = [dict(c, text="".join(self._texts.get(c.get("index", 0), ()))) for c in event.get("choices", ())]
+            self.result = GenerateResult.model_validate(dict(event, choices=choices))
+            return []
+        if kind == "error":
+            err = event.get("error") if isinstance(event.get("error"), dict) else {}
+            raise APIStreamError(str(err.get("message") or "the generation failed"), request_id=self.request_id, body=event)
+        return []                                     # an event type this client does not know
+
+
+class TextStream:
+    """What Client.stream returns: iterate it for the text pieces of sequence 0 as they arrive; once it is
+    exhausted, .result is the whole GenerateResult. close() (or leaving the `with` block) disconnects,
+    which stops the generation on the server."""
+
+    def __init__(self, response: httpx.Response):
+        self.response = response
+        self.request_id: Optional[str] = response.headers.get("x-request-id")
+        self._parser = _EventParser(self.request_id)
+        self._pieces: Optional[Iterator[str]] = None
+        self._closed = False
+
+    @property
+    def result(self) -> Optional[GenerateResult]:
+        """The done event with the streamed text; None until the stream has been read to its end."""
+        return self._parser.result
+
+    def __iter__(self) -> "TextStream":
+        return self
+
+    def __next__(self) -> str:
+        if self._pieces is None:
+            if self._closed:
+                raise StopIteration
+            self._pieces = self._read()
+        return next(self._pieces)
+
+    def _read(self) -> Iterator[str]:
+        try:
+            for line in self.response.iter_lines():
+                yield from self._parser.feed(line)
+            yield from self._parser.end()
+        except httpx.TimeoutException as e:
+            raise APITimeoutError(f"no event within the timeout: {e}") from e
+        except httpx.TransportError as e:
+            raise APIConnectionError(f"the stream broke off: {e}") from e
+        finally:
+            self._closed = True
+            self.response.close()
+
+    def until_done(self) -> GenerateResult:
+        """Reads the rest of the stream; the result."""
+        for _ in self:
+            pass
+        if self.result is None:
+            raise APIConnectionError("the stream was closed before its done event")
+        return self.result
+
+    def close(self) -> None:
+        self._closed = True
+        if self._pieces is not None:
+            self._pieces.close()
+        self.response.close()
+
+    def __enter__(self) -> "TextStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncTextStream:
+    """What AsyncClient.stream returns, the mirror of TextStream: `async for piece in stream`, `async with`,
+    `await stream.aclose()`. The request is sent on `async with`, on `await stream`, or on the first
+    piece asked for, whichever comes first."""
+
+    def __init__(self, open_: Callable[[], Awaitable[httpx.Response]]):
+        self._open = open_
+        self.response: Optional[httpx.Response] = None
+        self.request_id: Optional[str] = None
+        self._parser = _EventParser(None)
+        self._pieces: Optional[AsyncIterator[str]] = None
+        self._closed = False
+
+    @property
+    def result(self) -> Optional[GenerateResult]:
+        """The done event with the streamed text; None until the stream has been read to its end."""
+        return self._parser.result
+
+    async def start(self) -> "AsyncTextStream":
+        """Sends the request (with retries) unless it was sent already."""
+        if self.response is None:
+            if self._closed:
+                raise RuntimeError("the stream is closed")
+            self.response = await self._open()
+            self.request_id = self._parser.request_id = self.response.headers.get("x-request-id")
+        return self
+
+    def __await__(self):
+        return self.start().__await__()
+
+    def __aiter__(self) -> "AsyncTextStream":
+        return self
+
+    async def __anext__(self) -> str:
+        if self._pieces is None:
+            if self._closed:
+                raise StopAsyncIteration
+            await self.start()
+            self._pieces = self._read()
+        return await self._pieces.__anext__()
+
+    async def _read(self) -> AsyncIterator[str]:
+        assert self.response is not None
+        lines = self.response.aiter_lines()
+        try:
+            async for line in lines:
+                for piece in self._parser.feed(line):
+                    yield piece
+            for piece in self._parser.end():
+                yield piece
+        except httpx.TimeoutException as e:
+            raise APITimeoutError(f"no event within the timeout: {e}") from e
+        except httpx.TransportError as e:
+            raise APIConnectionError(f"the stream broke off: {e}") from e
+        finally:
+            self._closed = True
+            await lines.aclose()
+            await self.response.aclose()
+
+    async def until_done(self) -> GenerateResult:
+        """Reads the rest of the stream; the result."""
+        async for _ in self:
+            pass
+        if self.result is None:
+            raise APIConnectionError("the stream was closed before its done event")
+        return self.result
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._pieces is not None:
+            await self._pieces.aclose()       # type: ignore[attr-defined]
+        if self.response is not None:
+            await self.response.aclose()
+
+    async def __aenter__(self) -> "AsyncTextStream":
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+
 class BaseClient:
     """Builds requests and parses responses; no I/O."""
 
@@ -102,6 +389,24 @@ class BaseClient:
                 "target_lang": target_lang}
         body.update({k: v for k, v in options.items() if v is not None})
         return body
+
+    @staticmethod
+    def _generate_body(prompt: str, options: dict, *, stream: bool) -> dict:
+        """The JSON body of POST /generate: the prompt, stream, and only the options given."""
+        unknown = sorted(set(options) - set(GenerateOptions.__annotations__))
+        if unknown:
+            raise TypeError(f"unknown generation option(s): {', '.join(unknown)}; "
+                            f"known: {', '.join(GenerateOptions.__annotations__)}")
+        if stream and (options.get("num_return_sequences") or 1) > 1:
+            raise ValueError("a stream returns one sequence: use generate() for num_return_sequences > 1")
+        body: dict[str, Any] = {"prompt": prompt}
+        body.update({k: v for k, v in options.items() if v is not None})
+        if "stop" in body:
+            body["stop"] = [body["stop"]] if isinstance(body["stop"], str) else list(body["stop"])
+        body["stream"] = stream
+        return body
+
+    _STREAM_HEADERS = {"Accept": "text/event-stream"}
 
     @staticmethod
     def _check(response: httpx.Response) -> httpx.Response:
@@ -140,11 +445,11 @@ class Client(BaseClient):
         super().__init__(base_url, **kwargs)
         self._http = httpx.Client(base_url=self.base_url, timeout=self.timeout, headers=self._headers())
 
-    def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
+    def _request(self, method: str, path: str, *, stream: bool = False, **kwargs) -> httpx.Response:
         attempt = 0
         while True:
             try:
-                return self._check(self._send(method, path, **kwargs))
+                return self._check(self._send(method, path, stream=stream, **kwargs))
             except TranserveError as e:
                 delay = self._retry_delay(e, attempt)
                 if delay is None:
@@ -152,9 +457,18 @@ class Client(BaseClient):
                 time.sleep(delay)
                 attempt += 1
 
-    def _send(self, method: str, path: str, **kwargs) -> httpx.Response:
+    def _send(self, method: str, path: str, *, stream: bool = False, **kwargs) -> httpx.Response:
+        """One request. stream=True: a successful response is returned unread (an error one is read and closed)."""
         try:
-            return self._http.request(method, path, **kwargs)
+            if not stream:
+                return self._http.request(method, path, **kwargs)
+            response = self._http.send(self._http.build_request(method, path, **kwargs), stream=True)
+            if response.status_code >= 400:
+                try:
+                    response.read()
+                finally:
+                    response.close()
+            return response
         except httpx.TimeoutException as e:
             raise APITimeoutError(f"{method} {path}: no answer within {self.timeout} s") from e
         except httpx.TransportError as e:
@@ -170,6 +484,17 @@ class Client(BaseClient):
             beam_size=beam_size, num_alternatives=num_alternatives, length_penalty=length_penalty,
             max_length=max_length, no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty))
         return TranslateResponse.model_validate(self._request("POST", "/translate", json=body).json())
+
+    def generate(self, prompt: str, **options: Unpack[GenerateOptions]) -> GenerateResult:
+        """Continues the prompt (POST /generate); options not given take the server's defaults."""
+        body = self._generate_body(prompt, dict(options), stream=False)
+        return GenerateResult.model_validate(self._request("POST", "/generate", json=body).json())
+
+    def stream(self, prompt: str, **options: Unpack[GenerateOptions]) -> TextStream:
+        """Like generate(), streamed: sends the request now (retrying until the stream begins) and returns
+        the TextStream to iterate, best in a `with` block. num_return_sequences > 1 is a ValueError."""
+        body = self._generate_body(prompt, dict(options), stream=True)
+        return TextStream(self._request("POST", "/generate", stream=True, json=body, headers=self._STREAM_HEADERS))
 
     def languages(self) -> list[Language]:
         return [Language.model_validate(x) for x in self._request("GET", "/languages").json()]
@@ -203,11 +528,11 @@ class AsyncClient(BaseClient):
         super().__init__(base_url, **kwargs)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout, headers=self._headers())
 
-    async def _request(self, method: str, path: str, **kwargs) -> httpx.Response:
+    async def _request(self, method: str, path: str, *, stream: bool = False, **kwargs) -> httpx.Response:
         attempt = 0
         while True:
             try:
-                return self._check(await self._send(method, path, **kwargs))
+                return self._check(await self._send(method, path, stream=stream, **kwargs))
             except TranserveError as e:
                 delay = self._retry_delay(e, attempt)
                 if delay is None:
@@ -215,9 +540,17 @@ class AsyncClient(BaseClient):
                 await asyncio.sleep(delay)
                 attempt += 1
 
-    async def _send(self, method: str, path: str, **kwargs) -> httpx.Response:
+    async def _send(self, method: str, path: str, *, stream: bool = False, **kwargs) -> httpx.Response:
         try:
-            return await self._http.request(method, path, **kwargs)
+            if not stream:
+                return await self._http.request(method, path, **kwargs)
+            response = await self._http.send(self._http.build_request(method, path, **kwargs), stream=True)
+            if response.status_code >= 400:
+                try:
+                    await response.aread()
+                finally:
+                    await response.aclose()
+            return response
         except httpx.TimeoutException as e:
             raise APITimeoutError(f"{method} {path}: no answer within {self.timeout} s") from e
         except httpx.TransportError as e:
@@ -232,6 +565,17 @@ class AsyncClient(BaseClient):
             beam_size=beam_size, num_alternatives=num_alternatives, length_penalty=length_penalty,
             max_length=max_length, no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty))
         return TranslateResponse.model_validate((await self._request("POST", "/translate", json=body)).json())
+
+    async def generate(self, prompt: str, **options: Unpack[GenerateOptions]) -> GenerateResult:
+        body = self._generate_body(prompt, dict(options), stream=False)
+        return GenerateResult.model_validate((await self._request("POST", "/generate", json=body)).json())
+
+    def stream(self, prompt: str, **options: Unpack[GenerateOptions]) -> AsyncTextStream:
+        """Not a coroutine: returns the AsyncTextStream at once (num_return_sequences > 1 is a ValueError
+        here); the request goes out on `async with`, `await`, or the first `async for` step."""
+        body = self._generate_body(prompt, dict(options), stream=True)
+        return AsyncTextStream(lambda: self._request("POST", "/generate", stream=True, json=body,
+                                                     headers=self._STREAM_HEADERS))
 
     async def languages(self) -> list[Language]:
         return [Language.model_validate(x) for x in (await self._request("GET", "/languages")).json()]

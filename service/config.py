@@ -32,7 +32,8 @@ class Settings:
     request_timeout_s: float = 60.0     # longest a request may wait in the queue; then 504
     drain_timeout_s: float = 30.0       # on SIGTERM: how long admitted requests may take to finish
     max_payload_bytes: int = 1_000_000  # request body size; beyond: 413
-    max_output_tokens: int = 512        # hard cap on tokens written per sentence
+    max_output_tokens: int = 512        # hard cap on tokens written per sentence (and per generation)
+    max_prompt_tokens: int = 512        # generation prompt tokens
     api_keys: list[str] = field(default_factory=list)  # empty = no authentication
     log_level: str = "info"
 

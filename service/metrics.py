@@ -20,6 +20,8 @@ PREFIX = "transerve_"
 
 # Latency buckets, seconds: from a 1 ms cache hit to a 60 s long document.
 SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Per-token pace, seconds: 1 ms (a GPU) to 1 s (an overloaded CPU).
+TOKEN_SECONDS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_COUNTS = (1, 4, 16, 64, 128, 256, 512, 1024, 4096)
 
@@ -66,6 +68,15 @@ def m() -> SimpleNamespace:
         model_info=Gauge(p + "model_info", "Loaded model packages (value 1)",
                          ["model", "directions", "precision", "provider"], multiprocess_mode="liveall"),
         rejected=Counter(p + "requests_rejected_total", "Requests refused because the queue was full", ["endpoint"]),
+        # Generation: what a streaming user feels (first piece) and the pace after it.
+        time_to_first_token=Histogram(p + "time_to_first_token_seconds",
+                                      "From request arrival to its first generated piece", ["endpoint", "model"],
+                                      buckets=SECONDS),
+        time_per_output_token=Histogram(p + "time_per_output_token_seconds",
+                                        "Mean time between generated pieces of one request, after the first",
+                                        ["endpoint", "model"], buckets=TOKEN_SECONDS),
+        generated_tokens=Counter(p + "generated_tokens_total", "Generated pieces by why their sequence ended",
+                                 ["model", "finish_reason"]),
     )
 
 

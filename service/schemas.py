@@ -88,3 +88,66 @@ class Language(BaseModel):
     code: str
     name: str
     targets: list[str]
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    prompt: str = Field(..., description="Text to continue; an empty prompt starts a new text",
+                        examples=["Die Datei wird"])
+    model: Optional[str] = Field(None, description="Generation package id (default: the first one loaded)")
+    max_new_tokens: int = Field(64, ge=1, le=4096, description="Pieces to generate at most (capped by the server)")
+    min_new_tokens: int = Field(0, ge=0, le=4096, description="Pieces to generate before the end of text may "
+                                "come; 0 = off")
+    temperature: float = Field(1.0, ge=0.0, le=5.0, description="Sampling temperature; 0 = greedy (no sampling)")
+    top_k: int = Field(0, ge=0, le=1000, description="Sample among the k most likely pieces; 0 = off")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1.0 = off")
+    repetition_penalty: float = Field(1.0, ge=1.0, le=10.0,
+                                      description="Penalty on pieces already generated; 1.0 = off")
+    stop: Union[str, list[str]] = Field(default_factory=list, description="Up to 4 stop sequences; the text "
+                                        "ends before the first one found (it is not returned)")
+    seed: Optional[int] = Field(None, ge=0, le=2**63 - 1, description="Sampling seed: the same request with the "
+                                "same seed returns the same text, alone or batched; None = random")
+    num_return_sequences: int = Field(1, ge=1, le=8, description="Continuations to return (sampled with seeds "
+                                      "seed, seed+1, …; with beam search the n best beams)")
+    beam_size: int = Field(1, ge=1, le=16, description="> 1 = beam search (deterministic; needs temperature, "
+                           "top_k and top_p at their defaults); 1 = off")
+    stream: bool = Field(False, description="Stream pieces as server-sent events; the last event carries the "
+                         "finish reasons and token counts")
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v):
+        stops = [v] if isinstance(v, str) else list(v)
+        if len(stops) > 4:
+            raise ValueError(f"at most 4 stop sequences, got {len(stops)}")
+        for s in stops:
+            if not 1 <= len(s) <= 64:
+                raise ValueError("each stop sequence must have 1 to 64 characters")
+        return stops
+
+
+class GenerationChoice(BaseModel):
+    index: int
+    text: str = Field(..., description="The continuation (without the prompt)")
+    finish_reason: str = Field(..., description="stop (end of text or a stop sequence), length "
+                               "(max_new_tokens) or cancelled")
+    tokens: int = Field(..., description="Generated pieces")
+
+
+class GenerationUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class GenerationTimings(BaseModel):
+    queue_ms: float = Field(..., description="From arrival to the start of the batch")
+    first_token_ms: Optional[float] = Field(None, description="From arrival to the first generated piece")
+    total_ms: float
+
+
+class GenerateResponse(BaseModel):
+    model: str
+    choices: list[GenerationChoice]
+    usage: GenerationUsage
+    timings: GenerationTimings

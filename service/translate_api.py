@@ -23,7 +23,7 @@ import litserve as ls
 import numpy as np
 
 from .config import Settings
-from .engine import Engine, SearchOptions
+from .engine import Engine, SearchOptions, load_package
 from .metrics import m
 from .search import Hypothesis
 from .text import join_sentences, split_sentences
@@ -98,7 +98,10 @@ class TranslateAPI(ls.LitAPI):
         self.engines: dict[str, Engine] = {}
         self.routes: dict[tuple[str, str], str] = {}
         for path in self.settings.model_paths:
-            engine = Engine(path, device=provider, intra_op_threads=self.settings.threads)
+            package = load_package(path)
+            if package.meta.get("task", "translation") != "translation":
+                continue  # served by GenerateAPI's workers
+            engine = Engine(package, device=provider, intra_op_threads=self.settings.threads)
             name = engine.package.name
             self.engines[name] = engine
             for d in engine.directions:
@@ -244,12 +247,10 @@ class TranslateAPI(ls.LitAPI):
 def check_packages(settings: Settings) -> list[dict]:
     """Reads every package's model.json (and checksums) in the HTTP process, so a broken package stops
     the server before any worker starts, with a message naming the file."""
-    from .engine import load_package
-
     out = []
     for path in settings.model_paths:
         pkg = load_package(path)
-        out.append({"name": pkg.name, "path": str(Path(path)), "task": pkg.meta["task"],
+        out.append({"name": pkg.name, "path": str(Path(path)), "task": pkg.meta.get("task", "translation"),
                     "directions": pkg.meta["directions"], "precision": pkg.meta["precision"],
                     "config": pkg.meta["config"], "training": pkg.meta.get("training", {})})
     return out

@@ -6,8 +6,9 @@
   unknown fields. Cross-object wiring (ports, selectors, probes, grace period, volumes, HPA metric
   names) is asserted directly, because no schema sees it.
 - yamllint, hadolint, `promtool check rules/config` and `promtool test rules`.
-- End to end: the service (tiny model) and a real Prometheus scraping it every second, labelled as
-  the Prometheus Operator labels pods; after real traffic every PromQL expression of the dashboard,
+- End to end: the service (tiny translation and generation models) and a real Prometheus scraping it
+  every second, labelled as the Prometheus Operator labels pods; after real traffic (translation,
+  generation streamed and not) every PromQL expression of the dashboard,
   the alerts and the prometheus-adapter rules must run, and every metric and label it names must
   exist in what was scraped. Metrics of other exporters are allowed only on panels marked
   "External:" and only if listed in EXTERNAL_METRICS.
@@ -91,6 +92,14 @@ def package(request) -> Path:
     iterate on these tests without retraining, ~1 min)."""
     given = os.environ.get("TRANSERVE_TEST_PACKAGE")
     return Path(given) if given else request.getfixturevalue("tiny_package")
+
+
+@pytest.fixture(scope="module")
+def lm_package(request) -> Path:
+    """The tests' tiny generation (decoder-only) package; TRANSERVE_TEST_LM_PACKAGE=DIR reuses one
+    exported earlier."""
+    given = os.environ.get("TRANSERVE_TEST_LM_PACKAGE")
+    return Path(given) if given else request.getfixturevalue("tiny_lm_package")
 
 
 @pytest.fixture(scope="module")
@@ -463,21 +472,56 @@ def dashboard() -> dict:
     return json.loads(DASHBOARD.read_text())
 
 
+def graph_panels(d: dict | None = None) -> list[dict]:
+    """The panels that query (rows only group them)."""
+    return [p for p in (d or dashboard())["panels"] if p["type"] != "row"]
+
+
 def test_dashboard_panels_have_units_in_titles_and_cover_the_issue():
     d = dashboard()
-    titles = [p["title"] for p in d["panels"]]
+    titles = [p["title"] for p in graph_panels(d)]
     assert all(re.search(r"\([^)]+\)$", t) for t in titles), titles
     for needed in ("Traffic", "Latency p50 / p95 / p99", "Queue wait", "Batch size", "tokens/s", "Errors",
                    "In flight", "GPU memory"):
         assert any(needed in t for t in titles), needed
     assert len({p["id"] for p in d["panels"]}) == len(d["panels"])
-    for p in d["panels"]:
+    for p in graph_panels(d):
         assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
         assert p["fieldConfig"]["defaults"]["unit"]
         assert len({t["refId"] for t in p["targets"]}) == len(p["targets"])
     # The provisioning ConfigMap carries this very file.
     (cm,) = render.render(GRAFANA)
     assert json.loads(cm["data"]["transerve.json"]) == d and cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+def test_dashboard_layout_has_no_overlaps_and_rows_hold_their_panels():
+    panels = dashboard()["panels"]
+    cells: dict[tuple[int, int], str] = {}
+    for p in panels:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["w"] >= 1 and g["x"] + g["w"] <= 24 and g["h"] >= 1, (p["title"], g)
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']!r} overlaps {cells[(x, y)]!r}"
+                cells[(x, y)] = p["title"]
+    # Listed top to bottom, so a row's panels follow it; an expanded row keeps none inside (a collapsed
+    # one would hide its panels from every check here).
+    assert [(p["gridPos"]["y"], p["gridPos"]["x"]) for p in panels] == sorted(
+        (p["gridPos"]["y"], p["gridPos"]["x"]) for p in panels)
+    rows = [p for p in panels if p["type"] == "row"]
+    for row in rows:
+        assert row["gridPos"] == {"h": 1, "w": 24, "x": 0, "y": row["gridPos"]["y"]}
+        assert row["collapsed"] is False and row["panels"] == []
+    (generation,) = [r for r in rows if r["title"] == "Generation"]
+    below = [p for p in panels if p["gridPos"]["y"] > generation["gridPos"]["y"]]
+    titles = [p["title"] for p in below]
+    for needed in ("Time to first token p50 / p95 / p99", "Time per output token p50 / p95 / p99",
+                   "finish reason (tokens/s)", "Generate requests by status (requests/s)"):
+        assert any(needed in t for t in titles), (needed, titles)
+    exprs = " ".join(t["expr"] for p in below for t in p["targets"])
+    for metric in ("transerve_time_to_first_token_seconds_bucket", "transerve_time_per_output_token_seconds_bucket",
+                   "transerve_generated_tokens_total", 'endpoint="generate"'):
+        assert metric in exprs, metric
 
 
 def test_compose_mounts_files_that_exist():
@@ -631,7 +675,7 @@ def expand_dashboard(expr: str) -> str:
 def dashboard_expressions() -> list[tuple[str, str, bool]]:
     """(where, PromQL, external metrics allowed) for every panel target and variable of the dashboard."""
     out = []
-    for p in dashboard()["panels"]:
+    for p in graph_panels():
         external = p.get("description", "").startswith("External:")
         for t in p["targets"]:
             out.append((f"dashboard panel {p['title']!r} {t['refId']}", expand_dashboard(t["expr"]), external))
@@ -679,9 +723,10 @@ def operator_relabelings() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def prometheus_with_traffic(package, tmp_path_factory):
-    """The service with real traffic (successes, a 422, queue-full 503s) and a real Prometheus that
-    scraped it every second, with the target labels the Prometheus Operator gives a pod."""
+def prometheus_with_traffic(package, lm_package, tmp_path_factory):
+    """The service (a translation and a generation package) with real traffic (successes, a 422,
+    queue-full 503s, generation streamed and not) and a real Prometheus that scraped it every second,
+    with the target labels the Prometheus Operator gives a pod."""
     prom_bin = shutil.which("prometheus")
     if not prom_bin:
         pytest.skip("no prometheus server: apt-get install prometheus (scripts/test.sh does)")
@@ -689,7 +734,7 @@ def prometheus_with_traffic(package, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("e2e-prom")
     # max-queue 1: a burst of concurrent requests is certain to hit "queue full".
-    proc, url = start_server(package, "--max-queue", "1", "--batch-timeout-ms", "50",
+    proc, url = start_server(package, "--model", str(lm_package), "--max-queue", "1", "--batch-timeout-ms", "50",
                              env={"PROMETHEUS_MULTIPROC_DIR": str(tmp / "multiproc")})
     prom = None
     try:
@@ -732,6 +777,19 @@ def prometheus_with_traffic(package, tmp_path_factory):
             r = http.post("/libretranslate/translate", json={"q": "Das geht zu weit.", "source": "de", "target": "en"})
             assert r.status_code == 200, r.text
             assert http.post("/translate", json={**good, "text": ""}).status_code == 422
+            # Generation, whole and streamed (server-sent events, read to the end): time to first
+            # token, time per output token and generated tokens by finish reason come only from these.
+            prompt = {"prompt": "Das ist", "max_new_tokens": 8, "seed": 1}
+            for _ in range(2):
+                r = http.post("/generate", json=prompt)
+                assert r.status_code == 200, r.text
+                # Time per output token needs two pieces or more.
+                assert r.json()["choices"][0]["tokens"] >= 2, r.text
+                with http.stream("POST", "/generate", json={**prompt, "stream": True}) as r:
+                    body = r.read().decode()
+                    assert r.status_code == 200, body
+                    assert r.headers["content-type"].startswith("text/event-stream"), r.headers
+                    assert "data:" in body and body.endswith("\n\n"), body[-500:]
         def burst():
             with cf.ThreadPoolExecutor(16) as pool:
                 statuses = list(pool.map(lambda _: httpx.post(url + "/translate", json=good, timeout=60,
@@ -741,7 +799,8 @@ def prometheus_with_traffic(package, tmp_path_factory):
         burst()
         # Wait until a scrape after the traffic has landed (every family present).
         wanted = {"transerve_requests_rejected_total", "transerve_errors_total", "transerve_requests_total",
-                  "transerve_model_info"}
+                  "transerve_model_info", "transerve_time_to_first_token_seconds_bucket",
+                  "transerve_time_per_output_token_seconds_bucket", "transerve_generated_tokens_total"}
         deadline = time.time() + 30
         while not wanted <= api.names():
             assert time.time() < deadline, f"not scraped: {wanted - api.names()}"
@@ -762,7 +821,7 @@ def test_the_scrape_has_the_services_labels_and_the_operators(prometheus_with_tr
     api = prometheus_with_traffic
     series = api.get("/api/v1/series", **{"match[]": "transerve_requests_total"})
     endpoints = {s["endpoint"] for s in series}
-    assert endpoints == {"translate", "libretranslate"}, "metricRelabelings must restore the endpoint label"
+    assert endpoints == {"translate", "libretranslate", "generate"}, "metricRelabelings must restore the endpoint label"
     assert all(s["namespace"] == "e2e" and s["pod"] == "transerve-e2e-0" and "exported_endpoint" not in s
                for s in series)
 
@@ -776,7 +835,7 @@ def test_every_promql_expression_runs_and_names_only_scraped_metrics(prometheus_
 
 
 def test_external_metrics_are_confined_to_marked_panels():
-    for p in dashboard()["panels"]:
+    for p in graph_panels():
         named = {m for t in p["targets"] for m, _ in promql_names(expand_dashboard(t["expr"]))[0]}
         if named & set(EXTERNAL_METRICS):
             assert p["description"].startswith("External:"), p["title"]
