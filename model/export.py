@@ -193,11 +193,37 @@ def quantize_int8(path: Path) -> None:
 def export_package(checkpoint: str | Path, out: str | Path, *, quantize: str | None = None, fp16: bool = False,
                    name: str | None = None) -> Path:
     """Checkpoint (run directory) -> model package directory. Returns the model.json path."""
+    model, tok, info = load_checkpoint(checkpoint)
+    generation = model.config.arch == "decoder"
+    run = Path(checkpoint) if Path(checkpoint).is_dir() else Path(checkpoint).parent
+    langs = info.get("langs") or ["de", "en"]
+    directions = [] if generation else (info.get("directions") or [f"{langs[0]}-{langs[1]}"])
+    tagged = bool(info.get("tagged"))
+    tokenizer = Tokenizer(tok.model_file)
+    return write_package(
+        model, out, files={"spm.model": Path(tok.model_file)}, tokenizer={"source": "spm.model", "target": "spm.model"},
+        special_ids={"pad": 0, "unk": 1, "bos": 2, "eos": 3},
+        languages=sorted(langs if generation else {lang for d in directions for lang in d.split("-")}),
+        directions=directions,
+        target_tags={lang: tokenizer.lang_id(lang) for lang in tokenizer.languages()} if tagged else {},
+        training={"step": info.get("step"), "dev_metrics": info.get("metrics") or {},
+                  "checkpoint": Path(info["file"]).name,
+                  # Longest training sequence: language-model perplexity is measured in such windows.
+                  "max_positions": _train_config(run).get("max_positions")},
+        model_card=run / "MODEL_CARD.md", quantize=quantize, fp16=fp16, name=name)
+
+
+def write_package(model: Transformer, out: str | Path, *, files: dict[str, Path], tokenizer: dict,
+                  special_ids: dict[str, int], languages: list[str], directions: list[str],
+                  target_tags: dict[str, int], training: dict, model_card: Path | None = None,
+                  quantize: str | None = None, fp16: bool = False, name: str | None = None,
+                  extra: dict | None = None) -> Path:
+    """Exports `model`'s graphs into `out`, copies `files` (tokenizer files, by their name in the package)
+    and writes model.json. Shared by model.export (our checkpoints) and model.import_marian."""
     if quantize not in (None, "int8"):
         raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
     if quantize and fp16:
         raise ValueError("choose one of --quantize int8 (CPU) and --fp16 (GPU)")
-    model, tok, info = load_checkpoint(checkpoint)
     generation = model.config.arch == "decoder"
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -207,32 +233,25 @@ def export_package(checkpoint: str | Path, out: str | Path, *, quantize: str | N
     if quantize == "int8":
         for f in graphs:
             quantize_int8(out / f"{f}.onnx")
-    shutil.copy(tok.model_file, out / "spm.model")
-    run = Path(checkpoint) if Path(checkpoint).is_dir() else Path(checkpoint).parent
-    if (run / "MODEL_CARD.md").exists():
-        shutil.copy(run / "MODEL_CARD.md", out / "MODEL_CARD.md")
-    langs = info.get("langs") or ["de", "en"]
-    directions = [] if generation else (info.get("directions") or [f"{langs[0]}-{langs[1]}"])
-    tagged = bool(info.get("tagged"))
-    tokenizer = Tokenizer(out / "spm.model")
-    metrics = info.get("metrics") or {}
+    for target, source in files.items():
+        shutil.copy(source, out / target)
+    if model_card is not None and model_card.exists():
+        shutil.copy(model_card, out / "MODEL_CARD.md")
     meta = {
         "format": PACKAGE_FORMAT,
         "name": name or out.name,
         "task": "generation" if generation else "translation",
         "directions": directions,
-        "languages": sorted(langs if generation else {lang for d in directions for lang in d.split("-")}),
-        "target_tags": {lang: tokenizer.lang_id(lang) for lang in tokenizer.languages()} if tagged else {},
+        "languages": languages,
+        "target_tags": target_tags,
         "config": model.config.to_dict() | {"d_k": model.config.d_k},
-        "special_ids": {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
+        "special_ids": special_ids,
         "precision": "int8" if quantize else ("fp16" if fp16 else "fp32"),
-        "tokenizer": {"source": "spm.model", "target": "spm.model"},
+        "tokenizer": tokenizer,
         "graphs": graphs,
-        "training": {"step": info.get("step"), "dev_metrics": metrics, "checkpoint": Path(info["file"]).name,
-                     # Longest training sequence: language-model perplexity is measured in such windows.
-                     "max_positions": _train_config(run).get("max_positions")},
+        "training": training,
         "export_seconds": round(time.time() - t0, 1),
-    }
+    } | (extra or {})
     meta["files"] = {f.name: {"sha256": _sha256(f), "bytes": f.stat().st_size}
                      for f in sorted(out.iterdir()) if f.name != "model.json" and f.is_file()}
     path = out / "model.json"

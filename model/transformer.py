@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 # A per-layer (key, value) pair, each (B, h, T, d_k).
 KV = tuple[torch.Tensor, torch.Tensor]
+ACTIVATIONS = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
 
 
 @dataclass
@@ -45,15 +46,23 @@ class TransformerConfig:
     eos_id: int = 3
     # Variants used by pretrained checkpoints (Marian / OPUS-MT); ours keep the paper's choices.
     scale_embedding: bool = True   # multiply embeddings by sqrt(d_model) (paper, section 3.4)
-    activation: str = "relu"       # feed-forward non-linearity: "relu" (paper) or "swish"
+    activation: str = "relu"       # feed-forward non-linearity: "relu" (paper), "swish" or "gelu"
+    pe_layout: str = "interleaved" # "interleaved": sin at even, cos at odd dims (paper); "halves": all
+                                   # sines, then all cosines (Marian)
+    # The decoder starts from a zero vector (the <s> embedding row stays 0), as Marian and CTranslate2
+    # do: only then does a checkpoint exported with model.export_marian run the same in CTranslate2.
+    # Set by the presets; checkpoints from before it load with False.
+    zero_bos_embedding: bool = False
 
     def __post_init__(self):
         if self.arch not in ("encoder-decoder", "decoder"):
             raise ValueError(f"arch must be 'encoder-decoder' or 'decoder', got {self.arch!r}")
         if self.d_model % self.h:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by h ({self.h}), e.g. h=8 for d_model=512")
-        if self.activation not in ("relu", "swish"):
-            raise ValueError(f"activation must be 'relu' or 'swish', got {self.activation!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        if self.pe_layout not in ("interleaved", "halves"):
+            raise ValueError(f"pe_layout must be 'interleaved' or 'halves', got {self.pe_layout!r}")
 
     @property
     def d_k(self) -> int:
@@ -65,12 +74,15 @@ class TransformerConfig:
 
 PRESETS: dict[str, TransformerConfig] = {
     # For tests: trains in seconds on a CPU.
-    "tiny": TransformerConfig(d_model=64, h=4, d_ff=256, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0),
+    "tiny": TransformerConfig(d_model=64, h=4, d_ff=256, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0,
+                              zero_bos_embedding=True),
     # The embedded default: a deep encoder and a shallow decoder keep CPU decoding fast (the decoder
     # runs once per output token, the encoder once per sentence).
-    "small": TransformerConfig(d_model=256, h=4, d_ff=1024, n_encoder_layers=4, n_decoder_layers=3, dropout=0.1),
+    "small": TransformerConfig(d_model=256, h=4, d_ff=1024, n_encoder_layers=4, n_decoder_layers=3, dropout=0.1,
+                               zero_bos_embedding=True),
     # The paper's base model, for a GPU.
-    "base": TransformerConfig(d_model=512, h=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, dropout=0.1),
+    "base": TransformerConfig(d_model=512, h=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, dropout=0.1,
+                              zero_bos_embedding=True),
 }
 
 
@@ -94,14 +106,21 @@ def causal_mask(size: int, device: torch.device | str | None = None) -> torch.Te
 
 # --- building blocks -----------------------------------------------------------------------------
 
-def sinusoidal_positional_encoding(max_len: int, d_model: int) -> torch.Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)); PE(pos, 2i+1) = cos(same). -> (max_len, d_model)."""
+def sinusoidal_positional_encoding(max_len: int, d_model: int, layout: str = "interleaved") -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)); PE(pos, 2i+1) = cos(same). -> (max_len, d_model).
+
+    layout "halves" puts the same sines in dims [0, d_model/2) and the cosines after them, as Marian does.
+    """
     pos = torch.arange(max_len, dtype=torch.float64)[:, None]           # (L, 1)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)            # (d_model/2,)
     angle = pos / torch.pow(10000.0, two_i / d_model)                   # (L, d_model/2)
     pe = torch.zeros(max_len, d_model, dtype=torch.float64)
-    pe[:, 0::2] = torch.sin(angle)
-    pe[:, 1::2] = torch.cos(angle)
+    if layout == "halves":
+        pe[:, : d_model // 2] = torch.sin(angle)
+        pe[:, d_model // 2:] = torch.cos(angle)
+    else:
+        pe[:, 0::2] = torch.sin(angle)
+        pe[:, 1::2] = torch.cos(angle)
     return pe.float()
 
 
@@ -154,7 +173,7 @@ class PositionwiseFeedForward(nn.Module):
         self.w_1 = nn.Linear(d_model, d_ff)
         self.w_2 = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(dropout)
-        self.act = F.relu if activation == "relu" else F.silu
+        self.act = ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w_2(self.dropout(self.act(self.w_1(x))))
@@ -206,7 +225,8 @@ class Transformer(nn.Module):
         super().__init__()
         c = self.config = config
         self.embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
-        self.register_buffer("pe", sinusoidal_positional_encoding(c.max_len, c.d_model), persistent=False)
+        self.register_buffer("pe", sinusoidal_positional_encoding(c.max_len, c.d_model, c.pe_layout),
+                             persistent=False)
         self.emb_dropout = nn.Dropout(c.dropout)
         self.embed_scale = math.sqrt(c.d_model) if c.scale_embedding else 1.0
         self.encoder = (nn.ModuleList(EncoderLayer(c) for _ in range(c.n_encoder_layers))
@@ -225,6 +245,12 @@ class Transformer(nn.Module):
         nn.init.normal_(self.embed.weight, mean=0.0, std=self.config.d_model ** -0.5)
         with torch.no_grad():
             self.embed.weight[self.config.pad_id].zero_()
+            if self.config.zero_bos_embedding:
+                self.embed.weight[self.config.bos_id].zero_()
+        if self.config.zero_bos_embedding:
+            # Like padding_idx for <pad>: the row gets no gradient, so it stays 0 through training.
+            bos = self.config.bos_id
+            self.embed.weight.register_hook(lambda g: g.index_fill(0, torch.tensor([bos], device=g.device), 0.0))
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -257,9 +257,25 @@ class Engine:
         except Exception as e:  # onnxruntime raises several types for unreadable graphs
             raise PackageError(f"{self.package.path}: onnxruntime cannot load the graphs ({e})") from None
         self.float_dtype = np.float16 if meta["precision"] == "fp16" else np.float32
-        self.sp = spm.SentencePieceProcessor(model_file=str(self.package.file(meta["tokenizer"]["source"])))
+        tk = meta["tokenizer"]
+        self.sp = spm.SentencePieceProcessor(model_file=str(self.package.file(tk["source"])))
+        self.sp_target = (self.sp if tk.get("target", tk["source"]) == tk["source"]
+                          else spm.SentencePieceProcessor(model_file=str(self.package.file(tk["target"]))))
         ids = meta["special_ids"]
         self.pad_id, self.bos_id, self.eos_id = ids["pad"], ids["bos"], ids["eos"]
+        self.unk_id = ids.get("unk", 1)
+        # Our packages use SentencePiece ids as model ids. Imported Marian packages have their own id
+        # space (vocab.json: piece -> id, shared by separate source and target SentencePiece models).
+        self.vocab: dict[str, int] | None = None
+        if tk.get("vocab"):
+            try:
+                self.vocab = json.loads(self.package.file(tk["vocab"]).read_text(encoding="utf-8"))
+            except (OSError, ValueError) as e:
+                raise PackageError(f"{self.package.file(tk['vocab'])}: not a readable vocabulary ({e})") from None
+            self.id_pieces = [""] * (max(self.vocab.values()) + 1)
+            for piece, i in self.vocab.items():
+                self.id_pieces[i] = piece
+        self.special_ids = {self.pad_id, self.bos_id, self.eos_id, self.unk_id}
         self.target_tags: dict[str, int] = meta.get("target_tags", {})
         self.directions: list[str] = meta["directions"]
         self.max_positions: int = self.package.config["max_len"]
@@ -280,10 +296,20 @@ class Engine:
     def source_ids(self, texts: Sequence[str], target_lang: str) -> list[list[int]]:
         """Encoder inputs: the target tag when the model is multi-directional, pieces, eos."""
         tag = [self.target_tags[target_lang]] if self.target_tags else []
+        if self.vocab is not None:
+            unk, vocab = self.unk_id, self.vocab
+            return [tag + [vocab.get(p, unk) for p in pieces] + [self.eos_id]
+                    for pieces in self.sp.encode(list(texts), out_type=str)]
         return [tag + ids + [self.eos_id] for ids in self.sp.encode(list(texts), out_type=int)]
 
     def detokenize(self, ids: Sequence[int]) -> str:
-        return self.sp.decode([i for i in ids if i > self.eos_id and i not in self.target_tags.values()])
+        """Target ids -> text; special ids and language tags are dropped (as skip_special_tokens does)."""
+        tags = self.target_tags.values()
+        ids = [i for i in ids if i not in self.special_ids and i not in tags]
+        if self.vocab is not None:
+            # As MarianTokenizer does: pieces the target model lacks keep their "▁", which becomes a space.
+            return self.sp_target.decode_pieces([self.id_pieces[i] for i in ids]).replace("▁", " ").strip()
+        return self.sp_target.decode(ids)
 
     # --- device side: arrays only ---------------------------------------------------------------------
     def new_value(self, array: np.ndarray) -> ort.OrtValue:

@@ -877,7 +877,9 @@ def test_prometheus_loaded_the_alerts_and_the_rejections_alert_is_pending(promet
     assert "TranserveRequestsRejected" in pending
 
 
-# --- the image, built and run for real (opt-in) ----------------------------------------------------
+# --- the image, built and run for real ------------------------------------------------------------
+# scripts/test.sh (so CI) sets TRANSERVE_IMAGE_TEST=1 and runs this beside the rest of the suite; a
+# plain `pytest` skips it, as it needs root, buildah, debootstrap and minutes of downloads.
 IMAGE_TEST = os.environ.get("TRANSERVE_IMAGE_TEST") == "1"
 DEBIAN_MIRROR = os.environ.get("TRANSERVE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 
@@ -917,8 +919,9 @@ def image_workdir(tmp_path):
             path.unlink()
 
 
-@pytest.mark.skipif(not IMAGE_TEST, reason="builds the CPU image with buildah (minutes, downloads ~150 MB): set "
-                                           "TRANSERVE_IMAGE_TEST=1 (needs root, buildah, debootstrap; see deploy/README.md)")
+@pytest.mark.skipif(not IMAGE_TEST, reason="builds the CPU image with buildah (minutes, downloads ~150 MB): "
+                                           "bash scripts/test.sh runs it, or set TRANSERVE_IMAGE_TEST=1 (needs root, "
+                                           "buildah, debootstrap; see deploy/README.md)")
 def test_cpu_image_builds_runs_and_translates(package, image_workdir):
     tmp_path = image_workdir
     missing = [t for t in ("buildah", "debootstrap") if not shutil.which(t)]

@@ -1,0 +1,237 @@
+"""Marian (OPUS-MT) interoperability, offline: a small MarianMTModel built here from a MarianConfig and
+SentencePiece models trained on the 64 test pairs, imported with model.import_marian and compared with
+transformers token for token; and the reverse, our tiny checkpoint written with model.export_marian and
+run by transformers and by CTranslate2 (converted with ct2-transformers-converter)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+import sentencepiece as spm  # noqa: E402
+
+from conftest import pairs64  # noqa: E402
+from service.engine import Engine, OrtDecoder, SearchOptions  # noqa: E402
+
+TEXTS = [de for de, _ in pairs64()][:50]
+MAX_NEW = 40
+
+
+def build_marian(out: Path) -> Path:
+    """A MarianMTModel in OPUS-MT's layout (source.spm, target.spm, vocab.json with </s>=0 and <pad>
+    last, swish, scaled embeddings, a final logits bias), saved with save_pretrained. Randomly
+    initialised, then 80 Adam steps on the 64 pairs: a random Marian writes the same tokens for every
+    input, which would make the comparison below say little."""
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    pairs = pairs64()
+    for side, k in (("source", 0), ("target", 1)):
+        (out / f"{side}.txt").write_text("\n".join(p[k] for p in pairs), encoding="utf-8")
+        spm.SentencePieceTrainer.train(input=str(out / f"{side}.txt"), model_prefix=str(out / side), vocab_size=150,
+                                       model_type="unigram", character_coverage=1.0, pad_id=-1, bos_id=-1,
+                                       eos_id=1, unk_id=0, hard_vocab_limit=False, minloglevel=2)
+        (out / f"{side}.model").rename(out / f"{side}.spm")
+    pieces = ["</s>", "<unk>"]
+    for side in ("source", "target"):
+        sp = spm.SentencePieceProcessor(model_file=str(out / f"{side}.spm"))
+        pieces += [p for p in (sp.id_to_piece(i) for i in range(sp.get_piece_size()))
+                   if p not in pieces and p not in ("<unk>", "</s>")]
+    pieces.append("<pad>")
+    (out / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}, ensure_ascii=False))
+    V = len(pieces)
+    config = MarianConfig(vocab_size=V, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                          decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                          max_position_embeddings=128, pad_token_id=V - 1, decoder_start_token_id=V - 1,
+                          eos_token_id=0, forced_eos_token_id=0, activation_function="swish", scale_embedding=True,
+                          bad_words_ids=[[V - 1]], dropout=0.0)
+    tok = MarianTokenizer(str(out / "source.spm"), str(out / "target.spm"), str(out / "vocab.json"),
+                          source_lang="de", target_lang="en")
+    torch.manual_seed(0)
+    model = MarianMTModel(config)
+    with torch.no_grad():   # wider than transformers' init (std 0.02), which 40 steps do not move far enough
+        for name, p in model.named_parameters():
+            if p.dim() > 1 and "embed_positions" not in name:
+                p.normal_(0, 0.05)
+    batch = tok([p[0] for p in pairs], text_target=[p[1] for p in pairs], return_tensors="pt", padding=True)
+    labels = batch["labels"].masked_fill(batch["labels"] == V - 1, -100)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(80):
+        loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        model.final_logits_bias.normal_(0, 0.1)   # a real one is imported, not assumed zero
+    model.eval().save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def marian_dir(tmp_path_factory):
+    return build_marian(tmp_path_factory.mktemp("marian") / "opus-mt-de-en")
+
+
+@pytest.fixture(scope="module")
+def hf(marian_dir):
+    from transformers import MarianMTModel, MarianTokenizer
+
+    return MarianMTModel.from_pretrained(str(marian_dir)).eval(), MarianTokenizer.from_pretrained(str(marian_dir))
+
+
+@pytest.fixture(scope="module")
+def marian_package(marian_dir, tmp_path_factory):
+    from model.import_marian import import_marian
+
+    out = tmp_path_factory.mktemp("pkg") / "opus-mt-de-en"
+    import_marian(marian_dir, out)   # languages from the opus-mt-de-en name / tokenizer_config.json
+    return out
+
+
+def hf_tokens(out: "torch.Tensor", tok) -> list[list[int]]:
+    """generate() rows -> generated ids without the decoder start, </s> and padding."""
+    return [[t for t in row[1:] if t not in (tok.pad_token_id, tok.eos_token_id)] for row in out.tolist()]
+
+
+def test_import_writes_a_package_with_the_marian_vocabulary(marian_package):
+    meta = json.loads((marian_package / "model.json").read_text())
+    assert meta["directions"] == ["de-en"] and meta["tokenizer"]["vocab"] == "vocab.json"
+    assert meta["config"]["pe_layout"] == "halves" and meta["config"]["activation"] == "swish"
+    V = meta["config"]["vocab_size"]
+    assert meta["special_ids"] == {"pad": V - 1, "unk": 1, "bos": V - 1, "eos": 0}
+
+
+def test_source_ids_equal_marian_tokenizer(marian_package, hf):
+    _, tok = hf
+    engine = Engine(marian_package, device="cpu")
+    assert engine.source_ids(TEXTS, "en") == [tok(t).input_ids for t in TEXTS]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_engine_equals_transformers_generate(marian_package, hf, beam):
+    model, tok = hf
+    engine = Engine(marian_package, device="cpu")
+    enc = tok(TEXTS, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**enc, num_beams=beam, do_sample=False, max_new_tokens=MAX_NEW, length_penalty=1.0,
+                             early_stopping=True)
+    ours = engine.search(engine.source_ids(TEXTS, "en"),
+                         SearchOptions(beam_size=beam, max_length_a=0, max_length_b=MAX_NEW, max_length=MAX_NEW))
+    assert [h[0].tokens for h in ours] == hf_tokens(out, tok)
+    texts = tok.batch_decode(out, skip_special_tokens=True)
+    assert [engine.detokenize(h[0].tokens) for h in ours] == texts
+    assert len(set(texts)) >= 8   # the outputs really depend on the input
+
+
+def test_decoder_log_probs_within_1e4_of_transformers(marian_package, hf):
+    """Teacher-forced along transformers' greedy outputs: every step's log-softmax, all 50 inputs."""
+    model, tok = hf
+    engine = Engine(marian_package, device="cpu")
+    enc = tok(TEXTS, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**enc, num_beams=1, do_sample=False, max_new_tokens=MAX_NEW)
+        logits = model(**enc, decoder_input_ids=out).logits                        # (B, T, V)
+    theirs = torch.log_softmax(logits.double(), -1).numpy()
+    src = enc.input_ids.numpy()
+    decoder = OrtDecoder(engine, engine.encode(src), src != engine.pad_id)
+    worst = 0.0
+    for t in range(out.shape[1]):
+        ours = decoder.step(out[:, t].numpy())                                      # (B, V)
+        worst = max(worst, float(np.abs(ours - theirs[:, t]).max()))
+    assert worst < 1e-4, worst
+
+
+def test_imported_package_is_served(marian_package, hf):
+    import httpx
+
+    from test_service import start_server, stop_server
+
+    model, tok = hf
+    proc, url = start_server(marian_package)
+    try:
+        r = httpx.post(url + "/translate", json={"text": TEXTS[:8], "source_lang": "de", "target_lang": "en",
+                                                 "beam_size": 4}, timeout=60)
+        assert r.status_code == 200, r.text
+        enc = tok(TEXTS[:8], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            out = model.generate(**enc, num_beams=4, max_new_tokens=256, early_stopping=True)
+        assert [t["text"] for t in r.json()["translations"]] == tok.batch_decode(out, skip_special_tokens=True)
+        assert r.json()["model"] == "opus-mt-de-en"
+    finally:
+        stop_server(proc)
+
+
+def test_unsupported_checkpoints_are_refused_with_the_reason():
+    from transformers import MarianConfig
+
+    from model.import_marian import marian_config
+
+    with pytest.raises(ValueError, match="separate source and target vocabularies"):
+        marian_config(MarianConfig(vocab_size=100, decoder_vocab_size=90, share_encoder_decoder_embeddings=False))
+    with pytest.raises(ValueError, match="activation 'tanh'"):
+        marian_config(MarianConfig(vocab_size=100, activation_function="tanh"))
+
+
+# --- the reverse: our checkpoint in Marian format ----------------------------------------------------
+
+def test_halves_layout_computes_the_same_function(tiny_run):
+    from model.evaluate import load_checkpoint
+    from model.export_marian import to_halves_layout
+    from model.transformer import causal_mask, padding_mask
+
+    model, _, _ = load_checkpoint(tiny_run)
+    src = torch.randint(4, model.config.vocab_size, (3, 9))
+    tgt = torch.randint(4, model.config.vocab_size, (3, 6))
+    args = (src, tgt, padding_mask(src, 0), causal_mask(6))
+    with torch.no_grad():
+        before = model(*args)
+        after = to_halves_layout(model)(*args)
+    assert model.config.pe_layout == "halves"
+    assert (before - after).abs().max() < 1e-4   # the same function, up to float summation order
+
+
+@pytest.fixture(scope="module")
+def exported_marian(tiny_run, tmp_path_factory):
+    from model.export_marian import export_marian
+
+    return export_marian(tiny_run, tmp_path_factory.mktemp("hf") / "tiny-marian")
+
+
+def test_export_marian_runs_the_same_in_transformers(exported_marian, tiny_package):
+    from transformers import MarianMTModel, MarianTokenizer
+
+    texts = [de for de, _ in pairs64()]
+    ours = Engine(tiny_package, device="cpu").translate(texts, source_lang="de", target_lang="en", beam_size=1)
+    tok = MarianTokenizer.from_pretrained(str(exported_marian))
+    model = MarianMTModel.from_pretrained(str(exported_marian)).eval()
+    with torch.no_grad():
+        out = model.generate(**tok(texts, return_tensors="pt", padding=True), num_beams=1, max_new_tokens=100)
+    assert tok.batch_decode(out, skip_special_tokens=True) == [t.text for t in ours]
+
+
+def test_round_trip_through_ctranslate2_gives_our_greedy_output(exported_marian, tiny_package, tmp_path):
+    """our checkpoint -> Marian format -> ct2-transformers-converter -> CTranslate2: the same greedy
+    translations of the test split as our engine."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from transformers import MarianTokenizer
+
+    converter = Path(sys.executable).parent / "ct2-transformers-converter"
+    r = subprocess.run([str(converter), "--model", str(exported_marian), "--output_dir", str(tmp_path / "ct2")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    texts = [de for de, _ in pairs64()]
+    ours = Engine(tiny_package, device="cpu").translate(texts, source_lang="de", target_lang="en", beam_size=1)
+    tok = MarianTokenizer.from_pretrained(str(exported_marian))
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    sources = [tok.convert_ids_to_tokens(tok(t).input_ids) for t in texts]
+    results = translator.translate_batch(sources, beam_size=1, max_decoding_length=256, min_decoding_length=0)
+    assert [tok.convert_tokens_to_string(r.hypotheses[0]) for r in results] == [t.text for t in ours]
