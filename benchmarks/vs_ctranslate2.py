@@ -1,0 +1,302 @@
+"""Our engine side by side with CTranslate2, on the very same weights and inputs, in one run.
+
+    python benchmarks/vs_ctranslate2.py --quick                       # < 10 min on a 2-core CPU
+    python benchmarks/vs_ctranslate2.py --checkpoint runs/small --data data/de-en/test.tsv \
+        --out benchmarks/results/vs-ctranslate2-cpu.md
+    python benchmarks/vs_ctranslate2.py --marian path/to/opus-mt-de-en ...   # any Marian checkpoint
+
+The weights come in Marian format: our checkpoint through model.export_marian (--checkpoint), a Marian
+directory (--marian), or, by default, a Marian model built here with the `small` preset's shape
+(d_model 256, 4 heads, d_ff 1024, 4+3 layers, relu) over the SentencePiece vocabulary of
+models/de-en, randomly initialised. From it:
+
+    CTranslate2   ct2-transformers-converter, fp32 and --quantization int8
+    ours          model.import_marian: fp32 and int8 packages for service.engine.Engine
+
+Every configuration translates the same sentences (the German side of --data, or the tests' 64 Ding
+sentences), sorted by length and cut into the same batches; both engines get the same thread count,
+beam size, length penalty (1.0) and output budget (--max-length target tokens, eos included). A
+random model rarely writes </s>, so its outputs run to that budget in both engines: equal work per
+sentence, which is what a speed comparison needs (its translations mean nothing).
+
+    tok/s      target tokens produced (eos included) per second of wall time, tokenisation excluded
+    p50 ms     latency of one batch
+
+Then the HTTP service (`python -m service`, int8 package) at 32 concurrent clients, one sentence per
+request: served tok/s against CTranslate2 int8's offline beam-4 batch-32 figure. The last line is
+
+    ratio_vs_ctranslate2 engine_fp32=R engine_int8=R served=R
+
+(our tokens/s over CTranslate2's: beam 4, batch 32; served over CTranslate2 int8 offline).
+Nothing is asserted: the figures depend on the machine and its load, written beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def build_marian(out: Path, spm_file: Path) -> Path:
+    """A randomly initialised Marian model with the `small` preset's shape over an existing vocabulary."""
+    import sentencepiece as spm
+    import torch
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+
+    from model.transformer import preset
+
+    c = preset("small")
+    out.mkdir(parents=True, exist_ok=True)
+    sp = spm.SentencePieceProcessor(model_file=str(spm_file))
+    pieces = ["</s>", "<unk>", *(sp.id_to_piece(i) for i in range(4, sp.get_piece_size())), "<pad>"]
+    (out / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}, ensure_ascii=False))
+    for side in ("source", "target"):
+        shutil.copy(spm_file, out / f"{side}.spm")
+    V = len(pieces)
+    config = MarianConfig(vocab_size=V, d_model=c.d_model, encoder_layers=c.n_encoder_layers,
+                          decoder_layers=c.n_decoder_layers, encoder_attention_heads=c.h, decoder_attention_heads=c.h,
+                          encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff, max_position_embeddings=512,
+                          activation_function="relu", scale_embedding=True, pad_token_id=V - 1,
+                          decoder_start_token_id=V - 1, eos_token_id=0, forced_eos_token_id=0, bad_words_ids=[[V - 1]])
+    torch.manual_seed(0)
+    model = MarianMTModel(config).eval()
+    with torch.no_grad():
+        model.model.shared.weight[V - 1].zero_()   # the decoder starts from a zero vector, as CTranslate2 assumes
+    model.save_pretrained(out)
+    MarianTokenizer(str(out / "source.spm"), str(out / "target.spm"), str(out / "vocab.json"),
+                    source_lang="de", target_lang="en").save_pretrained(out)
+    return out
+
+
+def read_sentences(data: Path | None, n: int) -> list[str]:
+    if data is None:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from conftest import pairs64
+        base = [de for de, _ in pairs64()]
+    else:
+        base = [line.split("\t")[0] for line in data.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return (base * (n // len(base) + 1))[:n]
+
+
+def batches(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def measure(run, groups: list[list]) -> dict:
+    run(groups[0])                                         # warm-up: first-call allocations
+    latencies, tokens = [], 0
+    t0 = time.perf_counter()
+    for g in groups:
+        s = time.perf_counter()
+        tokens += run(g)
+        latencies.append(time.perf_counter() - s)
+    wall = time.perf_counter() - t0
+    return {"tok_s": tokens / wall, "p50_ms": statistics.median(latencies) * 1000, "tokens": tokens}
+
+
+def ct2_runner(path: Path, *, beam: int, max_length: int, threads: int):
+    import ctranslate2
+
+    translator = ctranslate2.Translator(str(path), device="cpu", intra_threads=threads, inter_threads=1)
+
+    def run(batch: list[list[str]]) -> int:
+        results = translator.translate_batch(batch, beam_size=beam, max_decoding_length=max_length,
+                                             min_decoding_length=0, length_penalty=1.0, return_end_token=True)
+        return sum(len(r.hypotheses[0]) for r in results)
+    return run
+
+
+def ours_runner(package: Path, *, beam: int, max_length: int, threads: int):
+    from service.engine import Engine, SearchOptions
+
+    engine = Engine(package, device="cpu", intra_op_threads=threads)
+    options = SearchOptions(beam_size=beam, max_length_a=0, max_length_b=max_length, max_length=max_length)
+
+    def run(batch: list[list[int]]) -> int:
+        return sum(len(h[0].tokens) + 1 for h in engine.search(batch, options))   # + eos, as CTranslate2 counts
+    return run
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def served(package: Path, sentences: list[str], *, threads: int, max_length: int, clients: int = 32) -> dict:
+    """The HTTP service at `clients` concurrent clients, one sentence per request, beam 4."""
+    import httpx
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "service", "--model", str(package), "--port", str(port), "--threads", str(threads),
+           "--max-batch-size", "32", "--batch-timeout-ms", "10", "--max-output-tokens", str(max_length)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            try:
+                if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise RuntimeError("the service did not become ready")
+        body = {"source_lang": "de", "target_lang": "en", "beam_size": 4, "max_length": max_length}
+        with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=clients)) as client:
+            def one(text: str) -> tuple[int, float]:
+                s = time.perf_counter()
+                r = client.post(url + "/translate", json=body | {"text": text})
+                r.raise_for_status()
+                return r.json()["translations"][0]["output_tokens"] + 1, time.perf_counter() - s
+            one(sentences[0])
+            # Single-sentence latency with nothing else in flight, then throughput under load.
+            alone = [one(t)[1] for t in sentences[:16]]
+            t0 = time.perf_counter()
+            with cf.ThreadPoolExecutor(clients) as pool:
+                results = list(pool.map(one, sentences))
+            wall = time.perf_counter() - t0
+        return {"tok_s": sum(r[0] for r in results) / wall, "p50_ms": statistics.median(r[1] for r in results) * 1000,
+                "alone_p50_ms": statistics.median(alone) * 1000}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--checkpoint", help="our run directory, exported with model.export_marian")
+    src.add_argument("--marian", help="a Marian (save_pretrained) directory")
+    p.add_argument("--data", type=Path, help="TSV whose first column is the source (default: the tests' 64 sentences)")
+    p.add_argument("--sentences", type=int, default=256, help="sentences per configuration")
+    p.add_argument("--max-length", type=int, default=48, help="output budget in tokens, eos included")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for both engines")
+    p.add_argument("--quick", action="store_true", help="64 sentences, budget 32 (under 10 minutes on 2 cores)")
+    p.add_argument("--no-http", action="store_true", help="skip the served measurement")
+    p.add_argument("--out", type=Path, help="also write the results as Markdown here")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.sentences, args.max_length = 64, 32
+
+    from transformers import MarianTokenizer
+
+    from model.import_marian import import_marian
+
+    work = Path(tempfile.mkdtemp(prefix="vs-ct2-"))
+    try:
+        if args.checkpoint:
+            from model.export_marian import export_marian
+            marian, what = export_marian(args.checkpoint, work / "marian"), f"{args.checkpoint}, via model.export_marian"
+        elif args.marian:
+            marian, what = Path(args.marian), args.marian
+        else:
+            marian = build_marian(work / "marian", ROOT / "models" / "de-en" / "spm.model")
+            what = "a Marian model built offline: small preset shape over models/de-en's vocabulary, random weights"
+        converter = Path(sys.executable).parent / "ct2-transformers-converter"
+        for name, extra in (("ct2-fp32", []), ("ct2-int8", ["--quantization", "int8"])):
+            subprocess.run([str(converter), "--model", str(marian), "--output_dir", str(work / name), *extra],
+                           check=True, capture_output=True)
+        for name, q in (("ours-fp32", None), ("ours-int8", "int8")):
+            import_marian(marian, work / name, source_lang="de", target_lang="en", quantize=q)
+
+        tok = MarianTokenizer.from_pretrained(str(marian))
+        sentences = read_sentences(args.data, args.sentences)
+        ids = sorted((tok(s).input_ids for s in sentences), key=len)
+        pieces = [tok.convert_ids_to_tokens(i) for i in ids]
+        rows = []
+        for beam in (4, 1):
+            for size in (1, 32):
+                for engine, precision in (("ctranslate2", "fp32"), ("ours", "fp32"), ("ctranslate2", "int8"),
+                                          ("ours", "int8")):
+                    if engine == "ctranslate2":
+                        run = ct2_runner(work / f"ct2-{precision}", beam=beam, max_length=args.max_length,
+                                         threads=args.threads)
+                        groups = batches(pieces, size)
+                    else:
+                        run = ours_runner(work / f"ours-{precision}", beam=beam, max_length=args.max_length,
+                                          threads=args.threads)
+                        groups = batches(ids, size)
+                    if size == 1:
+                        groups = groups[: max(16, len(groups) // 4)]   # batch 1 is slow; a sample is enough
+                    r = measure(run, groups)
+                    rows.append({"engine": engine, "precision": precision, "beam": beam, "batch": size} | r)
+                    print(f"{engine:12} {precision} beam {beam} batch {size:2}: {r['tok_s']:8.0f} tok/s  "
+                          f"p50 {r['p50_ms']:8.1f} ms", flush=True)
+        http = None if args.no_http else served(work / "ours-int8", sentences, threads=args.threads,
+                                                   max_length=args.max_length)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    def tok_s(engine, precision, beam=4, batch=32):
+        return next(r["tok_s"] for r in rows if (r["engine"], r["precision"], r["beam"], r["batch"])
+                    == (engine, precision, beam, batch))
+
+    ratio = {p: tok_s("ours", p) / tok_s("ctranslate2", p) for p in ("fp32", "int8")}
+    lines = ["| search | batch | precision | CTranslate2 tok/s | ours tok/s | ratio | CTranslate2 p50 ms | ours p50 ms |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for beam in (4, 1):
+        for size in (1, 32):
+            for precision in ("fp32", "int8"):
+                c = next(r for r in rows if (r["engine"], r["precision"], r["beam"], r["batch"]) ==
+                         ("ctranslate2", precision, beam, size))
+                o = next(r for r in rows if (r["engine"], r["precision"], r["beam"], r["batch"]) ==
+                         ("ours", precision, beam, size))
+                lines.append(f"| {'beam 4' if beam > 1 else 'greedy'} | {size} | {precision} | {c['tok_s']:,.0f} | "
+                             f"{o['tok_s']:,.0f} | {o['tok_s'] / c['tok_s']:.2f} | {c['p50_ms']:,.1f} | "
+                             f"{o['p50_ms']:,.1f} |")
+    served_ratio = None
+    if http:
+        served_ratio = http["tok_s"] / tok_s("ctranslate2", "int8")
+        ct2_one = next(r["p50_ms"] for r in rows if (r["engine"], r["precision"], r["beam"], r["batch"]) ==
+                       ("ctranslate2", "int8", 4, 1))
+        lines += ["", "| served (HTTP, int8, beam 4, 32 concurrent clients) | value |", "|---|---:|",
+                  f"| tok/s | {http['tok_s']:,.0f} |",
+                  f"| over CTranslate2 int8 offline beam 4 batch 32 | {served_ratio:.2f} |",
+                  f"| request p50 ms under load | {http['p50_ms']:,.1f} |",
+                  f"| single sentence alone, p50 ms (CTranslate2 int8 batch 1: {ct2_one:,.1f}) | "
+                  f"{http['alone_p50_ms']:,.1f} |"]
+    table = "\n".join(lines)
+    import ctranslate2
+    import onnxruntime
+    command = "python benchmarks/vs_ctranslate2.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    header = [f"- command: `{command.strip()}`", f"- date: {datetime.date.today()}",
+              f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs, "
+              f"{platform.system()} {platform.release()}; {args.threads} threads for each engine",
+              f"- versions: ctranslate2 {ctranslate2.__version__}, onnxruntime {onnxruntime.__version__}",
+              f"- weights: {what}",
+              f"- inputs: {len(sentences)} sentences ({args.data or 'the tests’ 64 Ding sentences, repeated'}), "
+              f"sorted by length; output budget {args.max_length} tokens; length penalty 1.0"]
+    print()
+    print("\n".join(header))
+    print()
+    print(table)
+    final = (f"ratio_vs_ctranslate2 engine_fp32={ratio['fp32']:.2f} engine_int8={ratio['int8']:.2f} "
+             f"served={'n/a' if served_ratio is None else f'{served_ratio:.2f}'}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("# Our engine against CTranslate2 (CPU)\n\n" + "\n".join(header) + "\n\n" + table
+                            + f"\n\n`{final}`\n", encoding="utf-8")
+    print(final)
+
+
+if __name__ == "__main__":
+    main()

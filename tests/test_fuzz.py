@@ -1,0 +1,99 @@
+"""Fuzzing: schemathesis against the running service's own OpenAPI schema (every route, the
+LibreTranslate-compatible ones included), and hypothesis on the tokenizer/engine boundary. The bar
+is zero 5xx and zero dead workers: every generated request gets a well-formed answer, and the server
+still translates afterwards."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("schemathesis")
+
+from conftest import pairs64  # noqa: E402
+from service.engine import Engine, SearchOptions  # noqa: E402
+from test_service import start_server, stop_server  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(tiny_package, tiny_lm_package):
+    proc, url = start_server(tiny_package, "--model", str(tiny_lm_package), "--max-output-tokens", "24",
+                             "--max-texts", "8", "--max-text-chars", "2000")
+    yield url
+    stop_server(proc)
+
+
+def test_no_generated_request_gets_a_5xx(fuzz_server, tmp_path):
+    """schemathesis' own runner (its CLI): 40 generated requests per operation of /openapi.json, the
+    not_a_server_error check, then a second pass of the stateful/negative phases it runs by default."""
+    cli = Path(sys.executable).parent / "schemathesis"
+    r = subprocess.run([str(cli), "run", fuzz_server + "/openapi.json", "--checks", "not_a_server_error",
+                        "--max-examples", "40", "--seed", "1", "--request-timeout", "60",
+                        "--report", "junit", "--report-junit-path", str(tmp_path / "junit.xml")],
+                       capture_output=True, text=True, timeout=900, env=dict(os.environ, NO_COLOR="1"))
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
+    report = (tmp_path / "junit.xml").read_text()
+    # Every operation of the schema was exercised, the LibreTranslate ones included.
+    for path in ("/translate", "/generate", "/libretranslate/translate", "/languages", "/health", "/info"):
+        assert path in report, path
+
+
+def test_the_service_still_works_after_fuzzing(fuzz_server):
+    de, en = pairs64()[0]
+    r = httpx.post(fuzz_server + "/translate", json={"text": de, "source_lang": "de", "target_lang": "en"}, timeout=60)
+    assert r.status_code == 200 and r.json()["translations"][0]["text"] == en
+    assert httpx.get(fuzz_server + "/ready").status_code == 200   # every worker is alive
+    r = httpx.post(fuzz_server + "/generate", json={"prompt": "Das", "max_new_tokens": 3}, timeout=60)
+    assert r.status_code == 200
+
+
+# --- the tokenizer/engine boundary -------------------------------------------------------------------
+
+TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=200)
+NASTY = st.one_of(
+    TEXT,
+    st.just(""),
+    st.text(alphabet="!?.,;:-–—()[]{}«»\"'…", min_size=1, max_size=50),       # only punctuation
+    st.builds(lambda n: "a" * n, st.integers(200, 3000)),                    # one very long word
+    st.text(st.characters(min_codepoint=0x1F300, max_codepoint=0x1FAFF), max_size=30),  # emoji
+    st.text(st.characters(max_codepoint=0x1F), max_size=30),                  # control characters
+)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_package):
+    return Engine(tiny_package, device="cpu", intra_op_threads=1)
+
+
+@pytest.fixture(scope="module")
+def lm_engine(tiny_lm_package):
+    return Engine(tiny_lm_package, device="cpu", intra_op_threads=1)
+
+
+@given(texts=st.lists(NASTY, min_size=1, max_size=4), beam=st.sampled_from([1, 3]))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+def test_engine_translates_any_unicode(engine, texts, beam):
+    """Arbitrary text is tokenized, clipped to the model's positions, searched and detokenized into a
+    string for each input, in order; the output budget is kept."""
+    ids = [s[: engine.max_positions] for s in engine.source_ids(texts, "en")]
+    assert all(s[-1] == engine.eos_id or len(s) == engine.max_positions for s in ids)
+    hyps = engine.search(ids, SearchOptions(beam_size=beam, max_length=20))
+    assert len(hyps) == len(texts)
+    for h in hyps:
+        assert len(h[0].tokens) < 20 and isinstance(engine.detokenize(h[0].tokens), str)
+
+
+@given(prompt=NASTY, seed=st.integers(0, 2**32))
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+def test_generation_continues_any_unicode(lm_engine, prompt, seed):
+    prompt = prompt[:300]
+    room = lm_engine.max_positions - len(lm_engine.prompt_ids([prompt])[0])
+    if room < 2:
+        return
+    out = lm_engine.generate([prompt], max_new_tokens=8, sampling=True, seed=seed)[0]
+    assert out.tokens <= 8 and isinstance(out.text, str) and out.finish_reason in ("stop", "length")
