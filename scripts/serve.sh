@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up a serving-only virtual environment (no torch) and serves the embedded model package.
+# Sets up a serving-only virtual environment (no torch) and serves the embedded model packages.
 # Extra arguments go to `python -m service` (e.g. --port 9000 --host 0.0.0.0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,4 +9,6 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q -e ".[serve]"
-exec "$VENV/bin/python" -m service --model "${TRANSERVE_MODEL:-models/de-en}" "$@"
+# Both embedded packages: translation (POST /translate) and generation (POST /generate).
+export TRANSERVE_MODELS=${TRANSERVE_MODELS:-${TRANSERVE_MODEL:-models/de-en,models/lm-small}}
+exec "$VENV/bin/python" -m service "$@"
