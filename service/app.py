@@ -122,14 +122,21 @@ class Gateway:
         return out
 
     async def _submit(self, payload: dict) -> dict:
+        # LitServe's timeout only evicts requests still queued; a request whose worker died while running
+        # it would wait forever. Twice the queue timeout bounds queue wait plus the longest computation.
+        deadline = 2 * self.settings.request_timeout_s
         try:
-            return await self.handler.handle_request(payload, dict)
+            return await asyncio.wait_for(self.handler.handle_request(payload, dict), timeout=deadline)
+        except asyncio.TimeoutError:
+            raise ApiError(504, "timeout", f"no answer within {deadline:g} s", headers={"Retry-After": "5"}) from None
         except StarletteHTTPException as e:
             if e.status_code == 504:  # LitServe evicted it from the queue before a worker took it
                 m().queue_depth.labels(ENDPOINT).dec()
                 raise ApiError(504, "timeout", f"the request waited more than {self.settings.request_timeout_s:g} s "
                                "for a worker", headers={"Retry-After": "5"}) from None
-            raise ApiError(500, "internal_error", "the inference worker failed on this batch") from None
+            # The worker failed the whole batch or died under it (LitServe restarts it): worth a retry.
+            raise ApiError(503, "worker_failed", "the inference worker failed while running this request; retry",
+                           headers={"Retry-After": "1"}) from None
 
     async def worker_events(self, payload: dict) -> AsyncIterator[dict]:
         """Submits to the generation workers and yields their per-step events for this request."""
@@ -147,7 +154,8 @@ class Gateway:
                         m().queue_depth.labels(GENERATE).dec()
                         raise ApiError(504, "timeout", f"the request waited more than "
                                        f"{self.settings.request_timeout_s:g} s for a worker", headers={"Retry-After": "5"})
-                    raise ApiError(500, "internal_error", "the inference worker failed on this batch")
+                    raise ApiError(503, "worker_failed", "the inference worker failed while running this request; "
+                                   "retry", headers={"Retry-After": "1"})
                 if data:
                     yield json.loads(data) if isinstance(data, (str, bytes)) else data
         finally:
@@ -521,6 +529,7 @@ def build_server(settings: Settings) -> tuple[ls.LitServer, Gateway]:
     server = ls.LitServer([a for a in (api, generate_api) if a], accelerator="cuda" if cuda else "cpu",
                           devices=1 if cuda else "auto",
                           workers_per_device=settings.workers, timeout=settings.request_timeout_s,
+                          restart_workers=True,  # a dead worker is replaced; without this the server exits
                           healthcheck_path="/ready", info_path="/litserve/info",
                           max_payload_size=settings.max_payload_bytes)
     gateway = Gateway(server, api, settings, packages, generate_api, board)
