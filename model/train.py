@@ -199,7 +199,9 @@ def main(argv=None) -> None:
     state = torch.load(ckpt_path, map_location="cpu", weights_only=False) if resume else None
     config = (TransformerConfig(**state["config"]) if state else
               preset(args.preset, arch=args.arch, vocab_size=tok.vocab_size, pad_id=tok.special.pad,
-                     bos_id=tok.special.bos, eos_id=tok.special.eos))
+                     bos_id=tok.special.bos, eos_id=tok.special.eos,
+                     # A zero <s> is for Marian/CTranslate2 export of translators; a language model keeps it.
+                     zero_bos_embedding=not lm))
     model = Transformer(config).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
     step, epoch, batch_pos, best_bleu, history = 0, 0, 0, -math.inf, []

@@ -51,7 +51,8 @@ class TransformerConfig:
                                    # sines, then all cosines (Marian)
     # The decoder starts from a zero vector (the <s> embedding row stays 0), as Marian and CTranslate2
     # do: only then does a checkpoint exported with model.export_marian run the same in CTranslate2.
-    # Set by the presets; checkpoints from before it load with False.
+    # Set by the presets (model.train turns it off for decoder-only models); checkpoints from before it
+    # load with False.
     zero_bos_embedding: bool = False
 
     def __post_init__(self):

@@ -187,7 +187,9 @@ def test_max_length_counts_the_forced_eos(engine, ids, greedy, beam):
     """The budget counts the eos (as the positional table does): max_length=3 is 2 pieces + eos."""
     hyps = [h[0] for h in engine.search(ids, SearchOptions(beam_size=beam, max_length=3))]
     assert all(len(g) >= 3 for g in greedy)   # so the cap bites on every sentence
-    assert all(len(h.tokens) == 2 and np.isfinite(h.score) for h in hyps)
+    # Never more than 2 pieces; beam search may prefer a hypothesis that ended earlier.
+    assert all(len(h.tokens) <= 2 and np.isfinite(h.score) for h in hyps)
+    assert sum(len(h.tokens) == 2 for h in hyps) > len(hyps) // 2
     if beam == 1:
         assert [h.tokens for h in hyps] == [g[:2] for g in greedy]
 
