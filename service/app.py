@@ -85,6 +85,8 @@ class Gateway:
         self.active = mp.Value("i", 0)
         self.draining = mp.Event()
         self.pairs = sorted({tuple(d.split("-")) for p in packages for d in p["directions"]})
+        self._watcher: asyncio.Future | None = None      # see worker_lost(); per HTTP process
+        self._lost: dict[str, asyncio.Event] = {}
 
     # --- the one way into the queues ---------------------------------------------------------------
     @contextmanager
@@ -122,13 +124,26 @@ class Gateway:
         return out
 
     async def _submit(self, payload: dict) -> dict:
-        # LitServe's timeout only evicts requests still queued; a request whose worker died while running
-        # it would wait forever. Twice the queue timeout bounds queue wait plus the longest computation.
+        # LitServe's timeout only evicts requests still queued, and its monitor does not reach this
+        # process's requests when a worker dies: without these two bounds such a request would wait
+        # forever. A worker that stops being ready fails the requests in flight at once (503, retry);
+        # twice the queue timeout bounds queue wait plus the longest computation (504).
         deadline = 2 * self.settings.request_timeout_s
+        task = asyncio.ensure_future(self.handler.handle_request(payload, dict))
+        lost = asyncio.ensure_future(self.worker_lost(ENDPOINT).wait())
         try:
-            return await asyncio.wait_for(self.handler.handle_request(payload, dict), timeout=deadline)
-        except asyncio.TimeoutError:
-            raise ApiError(504, "timeout", f"no answer within {deadline:g} s", headers={"Retry-After": "5"}) from None
+            await asyncio.wait({task, lost}, timeout=deadline, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            if not task.done():
+                task.cancel()
+        if not task.done() or task.cancelled():
+            if lost.done() and not lost.cancelled():
+                raise ApiError(503, "worker_failed", "the inference worker stopped while running this request "
+                               "(it is being restarted); retry", headers={"Retry-After": "2"})
+            raise ApiError(504, "timeout", f"no answer within {deadline:g} s", headers={"Retry-After": "5"})
+        try:
+            return task.result()
         except StarletteHTTPException as e:
             if e.status_code == 504:  # LitServe evicted it from the queue before a worker took it
                 m().queue_depth.labels(ENDPOINT).dec()
@@ -160,6 +175,29 @@ class Gateway:
                     yield json.loads(data) if isinstance(data, (str, bytes)) else data
         finally:
             self.server.response_buffer.pop(uid, None)
+
+    def worker_lost(self, endpoint: str) -> asyncio.Event:
+        """An event set when a worker of `endpoint` stops being ready (it died; LitServe restarts it).
+        One watcher per HTTP process polls the shared worker states twice a second, whatever the load."""
+        if self._watcher is None or self._watcher.done():
+            self._lost, self._watcher = {}, asyncio.ensure_future(self._watch_workers())
+        return self._lost.setdefault(endpoint, asyncio.Event())
+
+    async def _watch_workers(self) -> None:
+        status = getattr(self.server, "workers_setup_status", None)
+        seen: dict[str, str] = {}
+        while status is not None:
+            await asyncio.sleep(0.5)
+            try:
+                now = status.copy()  # one round trip to the manager process
+            except Exception:  # the manager is gone: shutting down
+                return
+            for key, state in now.items():
+                if seen.get(key) == WorkerSetupStatus.READY and state != WorkerSetupStatus.READY:
+                    event = self._lost.pop(key.rsplit("_", 1)[0], None)
+                    if event is not None:
+                        event.set()  # requests waiting now fail; later ones get a new event
+                seen[key] = state
 
     def ready(self) -> PlainTextResponse:
         status = getattr(self.server, "workers_setup_status", None) or {}

@@ -1,7 +1,7 @@
 """Faults: an inference worker killed under load. The server stays up, LitServe starts a new worker,
-every request in flight gets an answer instead of hanging (200 if it finished first; otherwise an error
-with Retry-After: 503 where LitServe reports the dead worker, else 504 at the gateway's deadline of
-twice the queue timeout), and the service translates again once the new worker is ready."""
+every request in flight gets an answer at once instead of hanging (200 if it finished first, otherwise
+503 worker_failed with Retry-After: the gateway sees the worker stop being ready, within LitServe's
+2 s monitor period), and the service translates again once the new worker is ready."""
 
 import concurrent.futures as cf
 import os
@@ -42,12 +42,12 @@ def test_a_killed_worker_is_replaced_and_in_flight_requests_get_an_answer(tiny_p
             os.kill(pid, signal.SIGKILL)
             results = [f.result() for f in futures]
         statuses = [r[0] for r in results]
-        assert set(statuses) <= {200, 503, 504}, results
-        assert set(statuses) & {503, 504}        # some were running when it died
+        assert set(statuses) <= {200, 503}, results
+        assert 503 in statuses                   # some were running when it died
         for status, retry_after, payload, seconds in results:
             if status != 200:
-                assert retry_after and payload["error"]["type"] in ("worker_failed", "overloaded", "timeout")
-            assert seconds < 2 * 10 + 5          # the deadline, not a hang
+                assert retry_after and payload["error"]["type"] == "worker_failed"
+            assert seconds < 10                  # long before the 20 s deadline (504): not a hang
         assert proc.poll() is None               # the server survived its worker
 
         deadline = time.time() + 120
