@@ -246,9 +246,10 @@ def main(argv=None) -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
+    by = {(r["engine"], r["precision"], r["beam"], r["batch"]): r for r in rows}
+
     def tok_s(engine, precision, beam=4, batch=32):
-        return next(r["tok_s"] for r in rows if (r["engine"], r["precision"], r["beam"], r["batch"])
-                    == (engine, precision, beam, batch))
+        return by[engine, precision, beam, batch]["tok_s"]
 
     ratio = {p: tok_s("ours", p) / tok_s("ctranslate2", p) for p in ("fp32", "int8")}
     lines = ["| search | batch | precision | CTranslate2 tok/s | ours tok/s | ratio | CTranslate2 p50 ms | ours p50 ms |",
@@ -256,18 +257,14 @@ def main(argv=None) -> None:
     for beam in (4, 1):
         for size in (1, 32):
             for precision in ("fp32", "int8"):
-                c = next(r for r in rows if (r["engine"], r["precision"], r["beam"], r["batch"]) ==
-                         ("ctranslate2", precision, beam, size))
-                o = next(r for r in rows if (r["engine"], r["precision"], r["beam"], r["batch"]) ==
-                         ("ours", precision, beam, size))
+                c, o = by["ctranslate2", precision, beam, size], by["ours", precision, beam, size]
                 lines.append(f"| {'beam 4' if beam > 1 else 'greedy'} | {size} | {precision} | {c['tok_s']:,.0f} | "
                              f"{o['tok_s']:,.0f} | {o['tok_s'] / c['tok_s']:.2f} | {c['p50_ms']:,.1f} | "
                              f"{o['p50_ms']:,.1f} |")
     served_ratio = None
     if http:
         served_ratio = http["tok_s"] / tok_s("ctranslate2", "int8")
-        ct2_one = next(r["p50_ms"] for r in rows if (r["engine"], r["precision"], r["beam"], r["batch"]) ==
-                       ("ctranslate2", "int8", 4, 1))
+        ct2_one = by["ctranslate2", "int8", 4, 1]["p50_ms"]
         lines += ["", "| served (HTTP, int8, beam 4, 32 concurrent clients) | value |", "|---|---:|",
                   f"| tok/s | {http['tok_s']:,.0f} |",
                   f"| over CTranslate2 int8 offline beam 4 batch 32 | {served_ratio:.2f} |",

@@ -275,8 +275,9 @@ class Engine:
             self.id_pieces = [""] * (max(self.vocab.values()) + 1)
             for piece, i in self.vocab.items():
                 self.id_pieces[i] = piece
-        self.special_ids = {self.pad_id, self.bos_id, self.eos_id, self.unk_id}
         self.target_tags: dict[str, int] = meta.get("target_tags", {})
+        # Never shown in a translation (as skip_special_tokens does): special ids and language tags.
+        self.hidden_ids = {self.pad_id, self.bos_id, self.eos_id, self.unk_id, *self.target_tags.values()}
         self.directions: list[str] = meta["directions"]
         self.max_positions: int = self.package.config["max_len"]
         # Tags never appear in output: a model that wrote one would be writing nonsense.
@@ -304,8 +305,7 @@ class Engine:
 
     def detokenize(self, ids: Sequence[int]) -> str:
         """Target ids -> text; special ids and language tags are dropped (as skip_special_tokens does)."""
-        tags = self.target_tags.values()
-        ids = [i for i in ids if i not in self.special_ids and i not in tags]
+        ids = [i for i in ids if i not in self.hidden_ids]
         if self.vocab is not None:
             # As MarianTokenizer does: pieces the target model lacks keep their "▁", which becomes a space.
             return self.sp_target.decode_pieces([self.id_pieces[i] for i in ids]).replace("▁", " ").strip()

@@ -103,6 +103,7 @@ class StepEvents:
     events: list[list[tuple[int, list[int], bool]]]
     cancels: list[set[int]]               # per group, rows to drop (written by encode_response)
     groups: list[Group]
+    gone: np.ndarray | None = None        # per job: its client went away (read once per step in predict)
 
 
 def _options_key(o: SearchOptions) -> tuple:
@@ -233,7 +234,7 @@ class GenerateAPI(ls.LitAPI):
             if gone.any():
                 for gi, g in enumerate(plan.groups):
                     plan.cancels[gi].update(r for r, (j, _) in enumerate(g.rows) if gone[j])
-            yield StepEvents(plan.jobs, events, plan.cancels, plan.groups)
+            yield StepEvents(plan.jobs, events, plan.cancels, plan.groups, gone)
 
     def unbatch(self, output):
         yield from output  # each item already carries every job's events
@@ -267,7 +268,7 @@ class GenerateAPI(ls.LitAPI):
                 self._cancel(step, j, k)
             elif ended:
                 job.finish[k] = "length" if job.tokens[k] >= job.max_new_tokens else "stop"
-        gone = self.board.cancelled(np.array([job.number]))[0]
+        gone = step.gone is not None and bool(step.gone[j])
         for k in range(job.n):
             if gone and job.finish[k] is None:
                 job.finish[k] = "cancelled"
