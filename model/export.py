@@ -5,36 +5,46 @@
 A model package is a directory:
 
     model.json     config, task, languages, special ids, graph signatures, metrics, sha256 of each file
-    encoder.onnx   src_ids (B, S) -> cross_kv (L, 2, B, h, S, d_k)   (translation only)
+    encoder.onnx   src_ids (B, S) -> cross_key_i, cross_value_i (B, h, S, d_k) for each decoder layer i
+                   (translation only)
     decoder.onnx   one decoding step with a key/value cache (below)
     spm.model      the SentencePiece model (one joint vocabulary)
     MODEL_CARD.md  copied from the run directory when it has one
 
 The decoder step (translation):
 
-    tokens     int64 (N, 1)                  the newest token of each row
-    past_kv    float (L, 2, M, h, T, d_k)    self-attention cache of the previous step (T may be 0)
-    past_rows  int64 (N,)                    row of past_kv each row continues (beam back-pointers,
-                                             finished sentences dropped): the reorder happens inside
-                                             the graph, so the cache never travels through Python
-    cross_kv   float (L, 2, B, h, S, d_k)    from the encoder, computed once per batch
-    cross_rows int64 (N,)                    source sentence of each row
-    src_mask   bool  (B, S)                  True at real source tokens
+    tokens        int64 (N, 1)             the newest token of each row
+    past_rows     int64 (N,)               row of the past cache each row continues (beam back-pointers,
+                                           finished sentences dropped): the reorder happens inside the
+                                           graph, so the cache never travels through Python
+    cross_rows    int64 (N,)               source sentence of each row
+    src_mask      bool  (B, S)             True at real source tokens
+    past_key_i, past_value_i   float (M, h, T, d_k)   layer i's self-attention cache (T may be 0)
+    cross_key_i, cross_value_i float (B, h, S, d_k)   from the encoder, computed once per batch
+    top_k         int64 (1,)               how many best next tokens to return
   ->
-    log_probs  float32 (N, V)                log-softmax computed in the graph
-    present_kv float (L, 2, N, h, T+1, d_k)
+    log_probs     float32 (N, V)           log-softmax computed in the graph
+    top_log_probs float32 (N, k), top_ids int64 (N, k)   each row's k best next tokens, best first
+    eos_log_probs float32 (N,)             each row's log-prob of eos
+    present_key_i, present_value_i float (N, h, T+1, d_k)
+
+A search that needs no more than the best few tokens of each row reads top_* and eos_log_probs,
+so (N, V) values never reach the host (service/search.py). Each layer's cache is its own tensor:
+a stacked (L, 2, N, h, T, d_k) cache, as packages before 2026-11-23 had, is split into layers and
+stacked again every step, which copied it twice more (the engine still reads such packages).
 
 A decoder-only model (text generation, task "generation") has no encoder.onnx; its decoder step
 reads a whole batch of left-padded prompts in one call, then one token per row per call:
 
-    tokens     int64 (N, T_new)              new tokens of each row (prompts: left-padded)
-    past_kv    float (L, 2, M, h, T, d_k)    self-attention cache of the previous call (T may be 0)
-    past_rows  int64 (N,)                    row of past_kv each row continues
-    key_mask   bool  (N, T + T_new)          True at real (not padding) positions, cached and new
-    positions  int64 (N, T_new)              position of each new token in its own row's text
+    tokens        int64 (N, T_new)         new tokens of each row (prompts: left-padded)
+    past_rows     int64 (N,)               row of the past cache each row continues
+    key_mask      bool  (N, T + T_new)     True at real (not padding) positions, cached and new
+    positions     int64 (N, T_new)         position of each new token in its own row's text
+    past_key_i, past_value_i   float (M, h, T, d_k)
+    top_k         int64 (1,)
   ->
-    log_probs  float32 (N, V)                next-token log-softmax after each row's last token
-    present_kv float (L, 2, N, h, T+T_new, d_k)
+    log_probs, top_log_probs, top_ids, eos_log_probs    after each row's last token, as above
+    present_key_i, present_value_i float (N, h, T+T_new, d_k)
 """
 
 from __future__ import annotations
@@ -56,6 +66,13 @@ from .transformer import Transformer, padding_mask
 
 PACKAGE_FORMAT = "transerve-model/1"
 OPSET = 18
+TOP_K_AT_EXPORT = 2          # a placeholder: the exported graph reads k from its `top_k` input
+NEXT_TOKEN_OUTPUTS = ["log_probs", "top_log_probs", "top_ids", "eos_log_probs"]
+
+
+def cache_names(prefix: str, n_layers: int) -> list[str]:
+    """Per-layer cache tensor names, keys and values interleaved: past_key_0, past_value_0, past_key_1, ..."""
+    return [f"{prefix}_{kv}_{i}" for i in range(n_layers) for kv in ("key", "value")]
 
 
 class EncoderGraph(nn.Module):
@@ -65,30 +82,54 @@ class EncoderGraph(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, src_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, src_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
         src_mask = padding_mask(src_ids, self.model.config.pad_id)              # (B, 1, 1, S)
         memory = self.model.encode(src_ids, src_mask)                           # (B, S, d_model)
-        kv = [torch.stack(layer_kv) for layer_kv in self.model.cross_kv(memory)]  # L x (2, B, h, S, d_k)
-        return torch.stack(kv)                                                  # (L, 2, B, h, S, d_k)
+        return tuple(t for kv in self.model.cross_kv(memory) for t in kv)       # 2L x (B, h, S, d_k)
+
+
+class OutputProjection(nn.Module):
+    """The tied output projection with its own (d_model, V) weight: a MatMul on a plain initializer,
+    which int8 quantization reaches (a transposed embedding is not quantized)."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.weight = nn.Parameter(model.embed.weight.detach().t().contiguous().clone())  # (d_model, V)
+        self.bias = nn.Parameter(model.final_logits_bias.detach().clone())                  # (V,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax((x @ self.weight + self.bias).float(), dim=-1)              # (N, V)
+
+
+def next_token_outputs(log_probs: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, ...]:
+    """What a search reads of the next-token distribution: the whole of it (for constraints that need
+    it), its k best entries, sorted, and the eos column. k becomes the graph input `top_k` after
+    export (see `_top_k_as_input`), so a beam search of any width reads (N, 2·beam + a few) values
+    instead of (N, V)."""
+    top_log_probs, top_ids = log_probs.topk(TOP_K_AT_EXPORT, dim=-1)                     # (N, k) each
+    return log_probs, top_log_probs, top_ids, log_probs[:, eos_id]                       # (N,) last
 
 
 class DecoderGraph(nn.Module):
-    """One incremental decoding step; reorders the caches by the given rows first."""
+    """One incremental decoding step; reorders the caches by the given rows first. Each layer's cache
+    is its own tensor, so a step copies a layer's keys/values twice (reorder, append), not four times
+    (a stacked cache is also split into layers and stacked again)."""
 
     def __init__(self, model: Transformer):
         super().__init__()
         self.model = model
+        self.project = OutputProjection(model)
 
-    def forward(self, tokens, past_kv, past_rows, cross_kv, cross_rows, src_mask):
-        past = past_kv.index_select(2, past_rows)                               # (L, 2, N, h, T, d_k)
-        cross = cross_kv.index_select(2, cross_rows)                            # (L, 2, N, h, S, d_k)
+    def forward(self, tokens, past_rows, cross_rows, src_mask, *caches):
+        L = self.model.config.n_decoder_layers
+        past = [(caches[2 * i].index_select(0, past_rows), caches[2 * i + 1].index_select(0, past_rows))
+                for i in range(L)]                                              # L x (N, h, T, d_k)
+        cross = [(caches[2 * L + 2 * i].index_select(0, cross_rows), caches[2 * L + 2 * i + 1].index_select(0, cross_rows))
+                 for i in range(L)]                                             # L x (N, h, S, d_k)
         mask = src_mask.index_select(0, cross_rows)[:, None, None, :]           # (N, 1, 1, S)
-        L = past.size(0)
-        logits, present = self.model.decode(
-            tokens, None, src_mask=mask, cross_kv=[(cross[i, 0], cross[i, 1]) for i in range(L)],
-            past=[(past[i, 0], past[i, 1]) for i in range(L)])                  # (N, 1, V)
-        log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1)            # (N, V)
-        return log_probs, torch.stack([torch.stack(kv) for kv in present])     # (L, 2, N, h, T+1, d_k)
+        x, present = self.model.decoder_states(tokens, None, src_mask=mask, cross_kv=cross, past=past)  # (N, 1, d_model)
+        return (*next_token_outputs(self.project(x[:, -1]), self.model.config.eos_id),
+                *(t for kv in present for t in kv))                             # ..., 2L x (N, h, T+1, d_k)
 
 
 class LMDecoderGraph(nn.Module):
@@ -97,19 +138,20 @@ class LMDecoderGraph(nn.Module):
     def __init__(self, model: Transformer):
         super().__init__()
         self.model = model
+        self.project = OutputProjection(model)
 
-    def forward(self, tokens, past_kv, past_rows, key_mask, positions):
-        past = past_kv.index_select(2, past_rows)                               # (L, 2, N, h, T, d_k)
+    def forward(self, tokens, past_rows, key_mask, positions, *caches):
+        L = self.model.config.n_decoder_layers
+        past = [(caches[2 * i].index_select(0, past_rows), caches[2 * i + 1].index_select(0, past_rows))
+                for i in range(L)]                                              # L x (N, h, T, d_k)
         T_new, T_all = tokens.size(1), key_mask.size(1)
         # New token i sits at T_all - T_new + i and may see every real key up to itself.
         query_at = torch.arange(T_new, device=tokens.device) + (T_all - T_new)  # (T_new,)
         causal = torch.arange(T_all, device=tokens.device)[None, :] <= query_at[:, None]  # (T_new, T_all)
         mask = key_mask[:, None, None, :] & causal[None, None]                  # (N, 1, T_new, T_all)
-        L = past.size(0)
-        logits, present = self.model.decode(tokens, mask, past=[(past[i, 0], past[i, 1]) for i in range(L)],
-                                            positions=positions)               # (N, T_new, V)
-        log_probs = torch.log_softmax(logits[:, -1].float(), dim=-1)            # (N, V)
-        return log_probs, torch.stack([torch.stack(kv) for kv in present])     # (L, 2, N, h, T+T_new, d_k)
+        x, present = self.model.decoder_states(tokens, mask, past=past, positions=positions)  # (N, T_new, d_model)
+        return (*next_token_outputs(self.project(x[:, -1]), self.model.config.eos_id),
+                *(t for kv in present for t in kv))                             # ..., 2L x (N, h, T+T_new, d_k)
 
 
 def _sha256(path: Path) -> str:
@@ -122,38 +164,69 @@ def _sha256(path: Path) -> str:
 
 def _export(module: nn.Module, args: tuple, path: Path, input_names, output_names, dynamic_shapes) -> None:
     module.eval()
-    torch.onnx.export(module, args, str(path), input_names=input_names, output_names=output_names,
+    torch.onnx.export(module, args, str(path), input_names=[n for n in input_names if n != "top_k"],
+                      output_names=output_names,
                       dynamic_shapes=dynamic_shapes, opset_version=OPSET, external_data=False, dynamo=True,
                       optimize=True, verbose=False)
+    if "top_k" in input_names:
+        _top_k_as_input(path)
     onnx.checker.check_model(str(path), full_check=True)
+
+
+def _top_k_as_input(path: Path) -> None:
+    """Rewires the graph's one TopK node to read k from a new int64 (1,) input named `top_k`."""
+    m = onnx.load(str(path))
+    g = m.graph
+    (node,) = [n for n in g.node if n.op_type == "TopK"]
+    constant = node.input[1]
+    node.input[1] = "top_k"
+    g.input.append(onnx.helper.make_tensor_value_info("top_k", onnx.TensorProto.INT64, [1]))
+    for v in [*g.output, *g.value_info]:            # their static k from export becomes symbolic
+        if v.name in node.output:
+            v.type.tensor_type.shape.dim[-1].dim_param = "top_k"
+    if not any(constant in n.input for n in g.node):
+        keep = [i for i in g.initializer if i.name != constant]
+        del g.initializer[:]
+        g.initializer.extend(keep)
+    onnx.save(m, str(path))
+
+
+NEXT_TOKEN_SIGNATURE = {"log_probs": ["rows", "vocab"], "top_log_probs": ["rows", "top_k"],
+                        "top_ids": ["rows", "top_k"], "eos_log_probs": ["rows"]}
+
+
+def _kv(n: str, t: str) -> list:
+    return [n, "heads", t, "d_k"]
 
 
 def export_translation(model: Transformer, out: Path, dtype: torch.dtype = torch.float32) -> dict:
     """Writes encoder.onnx and decoder.onnx; returns their signatures for model.json."""
     c = model.config
     model = model.to(dtype).eval()
-    B, S, T, N = 2, 7, 3, 4
+    L, B, S, T, N = c.n_decoder_layers, 2, 7, 3, 4
     Dim = torch.export.Dim
     batch, src_len, past_len, rows, kv_rows = Dim("batch"), Dim("src_len"), Dim("past_len"), Dim("rows"), Dim("kv_rows")
+    cross_names, past_names, present_names = (cache_names(p, L) for p in ("cross", "past", "present"))
     src = torch.randint(4, c.vocab_size, (B, S))
-    _export(EncoderGraph(model), (src,), out / "encoder.onnx", ["src_ids"], ["cross_kv"],
+    _export(EncoderGraph(model), (src,), out / "encoder.onnx", ["src_ids"], cross_names,
             {"src_ids": {0: batch, 1: src_len}})
-    shape_kv = lambda n, t: (c.n_decoder_layers, 2, n, c.h, t, c.d_k)  # noqa: E731
-    args = (torch.randint(4, c.vocab_size, (N, 1)), torch.randn(shape_kv(3, T), dtype=dtype),
-            torch.tensor([0, 1, 2, 1]), torch.randn(shape_kv(B, S), dtype=dtype), torch.tensor([0, 0, 1, 1]),
-            torch.ones(B, S, dtype=torch.bool))
+    args = (torch.randint(4, c.vocab_size, (N, 1)), torch.tensor([0, 1, 2, 1]), torch.tensor([0, 0, 1, 1]),
+            torch.ones(B, S, dtype=torch.bool),
+            *(torch.randn(3, c.h, T, c.d_k, dtype=dtype) for _ in past_names),
+            *(torch.randn(B, c.h, S, c.d_k, dtype=dtype) for _ in cross_names))
     _export(DecoderGraph(model), args, out / "decoder.onnx",
-            ["tokens", "past_kv", "past_rows", "cross_kv", "cross_rows", "src_mask"], ["log_probs", "present_kv"],
-            {"tokens": {0: rows}, "past_kv": {2: kv_rows, 4: past_len}, "past_rows": {0: rows},
-             "cross_kv": {2: batch, 4: src_len}, "cross_rows": {0: rows}, "src_mask": {0: batch, 1: src_len}})
+            ["tokens", "past_rows", "cross_rows", "src_mask", *past_names, *cross_names, "top_k"],
+            [*NEXT_TOKEN_OUTPUTS, *present_names],
+            ({0: rows}, {0: rows}, {0: rows}, {0: batch, 1: src_len},
+             (*({0: kv_rows, 2: past_len} for _ in past_names), *({0: batch, 2: src_len} for _ in cross_names))))
     return {
         "encoder": {"inputs": {"src_ids": ["batch", "src_len"]},
-                    "outputs": {"cross_kv": ["layers", 2, "batch", "heads", "src_len", "d_k"]}},
-        "decoder": {"inputs": {"tokens": ["rows", 1], "past_kv": ["layers", 2, "kv_rows", "heads", "past_len", "d_k"],
-                               "past_rows": ["rows"], "cross_kv": ["layers", 2, "batch", "heads", "src_len", "d_k"],
-                               "cross_rows": ["rows"], "src_mask": ["batch", "src_len"]},
-                    "outputs": {"log_probs": ["rows", "vocab"],
-                                "present_kv": ["layers", 2, "rows", "heads", "past_len + 1", "d_k"]}},
+                    "outputs": {n: _kv("batch", "src_len") for n in cross_names}},
+        "decoder": {"inputs": {"tokens": ["rows", 1], "past_rows": ["rows"], "cross_rows": ["rows"],
+                               "src_mask": ["batch", "src_len"]}
+                    | {n: _kv("kv_rows", "past_len") for n in past_names}
+                    | {n: _kv("batch", "src_len") for n in cross_names} | {"top_k": [1]},
+                    "outputs": NEXT_TOKEN_SIGNATURE | {n: _kv("rows", "past_len + 1") for n in present_names}},
     }
 
 
@@ -161,23 +234,23 @@ def export_generation(model: Transformer, out: Path, dtype: torch.dtype = torch.
     """Writes decoder.onnx of a decoder-only model; returns its signature for model.json."""
     c = model.config
     model = model.to(dtype).eval()
-    N, M, T, T_new = 3, 2, 4, 2
+    L, N, M, T, T_new = c.n_decoder_layers, 3, 2, 4, 2
     Dim = torch.export.Dim
     rows, kv_rows, past_len, new_len = Dim("rows"), Dim("kv_rows"), Dim("past_len"), Dim("new_len")
     all_len = Dim("all_len")
-    args = (torch.randint(4, c.vocab_size, (N, T_new)),
-            torch.randn((c.n_decoder_layers, 2, M, c.h, T, c.d_k), dtype=dtype), torch.tensor([0, 1, 1]),
-            torch.ones(N, T + T_new, dtype=torch.bool), torch.tensor([[4, 5], [4, 5], [2, 3]]))
+    past_names, present_names = cache_names("past", L), cache_names("present", L)
+    args = (torch.randint(4, c.vocab_size, (N, T_new)), torch.tensor([0, 1, 1]),
+            torch.ones(N, T + T_new, dtype=torch.bool), torch.tensor([[4, 5], [4, 5], [2, 3]]),
+            *(torch.randn(M, c.h, T, c.d_k, dtype=dtype) for _ in past_names))
     _export(LMDecoderGraph(model), args, out / "decoder.onnx",
-            ["tokens", "past_kv", "past_rows", "key_mask", "positions"], ["log_probs", "present_kv"],
-            {"tokens": {0: rows, 1: new_len}, "past_kv": {2: kv_rows, 4: past_len}, "past_rows": {0: rows},
-             "key_mask": {0: rows, 1: all_len}, "positions": {0: rows, 1: new_len}})
-    return {"decoder": {"inputs": {"tokens": ["rows", "new_len"],
-                                   "past_kv": ["layers", 2, "kv_rows", "heads", "past_len", "d_k"],
-                                   "past_rows": ["rows"], "key_mask": ["rows", "past_len + new_len"],
-                                   "positions": ["rows", "new_len"]},
-                        "outputs": {"log_probs": ["rows", "vocab"],
-                                    "present_kv": ["layers", 2, "rows", "heads", "past_len + new_len", "d_k"]}}}
+            ["tokens", "past_rows", "key_mask", "positions", *past_names, "top_k"],
+            [*NEXT_TOKEN_OUTPUTS, *present_names],
+            ({0: rows, 1: new_len}, {0: rows}, {0: rows, 1: all_len}, {0: rows, 1: new_len},
+             tuple({0: kv_rows, 2: past_len} for _ in past_names)))
+    return {"decoder": {"inputs": {"tokens": ["rows", "new_len"], "past_rows": ["rows"],
+                                   "key_mask": ["rows", "past_len + new_len"], "positions": ["rows", "new_len"]}
+                                  | {n: _kv("kv_rows", "past_len") for n in past_names} | {"top_k": [1]},
+                        "outputs": NEXT_TOKEN_SIGNATURE | {n: _kv("rows", "past_len + new_len") for n in present_names}}}
 
 
 def quantize_int8(path: Path) -> None:

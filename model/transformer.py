@@ -286,6 +286,15 @@ class Transformer(nn.Module):
         `positions` (B, T) overrides the positions counted from the cache length: a batch of
         left-padded prompts has a different position for each row.
         """
+        x, present = self.decoder_states(tgt, tgt_mask, memory=memory, src_mask=src_mask, cross_kv=cross_kv,
+                                         past=past, positions=positions)
+        return self.generator(x), present
+
+    def decoder_states(self, tgt: torch.Tensor, tgt_mask: torch.Tensor | None, *, memory: torch.Tensor | None = None,
+                       src_mask: torch.Tensor | None = None, cross_kv: list[KV] | None = None,
+                       past: list[KV] | None = None, positions: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, list[KV]]:
+        """decode() without the output projection: (last layer's output (B, T, d_model), present cache)."""
         offset = 0 if past is None else past[0][0].size(2)
         if self.encoder is not None and cross_kv is None:
             cross_kv = self.cross_kv(memory)
@@ -295,7 +304,7 @@ class Transformer(nn.Module):
             x, kv = layer(x, tgt_mask, cross_kv=None if cross_kv is None else cross_kv[i], src_mask=src_mask,
                           past=None if past is None else past[i])
             present.append(kv)
-        return self.generator(x), present
+        return x, present
 
     def generator(self, x: torch.Tensor) -> torch.Tensor:
         """Output projection tied to the embedding. (B, T, d_model) -> (B, T, V)."""

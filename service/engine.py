@@ -15,7 +15,9 @@ Layers, so the HTTP service can split the work across LitServe's hooks:
 
 The key/value cache stays inside onnxruntime between steps (IO binding: on the GPU it never
 leaves the device), and beam reordering and dropping finished rows happen inside the decoder
-graph through its `past_rows`/`cross_rows` inputs.
+graph through its `past_rows`/`cross_rows` inputs. Searches read each row's best few tokens,
+selected in the graph (`top_k`), rather than the whole (N, V) distribution. Packages exported
+before those graph inputs existed (a stacked cache, no `top_k`) are still served.
 """
 
 from __future__ import annotations
@@ -146,30 +148,39 @@ def pick_providers(device: str) -> list[str]:
 class OrtDecoder:
     """The incremental-decoder protocol of service.search over the decoder graph."""
 
-    def __init__(self, engine: "Engine", cross_kv: ort.OrtValue, src_mask: np.ndarray):
+    def __init__(self, engine: "Engine", cross: list[ort.OrtValue], src_mask: np.ndarray):
         self.e = engine
-        self.cross_kv = cross_kv
+        self.cross = cross                                # from Engine.encode: one tensor per graph input
         self.src_mask = src_mask
         B = src_mask.shape[0]
-        c = engine.package.config
         self.rows = np.arange(B, dtype=np.int64)          # past row each current row continues
         self.cross_rows = np.arange(B, dtype=np.int64)    # source sentence of each current row
-        self.past = engine.new_value(np.zeros((c["n_decoder_layers"], 2, B, c["h"], 0, c["d_k"]), dtype=engine.float_dtype))
+        self.past = engine.empty_cache(B)
 
-    def step(self, tokens: np.ndarray) -> np.ndarray:
-        io = self.e.decoder.io_binding()
+        # The k best next tokens, computed in the graph (see service.search); packages exported before
+        # 2026-11-23 lack them.
+        self.step_top = self._step_top if engine.search_top_k else None
+
+    def _run(self, tokens: np.ndarray, top_k: int | None) -> list[np.ndarray]:
+        e = self.e
+        io = e.decoder.io_binding()
         io.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64)[:, None])
-        io.bind_ortvalue_input("past_kv", self.past)
         io.bind_cpu_input("past_rows", self.rows)
-        io.bind_ortvalue_input("cross_kv", self.cross_kv)
         io.bind_cpu_input("cross_rows", self.cross_rows)
         io.bind_cpu_input("src_mask", self.src_mask)
-        io.bind_output("log_probs", "cpu")
-        io.bind_output("present_kv", self.e.device_type)
-        self.e.decoder.run_with_iobinding(io)
-        log_probs, self.past = io.get_outputs()
+        for name, value in zip(e.past_names, self.past):
+            io.bind_ortvalue_input(name, value)
+        for name, value in zip(e.cross_names, self.cross):
+            io.bind_ortvalue_input(name, value)
+        out, self.past = e.run_decoder(io, top_k)
         self.rows = np.arange(len(tokens), dtype=np.int64)
-        return log_probs.numpy()
+        return out
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        return self._run(tokens, None)[0]
+
+    def _step_top(self, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return tuple(self._run(tokens, k))
 
     def select(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
@@ -188,16 +199,15 @@ class OrtLmDecoder:
 
     def __init__(self, engine: "Engine", prompts: Sequence[Sequence[int]]):
         self.e = engine
-        c = engine.package.config
         N = len(prompts)
         heads = [list(p[:-1]) for p in prompts]
         W = max(len(h) for h in heads)
         self.rows = np.arange(N, dtype=np.int64)
         self.key_mask = np.zeros((N, W), dtype=bool)                  # (N, T) True at real tokens
         self.next_pos = np.array([len(h) for h in heads], dtype=np.int64)
-        self.past = engine.new_value(np.zeros((c["n_decoder_layers"], 2, N, c["h"], 0, c["d_k"]),
-                                              dtype=engine.float_dtype))
+        self.past = engine.empty_cache(N)
         self.start_tokens = np.array([p[-1] for p in prompts], dtype=np.int64)
+        self.step_top = self._step_top if engine.search_top_k else None   # as in OrtDecoder
         if W:
             tokens = np.full((N, W), engine.pad_id, dtype=np.int64)
             positions = np.zeros((N, W), dtype=np.int64)
@@ -208,25 +218,31 @@ class OrtLmDecoder:
                     self.key_mask[r, W - len(h):] = True
             self._run(tokens, self.key_mask, positions)
 
-    def _run(self, tokens: np.ndarray, key_mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        io = self.e.decoder.io_binding()
+    def _run(self, tokens: np.ndarray, key_mask: np.ndarray, positions: np.ndarray,
+             top_k: int | None = None) -> list[np.ndarray]:
+        e = self.e
+        io = e.decoder.io_binding()
         io.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64))
-        io.bind_ortvalue_input("past_kv", self.past)
         io.bind_cpu_input("past_rows", self.rows)
         io.bind_cpu_input("key_mask", np.ascontiguousarray(key_mask))
         io.bind_cpu_input("positions", np.ascontiguousarray(positions, dtype=np.int64))
-        io.bind_output("log_probs", "cpu")
-        io.bind_output("present_kv", self.e.device_type)
-        self.e.decoder.run_with_iobinding(io)
-        log_probs, self.past = io.get_outputs()
+        for name, value in zip(e.past_names, self.past):
+            io.bind_ortvalue_input(name, value)
+        out, self.past = e.run_decoder(io, top_k)
         self.rows = np.arange(len(tokens), dtype=np.int64)
-        return log_probs.numpy()
+        return out
+
+    def _next(self, tokens: np.ndarray, top_k: int | None) -> list[np.ndarray]:
+        self.key_mask = np.concatenate([self.key_mask, np.ones((len(tokens), 1), dtype=bool)], axis=1)
+        out = self._run(np.asarray(tokens, dtype=np.int64)[:, None], self.key_mask, self.next_pos[:, None], top_k)
+        self.next_pos = self.next_pos + 1
+        return out
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
-        self.key_mask = np.concatenate([self.key_mask, np.ones((len(tokens), 1), dtype=bool)], axis=1)
-        log_probs = self._run(np.asarray(tokens, dtype=np.int64)[:, None], self.key_mask, self.next_pos[:, None])
-        self.next_pos = self.next_pos + 1
-        return log_probs
+        return self._next(tokens, None)[0]
+
+    def _step_top(self, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return tuple(self._next(tokens, k))
 
     def select(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
@@ -257,6 +273,16 @@ class Engine:
         except Exception as e:  # onnxruntime raises several types for unreadable graphs
             raise PackageError(f"{self.package.path}: onnxruntime cannot load the graphs ({e})") from None
         self.float_dtype = np.float16 if meta["precision"] == "fp16" else np.float32
+        # The key/value caches: one tensor per layer, or (packages exported before 2026-11-23) one stacked
+        # (L, 2, N, h, T, d_k) tensor, which the graph splits into layers and stacks again every step.
+        inputs = [i.name for i in self.decoder.get_inputs()]
+        self.past_names = [n for n in inputs if n.startswith("past_") and n != "past_rows"]
+        self.cross_names = [n for n in inputs if n.startswith("cross_") and n != "cross_rows"]
+        self.present_names = [o.name for o in self.decoder.get_outputs() if o.name.startswith("present_")]
+        self.stacked_cache = self.past_names == ["past_kv"]
+        self.output_names = [o.name for o in self.decoder.get_outputs()]
+        self.has_top_k = "top_k" in inputs
+        self.search_top_k = self.has_top_k     # False: searches read the whole distribution (for comparisons)
         tk = meta["tokenizer"]
         self.sp = spm.SentencePieceProcessor(model_file=str(self.package.file(tk["source"])))
         self.sp_target = (self.sp if tk.get("target", tk["source"]) == tk["source"]
@@ -315,13 +341,38 @@ class Engine:
     def new_value(self, array: np.ndarray) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_numpy(array, self.device_type, 0)
 
-    def encode(self, src: np.ndarray) -> ort.OrtValue:
-        """src (B, S) int64 padded -> cross_kv (L, 2, B, h, S, d_k), left where the model runs."""
+    def run_decoder(self, io: ort.IOBinding, top_k: int | None) -> tuple[list[np.ndarray], list[ort.OrtValue]]:
+        """Runs a decoder step whose inputs are bound. Returns ([log_probs (N, V)], present cache), or
+        with top_k ([top_log_probs (N, k), top_ids (N, k), eos_log_probs (N,)], present cache): then the
+        (N, V) distribution stays where it was computed and only (N, k) values reach the host."""
+        wanted = ["log_probs"] if top_k is None else ["top_log_probs", "top_ids", "eos_log_probs"]
+        if self.has_top_k:
+            k = min(top_k or 1, self.package.config["vocab_size"])
+            io.bind_cpu_input("top_k", np.array([k], dtype=np.int64))
+        # Bound in the graph's order, so get_outputs() returns them in that order.
+        for name in self.output_names:
+            io.bind_output(name, "cpu" if name in wanted else self.device_type)
+        self.decoder.run_with_iobinding(io)
+        values = dict(zip(self.output_names, io.get_outputs()))
+        return [values[n].numpy() for n in wanted], [values[n] for n in self.present_names]
+
+    def empty_cache(self, rows: int) -> list[ort.OrtValue]:
+        """The decoder's first past_* inputs: zero cached positions for `rows` rows."""
+        c = self.package.config
+        shape = ((c["n_decoder_layers"], 2, rows, c["h"], 0, c["d_k"]) if self.stacked_cache
+                 else (rows, c["h"], 0, c["d_k"]))
+        empty = self.new_value(np.zeros(shape, dtype=self.float_dtype))
+        return [empty] * len(self.past_names)
+
+    def encode(self, src: np.ndarray) -> list[ort.OrtValue]:
+        """src (B, S) int64 padded -> the decoder's cross_* inputs (each layer's cross-attention keys and
+        values, (B, h, S, d_k) each; or one stacked tensor), left where the model runs."""
         io = self.encoder.io_binding()
         io.bind_cpu_input("src_ids", src)
-        io.bind_output("cross_kv", self.device_type)
+        for name in self.cross_names:
+            io.bind_output(name, self.device_type)
         self.encoder.run_with_iobinding(io)
-        return io.get_outputs()[0]
+        return io.get_outputs()
 
     def search(self, src_ids: Sequence[Sequence[int]], options: SearchOptions,
                seeds: Sequence[int | None] | None = None) -> list[list[Hypothesis]]:

@@ -12,6 +12,20 @@ A decoder is anything with two methods (one object per batch of already-encoded 
                                                   order (expands sources into beams, follows beam
                                                   back-pointers, drops finished sentences)
 
+A decoder may also offer the k best next tokens, so searches that need no more than those skip
+the whole (N, V) distribution (the ONNX decoder computes them in the graph):
+
+    step_top(tokens: int64 (N,), k: int) -> (top_log_probs float32 (N, k), top_ids int64 (N, k),
+                                            eos_log_probs float32 (N,))
+                                                  like step(), but returns each row's k best tokens,
+                                                  best first, and its log-prob of eos; None or
+                                                  absent = not offered
+
+Beam search and greedy search use it unless repetition_penalty or no_repeat_ngram_size is on
+(they change log-probs outside the top k). Banned ids, min_length and the length budget only
+remove candidates or force eos, so the top (2 × beam + banned + 1) still hold every candidate the
+full distribution would yield, and the search returns the same hypotheses either way.
+
 Row r of a fresh decoder is source r. Beam search follows fairseq and CTranslate2: top-k over
 2 × beam candidates so that hypotheses ending in </s> can be set aside without shrinking the beam,
 one length-penalty normalisation when a hypothesis is finished, and finished sentences dropped
@@ -85,6 +99,33 @@ def _adjust(logp: np.ndarray, rows: _Rows, step: int, max_len: np.ndarray, *, eo
     return logp
 
 
+def _top_candidates(decoder, tokens: np.ndarray, width: int, rows: _Rows, step: int, max_len: np.ndarray, *,
+                    eos_id: int, min_length: int, banned_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """step_top() with the constraints of `_adjust` applied: (log-probs (N, k), ids (N, k)), where `width`
+    candidates per row survive whatever the constraints remove; removed entries are -inf."""
+    logp, ids, eos_logp = decoder.step_top(tokens, width + len(banned_ids) + 1)
+    logp = logp.astype(np.float32, copy=True)
+    ids = ids.astype(np.int64, copy=True)
+    at_limit = max_len[rows.sentence] <= step + 1
+    bad = np.isin(ids, banned_ids) if banned_ids else np.zeros(ids.shape, dtype=bool)
+    if step < min_length:
+        bad |= (ids == eos_id) & ~at_limit[:, None]
+    logp[bad] = NEG_INF
+    if at_limit.any():
+        # Rows at their length budget may only end: eos, with its own log-prob, is their one candidate.
+        logp[at_limit] = NEG_INF
+        logp[at_limit, 0] = eos_logp[at_limit]
+        ids[at_limit, 0] = eos_id
+    return logp, ids
+
+
+def _uses_top(decoder, repetition_penalty: float, no_repeat_ngram_size: int):
+    """decoder.step_top when the search may use it (see the module docstring), else None."""
+    if repetition_penalty != 1.0 or no_repeat_ngram_size > 0:
+        return None
+    return getattr(decoder, "step_top", None)
+
+
 def greedy_search(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eos_id: int,
                   max_length: Sequence[int] | np.ndarray, min_length: int = 0, no_repeat_ngram_size: int = 0,
                   repetition_penalty: float = 1.0, banned_ids: Sequence[int] = (),
@@ -123,14 +164,15 @@ def finish(steps: Steps) -> list[Hypothesis]:
 
 def greedy_steps(decoder: IncrementalDecoder, batch_size: int, *, cancel: set[int] | None = None, **kw) -> Steps:
     """greedy_search, one Step at a time (for streaming); see `_paths` for `cancel`."""
-    return _paths(decoder, batch_size, lambda logp, sentence: logp.argmax(axis=1), cancel=cancel, **kw)
+    return _paths(decoder, batch_size, None, cancel=cancel, **kw)
 
 
-def _paths(decoder: IncrementalDecoder, batch_size: int, pick: Callable, *, bos_id: int, eos_id: int,
+def _paths(decoder: IncrementalDecoder, batch_size: int, pick: Callable | None, *, bos_id: int, eos_id: int,
            max_length, min_length: int = 0, no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0,
            banned_ids: Sequence[int] = (), start_tokens: np.ndarray | None = None,
            cancel: set[int] | None = None) -> Steps:
-    """The loop shared by greedy search and sampling: `pick(logp (N, V), sentence (N,)) -> (N,)` ids.
+    """The loop shared by greedy search and sampling: `pick(logp (N, V), sentence (N,)) -> (N,)` ids;
+    None = arg-max (greedy search), which reads only the best few tokens when the decoder offers them.
 
     Yields a Step after every decoder call. Inputs the caller adds to `cancel` while iterating (a
     stop sequence seen, a client gone) end after the step just yielded, with finished=False.
@@ -142,14 +184,22 @@ def _paths(decoder: IncrementalDecoder, batch_size: int, pick: Callable, *, bos_
     max_len = np.asarray(max_length, dtype=np.int64)
     tokens = (np.full(batch_size, bos_id, dtype=np.int64) if start_tokens is None
               else np.asarray(start_tokens, dtype=np.int64).copy())
+    top = _uses_top(decoder, repetition_penalty, no_repeat_ngram_size) if pick is None else None
     step = 0
     while len(rows.sentence):
-        logp = decoder.step(tokens).astype(np.float32, copy=True)
-        logp = _adjust(logp, rows, step, max_len, eos_id=eos_id, min_length=min_length,
-                       no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
-                       banned_ids=banned_ids)
-        tokens = np.asarray(pick(logp, rows.sentence), dtype=np.int64)
-        sums += logp[np.arange(len(tokens)), tokens]
+        if top is not None:
+            logp, ids = _top_candidates(decoder, tokens, 1, rows, step, max_len, eos_id=eos_id,
+                                        min_length=min_length, banned_ids=banned_ids)
+            best = logp.argmax(axis=1)                                        # first candidate not removed
+            tokens = ids[np.arange(len(ids)), best]
+            sums += logp[np.arange(len(ids)), best]
+        else:
+            logp = decoder.step(tokens).astype(np.float32, copy=True)
+            logp = _adjust(logp, rows, step, max_len, eos_id=eos_id, min_length=min_length,
+                           no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
+                           banned_ids=banned_ids)
+            tokens = np.asarray(logp.argmax(axis=1) if pick is None else pick(logp, rows.sentence), dtype=np.int64)
+            sums += logp[np.arange(len(tokens)), tokens]
         yield Step(rows.sentence.copy(), tokens.copy())
         keep = []
         for r, tok in enumerate(tokens):
@@ -195,14 +245,20 @@ def beam_search(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eo
     beam_scores = np.tile(np.array([0.0] + [-np.inf] * (K - 1)), batch_size).reshape(batch_size, K)
     tokens = (np.full(batch_size * K, bos_id, dtype=np.int64) if start_tokens is None
               else np.repeat(np.asarray(start_tokens, dtype=np.int64), K))
+    top = _uses_top(decoder, repetition_penalty, no_repeat_ngram_size)
     step = 0
     while len(active):
         A = len(active)
-        logp = decoder.step(tokens).astype(np.float32, copy=True)    # (A*K, V)
-        V = logp.shape[1]
-        logp = _adjust(logp, rows, step, max_len, eos_id=eos_id, min_length=min_length,
-                       no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
-                       banned_ids=banned_ids)
+        if top is not None:
+            # Each row's best 2K are enough: a sentence's 2K best over all its beams are among them.
+            logp, ids = _top_candidates(decoder, tokens, 2 * K, rows, step, max_len, eos_id=eos_id,
+                                        min_length=min_length, banned_ids=banned_ids)  # (A*K, W) each
+        else:
+            logp, ids = decoder.step(tokens).astype(np.float32, copy=True), None        # (A*K, V)
+            logp = _adjust(logp, rows, step, max_len, eos_id=eos_id, min_length=min_length,
+                           no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
+                           banned_ids=banned_ids)
+        V = logp.shape[1]                                               # candidates per row: W or V
         total = (beam_scores.reshape(A * K, 1) + logp).reshape(A, K * V)  # (A, K*V)
         n_cand = min(2 * K, K * V)
         cand = np.argpartition(-total, n_cand - 1, axis=1)[:, :n_cand]     # (A, 2K) unsorted
@@ -220,6 +276,8 @@ def beam_search(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eo
                     break
                 beam, tok = divmod(int(cand[a, c]), V)
                 row = a * K + beam
+                if ids is not None:
+                    tok = int(ids[row, tok])
                 if tok == eos_id:
                     # An eos outside the top K is not a hypothesis the beam would have kept.
                     if c < K and len(finished[s]) < K:

@@ -162,6 +162,38 @@ def test_evaluate_says_when_the_data_file_is_missing(tiny_package, tmp_path):
         evaluate.main(["--package", str(tiny_package), "--data", str(tmp_path / "nope.tsv")])
 
 
+@pytest.mark.parametrize("options", [dict(beam_size=1), dict(beam_size=4, num_hypotheses=3),
+                                     dict(beam_size=1, min_length=12, max_length_b=20),
+                                     dict(beam_size=4, min_length=5, max_length=4),
+                                     dict(beam_size=5, max_length_a=0.5, max_length_b=2, num_hypotheses=2)])
+def test_in_graph_top_k_search_equals_the_full_distribution_search(engine, options):
+    """The graph's top_k outputs (what searches read by default) against the (N, V) log-probs, under
+    the constraints that remove candidates (banned ids, min_length) or force eos (the budget)."""
+    assert engine.has_top_k and engine.search_top_k
+    src = engine.source_ids(PARITY, "en")
+    fast = engine.search(src, SearchOptions(**options))
+    engine.search_top_k = False
+    try:
+        full = engine.search(src, SearchOptions(**options))
+    finally:
+        engine.search_top_k = True
+    assert [[h.tokens for h in hs] for hs in fast] == [[h.tokens for h in hs] for hs in full]
+    np.testing.assert_allclose([h.score for hs in fast for h in hs], [h.score for hs in full for h in hs],
+                               rtol=0, atol=1e-5)
+
+
+def test_packages_with_a_stacked_cache_still_load_and_translate():
+    """Packages exported before per-layer caches (the committed models) keep working, through the
+    full-distribution search."""
+    e = Engine(ROOT / "models" / "de-en", device="cpu", intra_op_threads=1)
+    assert e.stacked_cache and not e.has_top_k and e.past_names == ["past_kv"]
+    out = e.translate(["Das Haus ist klein.", "Guten Morgen."], source_lang="de", target_lang="en", beam_size=4)
+    assert all(t.text and t.tokens > 0 for t in out)
+    lm = Engine(ROOT / "models" / "lm-small", device="cpu", intra_op_threads=1)
+    assert lm.stacked_cache and not lm.has_top_k
+    assert 0 < lm.generate(["Die Datei"], max_new_tokens=5)[0].tokens <= 5
+
+
 # --- search options ---------------------------------------------------------------------------------
 
 def test_n_best_returns_distinct_hypotheses_best_first(engine, ids):

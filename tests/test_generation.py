@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from model import evaluate
+from model.export import cache_names
 from model.decoding import TorchPromptDecoder
 from model.mono import detect_lang, roff_paragraphs, split_paragraphs, Paragraph
 from service.engine import Engine, PackageError, SearchOptions
@@ -127,8 +128,11 @@ def test_package_is_a_decoder_only_generation_package(tiny_lm_package):
     assert meta["task"] == "generation" and meta["directions"] == [] and meta["languages"] == ["de", "en"]
     assert not (tiny_lm_package / "encoder.onnx").exists()
     graph = onnx.load(str(tiny_lm_package / "decoder.onnx")).graph
-    assert [i.name for i in graph.input] == ["tokens", "past_kv", "past_rows", "key_mask", "positions"]
-    assert [o.name for o in graph.output] == ["log_probs", "present_kv"]
+    L = meta["config"]["n_decoder_layers"]
+    assert [i.name for i in graph.input] == ["tokens", "past_rows", "key_mask", "positions",
+                                             *cache_names("past", L), "top_k"]
+    assert [o.name for o in graph.output] == ["log_probs", "top_log_probs", "top_ids", "eos_log_probs",
+                                              *cache_names("present", L)]
 
 
 def test_translation_engine_calls_refuse_a_generation_package(engine, tiny_package):
