@@ -42,7 +42,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from . import __version__
 from .config import Settings
 from .metrics import m, render
-from .generate_api import ENDPOINT as GENERATE, CancelBoard, GenerateAPI
+from .cancel import CancelBoard
+from .generate_api import ENDPOINT as GENERATE, GenerateAPI
 from .schemas import ErrorResponse, GenerateRequest, GenerateResponse, Language, TranslateRequest, TranslateResponse
 from .translate_api import ENDPOINT, TranslateAPI, check_packages
 
@@ -112,54 +113,82 @@ class Gateway:
                 self.active.value -= 1
             m().in_flight.labels(endpoint).dec()
 
-    async def submit(self, endpoint: str, payload: dict) -> dict:
+    async def submit(self, endpoint: str, payload: dict, request: Request | None = None) -> dict | None:
+        """The worker's answer to a /translate payload; None when the client went away first (its
+        request is then dropped from the worker's queue and from the engine batches not yet run)."""
         if self.handler is None:
             raise ApiError(400, "no_translation_model", "no translation model is loaded; start the service with "
                            "--model <a translation package>")
         with self.admitted(endpoint, ENDPOINT):
-            out = await self._submit(payload)
-        if "error" in out:
+            out = await self._submit(payload, request)
+        if out is not None and "error" in out:
             e = out["error"]
             raise ApiError(out["status"], e["type"], e["message"], e.get("limit"))
         return out
 
-    async def _submit(self, payload: dict) -> dict:
+    async def _submit(self, payload: dict, request: Request | None) -> dict | None:
         # LitServe's timeout only evicts requests still queued, and its monitor does not reach this
         # process's requests when a worker dies: without these two bounds such a request would wait
         # forever. A worker that stops being ready fails the requests in flight at once (503, retry);
         # twice the queue timeout bounds queue wait plus the longest computation (504).
         deadline = 2 * self.settings.request_timeout_s
-        task = asyncio.ensure_future(self.handler.handle_request(payload, dict))
-        lost = asyncio.ensure_future(self.worker_lost(ENDPOINT).wait())
+        uid, _ = await self.handler._submit_request(payload)
+        answered = asyncio.Event()
+        self.server.response_buffer[uid] = item = ResponseBufferItem(answered)
+        waits = {asyncio.ensure_future(answered.wait()): "answered",
+                 asyncio.ensure_future(self.worker_lost(ENDPOINT).wait()): "worker lost"}
+        if request is not None:
+            waits[asyncio.ensure_future(self._watch_disconnect(request))] = "client gone"
         try:
-            await asyncio.wait({task, lost}, timeout=deadline, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(waits, timeout=deadline, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            lost.cancel()
-            if not task.done():
+            for task in waits:
                 task.cancel()
-        if not task.done() or task.cancelled():
-            if lost.done() and not lost.cancelled():
-                raise ApiError(503, "worker_failed", "the inference worker stopped while running this request "
-                               "(it is being restarted); retry", headers={"Retry-After": "2"})
-            raise ApiError(504, "timeout", f"no answer within {deadline:g} s", headers={"Retry-After": "5"})
-        try:
-            return task.result()
-        except StarletteHTTPException as e:
-            if e.status_code == 504:  # LitServe evicted it from the queue before a worker took it
-                m().queue_depth.labels(ENDPOINT).dec()
-                raise ApiError(504, "timeout", f"the request waited more than {self.settings.request_timeout_s:g} s "
-                               "for a worker", headers={"Retry-After": "5"}) from None
+            self.server.response_buffer.pop(uid, None)  # a late answer then finds no one waiting
+        what = {waits[t] for t in done}
+        if "answered" in what:
+            response, status = item.response
+            if status != LitAPIStatus.ERROR:
+                return response
+            try:
+                self.handler._handle_error_response(response)   # raises LitServe's HTTPException
+            except StarletteHTTPException as e:
+                if e.status_code == 504:  # LitServe evicted it from the queue before a worker took it
+                    m().queue_depth.labels(ENDPOINT).dec()
+                    raise ApiError(504, "timeout", f"the request waited more than {self.settings.request_timeout_s:g} "
+                                   "s for a worker", headers={"Retry-After": "5"}) from None
             # The worker failed the whole batch or died under it (LitServe restarts it): worth a retry.
             raise ApiError(503, "worker_failed", "the inference worker failed while running this request; retry",
-                           headers={"Retry-After": "1"}) from None
+                           headers={"Retry-After": "1"})
+        if "client gone" in what:
+            self.board.cancel(payload["number"])  # the worker skips it, queued or between engine batches
+            m().cancelled.labels(ENDPOINT).inc()
+            return None
+        if "worker lost" in what:
+            raise ApiError(503, "worker_failed", "the inference worker stopped while running this request "
+                           "(it is being restarted); retry", headers={"Retry-After": "2"})
+        raise ApiError(504, "timeout", f"no answer within {deadline:g} s", headers={"Retry-After": "5"})
 
     async def worker_events(self, payload: dict) -> AsyncIterator[dict]:
         """Submits to the generation workers and yields their per-step events for this request."""
         uid, _ = await self.generate_handler._submit_request(payload)
         available, queue = asyncio.Event(), deque()
         self.server.response_buffer[uid] = ResponseBufferItem(event=available, response_queue=queue)
+        stream = self.server.data_streamer(queue, data_available=available, send_status=True)
+        # As in _submit: a worker that dies sends nothing more, so each wait races the worker watcher.
+        lost = asyncio.ensure_future(self.worker_lost(GENERATE).wait())
+        step = None
         try:
-            async for data, status in self.server.data_streamer(queue, data_available=available, send_status=True):
+            while True:
+                step = asyncio.ensure_future(anext(stream))
+                await asyncio.wait({step, lost}, return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():
+                    raise ApiError(503, "worker_failed", "the generation worker stopped while running this "
+                                   "request (it is being restarted); retry", headers={"Retry-After": "2"})
+                try:
+                    data, status = step.result()
+                except StopAsyncIteration:
+                    return
                 if status == LitAPIStatus.ERROR:
                     try:
                         err = pickle.loads(data) if isinstance(data, bytes) else data
@@ -174,6 +203,13 @@ class Gateway:
                 if data:
                     yield json.loads(data) if isinstance(data, (str, bytes)) else data
         finally:
+            lost.cancel()
+            if step is not None and not step.done():
+                # Worker lost, or this request cancelled (its client went away) while waiting: the
+                # streamer must stop running before aclose(), and the cancellation must not stop that wait.
+                step.cancel()
+                await asyncio.shield(asyncio.wait({step}))
+            await stream.aclose()
             self.server.response_buffer.pop(uid, None)
 
     def worker_lost(self, endpoint: str) -> asyncio.Event:
@@ -261,8 +297,11 @@ class Gateway:
         self.check_pair(body.source_lang, body.target_lang)
         received = time.monotonic()
         payload = body.model_dump(exclude={"text"}) | {"texts": texts, "received": received,
-                                                       "request_id": request.state.request_id}
-        out = await self.submit(ENDPOINT, payload)
+                                                       "request_id": request.state.request_id,
+                                                       "number": self.board.new_number()}
+        out = await self.submit(ENDPOINT, payload, request)
+        if out is None:
+            return Response(status_code=499)  # nginx's "client closed request": no one reads it
         total = (time.monotonic() - received) * 1000
         m().queue_wait.labels(ENDPOINT).observe(out["timings"]["queue_ms"] / 1000)
         out["timings"]["total_ms"] = round(total, 2)
@@ -425,10 +464,13 @@ class Gateway:
             self.check_limits(texts)
             self.check_pair(source, target)
             payload = req.model_dump(exclude={"text"}) | {"texts": texts, "received": time.monotonic(),
-                                                          "request_id": request.state.request_id}
-            out = await self.submit("libretranslate", payload)
+                                                          "request_id": request.state.request_id,
+                                                          "number": self.board.new_number()}
+            out = await self.submit("libretranslate", payload, request)
         except ApiError as e:
             return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
+        if out is None:
+            return Response(status_code=499)
         items = out["translations"]
         if isinstance(q, list):
             body = {"translatedText": [i["text"] for i in items]}
@@ -561,8 +603,8 @@ def build_server(settings: Settings) -> tuple[ls.LitServer, Gateway]:
                                          and "CUDAExecutionProvider" in onnxruntime.get_available_providers())
     tasks = {p["task"] for p in packages}
     # One LitAPI per endpoint, each with its own workers, loading only its own packages.
-    api = TranslateAPI(settings) if "translation" in tasks else None
     board = CancelBoard()
+    api = TranslateAPI(settings, board) if "translation" in tasks else None
     generate_api = GenerateAPI(settings, board) if "generation" in tasks else None
     server = ls.LitServer([a for a in (api, generate_api) if a], accelerator="cuda" if cuda else "cpu",
                           devices=1 if cuda else "auto",

@@ -68,6 +68,8 @@ def m() -> SimpleNamespace:
         model_info=Gauge(p + "model_info", "Loaded model packages (value 1)",
                          ["model", "directions", "precision", "provider"], multiprocess_mode="liveall"),
         rejected=Counter(p + "requests_rejected_total", "Requests refused because the queue was full", ["endpoint"]),
+        cancelled=Counter(p + "requests_cancelled_total", "Requests whose client went away before the answer "
+                          "(work not yet started for them is skipped)", ["endpoint"]),
         # Generation: what a streaming user feels (first piece) and the pace after it.
         time_to_first_token=Histogram(p + "time_to_first_token_seconds",
                                       "From request arrival to its first generated piece", ["endpoint", "model"],

@@ -22,6 +22,7 @@ from pathlib import Path
 import litserve as ls
 import numpy as np
 
+from .cancel import CancelBoard
 from .config import Settings
 from .engine import Engine, SearchOptions, load_package
 from .metrics import m
@@ -58,6 +59,7 @@ class Job:
     text_spans: list[tuple[int, int]]     # sentences[start:end] belong to text i
     separators: list[list[str]]           # per text: what stood between its sentences
     received: float                       # time.monotonic() when the HTTP process got it
+    number: int = 0                       # CancelBoard number (0: never cancelled)
     hyps: list[list[Hypothesis] | None] = field(default_factory=list)
     failure: Failure | None = None
     started: float = 0.0                  # batch start and end, time.monotonic()
@@ -85,10 +87,11 @@ def options_key(o: SearchOptions) -> tuple:
 
 
 class TranslateAPI(ls.LitAPI):
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, board: CancelBoard):
         super().__init__(max_batch_size=settings.max_batch_size, batch_timeout=settings.batch_timeout_ms / 1000,
                          api_path="/translate")
         self.settings = settings
+        self.board = board      # requests whose client went away: skipped before each engine batch
 
     # --- worker start-up -------------------------------------------------------------------------
     def setup(self, device: str) -> None:
@@ -154,7 +157,7 @@ class TranslateAPI(ls.LitAPI):
             return Failure(413, "too_many_tokens", f"the request has {total} source tokens; the limit is "
                            f"{s.max_request_tokens} (send fewer or shorter texts)", s.max_request_tokens)
         return Job(request.get("request_id", ""), name, pair[0], pair[1], options, ids, spans, seps,
-                   request.get("received", time.monotonic()))
+                   request.get("received", time.monotonic()), request.get("number", 0))
 
     def batch(self, jobs: list[Job | Failure]) -> Plan:
         """All sentences of all requests, grouped by (model, options), sorted by length, cut by token budget."""
@@ -182,8 +185,23 @@ class TranslateAPI(ls.LitAPI):
                 batches.append(EngineBatch(model, options, chunk, [jobs[a].sentences[b] for a, b in chunk]))
         return Plan(list(jobs), batches, started)
 
+    def _drop_cancelled(self, plan: Plan, eb: EngineBatch) -> EngineBatch:
+        """eb without the sentences of requests whose client has gone (they get a 499 no one reads)."""
+        jobs = sorted({j for j, _ in eb.rows})
+        gone = {j for j, g in zip(jobs, self.board.cancelled(np.array([plan.jobs[j].number for j in jobs])))
+                if g and plan.jobs[j].number}
+        if not gone:
+            return eb
+        for j in gone:
+            plan.jobs[j].failure = Failure(499, "client_closed_request", "the client went away")
+        keep = [i for i, (j, _) in enumerate(eb.rows) if j not in gone]
+        return EngineBatch(eb.model, eb.options, [eb.rows[i] for i in keep], [eb.src_ids[i] for i in keep])
+
     def predict(self, plan: Plan) -> list[Job | Failure]:
         for eb in plan.batches:
+            eb = self._drop_cancelled(plan, eb)
+            if not eb.rows:
+                continue
             engine = self.engines[eb.model]
             t0 = time.perf_counter()
             try:
@@ -201,7 +219,7 @@ class TranslateAPI(ls.LitAPI):
             m().batch_sentences.labels(ENDPOINT, eb.model).observe(len(eb.rows))
             for (j, k), hyps in zip(eb.rows, results):
                 job = plan.jobs[j]
-                if hyps is None:
+                if hyps is None and job.failure is None:
                     job.failure = Failure(500, "internal_error", "the engine failed on this text")
                 job.hyps[k] = hyps
         finished = time.monotonic()

@@ -61,3 +61,99 @@ def test_a_killed_worker_is_replaced_and_in_flight_requests_get_an_answer(tiny_p
         assert worker_pids(url, tiny_package.name) - {pid}   # a new process serves
     finally:
         stop_server(proc)
+
+
+def test_a_killed_generation_worker_fails_its_streams_and_requests_at_once(tiny_package, tiny_lm_package):
+    """The same for POST /generate, streamed and not: the events of a dead worker never come, so the
+    gateway races each wait against the worker watcher instead of waiting for the client to give up."""
+    proc, url = start_server(tiny_package, "--model", str(tiny_lm_package), "--max-output-tokens", "1000",
+                             "--request-timeout-s", "10")
+    try:
+        (pid,) = worker_pids(url, tiny_lm_package.name)
+        # 8 x 1000 tokens take seconds on the tiny model: long enough to be killed mid-way.
+        body = {"prompt": "Das", "max_new_tokens": 1000, "min_new_tokens": 1000, "num_return_sequences": 8,
+                "seed": 1}
+
+        def plain(_):
+            t0 = time.monotonic()
+            r = httpx.post(url + "/generate", json=body, timeout=60)
+            return r.status_code, r.headers.get("retry-after"), r.json(), time.monotonic() - t0
+
+        def streamed(_):
+            t0 = time.monotonic()
+            with httpx.stream("POST", url + "/generate", json=body | {"stream": True}, timeout=60) as r:
+                lines = [line for line in r.iter_lines() if line.strip()]
+            # An SSE stream once it has begun; a plain JSON error if the worker died before its first event.
+            events = [line for line in lines if line.startswith("data: ")] or lines
+            return r.status_code, events[-1], time.monotonic() - t0
+
+        with cf.ThreadPoolExecutor(4) as pool:
+            plains = [pool.submit(plain, i) for i in range(2)]
+            streams = [pool.submit(streamed, i) for i in range(2)]
+            time.sleep(1.0)                      # the worker is generating for them
+            os.kill(pid, signal.SIGKILL)
+            plain_results = [f.result() for f in plains]
+            stream_results = [f.result() for f in streams]
+        for status, retry_after, payload, seconds in plain_results:
+            assert status in (200, 503), payload
+            if status == 503:
+                assert retry_after and payload["error"]["type"] == "worker_failed"
+            assert seconds < 10, plain_results
+        for status, last, seconds in stream_results:
+            assert status in (200, 503) and seconds < 10, stream_results
+            # The stream ends with an error event naming the failure (or had finished before).
+            assert '"worker_failed"' in last or (status == 200 and '"type": "done"' in last), last
+        assert any(r[0] == 503 for r in plain_results) or any('"worker_failed"' in r[1] for r in stream_results)
+        assert proc.poll() is None
+
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if httpx.get(url + "/ready").status_code == 200 and worker_pids(url, tiny_lm_package.name) - {pid}:
+                break
+            time.sleep(1)
+        r = httpx.post(url + "/generate", json={"prompt": "Das", "max_new_tokens": 3}, timeout=60)
+        assert r.status_code == 200 and r.json()["choices"]
+    finally:
+        stop_server(proc)
+
+
+def metric_sum(url: str, name: str, **labels) -> float:
+    total = 0.0
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def test_translate_clients_that_go_away_free_their_place_in_the_batch(tiny_package):
+    """Requests whose client disconnects while they wait for a batch are dropped before the engine
+    runs: no engine batch is spent on them. A 2 s batch window makes them wait long enough."""
+    proc, url = start_server(tiny_package, "--batch-timeout-ms", "2000", "--max-batch-size", "64")
+    try:
+        texts = [de for de, _ in pairs64()][:8]
+        body = {"text": texts, "source_lang": "de", "target_lang": "en", "beam_size": 4}
+        runs_before = metric_sum(url, "transerve_inference_duration_seconds_count", endpoint="translate")
+
+        def impatient(_):
+            try:
+                httpx.post(url + "/translate", json=body, timeout=0.5)
+            except httpx.ReadTimeout:
+                return "gone"
+            return "answered"
+
+        with cf.ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(impatient, range(4))) == ["gone"] * 4
+        deadline = time.time() + 10
+        while metric_sum(url, "transerve_requests_cancelled_total", endpoint="translate") < 4 and time.time() < deadline:
+            time.sleep(0.2)
+        assert metric_sum(url, "transerve_requests_cancelled_total", endpoint="translate") == 4
+        time.sleep(2.5)                          # past the batch window: the batch has been taken
+        assert metric_sum(url, "transerve_inference_duration_seconds_count", endpoint="translate") == runs_before
+        assert metric_sum(url, "transerve_requests_total", endpoint="translate", status="499") == 4
+        de, en = pairs64()[0]
+        r = httpx.post(url + "/translate", json={"text": de, "source_lang": "de", "target_lang": "en"}, timeout=30)
+        assert r.status_code == 200 and r.json()["translations"][0]["text"] == en
+        assert metric_sum(url, "transerve_inference_duration_seconds_count", endpoint="translate") == runs_before + 1
+    finally:
+        stop_server(proc)

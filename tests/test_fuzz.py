@@ -17,14 +17,22 @@ pytest.importorskip("schemathesis")
 
 from conftest import pairs64  # noqa: E402
 from service.engine import Engine, SearchOptions  # noqa: E402
-from test_service import start_server, stop_server  # noqa: E402
+from test_service import server_log, start_server, stop_server  # noqa: E402
+
+
+class Url(str):
+    """The server's URL, which also knows its process (for the log)."""
+    def __new__(cls, url: str, proc):
+        self = super().__new__(cls, url)
+        self.proc = proc
+        return self
 
 
 @pytest.fixture(scope="module")
 def fuzz_server(tiny_package, tiny_lm_package):
     proc, url = start_server(tiny_package, "--model", str(tiny_lm_package), "--max-output-tokens", "24",
                              "--max-texts", "8", "--max-text-chars", "2000")
-    yield url
+    yield Url(url, proc)
     stop_server(proc)
 
 
@@ -42,6 +50,8 @@ def test_no_generated_request_gets_a_5xx(fuzz_server, tmp_path):
     # Every operation of the schema was exercised, the LibreTranslate ones included.
     for path in ("/translate", "/generate", "/libretranslate/translate", "/languages", "/health", "/info"):
         assert path in report, path
+    log = server_log(fuzz_server.proc)
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-6000:]
 
 
 def test_the_service_still_works_after_fuzzing(fuzz_server):

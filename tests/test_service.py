@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -30,13 +31,16 @@ def start_server(package, *extra, env=None):
     port = free_port()
     cmd = [sys.executable, "-m", "service", "--model", str(package), "--host", "127.0.0.1", "--port", str(port),
            "--threads", "1", *extra]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    # The log goes to a file: a pipe no one reads fills up (64 KiB of access log) and blocks the server.
+    log = tempfile.NamedTemporaryFile("w+", prefix="transerve-test-", suffix=".log", delete=False)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, **(env or {})), start_new_session=True)
+    proc.log_path = log.name
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{proc.stdout.read()[-3000:]}")
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{server_log(proc)[-3000:]}")
         try:
             if httpx.get(url + "/ready", timeout=2).status_code == 200:
                 return proc, url
@@ -45,6 +49,11 @@ def start_server(package, *extra, env=None):
         time.sleep(0.5)
     stop_server(proc)
     raise RuntimeError("server did not become ready in 180 s")
+
+
+def server_log(proc) -> str:
+    with open(proc.log_path, encoding="utf-8", errors="replace") as f:
+        return f.read()
 
 
 def stop_server(proc):

@@ -1,0 +1,36 @@
+"""Which requests' clients went away, shared by the HTTP processes and the inference workers."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import numpy as np
+
+
+class CancelBoard:
+    """Numbers of requests whose client disconnected, shared by HTTP processes and workers.
+
+    A ring of the last SIZE cancellations in shared memory: the HTTP side writes, workers read it
+    once per decoding step (one numpy isin over 4096 integers), and nothing needs freeing.
+    """
+    SIZE = 4096
+
+    def __init__(self):
+        # LitServe spawns its workers; locks of the default (fork) context cannot be pickled into them.
+        ctx = mp.get_context("spawn")
+        self._ring = ctx.Array("q", self.SIZE)
+        self._next = ctx.Value("q", 0)
+        self._numbers = ctx.Value("q", 0)
+
+    def new_number(self) -> int:
+        with self._numbers.get_lock():
+            self._numbers.value += 1
+            return self._numbers.value
+
+    def cancel(self, number: int) -> None:
+        with self._next.get_lock():
+            self._ring[self._next.value % self.SIZE] = number
+            self._next.value += 1
+
+    def cancelled(self, numbers: np.ndarray) -> np.ndarray:
+        return np.isin(numbers, np.frombuffer(self._ring.get_obj(), dtype=np.int64))
