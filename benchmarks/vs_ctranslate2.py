@@ -162,11 +162,12 @@ def served(package: Path, sentences: list[str], *, threads: int, max_length: int
             raise RuntimeError("the service did not become ready")
         body = {"source_lang": "de", "target_lang": "en", "beam_size": 4, "max_length": max_length}
         with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=clients)) as client:
-            def one(text: str) -> tuple[int, float]:
+            def one(text: str) -> tuple[int, float, dict]:
                 s = time.perf_counter()
                 r = client.post(url + "/translate", json=body | {"text": text})
                 r.raise_for_status()
-                return r.json()["translations"][0]["output_tokens"] + 1, time.perf_counter() - s
+                out = r.json()
+                return out["translations"][0]["output_tokens"] + 1, time.perf_counter() - s, out["timings"]
             one(sentences[0])
             # Single-sentence latency with nothing else in flight, then throughput under load.
             alone = [one(t)[1] for t in sentences[:16]]
@@ -175,10 +176,24 @@ def served(package: Path, sentences: list[str], *, threads: int, max_length: int
                 results = list(pool.map(one, sentences))
             wall = time.perf_counter() - t0
         return {"tok_s": sum(r[0] for r in results) / wall, "p50_ms": statistics.median(r[1] for r in results) * 1000,
-                "alone_p50_ms": statistics.median(alone) * 1000}
+                "alone_p50_ms": statistics.median(alone) * 1000, "stages": stages(results)}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
+
+
+def stages(results: list[tuple[int, float, dict]]) -> dict[str, float]:
+    """Mean ms per request in each stage, from the client's clock and the response's `timings`:
+    queue (received -> its batch starts: tokenisation, hand-over to the worker, waiting for the
+    engine), inference (its batch's engine time), response (detokenisation, hand-back) and HTTP
+    (everything outside the handler: parsing, validation, JSON, the network)."""
+    n = len(results)
+    e2e = sum(r[1] for r in results) * 1000 / n
+    queue = sum(r[2]["queue_ms"] for r in results) / n
+    inference = sum(r[2]["inference_ms"] for r in results) / n
+    handler = sum(r[2]["total_ms"] for r in results) / n
+    return {"end to end": e2e, "queue": queue, "inference": inference, "response": handler - queue - inference,
+            "HTTP": e2e - handler}
 
 
 def main(argv=None) -> None:
@@ -191,6 +206,8 @@ def main(argv=None) -> None:
     p.add_argument("--max-length", type=int, default=48, help="output budget in tokens, eos included")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for both engines")
     p.add_argument("--quick", action="store_true", help="64 sentences, budget 32 (under 10 minutes on 2 cores)")
+    p.add_argument("--repeat", type=int, default=3, help="passes per configuration, engines taking turns; "
+                   "the best pass of each is reported")
     p.add_argument("--no-http", action="store_true", help="skip the served measurement")
     p.add_argument("--out", type=Path, help="also write the results as Markdown here")
     args = p.parse_args(argv)
@@ -225,6 +242,7 @@ def main(argv=None) -> None:
         rows = []
         for beam in (4, 1):
             for size in (1, 32):
+                runs = {}
                 for engine, precision in (("ctranslate2", "fp32"), ("ours", "fp32"), ("ctranslate2", "int8"),
                                           ("ours", "int8")):
                     if engine == "ctranslate2":
@@ -237,7 +255,16 @@ def main(argv=None) -> None:
                         groups = batches(ids, size)
                     if size == 1:
                         groups = groups[: max(16, len(groups) // 4)]   # batch 1 is slow; a sample is enough
-                    r = measure(run, groups)
+                    runs[engine, precision] = run, groups
+                # The engines take turns, and each keeps its best pass: a noisy neighbour on a shared
+                # machine slows a pass down, never speeds one up.
+                best: dict[tuple, dict] = {}
+                for _ in range(args.repeat):
+                    for key, (run, groups) in runs.items():
+                        r = measure(run, groups)
+                        if key not in best or r["tok_s"] > best[key]["tok_s"]:
+                            best[key] = r
+                for (engine, precision), r in best.items():
                     rows.append({"engine": engine, "precision": precision, "beam": beam, "batch": size} | r)
                     print(f"{engine:12} {precision} beam {beam} batch {size:2}: {r['tok_s']:8.0f} tok/s  "
                           f"p50 {r['p50_ms']:8.1f} ms", flush=True)
@@ -271,6 +298,12 @@ def main(argv=None) -> None:
                   f"| request p50 ms under load | {http['p50_ms']:,.1f} |",
                   f"| single sentence alone, p50 ms (CTranslate2 int8 batch 1: {ct2_one:,.1f}) | "
                   f"{http['alone_p50_ms']:,.1f} |"]
+        st = http["stages"]
+        own = (st["response"] + st["HTTP"]) / st["end to end"]
+        lines += ["", "| served, per request under load | mean ms | share |", "|---|---:|---:|"]
+        lines += [f"| {name} | {ms:,.1f} | {ms / st['end to end']:.0%} |" for name, ms in st.items()]
+        lines += [f"| the service's own overhead (response + HTTP) | "
+                  f"{st['response'] + st['HTTP']:,.1f} | {own:.0%} |"]
     table = "\n".join(lines)
     import ctranslate2
     import onnxruntime
@@ -281,7 +314,8 @@ def main(argv=None) -> None:
               f"- versions: ctranslate2 {ctranslate2.__version__}, onnxruntime {onnxruntime.__version__}",
               f"- weights: {what}",
               f"- inputs: {len(sentences)} sentences ({args.data or 'the tests’ 64 Ding sentences, repeated'}), "
-              f"sorted by length; output budget {args.max_length} tokens; length penalty 1.0"]
+              f"sorted by length; output budget {args.max_length} tokens; length penalty 1.0",
+              f"- each engine figure: the best of {args.repeat} passes, the engines taking turns"]
     print()
     print("\n".join(header))
     print()

@@ -290,6 +290,26 @@ def test_hadolint_fails_on_a_broken_copy(tmp_path):
     assert r.returncode != 0 and "DL3015" in r.stdout and "DL3002" in r.stdout, r.stdout
 
 
+@pytest.mark.parametrize("extra", ["serve", "gpu"])
+def test_image_locks_pin_every_serving_dependency_with_hashes(extra):
+    """The image installs deploy/docker/requirements-<extra>.lock with --require-hashes: every
+    requirement of the extra is in it, each pinned (==) with at least one sha256."""
+    import tomllib
+
+    lock = (ROOT / "deploy" / "docker" / f"requirements-{extra}.lock").read_text()
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+) \\$", lock, flags=re.M))
+    entries = re.split(r"\n(?=[A-Za-z0-9_.-]+==)", lock.split("\n", 2)[2].strip())
+    assert len(entries) == len(pins) > 10
+    assert all("--hash=sha256:" in e for e in entries)
+    norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()  # noqa: E731
+    pinned = {norm(n): v for n, v in pins.items()}
+    wanted = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][extra]
+    for req in wanted:
+        name = norm(re.match(r"[A-Za-z0-9_.-]+", req).group())
+        assert name in pinned, f"{name} is not in the {extra} lock: run bash scripts/lock.sh"
+    assert "require-hashes" in (ROOT / "Dockerfile").read_text()
+
+
 # --- promtool --------------------------------------------------------------------------------------
 def promtool(*args, cwd=PROM) -> subprocess.CompletedProcess:
     exe = shutil.which("promtool")

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Regenerates the image's hash-pinned dependency locks, deploy/docker/requirements-{serve,gpu}.lock,
+# for the image's Python (Ubuntu 24.04: CPython 3.12, x86_64 glibc). Versions follow the test venv
+# (.venv, made by scripts/test.sh) where it has the package, so the image runs what the tests ran.
+#
+#   bash scripts/lock.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools=$(mktemp -d)
+trap 'rm -rf "$tools"' EXIT
+python3 -m venv "$tools/venv"
+"$tools/venv/bin/pip" install --quiet uv 2>/dev/null
+constraints=()
+if [ -x .venv/bin/pip ]; then
+  .venv/bin/pip freeze --exclude-editable | grep -v '@ file' > "$tools/tested.txt"
+  constraints=(-c "$tools/tested.txt")
+fi
+for extra in serve gpu; do
+  out=deploy/docker/requirements-$extra.lock
+  {
+    echo "# The serving image's dependencies (extra \"$extra\"), pinned with hashes; pip installs them"
+    echo "# with --require-hashes. Regenerate with: bash scripts/lock.sh"
+    "$tools/venv/bin/uv" pip compile pyproject.toml --extra "$extra" --generate-hashes --no-header --no-annotate \
+      --python-version 3.12 --python-platform x86_64-manylinux_2_39 --index-url https://pypi.org/simple \
+      --quiet "${constraints[@]}"
+  } > "$out"
+  echo "wrote $out ($(grep -c '==' "$out") packages)"
+done
