@@ -34,13 +34,14 @@ ARG ORT_EXTRA=serve
 RUN python3 -m venv /opt/venv
 WORKDIR /src
 # Dependencies first, every one pinned with its hashes (scripts/lock.sh writes the locks): a
-# changed or substituted wheel fails the build. Then transerve itself, which adds nothing.
+# changed or substituted wheel fails the build. Then transerve itself, which adds nothing (its build
+# backend, setuptools, is fetched into pip's isolated build environment and stays out of the image).
 COPY deploy/docker/requirements-${ORT_EXTRA}.lock /tmp/requirements.lock
 RUN /opt/venv/bin/pip install --no-cache-dir --require-hashes --only-binary=:all: -r /tmp/requirements.lock
 # Only what the serving package needs: model/ (training, torch) stays out of the image.
 COPY pyproject.toml README.md ./
 COPY service/ service/
-RUN /opt/venv/bin/pip install --no-cache-dir --no-deps --no-build-isolation . \
+RUN /opt/venv/bin/pip install --no-cache-dir --no-deps . \
  && /opt/venv/bin/pip check \
  && /opt/venv/bin/python -c "import importlib.util as u, sys; sys.exit('torch must not be in the serving image' if u.find_spec('torch') else 0)" \
  && /opt/venv/bin/python -c "import service.app, onnxruntime; print('onnxruntime', onnxruntime.__version__, onnxruntime.get_available_providers())"

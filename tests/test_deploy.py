@@ -116,7 +116,7 @@ def test_every_deploy_file_opens_with_a_comment_on_what_it_creates():
     missing = []
     for p in deploy_files() + [ROOT / "Dockerfile"]:
         text = p.read_text(encoding="utf-8")
-        if p.suffix in (".yaml", ".yml", ".env") or p.name in ("Dockerfile", ".yamllint.yaml"):
+        if p.suffix in (".yaml", ".yml", ".env", ".lock") or p.name in ("Dockerfile", ".yamllint.yaml"):
             ok = text.startswith("#")
         elif p.suffix == ".py":
             ok = text.startswith("#!/usr/bin/env python3\n\"\"\"") or text.startswith('"""')

@@ -6,6 +6,7 @@ every request in flight gets an answer at once instead of hanging (200 if it fin
 import concurrent.futures as cf
 import os
 import signal
+import threading
 import time
 
 import httpx
@@ -31,16 +32,23 @@ def test_a_killed_worker_is_replaced_and_in_flight_requests_get_an_answer(tiny_p
         texts = [de for de, _ in pairs64()][:32]
         body = {"text": texts, "source_lang": "de", "target_lang": "en", "beam_size": 4}
 
+        killed = threading.Event()
+
         def client(_):
-            t0 = time.monotonic()
-            r = httpx.post(url + "/translate", json=body, timeout=90)
-            return r.status_code, r.headers.get("retry-after"), r.json(), time.monotonic() - t0
+            # Requests back to back until the kill, so the worker is always in the middle of a batch.
+            out = []
+            while not killed.is_set():
+                t0 = time.monotonic()
+                r = httpx.post(url + "/translate", json=body, timeout=90)
+                out.append((r.status_code, r.headers.get("retry-after"), r.json(), time.monotonic() - t0))
+            return out
 
         with cf.ThreadPoolExecutor(6) as pool:
             futures = [pool.submit(client, i) for i in range(6)]
-            time.sleep(0.5)                      # the worker is busy with them
+            time.sleep(1.0)
             os.kill(pid, signal.SIGKILL)
-            results = [f.result() for f in futures]
+            killed.set()                         # each client ends with the request it has in flight
+            results = [r for f in futures for r in f.result()]
         statuses = [r[0] for r in results]
         assert set(statuses) <= {200, 503}, results
         assert 503 in statuses                   # some were running when it died
