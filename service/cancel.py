@@ -33,4 +33,6 @@ class CancelBoard:
             self._next.value += 1
 
     def cancelled(self, numbers: np.ndarray) -> np.ndarray:
-        return np.isin(numbers, np.frombuffer(self._ring.get_obj(), dtype=np.int64))
+        # A copy first: the HTTP side writes the ring while isin reads it, and isin sizes its table
+        # from the values it saw first (a later, larger one indexed past it: IndexError).
+        return np.isin(numbers, np.frombuffer(self._ring.get_obj(), dtype=np.int64).copy())
