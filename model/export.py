@@ -75,6 +75,12 @@ def cache_names(prefix: str, n_layers: int) -> list[str]:
     return [f"{prefix}_{kv}_{i}" for i in range(n_layers) for kv in ("key", "value")]
 
 
+def reordered(caches: tuple[torch.Tensor, ...], rows: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Flat (key_0, value_0, key_1, ...) per-layer tensors -> [(key, value)] per layer, rows picked by `rows`."""
+    picked = [t.index_select(0, rows) for t in caches]
+    return list(zip(picked[0::2], picked[1::2]))
+
+
 class EncoderGraph(nn.Module):
     """Runs the encoder and precomputes every decoder layer's cross-attention keys/values."""
 
@@ -122,10 +128,8 @@ class DecoderGraph(nn.Module):
 
     def forward(self, tokens, past_rows, cross_rows, src_mask, *caches):
         L = self.model.config.n_decoder_layers
-        past = [(caches[2 * i].index_select(0, past_rows), caches[2 * i + 1].index_select(0, past_rows))
-                for i in range(L)]                                              # L x (N, h, T, d_k)
-        cross = [(caches[2 * L + 2 * i].index_select(0, cross_rows), caches[2 * L + 2 * i + 1].index_select(0, cross_rows))
-                 for i in range(L)]                                             # L x (N, h, S, d_k)
+        past = reordered(caches[:2 * L], past_rows)                             # L x (N, h, T, d_k)
+        cross = reordered(caches[2 * L:], cross_rows)                           # L x (N, h, S, d_k)
         mask = src_mask.index_select(0, cross_rows)[:, None, None, :]           # (N, 1, 1, S)
         x, present = self.model.decoder_states(tokens, None, src_mask=mask, cross_kv=cross, past=past)  # (N, 1, d_model)
         return (*next_token_outputs(self.project(x[:, -1]), self.model.config.eos_id),
@@ -141,9 +145,7 @@ class LMDecoderGraph(nn.Module):
         self.project = OutputProjection(model)
 
     def forward(self, tokens, past_rows, key_mask, positions, *caches):
-        L = self.model.config.n_decoder_layers
-        past = [(caches[2 * i].index_select(0, past_rows), caches[2 * i + 1].index_select(0, past_rows))
-                for i in range(L)]                                              # L x (N, h, T, d_k)
+        past = reordered(caches, past_rows)                                     # L x (N, h, T, d_k)
         T_new, T_all = tokens.size(1), key_mask.size(1)
         # New token i sits at T_all - T_new + i and may see every real key up to itself.
         query_at = torch.arange(T_new, device=tokens.device) + (T_all - T_new)  # (T_new,)
