@@ -205,8 +205,8 @@ def main(argv=None) -> None:
     p.add_argument("--sentences", type=int, default=256, help="sentences per configuration")
     p.add_argument("--max-length", type=int, default=48, help="output budget in tokens, eos included")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for both engines")
-    p.add_argument("--served-threads", type=int, help="the server's onnxruntime threads (default: --threads "
-                   "minus one, leaving a core to the HTTP process, which measured faster on 2 cores)")
+    p.add_argument("--served-threads", type=int, help="the server's onnxruntime threads (default: --threads; "
+                   "the server's idle threads sleep, so they leave the HTTP process its share of the cores)")
     p.add_argument("--quick", action="store_true", help="64 sentences, budget 32 (under 10 minutes on 2 cores)")
     p.add_argument("--repeat", type=int, default=3, help="passes per configuration, engines taking turns; "
                    "the best pass of each is reported")
@@ -216,7 +216,7 @@ def main(argv=None) -> None:
     if args.quick:
         args.sentences, args.max_length = 64, 32
     if args.served_threads is None:
-        args.served_threads = max(1, args.threads - 1)
+        args.served_threads = args.threads
 
     from transformers import MarianTokenizer
 

@@ -124,12 +124,17 @@ class Generation:
     score: float = 0.0                            # sum of log-probs of the generated pieces
 
 
-def session_options(intra_op_threads: int = 0, inter_op_threads: int = 1) -> ort.SessionOptions:
+def session_options(intra_op_threads: int = 0, inter_op_threads: int = 1, *, spin_wait: bool = True
+                    ) -> ort.SessionOptions:
+    """`spin_wait=False` (off) makes idle intra-op threads sleep instead of busy-waiting for the next
+    operator: slower by a hair alone, faster when another process (the HTTP server) needs the cores."""
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = intra_op_threads       # 0 = one per physical core
     so.inter_op_num_threads = inter_op_threads
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if not spin_wait:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return so
 
 
@@ -256,7 +261,7 @@ class Engine:
     translation, the decoder alone for generation)."""
 
     def __init__(self, package: str | Path | ModelPackage, *, device: str = "auto", intra_op_threads: int = 0,
-                 inter_op_threads: int = 1, verify: bool = True):
+                 inter_op_threads: int = 1, spin_wait: bool = True, verify: bool = True):
         self.package = package if isinstance(package, ModelPackage) else load_package(package, verify=verify)
         meta = self.package.meta
         self.task: str = meta.get("task", "translation")
@@ -265,7 +270,7 @@ class Engine:
                                "this engine serves translation and generation packages")
         self.providers = pick_providers(device)
         self.device_type = "cuda" if self.providers[0] == "CUDAExecutionProvider" else "cpu"
-        so = session_options(intra_op_threads, inter_op_threads)
+        so = session_options(intra_op_threads, inter_op_threads, spin_wait=spin_wait)
         try:
             self.encoder = (ort.InferenceSession(str(self.package.file("encoder.onnx")), so, providers=self.providers)
                             if self.task == "translation" else None)

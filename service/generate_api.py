@@ -104,7 +104,8 @@ class GenerateAPI(ls.LitAPI):
         provider = "cpu" if self.settings.device == "cpu" or not str(device).startswith("cuda") else "cuda"
         self.engines: dict[str, Engine] = {}
         for path in self.settings.model_paths:
-            engine = Engine(path, device=provider, intra_op_threads=self.settings.threads)
+            engine = Engine(path, device=provider, intra_op_threads=self.settings.threads,
+                            spin_wait=self.settings.spin_wait)
             if engine.task != "generation":
                 continue
             name = engine.package.name

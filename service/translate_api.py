@@ -104,7 +104,8 @@ class TranslateAPI(ls.LitAPI):
             package = load_package(path)
             if package.meta.get("task", "translation") != "translation":
                 continue  # served by GenerateAPI's workers
-            engine = Engine(package, device=provider, intra_op_threads=self.settings.threads)
+            engine = Engine(package, device=provider, intra_op_threads=self.settings.threads,
+                            spin_wait=self.settings.spin_wait)
             name = engine.package.name
             self.engines[name] = engine
             for d in engine.directions:

@@ -397,6 +397,23 @@ def test_settings_are_ones_the_server_knows_and_accepts(overlay, rendered, monke
     assert parsed.models == [settings["TRANSERVE_MODELS"]] and parsed.device == settings["TRANSERVE_DEVICE"]
 
 
+def test_boolean_settings_read_flags_and_environment(monkeypatch):
+    from service.config import parse_settings
+    from service.engine import session_options
+
+    monkeypatch.delenv("TRANSERVE_SPIN_WAIT", raising=False)
+    assert parse_settings([]).spin_wait is False
+    assert parse_settings(["--spin-wait"]).spin_wait is True
+    monkeypatch.setenv("TRANSERVE_SPIN_WAIT", "true")
+    assert parse_settings([]).spin_wait is True
+    assert parse_settings(["--no-spin-wait"]).spin_wait is False
+    monkeypatch.setenv("TRANSERVE_SPIN_WAIT", "sometimes")
+    with pytest.raises(SystemExit, match="TRANSERVE_SPIN_WAIT must be true or false, got 'sometimes'"):
+        parse_settings([])
+    # What the setting turns into for onnxruntime.
+    assert session_options(spin_wait=False).get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_pods_run_non_root_with_a_read_only_root_and_writable_tmp(overlay, rendered):
     objs = rendered[overlay]
