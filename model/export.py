@@ -17,7 +17,9 @@ The decoder step (translation):
     past_rows     int64 (N,)               row of the past cache each row continues (beam back-pointers,
                                            finished sentences dropped): the reorder happens inside the
                                            graph, so the cache never travels through Python
-    cross_rows    int64 (N,)               source sentence of each row
+    sources       int64 (A,)               source sentence of each group of N / A consecutive rows
+                                           (a sentence's beams: they share its encoder keys/values,
+                                           which are picked once per sentence, not copied per beam)
     src_mask      bool  (B, S)             True at real source tokens
     past_key_i, past_value_i   float (M, h, T, d_k)   layer i's self-attention cache (T may be 0)
     cross_key_i, cross_value_i float (B, h, S, d_k)   from the encoder, computed once per batch
@@ -31,7 +33,8 @@ The decoder step (translation):
 A search that needs no more than the best few tokens of each row reads top_* and eos_log_probs,
 so (N, V) values never reach the host (service/search.py). Each layer's cache is its own tensor:
 a stacked (L, 2, N, h, T, d_k) cache, as packages before 2026-11-23 had, is split into layers and
-stacked again every step, which copied it twice more (the engine still reads such packages).
+stacked again every step, which copied it twice more. Older packages also take `cross_rows` (N,),
+one source per row, instead of `sources`; the engine still reads both.
 
 A decoder-only model (text generation, task "generation") has no encoder.onnx; its decoder step
 reads a whole batch of left-padded prompts in one call, then one token per row per call:
@@ -126,11 +129,11 @@ class DecoderGraph(nn.Module):
         self.model = model
         self.project = OutputProjection(model)
 
-    def forward(self, tokens, past_rows, cross_rows, src_mask, *caches):
+    def forward(self, tokens, past_rows, sources, src_mask, *caches):
         L = self.model.config.n_decoder_layers
         past = reordered(caches[:2 * L], past_rows)                             # L x (N, h, T, d_k)
-        cross = reordered(caches[2 * L:], cross_rows)                           # L x (N, h, S, d_k)
-        mask = src_mask.index_select(0, cross_rows)[:, None, None, :]           # (N, 1, 1, S)
+        cross = reordered(caches[2 * L:], sources)                              # L x (A, h, S, d_k)
+        mask = src_mask.index_select(0, sources)[:, None, None, :]              # (A, 1, 1, S)
         x, present = self.model.decoder_states(tokens, None, src_mask=mask, cross_kv=cross, past=past)  # (N, 1, d_model)
         return (*next_token_outputs(self.project(x[:, -1]), self.model.config.eos_id),
                 *(t for kv in present for t in kv))                             # ..., 2L x (N, h, T+1, d_k)
@@ -205,26 +208,28 @@ def export_translation(model: Transformer, out: Path, dtype: torch.dtype = torch
     """Writes encoder.onnx and decoder.onnx; returns their signatures for model.json."""
     c = model.config
     model = model.to(dtype).eval()
-    L, B, S, T, N = c.n_decoder_layers, 2, 7, 3, 4
+    L, B, S, T, N = c.n_decoder_layers, 3, 7, 3, 4
     Dim = torch.export.Dim
     batch, src_len, past_len, rows, kv_rows = Dim("batch"), Dim("src_len"), Dim("past_len"), Dim("rows"), Dim("kv_rows")
+    sources = Dim("sources")
     cross_names, past_names, present_names = (cache_names(p, L) for p in ("cross", "past", "present"))
     src = torch.randint(4, c.vocab_size, (B, S))
     _export(EncoderGraph(model), (src,), out / "encoder.onnx", ["src_ids"], cross_names,
             {"src_ids": {0: batch, 1: src_len}})
-    args = (torch.randint(4, c.vocab_size, (N, 1)), torch.tensor([0, 1, 2, 1]), torch.tensor([0, 0, 1, 1]),
+    # 4 rows in 2 groups over 2 of the 3 sources: example sizes that differ, so none is fixed by export.
+    args = (torch.randint(4, c.vocab_size, (N, 1)), torch.tensor([0, 1, 4, 1]), torch.tensor([2, 0]),
             torch.ones(B, S, dtype=torch.bool),
-            *(torch.randn(3, c.h, T, c.d_k, dtype=dtype) for _ in past_names),
+            *(torch.randn(5, c.h, T, c.d_k, dtype=dtype) for _ in past_names),
             *(torch.randn(B, c.h, S, c.d_k, dtype=dtype) for _ in cross_names))
     _export(DecoderGraph(model), args, out / "decoder.onnx",
-            ["tokens", "past_rows", "cross_rows", "src_mask", *past_names, *cross_names, "top_k"],
+            ["tokens", "past_rows", "sources", "src_mask", *past_names, *cross_names, "top_k"],
             [*NEXT_TOKEN_OUTPUTS, *present_names],
-            ({0: rows}, {0: rows}, {0: rows}, {0: batch, 1: src_len},
+            ({0: rows}, {0: rows}, {0: sources}, {0: batch, 1: src_len},
              (*({0: kv_rows, 2: past_len} for _ in past_names), *({0: batch, 2: src_len} for _ in cross_names))))
     return {
         "encoder": {"inputs": {"src_ids": ["batch", "src_len"]},
                     "outputs": {n: _kv("batch", "src_len") for n in cross_names}},
-        "decoder": {"inputs": {"tokens": ["rows", 1], "past_rows": ["rows"], "cross_rows": ["rows"],
+        "decoder": {"inputs": {"tokens": ["rows", 1], "past_rows": ["rows"], "sources": ["sources"],
                                "src_mask": ["batch", "src_len"]}
                     | {n: _kv("kv_rows", "past_len") for n in past_names}
                     | {n: _kv("batch", "src_len") for n in cross_names} | {"top_k": [1]},

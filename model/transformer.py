@@ -216,7 +216,13 @@ class DecoderLayer(nn.Module):
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # (B, h, T_past+T, d_k)
         x = self.norm1(x + self.dropout(self.self_attn.attend(x, k, v, tgt_mask)))
         if self.cross_attn is not None:
-            x = self.norm2(x + self.dropout(self.cross_attn.attend(x, *cross_kv, src_mask)))
+            # cross_kv may hold A < B sources, each shared by B / A consecutive rows (a sentence's beams):
+            # those rows' queries attend together as one longer query sequence, so the encoder's keys
+            # and values are never copied per beam. Training passes one source per row.
+            B, T, D = x.shape
+            A = cross_kv[0].size(0)
+            ctx = self.cross_attn.attend(x.reshape(A, -1, D), *cross_kv, src_mask)  # (A, B/A*T, d_model)
+            x = self.norm2(x + self.dropout(ctx.reshape(B, T, D)))
         x = self.norm3(x + self.dropout(self.ff(x)))
         return x, (k, v)
 

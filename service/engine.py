@@ -15,9 +15,10 @@ Layers, so the HTTP service can split the work across LitServe's hooks:
 
 The key/value cache stays inside onnxruntime between steps (IO binding: on the GPU it never
 leaves the device), and beam reordering and dropping finished rows happen inside the decoder
-graph through its `past_rows`/`cross_rows` inputs. Searches read each row's best few tokens,
-selected in the graph (`top_k`), rather than the whole (N, V) distribution. Packages exported
-before those graph inputs existed (a stacked cache, no `top_k`) are still served.
+graph through its `past_rows` and `sources` inputs (a sentence's beams share one copy of its encoder
+keys/values). Searches read each row's best few tokens, selected in the graph (`top_k`), rather
+than the whole (N, V) distribution. Packages exported before those graph inputs existed (a stacked
+cache, `cross_rows` per row, no `top_k`) are still served.
 """
 
 from __future__ import annotations
@@ -150,6 +151,18 @@ def pick_providers(device: str) -> list[str]:
     return ["CPUExecutionProvider"]
 
 
+def source_groups(row_source: np.ndarray) -> np.ndarray:
+    """The decoder's `sources` input: the source of each group of G consecutive rows, where G is the
+    largest run length that splits every row's source into equal runs (a beam search's K beams of
+    each sentence: G = K), else 1 (one group per row, always right)."""
+    N = len(row_source)
+    starts = np.flatnonzero(np.r_[True, row_source[1:] != row_source[:-1]])   # where each run begins
+    G = N // len(starts)
+    if G > 1 and N == G * len(starts) and (row_source.reshape(-1, G) == row_source[::G, None]).all():
+        return row_source[::G]
+    return row_source
+
+
 class OrtDecoder:
     """The incremental-decoder protocol of service.search over the decoder graph."""
 
@@ -159,7 +172,7 @@ class OrtDecoder:
         self.src_mask = src_mask
         B = src_mask.shape[0]
         self.rows = np.arange(B, dtype=np.int64)          # past row each current row continues
-        self.cross_rows = np.arange(B, dtype=np.int64)    # source sentence of each current row
+        self.row_source = np.arange(B, dtype=np.int64)    # source sentence of each current row
         self.past = engine.empty_cache(B)
 
         # The k best next tokens, computed in the graph (see service.search); packages exported before
@@ -171,7 +184,10 @@ class OrtDecoder:
         io = e.decoder.io_binding()
         io.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64)[:, None])
         io.bind_cpu_input("past_rows", self.rows)
-        io.bind_cpu_input("cross_rows", self.cross_rows)
+        if e.grouped_sources:
+            io.bind_cpu_input("sources", source_groups(self.row_source))
+        else:
+            io.bind_cpu_input("cross_rows", self.row_source)
         io.bind_cpu_input("src_mask", self.src_mask)
         for name, value in zip(e.past_names, self.past):
             io.bind_ortvalue_input(name, value)
@@ -189,7 +205,7 @@ class OrtDecoder:
 
     def select(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
-        self.cross_rows = self.cross_rows[rows]
+        self.row_source = self.row_source[rows]
         self.rows = self.rows[rows]
 
 
@@ -285,6 +301,9 @@ class Engine:
         self.cross_names = [n for n in inputs if n.startswith("cross_") and n != "cross_rows"]
         self.present_names = [o.name for o in self.decoder.get_outputs() if o.name.startswith("present_")]
         self.stacked_cache = self.past_names == ["past_kv"]
+        # Beams share their sentence's encoder keys/values (`sources`, one per group of rows); packages
+        # exported before 2026-11-23 take one source per row (`cross_rows`) and copy them per beam.
+        self.grouped_sources = "sources" in inputs
         self.output_names = [o.name for o in self.decoder.get_outputs()]
         self.has_top_k = "top_k" in inputs
         self.search_top_k = self.has_top_k     # False: searches read the whole distribution (for comparisons)

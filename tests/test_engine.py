@@ -19,7 +19,7 @@ import torch
 from model import evaluate
 from model.decoding import DecodeSettings, TorchDecoder, translate
 from model.export import export_package
-from service.engine import Engine, OrtDecoder, PackageError, SearchOptions, load_package
+from service.engine import Engine, OrtDecoder, PackageError, SearchOptions, load_package, source_groups
 
 from conftest import ROOT, pairs64
 
@@ -118,7 +118,8 @@ def test_engine_translates_exactly_like_the_pytorch_reference(engine, reference,
 
 def test_decoder_steps_match_pytorch_through_select(engine, reference, ids):
     """Padded sources of different lengths; steps before and after select() reorders, duplicates and
-    drops rows, so the in-graph reorder of the cache (past_rows/cross_rows) is what is compared."""
+    drops rows, so the in-graph reorder of the cache (past_rows, and sources: one per row, or one per
+    group of rows as beams share their sentence) is what is compared."""
     model, _ = reference
     by_length = {len(s): s for s in ids}                                      # one source per length
     lengths = sorted(by_length)
@@ -130,18 +131,27 @@ def test_decoder_steps_match_pytorch_through_select(engine, reference, ids):
     ort_dec = OrtDecoder(engine, engine.encode(src), src != engine.pad_id)
     torch_dec = TorchDecoder(model, torch.from_numpy(src))
     toks = np.full(4, engine.bos_id, dtype=np.int64)                          # (N,)
-    steps = 0
-    for rows in (None, None, [3, 1, 1, 0], None, [2, 0], None):
+    steps, groups = 0, []
+    for rows in (None, None, [3, 1, 1, 0], None, [2, 2, 0, 0], None, [2, 0], None):
         if rows is not None:
             ort_dec.select(np.array(rows))
             torch_dec.select(np.array(rows))
             toks = toks[rows]
+        groups.append(len(source_groups(ort_dec.row_source)))
         a, b = ort_dec.step(toks), torch_dec.step(toks)                      # (N, V) each
         assert a.shape == b.shape == (len(toks), model.config.vocab_size)
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
         toks = b.argmax(axis=1)
         steps += 1
-    assert steps == 6
+    assert steps == 8 and groups == [4, 4, 4, 4, 2, 2, 2, 2]   # two rows per source after [2, 2, 0, 0]
+
+
+def test_source_groups_share_a_source_only_between_equal_runs():
+    assert source_groups(np.array([5, 5, 5, 5, 2, 2, 2, 2])).tolist() == [5, 2]
+    assert source_groups(np.array([1, 1, 0, 0, 1, 1])).tolist() == [1, 0, 1]
+    assert source_groups(np.array([3, 1, 1, 0])).tolist() == [3, 1, 1, 0]      # unequal runs: one per row
+    assert source_groups(np.array([0, 0, 0, 1, 2, 2])).tolist() == [0, 0, 0, 1, 2, 2]
+    assert source_groups(np.array([7])).tolist() == [7]
 
 
 def test_evaluate_package_reproduces_the_references(tiny_package, data_dir, capsys):
