@@ -140,12 +140,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def served(package: Path, sentences: list[str], *, threads: int, max_length: int, clients: int = 32) -> dict:
+def served(package: Path, sentences: list[str], *, workers: int, threads: int, max_length: int,
+           clients: int = 32) -> dict:
     """The HTTP service at `clients` concurrent clients, one sentence per request, beam 4."""
     import httpx
 
     port = free_port()
-    cmd = [sys.executable, "-m", "service", "--model", str(package), "--port", str(port), "--threads", str(threads),
+    cmd = [sys.executable, "-m", "service", "--model", str(package), "--port", str(port),
+           "--workers", str(workers), "--threads", str(threads),
            "--max-batch-size", "32", "--batch-timeout-ms", "10", "--max-output-tokens", str(max_length)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -205,8 +207,10 @@ def main(argv=None) -> None:
     p.add_argument("--sentences", type=int, default=256, help="sentences per configuration")
     p.add_argument("--max-length", type=int, default=48, help="output budget in tokens, eos included")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for both engines")
-    p.add_argument("--served-threads", type=int, help="the server's onnxruntime threads (default: --threads; "
-                   "the server's idle threads sleep, so they leave the HTTP process its share of the cores)")
+    p.add_argument("--served-workers", type=int, help="the server's inference workers (default: --threads over "
+                   "--served-threads, so one worker per core: while one runs Python between steps, another runs "
+                   "the model)")
+    p.add_argument("--served-threads", type=int, default=1, help="onnxruntime threads per server worker")
     p.add_argument("--quick", action="store_true", help="64 sentences, budget 32 (under 10 minutes on 2 cores)")
     p.add_argument("--repeat", type=int, default=3, help="passes per configuration, engines taking turns; "
                    "the best pass of each is reported")
@@ -215,8 +219,8 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.quick:
         args.sentences, args.max_length = 64, 32
-    if args.served_threads is None:
-        args.served_threads = args.threads
+    if args.served_workers is None:
+        args.served_workers = max(1, args.threads // args.served_threads)
 
     from transformers import MarianTokenizer
 
@@ -273,8 +277,8 @@ def main(argv=None) -> None:
                     print(f"{engine:12} {precision} beam {beam} batch {size:2}: {r['tok_s']:8.0f} tok/s  "
                           f"p50 {r['p50_ms']:8.1f} ms", flush=True)
         # 4x the sentences: 32 clients with two requests each would measure mostly ramp-up and tail.
-        http = None if args.no_http else served(work / "ours-int8", sentences * 4, threads=args.served_threads,
-                                                   max_length=args.max_length)
+        http = None if args.no_http else served(work / "ours-int8", sentences * 4, workers=args.served_workers,
+                                                threads=args.served_threads, max_length=args.max_length)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -298,7 +302,7 @@ def main(argv=None) -> None:
         served_ratio = http["tok_s"] / tok_s("ctranslate2", "int8")
         ct2_one = by["ctranslate2", "int8", 4, 1]["p50_ms"]
         lines += ["", f"| served (HTTP, int8, beam 4, 32 concurrent clients, {4 * len(sentences)} requests, "
-                  f"server --threads {args.served_threads}) | value |", "|---|---:|",
+                  f"server --workers {args.served_workers} --threads {args.served_threads}) | value |", "|---|---:|",
                   f"| tok/s | {http['tok_s']:,.0f} |",
                   f"| over CTranslate2 int8 offline beam 4 batch 32 | {served_ratio:.2f} |",
                   f"| request p50 ms under load | {http['p50_ms']:,.1f} |",

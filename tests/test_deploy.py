@@ -457,9 +457,11 @@ def test_overlays_differ_in_device_image_and_gpu_only(rendered):
     assert "nvidia.com/gpu" not in json.dumps(server_container(cpu)["resources"])
     assert server_container(gpu)["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert any(t["key"] == "nvidia.com/gpu" for t in pod_spec(gpu)["tolerations"])
-    # onnxruntime threads match the CPU the pod asks for.
+    # onnxruntime threads, over all workers, match the CPU the pod asks for.
     for objs in (cpu, gpu):
-        assert settings_of(objs)["TRANSERVE_THREADS"] == server_container(objs)["resources"]["requests"]["cpu"]
+        settings = settings_of(objs)
+        threads = int(settings["TRANSERVE_WORKERS"]) * int(settings["TRANSERVE_THREADS"])
+        assert str(threads) == server_container(objs)["resources"]["requests"]["cpu"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
