@@ -22,8 +22,9 @@ sentence, which is what a speed comparison needs (its translations mean nothing)
     tok/s      target tokens produced (eos included) per second of wall time, tokenisation excluded
     p50 ms     latency of one batch
 
-Then the HTTP service (`python -m service`, int8 package) at 32 concurrent clients, one sentence per
-request: served tok/s against CTranslate2 int8's offline beam-4 batch-32 figure. The last line is
+Then the HTTP service (`python -m service`, int8 package; by default one single-threaded worker per
+thread of --threads) at 32 concurrent clients, one sentence per request: served tok/s against
+CTranslate2 int8's offline beam-4 batch-32 figure. The last line is
 
     ratio_vs_ctranslate2 engine_fp32=R engine_int8=R served=R
 
@@ -141,8 +142,9 @@ def free_port() -> int:
 
 
 def served(package: Path, sentences: list[str], *, workers: int, threads: int, max_length: int,
-           clients: int = 32) -> dict:
-    """The HTTP service at `clients` concurrent clients, one sentence per request, beam 4."""
+           clients: int = 32, repeat: int = 1) -> dict:
+    """The HTTP service at `clients` concurrent clients, one sentence per request, beam 4: the best of
+    `repeat` passes over the sentences, on one server (each pass's figures come from that pass)."""
     import httpx
 
     port = free_port()
@@ -173,12 +175,17 @@ def served(package: Path, sentences: list[str], *, workers: int, threads: int, m
             one(sentences[0])
             # Single-sentence latency with nothing else in flight, then throughput under load.
             alone = [one(t)[1] for t in sentences[:16]]
-            t0 = time.perf_counter()
-            with cf.ThreadPoolExecutor(clients) as pool:
-                results = list(pool.map(one, sentences))
-            wall = time.perf_counter() - t0
-        return {"tok_s": sum(r[0] for r in results) / wall, "p50_ms": statistics.median(r[1] for r in results) * 1000,
-                "alone_p50_ms": statistics.median(alone) * 1000, "stages": stages(results)}
+            best: dict = {}
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                with cf.ThreadPoolExecutor(clients) as pool:
+                    results = list(pool.map(one, sentences))
+                wall = time.perf_counter() - t0
+                tok_s = sum(r[0] for r in results) / wall
+                if tok_s > best.get("tok_s", 0):
+                    best = {"tok_s": tok_s, "p50_ms": statistics.median(r[1] for r in results) * 1000,
+                            "stages": stages(results)}
+        return best | {"alone_p50_ms": statistics.median(alone) * 1000}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
@@ -278,7 +285,8 @@ def main(argv=None) -> None:
                           f"p50 {r['p50_ms']:8.1f} ms", flush=True)
         # 4x the sentences: 32 clients with two requests each would measure mostly ramp-up and tail.
         http = None if args.no_http else served(work / "ours-int8", sentences * 4, workers=args.served_workers,
-                                                threads=args.served_threads, max_length=args.max_length)
+                                                threads=args.served_threads, max_length=args.max_length,
+                                                repeat=args.repeat)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -325,7 +333,8 @@ def main(argv=None) -> None:
               f"- weights: {what}",
               f"- inputs: {len(sentences)} sentences ({args.data or 'the tests’ 64 Ding sentences, repeated'}), "
               f"sorted by length; output budget {args.max_length} tokens; length penalty 1.0",
-              f"- each engine figure: the best of {args.repeat} passes, the engines taking turns"]
+              f"- each engine figure: the best of {args.repeat} passes, the engines taking turns; served: "
+              f"the best of {args.repeat} passes on one server"]
     print()
     print("\n".join(header))
     print()
