@@ -19,6 +19,7 @@ the concatenation of the same pieces a non-streamed request returns.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -101,6 +102,7 @@ class GenerateAPI(ls.LitAPI):
         self.board = board
 
     def setup(self, device: str) -> None:
+        os.nice(self.settings.worker_nice)             # see Settings.worker_nice
         provider = "cpu" if self.settings.device == "cpu" or not str(device).startswith("cuda") else "cuda"
         self.engines: dict[str, Engine] = {}
         for path in self.settings.model_paths:

@@ -15,6 +15,7 @@ dict; the HTTP layer turns that into the right status code. Batch-mates are unto
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +96,7 @@ class TranslateAPI(ls.LitAPI):
 
     # --- worker start-up -------------------------------------------------------------------------
     def setup(self, device: str) -> None:
+        os.nice(self.settings.worker_nice)             # see Settings.worker_nice
         provider = "cuda" if str(device).startswith("cuda") else "cpu"
         if self.settings.device == "cpu":
             provider = "cpu"

@@ -407,5 +407,28 @@ def test_metrics_add_up_across_api_servers_and_workers(tiny_package, tmp_path):
             check = subprocess.run([promtool, "check", "metrics"], input=httpx.get(url + "/metrics").text,
                                    capture_output=True, text=True)
             assert check.returncode == 0, check.stdout + check.stderr
+        # The inference workers run nicer than the HTTP processes (Settings.worker_nice, default 10).
+        base = os.getpriority(os.PRIO_PROCESS, proc.pid)
+        nice = {pid: os.getpriority(os.PRIO_PROCESS, pid) - base for pid in descendants(proc.pid)}
+        assert sorted(nice.values()).count(10) == 2 and sorted(nice.values()).count(0) >= 2, nice
     finally:
         stop_server(proc)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid, from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in os.listdir("/proc"):
+        if stat.isdigit():
+            try:
+                with open(f"/proc/{stat}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(stat))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
