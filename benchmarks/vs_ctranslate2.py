@@ -28,7 +28,12 @@ CTranslate2 int8's offline beam-4 batch-32 figure. The last line is
 
     ratio_vs_ctranslate2 engine_fp32=R engine_int8=R served=R
 
-(our tokens/s over CTranslate2's: beam 4, batch 32; served over CTranslate2 int8 offline).
+(our tokens/s over CTranslate2's: beam 4, batch 32; served over CTranslate2 int8 offline). With
+`--device cuda` the same comparison runs on the first GPU in fp32 and fp16 at batches 1 and 64
+(served: the fp16 package against CTranslate2 fp16 at batch 64) and the line ends with the GPU's
+one-sentence goal, ours at beam 4 batch 1 in fp16:
+
+    ratio_vs_ctranslate2 engine_fp32=R engine_fp16=R served=R batch1_ms_per_token=MS
 Nothing is asserted: the figures depend on the machine and its load, written beside them.
 """
 
@@ -112,10 +117,17 @@ def measure(run, groups: list[list]) -> dict:
     return {"tok_s": tokens / wall, "p50_ms": statistics.median(latencies) * 1000, "tokens": tokens}
 
 
-def ct2_runner(path: Path, *, beam: int, max_length: int, threads: int):
+# Per precision: CTranslate2's converter flags, and ours (model.import_marian keywords).
+CT2_CONVERT = {"fp32": [], "int8": ["--quantization", "int8"], "fp16": ["--quantization", "float16"]}
+OURS_IMPORT = {"fp32": {}, "int8": {"quantize": "int8"}, "fp16": {"fp16": True}}
+# What each device compares: precisions, and the large batch of the headline ratios.
+DEVICE_PLAN = {"cpu": (("fp32", "int8"), 32), "cuda": (("fp32", "fp16"), 64)}
+
+
+def ct2_runner(path: Path, *, beam: int, max_length: int, threads: int, device: str = "cpu"):
     import ctranslate2
 
-    translator = ctranslate2.Translator(str(path), device="cpu", intra_threads=threads, inter_threads=1)
+    translator = ctranslate2.Translator(str(path), device=device, intra_threads=threads, inter_threads=1)
 
     def run(batch: list[list[str]]) -> int:
         results = translator.translate_batch(batch, beam_size=beam, max_decoding_length=max_length,
@@ -124,15 +136,24 @@ def ct2_runner(path: Path, *, beam: int, max_length: int, threads: int):
     return run
 
 
-def ours_runner(package: Path, *, beam: int, max_length: int, threads: int):
+def ours_runner(package: Path, *, beam: int, max_length: int, threads: int, device: str = "cpu"):
     from service.engine import Engine, SearchOptions
 
-    engine = Engine(package, device="cpu", intra_op_threads=threads)
+    engine = Engine(package, device=device, intra_op_threads=threads)
     options = SearchOptions(beam_size=beam, max_length_a=0, max_length_b=max_length, max_length=max_length)
 
     def run(batch: list[list[int]]) -> int:
         return sum(len(h[0].tokens) + 1 for h in engine.search(batch, options))   # + eos, as CTranslate2 counts
     return run
+
+
+def gpu_name() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    return out.splitlines()[0] if out else "unknown (nvidia-smi did not answer)"
 
 
 def free_port() -> int:
@@ -142,15 +163,15 @@ def free_port() -> int:
 
 
 def served(package: Path, sentences: list[str], *, workers: int, threads: int, max_length: int,
-           clients: int = 32, repeat: int = 1) -> dict:
+           clients: int = 32, repeat: int = 1, device: str = "cpu", max_batch: int = 32) -> dict:
     """The HTTP service at `clients` concurrent clients, one sentence per request, beam 4: the best of
     `repeat` passes over the sentences, on one server (each pass's figures come from that pass)."""
     import httpx
 
     port = free_port()
     cmd = [sys.executable, "-m", "service", "--model", str(package), "--port", str(port),
-           "--workers", str(workers), "--threads", str(threads),
-           "--max-batch-size", "32", "--batch-timeout-ms", "10", "--max-output-tokens", str(max_length)]
+           "--workers", str(workers), "--threads", str(threads), "--device", device,
+           "--max-batch-size", str(max_batch), "--batch-timeout-ms", "10", "--max-output-tokens", str(max_length)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -213,6 +234,8 @@ def main(argv=None) -> None:
     p.add_argument("--data", type=Path, help="TSV whose first column is the source (default: the tests' 64 sentences)")
     p.add_argument("--sentences", type=int, default=256, help="sentences per configuration")
     p.add_argument("--max-length", type=int, default=48, help="output budget in tokens, eos included")
+    p.add_argument("--device", choices=sorted(DEVICE_PLAN), default="cpu", help="cpu: fp32 and int8 at batch 32; "
+                   "cuda: fp32 and fp16 at batch 64 (CTranslate2 and onnxruntime-gpu on the first GPU)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for both engines")
     p.add_argument("--served-workers", type=int, help="the server's inference workers (default: --threads over "
                    "--served-threads, so one worker per core: while one runs Python between steps, another runs "
@@ -227,7 +250,17 @@ def main(argv=None) -> None:
     if args.quick:
         args.sentences, args.max_length = 64, 32
     if args.served_workers is None:
-        args.served_workers = max(1, args.threads // args.served_threads)
+        args.served_workers = 1 if args.device == "cuda" else max(1, args.threads // args.served_threads)
+    if args.device == "cuda":
+        import ctranslate2
+        import onnxruntime
+        if not ctranslate2.get_cuda_device_count() or "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+            p.error("--device cuda needs a GPU that CTranslate2 sees and onnxruntime-gpu "
+                    "(pip install -e '.[gpu,bench]'); this machine has "
+                    f"{ctranslate2.get_cuda_device_count()} CUDA devices for CTranslate2 and onnxruntime providers "
+                    f"{onnxruntime.get_available_providers()}")
+    precisions, large = DEVICE_PLAN[args.device]
+    low = precisions[-1]                                   # int8 on CPU, fp16 on a GPU: what is served
 
     from transformers import MarianTokenizer
 
@@ -244,11 +277,11 @@ def main(argv=None) -> None:
             marian = build_marian(work / "marian", ROOT / "models" / "de-en" / "spm.model")
             what = "a Marian model built offline: small preset shape over models/de-en's vocabulary, random weights"
         converter = Path(sys.executable).parent / "ct2-transformers-converter"
-        for name, extra in (("ct2-fp32", []), ("ct2-int8", ["--quantization", "int8"])):
-            subprocess.run([str(converter), "--model", str(marian), "--output_dir", str(work / name), *extra],
-                           check=True, capture_output=True)
-        for name, q in (("ours-fp32", None), ("ours-int8", "int8")):
-            import_marian(marian, work / name, source_lang="de", target_lang="en", quantize=q)
+        for precision in precisions:
+            subprocess.run([str(converter), "--model", str(marian), "--output_dir", str(work / f"ct2-{precision}"),
+                            *CT2_CONVERT[precision]], check=True, capture_output=True)
+            import_marian(marian, work / f"ours-{precision}", source_lang="de", target_lang="en",
+                          **OURS_IMPORT[precision])
 
         tok = MarianTokenizer.from_pretrained(str(marian))
         sentences = read_sentences(args.data, args.sentences)
@@ -256,17 +289,16 @@ def main(argv=None) -> None:
         pieces = [tok.convert_ids_to_tokens(i) for i in ids]
         rows = []
         for beam in (4, 1):
-            for size in (1, 32):
+            for size in (1, large):
                 runs = {}
-                for engine, precision in (("ctranslate2", "fp32"), ("ours", "fp32"), ("ctranslate2", "int8"),
-                                          ("ours", "int8")):
+                for engine, precision in [(e, p) for p in precisions for e in ("ctranslate2", "ours")]:
                     if engine == "ctranslate2":
                         run = ct2_runner(work / f"ct2-{precision}", beam=beam, max_length=args.max_length,
-                                         threads=args.threads)
+                                         threads=args.threads, device=args.device)
                         groups = batches(pieces, size)
                     else:
                         run = ours_runner(work / f"ours-{precision}", beam=beam, max_length=args.max_length,
-                                          threads=args.threads)
+                                          threads=args.threads, device=args.device)
                         groups = batches(ids, size)
                     if size == 1:
                         groups = groups[: max(16, len(groups) // 4)]   # batch 1 is slow; a sample is enough
@@ -284,37 +316,38 @@ def main(argv=None) -> None:
                     print(f"{engine:12} {precision} beam {beam} batch {size:2}: {r['tok_s']:8.0f} tok/s  "
                           f"p50 {r['p50_ms']:8.1f} ms", flush=True)
         # 4x the sentences: 32 clients with two requests each would measure mostly ramp-up and tail.
-        http = None if args.no_http else served(work / "ours-int8", sentences * 4, workers=args.served_workers,
+        http = None if args.no_http else served(work / f"ours-{low}", sentences * 4, workers=args.served_workers,
                                                 threads=args.served_threads, max_length=args.max_length,
-                                                repeat=args.repeat)
+                                                repeat=args.repeat, device=args.device, max_batch=large)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     by = {(r["engine"], r["precision"], r["beam"], r["batch"]): r for r in rows}
 
-    def tok_s(engine, precision, beam=4, batch=32):
+    def tok_s(engine, precision, beam=4, batch=large):
         return by[engine, precision, beam, batch]["tok_s"]
 
-    ratio = {p: tok_s("ours", p) / tok_s("ctranslate2", p) for p in ("fp32", "int8")}
+    ratio = {p: tok_s("ours", p) / tok_s("ctranslate2", p) for p in precisions}
     lines = ["| search | batch | precision | CTranslate2 tok/s | ours tok/s | ratio | CTranslate2 p50 ms | ours p50 ms |",
              "|---|---:|---|---:|---:|---:|---:|---:|"]
     for beam in (4, 1):
-        for size in (1, 32):
-            for precision in ("fp32", "int8"):
+        for size in (1, large):
+            for precision in precisions:
                 c, o = by["ctranslate2", precision, beam, size], by["ours", precision, beam, size]
                 lines.append(f"| {'beam 4' if beam > 1 else 'greedy'} | {size} | {precision} | {c['tok_s']:,.0f} | "
                              f"{o['tok_s']:,.0f} | {o['tok_s'] / c['tok_s']:.2f} | {c['p50_ms']:,.1f} | "
                              f"{o['p50_ms']:,.1f} |")
     served_ratio = None
     if http:
-        served_ratio = http["tok_s"] / tok_s("ctranslate2", "int8")
-        ct2_one = by["ctranslate2", "int8", 4, 1]["p50_ms"]
-        lines += ["", f"| served (HTTP, int8, beam 4, 32 concurrent clients, {4 * len(sentences)} requests, "
-                  f"server --workers {args.served_workers} --threads {args.served_threads}) | value |", "|---|---:|",
+        served_ratio = http["tok_s"] / tok_s("ctranslate2", low)
+        ct2_one = by["ctranslate2", low, 4, 1]["p50_ms"]
+        lines += ["", f"| served (HTTP, {low}, beam 4, 32 concurrent clients, {4 * len(sentences)} requests, "
+                  f"server --device {args.device} --workers {args.served_workers} --threads {args.served_threads}) "
+                  "| value |", "|---|---:|",
                   f"| tok/s | {http['tok_s']:,.0f} |",
-                  f"| over CTranslate2 int8 offline beam 4 batch 32 | {served_ratio:.2f} |",
+                  f"| over CTranslate2 {low} offline beam 4 batch {large} | {served_ratio:.2f} |",
                   f"| request p50 ms under load | {http['p50_ms']:,.1f} |",
-                  f"| single sentence alone, p50 ms (CTranslate2 int8 batch 1: {ct2_one:,.1f}) | "
+                  f"| single sentence alone, p50 ms (CTranslate2 {low} batch 1: {ct2_one:,.1f}) | "
                   f"{http['alone_p50_ms']:,.1f} |"]
         st = http["stages"]
         own = (st["response"] + st["HTTP"]) / st["end to end"]
@@ -328,7 +361,8 @@ def main(argv=None) -> None:
     command = "python benchmarks/vs_ctranslate2.py " + " ".join(argv if argv is not None else sys.argv[1:])
     header = [f"- command: `{command.strip()}`", f"- date: {datetime.date.today()}",
               f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs, "
-              f"{platform.system()} {platform.release()}; {args.threads} threads for each engine",
+              f"{platform.system()} {platform.release()}; {args.threads} threads for each engine"
+              + (f"; GPU: {gpu_name()}" if args.device == "cuda" else ""),
               f"- versions: ctranslate2 {ctranslate2.__version__}, onnxruntime {onnxruntime.__version__}",
               f"- weights: {what}",
               f"- inputs: {len(sentences)} sentences ({args.data or 'the tests’ 64 Ding sentences, repeated'}), "
@@ -339,12 +373,14 @@ def main(argv=None) -> None:
     print("\n".join(header))
     print()
     print(table)
-    final = (f"ratio_vs_ctranslate2 engine_fp32={ratio['fp32']:.2f} engine_int8={ratio['int8']:.2f} "
-             f"served={'n/a' if served_ratio is None else f'{served_ratio:.2f}'}")
+    final = ("ratio_vs_ctranslate2 " + " ".join(f"engine_{p}={ratio[p]:.2f}" for p in precisions)
+             + f" served={'n/a' if served_ratio is None else f'{served_ratio:.2f}'}")
+    if args.device == "cuda":   # the GPU goal for one sentence: ms per decoded token, beam 4, batch 1
+        final += f" batch1_ms_per_token={1000 / tok_s('ours', low, batch=1):.2f}"
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("# Our engine against CTranslate2 (CPU)\n\n" + "\n".join(header) + "\n\n" + table
-                            + f"\n\n`{final}`\n", encoding="utf-8")
+        args.out.write_text(f"# Our engine against CTranslate2 ({args.device.upper()})\n\n" + "\n".join(header)
+                            + "\n\n" + table + f"\n\n`{final}`\n", encoding="utf-8")
     print(final)
 
 
