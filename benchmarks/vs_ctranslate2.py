@@ -241,14 +241,17 @@ def main(argv=None) -> None:
                    "--served-threads, so one worker per core: while one runs Python between steps, another runs "
                    "the model)")
     p.add_argument("--served-threads", type=int, default=1, help="onnxruntime threads per server worker")
-    p.add_argument("--quick", action="store_true", help="64 sentences, budget 32 (under 10 minutes on 2 cores)")
-    p.add_argument("--repeat", type=int, default=3, help="passes per configuration, engines taking turns; "
-                   "the best pass of each is reported")
+    p.add_argument("--quick", action="store_true", help="64 sentences, budget 32, 5 passes (about 6 minutes on "
+                   "2 cores)")
+    p.add_argument("--repeat", type=int, help="passes per configuration, engines taking turns; the best pass of "
+                   "each is reported (default 3, or 5 with --quick: short passes are the noisiest)")
     p.add_argument("--no-http", action="store_true", help="skip the served measurement")
     p.add_argument("--out", type=Path, help="also write the results as Markdown here")
     args = p.parse_args(argv)
     if args.quick:
         args.sentences, args.max_length = 64, 32
+    if args.repeat is None:
+        args.repeat = 5 if args.quick else 3
     if args.served_workers is None:
         args.served_workers = 1 if args.device == "cuda" else max(1, args.threads // args.served_threads)
     if args.device == "cuda":
