@@ -156,10 +156,12 @@ def source_groups(row_source: np.ndarray) -> np.ndarray:
     largest run length that splits every row's source into equal runs (a beam search's K beams of
     each sentence: G = K), else 1 (one group per row, always right)."""
     N = len(row_source)
-    starts = np.flatnonzero(np.r_[True, row_source[1:] != row_source[:-1]])   # where each run begins
-    G = N // len(starts)
-    if G > 1 and N == G * len(starts) and (row_source.reshape(-1, G) == row_source[::G, None]).all():
-        return row_source[::G]
+    runs = int(np.count_nonzero(row_source[1:] != row_source[:-1])) + 1      # runs of one source
+    G = N // runs
+    if G > 1 and N == G * runs:
+        groups = row_source.reshape(runs, G)                                  # (A, G)
+        if (groups == groups[:, :1]).all():
+            return np.ascontiguousarray(groups[:, 0])
     return row_source
 
 
@@ -173,6 +175,7 @@ class OrtDecoder:
         B = src_mask.shape[0]
         self.rows = np.arange(B, dtype=np.int64)          # past row each current row continues
         self.row_source = np.arange(B, dtype=np.int64)    # source sentence of each current row
+        self.sources = self.row_source                    # the graph's `sources` (see source_groups)
         self.past = engine.empty_cache(B)
 
         # The k best next tokens, computed in the graph (see service.search); packages exported before
@@ -185,7 +188,7 @@ class OrtDecoder:
         io.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64)[:, None])
         io.bind_cpu_input("past_rows", self.rows)
         if e.grouped_sources:
-            io.bind_cpu_input("sources", source_groups(self.row_source))
+            io.bind_cpu_input("sources", self.sources)
         else:
             io.bind_cpu_input("cross_rows", self.row_source)
         io.bind_cpu_input("src_mask", self.src_mask)
@@ -206,6 +209,7 @@ class OrtDecoder:
     def select(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
         self.row_source = self.row_source[rows]
+        self.sources = source_groups(self.row_source)
         self.rows = self.rows[rows]
 
 
@@ -373,11 +377,12 @@ class Engine:
         if self.has_top_k:
             k = min(top_k or 1, self.package.config["vocab_size"])
             io.bind_cpu_input("top_k", np.array([k], dtype=np.int64))
-        # Bound in the graph's order, so get_outputs() returns them in that order.
-        for name in self.output_names:
+        # Only what is read: the host's outputs, and the cache, which stays where the model runs.
+        names = [*wanted, *self.present_names]
+        for name in names:
             io.bind_output(name, "cpu" if name in wanted else self.device_type)
         self.decoder.run_with_iobinding(io)
-        values = dict(zip(self.output_names, io.get_outputs()))
+        values = dict(zip(names, io.get_outputs()))
         return [values[n].numpy() for n in wanted], [values[n] for n in self.present_names]
 
     def empty_cache(self, rows: int) -> list[ort.OrtValue]:

@@ -107,7 +107,9 @@ def _top_candidates(decoder, tokens: np.ndarray, width: int, rows: _Rows, step: 
     logp = logp.astype(np.float32, copy=True)
     ids = ids.astype(np.int64, copy=True)
     at_limit = max_len[rows.sentence] <= step + 1
-    bad = np.isin(ids, banned_ids) if banned_ids else np.zeros(ids.shape, dtype=bool)
+    # A broadcast compare: np.isin's set machinery costs more than the (N, k, banned) compare here.
+    bad = ((ids[:, :, None] == np.asarray(banned_ids)[None, None, :]).any(axis=2) if banned_ids
+           else np.zeros(ids.shape, dtype=bool))
     if step < min_length:
         bad |= (ids == eos_id) & ~at_limit[:, None]
     logp[bad] = NEG_INF
