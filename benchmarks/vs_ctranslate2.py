@@ -243,7 +243,7 @@ def main(argv=None) -> None:
                    "--served-threads, so one worker per core: while one runs Python between steps, another runs "
                    "the model)")
     p.add_argument("--served-threads", type=int, default=1, help="onnxruntime threads per server worker")
-    p.add_argument("--quick", action="store_true", help="64 sentences, budget 32, 5 passes (about 6 minutes on "
+    p.add_argument("--quick", action="store_true", help="64 sentences, budget 32, 5 passes (about 4 minutes on "
                    "2 cores)")
     p.add_argument("--repeat", type=int, help="passes per configuration, engines taking turns; the best pass of "
                    "each is reported (default 3, or 5 with --quick: short passes are the noisiest)")
