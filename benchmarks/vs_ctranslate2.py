@@ -254,6 +254,9 @@ def main(argv=None) -> None:
         args.sentences, args.max_length = 64, 32
     if args.repeat is None:
         args.repeat = 5 if args.quick else 3
+    for name in ("repeat", "served_threads", "threads"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.served_workers is None:
         args.served_workers = 1 if args.device == "cuda" else max(1, args.threads // args.served_threads)
     if args.device == "cuda":
@@ -372,8 +375,8 @@ def main(argv=None) -> None:
               f"- weights: {what}",
               f"- inputs: {len(sentences)} sentences ({args.data or 'the tests’ 64 Ding sentences, repeated'}), "
               f"sorted by length; output budget {args.max_length} tokens; length penalty 1.0",
-              f"- each engine figure: the best of {args.repeat} passes, the engines taking turns; served: "
-              f"the best of {args.repeat} passes on one server"]
+              f"- each engine figure: the best of {args.repeat} passes, the engines taking turns"
+              + ("" if args.no_http else f"; served: the best of {args.repeat} passes on one server")]
     print()
     print("\n".join(header))
     print()

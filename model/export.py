@@ -33,8 +33,8 @@ The decoder step (translation):
 A search that needs no more than the best few tokens of each row reads top_* and eos_log_probs,
 so (N, V) values never reach the host (service/search.py). Each layer's cache is its own tensor:
 a stacked (L, 2, N, h, T, d_k) cache, as packages before 2026-11-23 had, is split into layers and
-stacked again every step, which copied it twice more. Older packages also take `cross_rows` (N,),
-one source per row, instead of `sources`; the engine still reads both.
+stacked again every step, which copied it twice more. Packages exported before `sources` existed
+take `cross_rows` (N,), one source per row, instead; the engine still reads both.
 
 A decoder-only model (text generation, task "generation") has no encoder.onnx; its decoder step
 reads a whole batch of left-padded prompts in one call, then one token per row per call:

@@ -68,6 +68,18 @@ _HELP = {
 }
 
 
+_worker_niced = False
+
+
+def lower_worker_priority(settings: Settings) -> None:
+    """Once per process (a worker's setup() may run again): the calling inference worker runs
+    `settings.worker_nice` below the priority it started with (see Settings.worker_nice)."""
+    global _worker_niced
+    if not _worker_niced:
+        os.nice(settings.worker_nice)
+        _worker_niced = True
+
+
 def _env_value(name: str, default):
     raw = os.environ.get(f"TRANSERVE_{name.upper()}")
     if raw is None:

@@ -152,9 +152,9 @@ def pick_providers(device: str) -> list[str]:
 
 
 def source_groups(row_source: np.ndarray) -> np.ndarray:
-    """The decoder's `sources` input: the source of each group of G consecutive rows, where G is the
-    largest run length that splits every row's source into equal runs (a beam search's K beams of
-    each sentence: G = K), else 1 (one group per row, always right)."""
+    """The decoder's `sources` input: the source of each group of G consecutive rows when every run of
+    rows with one source has the same length G (a beam search's K beams of each sentence: G = K),
+    else one source per row (G = 1, always right)."""
     N = len(row_source)
     runs = int(np.count_nonzero(row_source[1:] != row_source[:-1])) + 1      # runs of one source
     G = N // runs
@@ -209,7 +209,8 @@ class OrtDecoder:
     def select(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
         self.row_source = self.row_source[rows]
-        self.sources = source_groups(self.row_source)
+        if self.e.grouped_sources:
+            self.sources = source_groups(self.row_source)
         self.rows = self.rows[rows]
 
 
@@ -306,7 +307,7 @@ class Engine:
         self.present_names = [o.name for o in self.decoder.get_outputs() if o.name.startswith("present_")]
         self.stacked_cache = self.past_names == ["past_kv"]
         # Beams share their sentence's encoder keys/values (`sources`, one per group of rows); packages
-        # exported before 2026-11-23 take one source per row (`cross_rows`) and copy them per beam.
+        # exported before that input existed take one source per row (`cross_rows`) and copy them per beam.
         self.grouped_sources = "sources" in inputs
         self.output_names = [o.name for o in self.decoder.get_outputs()]
         self.has_top_k = "top_k" in inputs

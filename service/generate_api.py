@@ -19,14 +19,13 @@ the concatenation of the same pieces a non-streamed request returns.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 
 import litserve as ls
 import numpy as np
 
-from .config import Settings
+from .config import Settings, lower_worker_priority
 from .engine import Engine, SearchOptions
 from .cancel import CancelBoard
 from .metrics import m
@@ -102,7 +101,7 @@ class GenerateAPI(ls.LitAPI):
         self.board = board
 
     def setup(self, device: str) -> None:
-        os.nice(self.settings.worker_nice)             # see Settings.worker_nice
+        lower_worker_priority(self.settings)
         provider = "cpu" if self.settings.device == "cpu" or not str(device).startswith("cuda") else "cuda"
         self.engines: dict[str, Engine] = {}
         for path in self.settings.model_paths:

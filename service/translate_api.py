@@ -15,7 +15,6 @@ dict; the HTTP layer turns that into the right status code. Batch-mates are unto
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ import litserve as ls
 import numpy as np
 
 from .cancel import CancelBoard
-from .config import Settings
+from .config import Settings, lower_worker_priority
 from .engine import Engine, SearchOptions, load_package
 from .metrics import m
 from .search import Hypothesis
@@ -96,7 +95,7 @@ class TranslateAPI(ls.LitAPI):
 
     # --- worker start-up -------------------------------------------------------------------------
     def setup(self, device: str) -> None:
-        os.nice(self.settings.worker_nice)             # see Settings.worker_nice
+        lower_worker_priority(self.settings)
         provider = "cuda" if str(device).startswith("cuda") else "cpu"
         if self.settings.device == "cpu":
             provider = "cpu"
