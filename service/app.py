@@ -165,6 +165,8 @@ class Gateway:
             m().cancelled.labels(ENDPOINT).inc()
             return None
         if "worker lost" in what:
+            # Its payload may still wait in the queue: the restarted worker must not spend time on it.
+            self.board.cancel(payload["number"])
             raise ApiError(503, "worker_failed", "the inference worker stopped while running this request "
                            "(it is being restarted); retry", headers={"Retry-After": "2"})
         raise ApiError(504, "timeout", f"no answer within {deadline:g} s", headers={"Retry-After": "5"})
@@ -207,6 +209,8 @@ class Gateway:
             if step is not None and not step.done():
                 # Worker lost, or this request cancelled (its client went away) while waiting: the
                 # streamer must stop running before aclose(), and the cancellation must not stop that wait.
+                # A payload still in the queue is skipped by whichever worker takes it (a restarted one).
+                self.board.cancel(payload["number"])
                 step.cancel()
                 await asyncio.shield(asyncio.wait({step}))
             await stream.aclose()
