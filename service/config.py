@@ -22,11 +22,12 @@ class Settings:
     api_servers: int = 1                # HTTP server processes
     threads: int = 0                    # onnxruntime intra-op threads per worker (0 = all cores)
     # Off: the HTTP process shares the cores, and threads that busy-wait between operators take
-    # them from it (2 cores, beam 4, 32 clients: 1,130 tok/s with 2 threads not spinning, 920 spinning).
+    # them from it (2 cores, beam 4, 32 clients: 1,105-1,160 tok/s with 2 threads not spinning, 860-980
+    # spinning; benchmarks/results/vs-ctranslate2-cpu.md).
     spin_wait: bool = False
     # Inference workers run this much nicer than the HTTP process: on saturated cores the HTTP process
     # (probes, hand-back of results) gets the CPU first. 2 cores, 2 workers, 32 clients: the hand-back
-    # took 29 ms a request at 10, 47 ms at 0, for the same throughput.
+    # took 29 ms a request at 10, 47 ms at 0, for the same throughput (same results file).
     worker_nice: int = 10
     max_batch_size: int = 32            # requests one worker takes at once
     batch_timeout_ms: float = 5.0       # how long a worker waits to fill a batch
@@ -87,9 +88,10 @@ def _env_value(name: str, default):
     if isinstance(default, list):
         return [x.strip() for x in raw.split(",") if x.strip()]
     if isinstance(default, bool):
-        if raw.strip().lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
+        word = raw.strip().lower()
+        if word not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
             raise SystemExit(f"TRANSERVE_{name.upper()} must be true or false, got {raw!r}")
-        return raw.strip().lower() in ("1", "true", "yes", "on")
+        return word in ("1", "true", "yes", "on")
     return type(default)(raw)
 
 

@@ -309,7 +309,6 @@ class Engine:
         # Beams share their sentence's encoder keys/values (`sources`, one per group of rows); packages
         # exported before that input existed take one source per row (`cross_rows`) and copy them per beam.
         self.grouped_sources = "sources" in inputs
-        self.output_names = [o.name for o in self.decoder.get_outputs()]
         self.has_top_k = "top_k" in inputs
         self.search_top_k = self.has_top_k     # False: searches read the whole distribution (for comparisons)
         tk = meta["tokenizer"]

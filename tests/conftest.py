@@ -16,6 +16,23 @@ TINY = ["--preset", "tiny", "--vocab-size", "300", "--warmup", "50", "--lr-facto
         "--max-tokens", "2000", "--label-smoothing", "0"]
 
 
+def descendants(root: int) -> list[int]:
+    """Every process below root, from /proc (the servers under test spawn their workers)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [root]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
 def pairs64() -> list[tuple[str, str]]:
     rows = [line.split("\t") for line in (FIXTURES / "pairs64.tsv").read_text(encoding="utf-8").splitlines()]
     assert len(rows) == 64

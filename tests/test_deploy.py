@@ -38,7 +38,7 @@ import httpx
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, descendants
 from service.config import Settings
 
 DEPLOY = ROOT / "deploy"
@@ -928,22 +928,6 @@ def cmdline(pid: int) -> list[str]:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
     except OSError:
         return []
-
-
-def descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [root]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        out += kids
-        todo += kids
-    return out
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT, pairs64
+from conftest import ROOT, descendants, pairs64
 
 PAIRS = dict(pairs64())
 
@@ -414,22 +414,3 @@ def test_metrics_add_up_across_api_servers_and_workers(tiny_package, tmp_path):
         assert list(nice.values()).count(lowered) == 2 and list(nice.values()).count(0) >= 2, nice
     finally:
         stop_server(proc)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below pid, from /proc."""
-    children: dict[int, list[int]] = {}
-    for stat in os.listdir("/proc"):
-        if stat.isdigit():
-            try:
-                with open(f"/proc/{stat}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(stat))
-    out, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        out += kids
-        todo += kids
-    return out
