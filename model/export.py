@@ -34,7 +34,8 @@ A search that needs no more than the best few tokens of each row reads top_* and
 so (N, V) values never reach the host (service/search.py). Each layer's cache is its own tensor:
 a stacked (L, 2, N, h, T, d_k) cache, as packages before 2026-11-23 had, is split into layers and
 stacked again every step, which copied it twice more. Packages exported before `sources` existed
-take `cross_rows` (N,), one source per row, instead; the engine still reads both.
+took `cross_rows` (N,), one source per row, instead. The engine refuses those older layouts;
+`python -m model.upgrade` re-exports such a package from the weights in its graphs.
 
 A decoder-only model (text generation, task "generation") has no encoder.onnx; its decoder step
 reads a whole batch of left-padded prompts in one call, then one token per row per call:

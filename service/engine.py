@@ -18,7 +18,8 @@ leaves the device), and beam reordering and dropping finished rows happen inside
 graph through its `past_rows` and `sources` inputs (a sentence's beams share one copy of its encoder
 keys/values). Searches read each row's best few tokens, selected in the graph (`top_k`), rather
 than the whole (N, V) distribution. Packages exported before those graph inputs existed (a stacked
-cache, `cross_rows` per row, no `top_k`) are still served.
+cache, `cross_rows` per row, no `top_k`) are refused with the command that re-exports them from their
+own weights (`python -m model.upgrade`).
 """
 
 from __future__ import annotations
@@ -177,9 +178,7 @@ class OrtDecoder:
         self.row_source = np.arange(B, dtype=np.int64)    # source sentence of each current row
         self.sources = self.row_source                    # the graph's `sources` (see source_groups)
         self.past = engine.empty_cache(B)
-
-        # The k best next tokens, computed in the graph (see service.search); packages exported before
-        # 2026-11-23 lack them.
+        # The k best next tokens, computed in the graph (see service.search).
         self.step_top = self._step_top if engine.search_top_k else None
 
     def _run(self, tokens: np.ndarray, top_k: int | None) -> list[np.ndarray]:
@@ -187,10 +186,7 @@ class OrtDecoder:
         io = e.decoder.io_binding()
         io.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64)[:, None])
         io.bind_cpu_input("past_rows", self.rows)
-        if e.grouped_sources:
-            io.bind_cpu_input("sources", self.sources)
-        else:
-            io.bind_cpu_input("cross_rows", self.row_source)
+        io.bind_cpu_input("sources", self.sources)
         io.bind_cpu_input("src_mask", self.src_mask)
         for name, value in zip(e.past_names, self.past):
             io.bind_ortvalue_input(name, value)
@@ -209,8 +205,7 @@ class OrtDecoder:
     def select(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
         self.row_source = self.row_source[rows]
-        if self.e.grouped_sources:
-            self.sources = source_groups(self.row_source)
+        self.sources = source_groups(self.row_source)
         self.rows = self.rows[rows]
 
 
@@ -299,18 +294,12 @@ class Engine:
         except Exception as e:  # onnxruntime raises several types for unreadable graphs
             raise PackageError(f"{self.package.path}: onnxruntime cannot load the graphs ({e})") from None
         self.float_dtype = np.float16 if meta["precision"] == "fp16" else np.float32
-        # The key/value caches: one tensor per layer, or (packages exported before 2026-11-23) one stacked
-        # (L, 2, N, h, T, d_k) tensor, which the graph splits into layers and stacks again every step.
         inputs = [i.name for i in self.decoder.get_inputs()]
-        self.past_names = [n for n in inputs if n.startswith("past_") and n != "past_rows"]
-        self.cross_names = [n for n in inputs if n.startswith("cross_") and n != "cross_rows"]
+        self._check_layout(inputs)
+        self.past_names = [n for n in inputs if n.startswith("past_") and n != "past_rows"]   # one per layer
+        self.cross_names = [n for n in inputs if n.startswith("cross_")]
         self.present_names = [o.name for o in self.decoder.get_outputs() if o.name.startswith("present_")]
-        self.stacked_cache = self.past_names == ["past_kv"]
-        # Beams share their sentence's encoder keys/values (`sources`, one per group of rows); packages
-        # exported before that input existed take one source per row (`cross_rows`) and copy them per beam.
-        self.grouped_sources = "sources" in inputs
-        self.has_top_k = "top_k" in inputs
-        self.search_top_k = self.has_top_k     # False: searches read the whole distribution (for comparisons)
+        self.search_top_k = True               # False: searches read the whole distribution (for comparisons)
         tk = meta["tokenizer"]
         self.sp = spm.SentencePieceProcessor(model_file=str(self.package.file(tk["source"])))
         self.sp_target = (self.sp if tk.get("target", tk["source"]) == tk["source"]
@@ -341,6 +330,18 @@ class Engine:
         self.piece_texts = [("" if self.sp.is_control(i) else " ⁇ " if self.sp.is_unknown(i)
                              else self.sp.id_to_piece(i).replace("▁", " "))
                             for i in range(self.sp.get_piece_size())]
+
+    def _check_layout(self, inputs: list[str]) -> None:
+        """Refuses decoder graphs from before 2026-11-23 (a stacked `past_kv` cache, `cross_rows`, no
+        `top_k`), naming the command that re-exports them, rather than keeping a slower second path for them."""
+        need = ["tokens", "past_rows", "top_k"] + (["sources", "src_mask"] if self.task == "translation"
+                                                    else ["key_mask", "positions"])
+        missing = [n for n in need if n not in inputs]
+        if missing or "past_kv" in inputs:
+            path = self.package.path
+            raise PackageError(f"{path / 'decoder.onnx'}: an older graph layout (inputs {', '.join(inputs)}; "
+                               f"this engine needs {', '.join(need)} and one cache per layer); re-export it "
+                               f"from its own weights: python -m model.upgrade {path} --out NEW_DIR")
 
     # --- host side: text <-> ids -------------------------------------------------------------------
     def check_direction(self, source_lang: str, target_lang: str) -> None:
@@ -374,9 +375,8 @@ class Engine:
         with top_k ([top_log_probs (N, k), top_ids (N, k), eos_log_probs (N,)], present cache): then the
         (N, V) distribution stays where it was computed and only (N, k) values reach the host."""
         wanted = ["log_probs"] if top_k is None else ["top_log_probs", "top_ids", "eos_log_probs"]
-        if self.has_top_k:
-            k = min(top_k or 1, self.package.config["vocab_size"])
-            io.bind_cpu_input("top_k", np.array([k], dtype=np.int64))
+        k = min(top_k or 1, self.package.config["vocab_size"])
+        io.bind_cpu_input("top_k", np.array([k], dtype=np.int64))
         # Only what is read: the host's outputs, and the cache, which stays where the model runs.
         names = [*wanted, *self.present_names]
         for name in names:
@@ -388,9 +388,7 @@ class Engine:
     def empty_cache(self, rows: int) -> list[ort.OrtValue]:
         """The decoder's first past_* inputs: zero cached positions for `rows` rows."""
         c = self.package.config
-        shape = ((c["n_decoder_layers"], 2, rows, c["h"], 0, c["d_k"]) if self.stacked_cache
-                 else (rows, c["h"], 0, c["d_k"]))
-        empty = self.new_value(np.zeros(shape, dtype=self.float_dtype))
+        empty = self.new_value(np.zeros((rows, c["h"], 0, c["d_k"]), dtype=self.float_dtype))
         return [empty] * len(self.past_names)
 
     def encode(self, src: np.ndarray) -> list[ort.OrtValue]:

@@ -179,7 +179,7 @@ def test_evaluate_says_when_the_data_file_is_missing(tiny_package, tmp_path):
 def test_in_graph_top_k_search_equals_the_full_distribution_search(engine, options):
     """The graph's top_k outputs (what searches read by default) against the (N, V) log-probs, under
     the constraints that remove candidates (banned ids, min_length) or force eos (the budget)."""
-    assert engine.has_top_k and engine.search_top_k
+    assert engine.search_top_k
     src = engine.source_ids(PARITY, "en")
     fast = engine.search(src, SearchOptions(**options))
     engine.search_top_k = False
@@ -192,15 +192,16 @@ def test_in_graph_top_k_search_equals_the_full_distribution_search(engine, optio
                                rtol=0, atol=1e-5)
 
 
-def test_packages_with_a_stacked_cache_still_load_and_translate():
-    """Packages exported before per-layer caches (the committed models) keep working, through the
-    full-distribution search."""
+def test_the_committed_packages_run_with_per_layer_caches_and_top_k():
+    """models/de-en and models/lm-small (upgraded by model.upgrade) take the fast path: one cache
+    tensor per layer, grouped sources, the k best tokens from the graph."""
     e = Engine(ROOT / "models" / "de-en", device="cpu", intra_op_threads=1)
-    assert e.stacked_cache and not e.has_top_k and e.past_names == ["past_kv"]
+    assert e.past_names[:2] == ["past_key_0", "past_value_0"]
+    assert len(e.past_names) == 2 * e.package.config["n_decoder_layers"]
     out = e.translate(["Das Haus ist klein.", "Guten Morgen."], source_lang="de", target_lang="en", beam_size=4)
     assert all(t.text and t.tokens > 0 for t in out)
     lm = Engine(ROOT / "models" / "lm-small", device="cpu", intra_op_threads=1)
-    assert lm.stacked_cache and not lm.has_top_k
+    assert lm.past_names[:2] == ["past_key_0", "past_value_0"]
     assert 0 < lm.generate(["Die Datei"], max_new_tokens=5)[0].tokens <= 5
 
 

@@ -1,0 +1,137 @@
+"""Re-export a model package in the current graph layout, from the weights in its own ONNX files.
+
+    python -m model.upgrade models/de-en --out /tmp/de-en-new
+
+For a package whose checkpoint is gone. Packages exported before 2026-11-23 have a stacked
+(L, 2, N, h, T, d_k) cache, one cross-attention source per row (`cross_rows`) and no `top_k` input;
+the service still runs them, but through the slower full-distribution search (model/export.py says
+what each change saves). This reads the weights back out of encoder.onnx and decoder.onnx, loads
+them into our Transformer and exports the package again with the same precision, tokenizer files,
+metadata and model card.
+
+How a weight is found: every named parameter the exporter kept by name (embeddings, layer norms,
+biases) is read directly. A linear layer's weight is an anonymous initializer (`val_58`, transposed,
+or `val_58_quantized` with its scale and zero point in int8 packages); it is the constant input of a
+MatMul whose result, a few element-wise nodes later, has that layer's named bias added. int8 weights
+are dequantized, (q - zero_point) · scale; quantizing them again on export gives the same int8
+values, because their largest magnitude, hence their scale, is unchanged. The output projection of
+an int8 package is quantized on export even if the old graph kept it in fp32 (before 2026-11-23 a
+transposed embedding was left unquantized), so translations can differ in a few words.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+
+from .export import write_package
+from .transformer import Transformer, TransformerConfig
+
+# Nodes between a linear layer's MatMul and the Add of its bias: the int8 MatMulInteger's Cast and
+# rescaling Mul, and nothing else.
+_BETWEEN = {"Cast", "Mul"}
+# model.json keys that write_package writes itself; any other key (an importer's note) is kept.
+_WRITTEN = {"format", "name", "task", "directions", "languages", "target_tags", "config", "special_ids",
+            "precision", "tokenizer", "graphs", "training", "export_seconds", "files"}
+
+
+def graph_weights(path: Path) -> dict[str, np.ndarray]:
+    """The named parameters in one ONNX graph, in PyTorch's names and layout (Linear: (out, in))."""
+    graph = onnx.load(str(path)).graph
+    inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    consumers = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            consumers[name].append(node)
+
+    def bias_after(node) -> str | None:
+        """The name of the bias initializer added to this node's output, following Cast/Mul nodes."""
+        for _ in range(4):
+            (nxt,) = consumers[node.output[0]] or [None]
+            if nxt is None:
+                return None
+            named = [i for i in nxt.input if i in inits and i.endswith(".bias")]
+            if nxt.op_type == "Add" and named:
+                return named[0]
+            if nxt.op_type not in _BETWEEN:
+                return None
+            node = nxt
+        return None
+
+    weights = {name.removeprefix("model."): array for name, array in inits.items()
+               if name.startswith("model.") and array.dtype == np.float32}
+    if "project.bias" in inits:       # the output projection's own bias (packages from 2026-11-23 on)
+        weights["final_logits_bias"] = inits["project.bias"]
+    for node in graph.node:
+        if node.op_type not in ("MatMul", "MatMulInteger") or node.input[1] not in inits:
+            continue
+        bias = bias_after(node)
+        if bias is None or not bias.startswith("model."):
+            continue                  # the output projection: the tied embedding, read by its name
+        w = inits[node.input[1]].astype(np.float32)                     # (in, out)
+        if node.op_type == "MatMulInteger":
+            base = node.input[1].removesuffix("_quantized")
+            zero_point = inits[node.input[3]].astype(np.float32)
+            w = (w - zero_point) * inits[f"{base}_scale"]
+        weights[bias.removeprefix("model.").removesuffix(".bias") + ".weight"] = w.T.copy()
+    return weights
+
+
+def load_weights(package: Path) -> tuple[Transformer, dict]:
+    """Our Transformer with the package's weights, and its model.json."""
+    meta = json.loads((package / "model.json").read_text(encoding="utf-8"))
+    config = {k: v for k, v in meta["config"].items() if k != "d_k"}
+    model = Transformer(TransformerConfig(**config))
+    weights = {}
+    for graph in ("encoder.onnx", "decoder.onnx"):
+        if (package / graph).exists():
+            weights |= graph_weights(package / graph)
+    state = model.state_dict()
+    missing = sorted(set(state) - set(weights))
+    if missing:
+        raise ValueError(f"{package}: no weight found for {', '.join(missing[:5])}"
+                         f"{' and more' if len(missing) > 5 else ''} (was it exported by model.export?)")
+    for name, tensor in state.items():
+        if tuple(weights[name].shape) != tuple(tensor.shape):
+            raise ValueError(f"{package}: {name} has shape {weights[name].shape}, the config needs {tuple(tensor.shape)}")
+    model.load_state_dict({name: torch.from_numpy(weights[name]) for name in state})
+    return model.eval(), meta
+
+
+def upgrade_package(package: str | Path, out: str | Path) -> Path:
+    """Re-exports `package` into `out` (a new directory); returns the new model.json path."""
+    package, out = Path(package), Path(out)
+    if out.resolve() == package.resolve():
+        raise ValueError("--out must differ from the package: the old graphs are read while the new ones are written")
+    model, meta = load_weights(package)
+    keep = {f.name: f for f in package.iterdir()
+            if f.is_file() and f.suffix != ".onnx" and f.name not in ("model.json", "MODEL_CARD.md")}
+    precision = meta.get("precision", "fp32")
+    return write_package(
+        model, out, files=keep, tokenizer=meta["tokenizer"], special_ids=meta["special_ids"],
+        languages=meta["languages"], directions=meta["directions"], target_tags=meta.get("target_tags", {}),
+        training=meta.get("training", {}), model_card=package / "MODEL_CARD.md",
+        quantize="int8" if precision == "int8" else None, fp16=precision == "fp16", name=meta.get("name"),
+        extra={k: v for k, v in meta.items() if k not in _WRITTEN})
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description="Re-export a model package in the current graph layout from its own weights.")
+    p.add_argument("package", help="model package directory, e.g. models/de-en")
+    p.add_argument("--out", required=True, help="directory to write the new package to")
+    args = p.parse_args(argv)
+    path = upgrade_package(args.package, args.out)
+    meta = json.loads(path.read_text())
+    sizes = ", ".join(f"{k} {v['bytes'] / 1e6:.1f} MB" for k, v in meta["files"].items())
+    print(f"wrote {path.parent} ({meta['precision']}): {sizes}")
+
+
+if __name__ == "__main__":
+    main()
