@@ -4,9 +4,11 @@
     python benchmarks/vs_ctranslate2.py --checkpoint runs/small --data data/de-en/test.tsv \
         --out benchmarks/results/vs-ctranslate2-cpu.md
     python benchmarks/vs_ctranslate2.py --marian path/to/opus-mt-de-en ...   # any Marian checkpoint
+    python benchmarks/vs_ctranslate2.py --package models/de-en --data data/de-en/test.tsv   # + BLEU
 
-The weights come in Marian format: our checkpoint through model.export_marian (--checkpoint), a Marian
-directory (--marian), or, by default, a Marian model built here with the `small` preset's shape
+The weights come in Marian format: our checkpoint or model package through model.export_marian
+(--checkpoint, --package: its weights read back out of its graphs), a Marian directory (--marian), or,
+by default, a Marian model built here with the `small` preset's shape
 (d_model 256, 4 heads, d_ff 1024, 4+3 layers, relu) over the SentencePiece vocabulary of
 models/de-en, randomly initialised. From it:
 
@@ -21,6 +23,11 @@ sentence, which is what a speed comparison needs (its translations mean nothing)
 
     tok/s      target tokens produced (eos included) per second of wall time, tokenisation excluded
     p50 ms     latency of one batch
+
+When the weights are a model's (--checkpoint, --package, --marian, not the random default) and --data
+has references (a second column), another table gives each engine's sacreBLEU and chrF at beam 4,
+batch 32 (64 on a GPU), in each precision, and how many translations the engines agree on word for
+word: the "BLEU within 0.3" goal. A line `bleu_minus_ctranslate2 fp32=D int8=D` comes before the last.
 
 Then the HTTP service (`python -m service`, int8 package; by default one single-threaded worker per
 thread of --threads) at 32 concurrent clients, one sentence per request: served tok/s against
@@ -124,7 +131,9 @@ OURS_IMPORT = {"fp32": {}, "int8": {"quantize": "int8"}, "fp16": {"fp16": True}}
 DEVICE_PLAN = {"cpu": (("fp32", "int8"), 32), "cuda": (("fp32", "fp16"), 64)}
 
 
-def ct2_runner(path: Path, *, beam: int, max_length: int, threads: int, device: str = "cpu"):
+def ct2_runner(path: Path, *, beam: int, max_length: int, threads: int, device: str = "cpu", outputs=None):
+    """run(batch of piece lists) -> target tokens; with `outputs` (a list) each best hypothesis's pieces
+    are appended to it."""
     import ctranslate2
 
     translator = ctranslate2.Translator(str(path), device=device, intra_threads=threads, inter_threads=1)
@@ -132,19 +141,84 @@ def ct2_runner(path: Path, *, beam: int, max_length: int, threads: int, device: 
     def run(batch: list[list[str]]) -> int:
         results = translator.translate_batch(batch, beam_size=beam, max_decoding_length=max_length,
                                              min_decoding_length=0, length_penalty=1.0, return_end_token=True)
+        if outputs is not None:
+            outputs.extend([p for p in r.hypotheses[0] if p != "</s>"] for r in results)
         return sum(len(r.hypotheses[0]) for r in results)
     return run
 
 
-def ours_runner(package: Path, *, beam: int, max_length: int, threads: int, device: str = "cpu"):
+def ours_runner(package: Path, *, beam: int, max_length: int, threads: int, device: str = "cpu", outputs=None):
+    """run(batch of id lists) -> target tokens; with `outputs` (a list) each best hypothesis's ids are
+    appended to it."""
     from service.engine import Engine, SearchOptions
 
     engine = Engine(package, device=device, intra_op_threads=threads)
     options = SearchOptions(beam_size=beam, max_length_a=0, max_length_b=max_length, max_length=max_length)
 
     def run(batch: list[list[int]]) -> int:
-        return sum(len(h[0].tokens) + 1 for h in engine.search(batch, options))   # + eos, as CTranslate2 counts
+        hyps = [h[0].tokens for h in engine.search(batch, options)]
+        if outputs is not None:
+            outputs.extend(hyps)
+        return sum(len(t) + 1 for t in hyps)                                   # + eos, as CTranslate2 counts
     return run
+
+
+def marian_from_package(package: Path, out: Path) -> tuple[Path, str]:
+    """A Marian directory with the weights of one of our packages, and a note on what was done."""
+    from model.export_marian import write_marian
+    from model.tokenizer import Tokenizer
+    from model.upgrade import load_weights
+
+    model, meta = load_weights(package)
+    what = f"{package}, read back out of its graphs by model.upgrade and written by model.export_marian"
+    bos = model.config.bos_id
+    if model.embed.weight[bos].abs().max() > 0:
+        # CTranslate2 starts Marian decoders from a zero vector; a package trained before
+        # zero_bos_embedding learned one. Zeroed here, so both engines run the same function.
+        import torch
+        with torch.no_grad():
+            model.embed.weight[bos].zero_()
+        what += "; its learned <s> embedding zeroed for both engines (CTranslate2 starts decoders from zeros)"
+    write_marian(model, Tokenizer(package / meta["tokenizer"]["source"]), out, directions=meta["directions"])
+    return out, what
+
+
+def read_references(data: Path | None, n: int) -> list[str] | None:
+    """The second column of --data for the first n sentences, or None without one (or with repeats)."""
+    if data is None:
+        return None
+    rows = [line.split("\t") for line in data.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if len(rows) < n or any(len(r) < 2 for r in rows[:n]):
+        return None
+    return [r[1] for r in rows[:n]]
+
+
+def quality(work: Path, precisions, large: int, ids, pieces, references: list[str], tok, args) -> list[dict]:
+    """Each precision's beam-4 translations by both engines, batch `large`: sacreBLEU, chrF, agreement."""
+    import sacrebleu
+
+    out = []
+    for precision in precisions:
+        ct2_out, ours_out = [], []
+        for g in batches(pieces, large):
+            ct2_runner(work / f"ct2-{precision}", beam=4, max_length=args.max_length, threads=args.threads,
+                       device=args.device, outputs=ct2_out)(g)
+        run = ours_runner(work / f"ours-{precision}", beam=4, max_length=args.max_length, threads=args.threads,
+                          device=args.device, outputs=ours_out)
+        for g in batches(ids, large):
+            run(g)
+        ct2_text = [tok.convert_tokens_to_string(p) for p in ct2_out]
+        ours_text = [tok.decode(t, skip_special_tokens=True) for t in ours_out]
+        ct2, ours = sacrebleu.corpus_bleu(ct2_text, [references]), sacrebleu.corpus_bleu(ours_text, [references])
+        out.append({"precision": precision, "n": len(references), "ct2": ct2, "ours": ours,
+                    "ct2_chrf": sacrebleu.corpus_chrf(ct2_text, [references]),
+                    "ours_chrf": sacrebleu.corpus_chrf(ours_text, [references]),
+                    "same": sum(a == b for a, b in zip(ct2_text, ours_text)),
+                    # rounded first, so a difference too small to show reads +0.00, not -0.00
+                    "difference": round(ours.score - ct2.score, 2) + 0.0})
+        print(f"BLEU {precision}: CTranslate2 {ct2.score:.2f}, ours {ours.score:.2f}; "
+              f"same translation {out[-1]['same']} of {len(references)}", flush=True)
+    return out
 
 
 def gpu_name() -> str:
@@ -233,6 +307,7 @@ def main(argv=None) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--checkpoint", help="our run directory, exported with model.export_marian")
     src.add_argument("--marian", help="a Marian (save_pretrained) directory")
+    src.add_argument("--package", type=Path, help="a translation package of ours (weights read from its graphs)")
     p.add_argument("--data", type=Path, help="TSV whose first column is the source (default: the tests' 64 sentences)")
     p.add_argument("--sentences", type=int, default=256, help="sentences per configuration")
     p.add_argument("--max-length", type=int, default=48, help="output budget in tokens, eos included")
@@ -279,6 +354,8 @@ def main(argv=None) -> None:
         if args.checkpoint:
             from model.export_marian import export_marian
             marian, what = export_marian(args.checkpoint, work / "marian"), f"{args.checkpoint}, via model.export_marian"
+        elif args.package:
+            marian, what = marian_from_package(args.package, work / "marian")
         elif args.marian:
             marian, what = Path(args.marian), args.marian
         else:
@@ -293,7 +370,11 @@ def main(argv=None) -> None:
 
         tok = MarianTokenizer.from_pretrained(str(marian))
         sentences = read_sentences(args.data, args.sentences)
-        ids = sorted((tok(s).input_ids for s in sentences), key=len)
+        # A multi-directional model of ours reads its target tag first (<2en>): both engines get it.
+        tag = [tok.convert_tokens_to_ids("<2en>")] if args.package and json.loads(
+            (args.package / "model.json").read_text())["target_tags"] else []
+        order = sorted(range(len(sentences)), key=lambda i: len(tok(sentences[i]).input_ids))
+        ids = [tag + tok(sentences[i]).input_ids for i in order]
         pieces = [tok.convert_ids_to_tokens(i) for i in ids]
         rows = []
         for beam in (4, 1):
@@ -323,6 +404,11 @@ def main(argv=None) -> None:
                     rows.append({"engine": engine, "precision": precision, "beam": beam, "batch": size} | r)
                     print(f"{engine:12} {precision} beam {beam} batch {size:2}: {r['tok_s']:8.0f} tok/s  "
                           f"p50 {r['p50_ms']:8.1f} ms", flush=True)
+        references = None if not (args.checkpoint or args.package or args.marian) else read_references(
+            args.data, args.sentences)
+        bleu = []
+        if references is not None:
+            bleu = quality(work, precisions, large, ids, pieces, [references[i] for i in order], tok, args)
         # 4x the sentences: 32 clients with two requests each would measure mostly ramp-up and tail.
         http = None if args.no_http else served(work / f"ours-{low}", sentences * 4, workers=args.served_workers,
                                                 threads=args.served_threads, max_length=args.max_length,
@@ -363,6 +449,12 @@ def main(argv=None) -> None:
         lines += [f"| {name} | {ms:,.1f} | {ms / st['end to end']:.0%} |" for name, ms in st.items()]
         lines += [f"| the service's own overhead (response + HTTP) | "
                   f"{st['response'] + st['HTTP']:,.1f} | {own:.0%} |"]
+    if bleu:
+        lines += ["", f"| beam 4, batch {large} | CTranslate2 BLEU / chrF | ours BLEU / chrF | BLEU difference | "
+                  "same translation |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| {b['precision']} | {b['ct2'].score:.2f} / {b['ct2_chrf'].score:.2f} | {b['ours'].score:.2f} / "
+                  f"{b['ours_chrf'].score:.2f} | {b['difference']:+.2f} | "
+                  f"{b['same']} of {b['n']} |" for b in bleu]
     table = "\n".join(lines)
     import ctranslate2
     import onnxruntime
@@ -381,6 +473,9 @@ def main(argv=None) -> None:
     print("\n".join(header))
     print()
     print(table)
+    if bleu:
+        print("bleu_minus_ctranslate2 " + " ".join(f"{b['precision']}={b['difference']:+.2f}"
+                                                   for b in bleu))
     final = ("ratio_vs_ctranslate2 " + " ".join(f"engine_{p}={ratio[p]:.2f}" for p in precisions)
              + f" served={'n/a' if served_ratio is None else f'{served_ratio:.2f}'}")
     if args.device == "cuda":   # the GPU goal for one sentence: ms per decoded token, beam 4, batch 1

@@ -2,6 +2,7 @@
 through `ct2-transformers-converter`, in CTranslate2.
 
     python -m model.export_marian --checkpoint runs/small --out hf/small
+    python -m model.export_marian --package models/de-en --out hf/de-en    # weights read from the graphs
     ct2-transformers-converter --model hf/small --output_dir ct2/small [--quantization int8]
 
 The weights are the same function, rewritten for Marian's conventions:
@@ -18,7 +19,9 @@ The weights are the same function, rewritten for Marian's conventions:
 
 Both source.spm and target.spm are our one joint SentencePiece model; vocab.json maps its pieces to
 the new ids. A multi-directional checkpoint expects its target tag (e.g. `<2en>`) at the start of
-the source text. `transformers` is needed here only (the `marian` extra).
+the source text. A model package (`--package`) gives its weights through model.upgrade, which reads
+them back out of its ONNX graphs (int8 weights dequantized). `transformers` is needed here only (the
+`marian` extra).
 """
 
 from __future__ import annotations
@@ -89,11 +92,26 @@ def marian_vocabulary(tok: Tokenizer) -> tuple[list[int], list[str]]:
 
 
 def export_marian(checkpoint: str | Path, out: str | Path) -> Path:
+    """One of our checkpoints (a run directory or .pt file) -> a Marian directory."""
+    model, tok, info = load_checkpoint(checkpoint)
+    langs = info.get("langs") or ["de", "en"]
+    return write_marian(model, tok, out, directions=info.get("directions") or [f"{langs[0]}-{langs[1]}"])
+
+
+def export_package_marian(package: str | Path, out: str | Path) -> Path:
+    """A model package of ours -> a Marian directory, its weights read back out of its graphs."""
+    from .upgrade import load_weights
+
+    model, meta = load_weights(Path(package))
+    return write_marian(model, Tokenizer(Path(package) / meta["tokenizer"]["source"]), out,
+                        directions=meta["directions"])
+
+
+def write_marian(model: Transformer, tok: Tokenizer, out: str | Path, *, directions: list[str]) -> Path:
     try:
         from transformers import MarianConfig, MarianMTModel, MarianTokenizer
     except ImportError:
         raise SystemExit("model.export_marian needs transformers: pip install -e '.[marian]'") from None
-    model, tok, info = load_checkpoint(checkpoint)
     c = model.config
     if c.arch != "encoder-decoder":
         raise SystemExit("only translation checkpoints (arch encoder-decoder) have a Marian format")
@@ -141,8 +159,6 @@ def export_marian(checkpoint: str | Path, out: str | Path) -> Path:
     for side in ("source", "target"):
         shutil.copy(tok.model_file, out / f"{side}.spm")
     (out / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}, ensure_ascii=False, indent=0))
-    langs = info.get("langs") or ["de", "en"]
-    directions = info.get("directions") or [f"{langs[0]}-{langs[1]}"]
     s, t = directions[0].split("-")
     MarianTokenizer(str(out / "source.spm"), str(out / "target.spm"), str(out / "vocab.json"),
                     source_lang=s, target_lang=t).save_pretrained(out)
@@ -151,10 +167,13 @@ def export_marian(checkpoint: str | Path, out: str | Path) -> Path:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description="Write a checkpoint of ours in Hugging Face's Marian format.")
-    p.add_argument("--checkpoint", required=True, help="run directory from model.train (best.pt is used)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="run directory from model.train (best.pt is used)")
+    src.add_argument("--package", help="a translation model package of ours (weights read from its graphs)")
     p.add_argument("--out", required=True, help="directory to write (config.json, model.safetensors, *.spm, vocab.json)")
     args = p.parse_args(argv)
-    out = export_marian(args.checkpoint, args.out)
+    out = (export_marian(args.checkpoint, args.out) if args.checkpoint
+           else export_package_marian(args.package, args.out))
     print(f"wrote {out}: load it with MarianMTModel.from_pretrained, or convert it with "
           f"ct2-transformers-converter --model {out} --output_dir ...")
 

@@ -101,7 +101,7 @@ def load_weights(package: Path) -> tuple[Transformer, dict]:
     for name, tensor in state.items():
         if tuple(weights[name].shape) != tuple(tensor.shape):
             raise ValueError(f"{package}: {name} has shape {weights[name].shape}, the config needs {tuple(tensor.shape)}")
-    model.load_state_dict({name: torch.from_numpy(weights[name]) for name in state})
+    model.load_state_dict({name: torch.tensor(weights[name]) for name in state})
     return model.eval(), meta
 
 

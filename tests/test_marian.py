@@ -235,3 +235,18 @@ def test_round_trip_through_ctranslate2_gives_our_greedy_output(exported_marian,
     sources = [tok.convert_ids_to_tokens(tok(t).input_ids) for t in texts]
     results = translator.translate_batch(sources, beam_size=1, max_decoding_length=256, min_decoding_length=0)
     assert [tok.convert_tokens_to_string(r.hypotheses[0]) for r in results] == [t.text for t in ours]
+
+
+def test_a_package_exports_to_the_same_marian_weights_as_its_checkpoint(exported_marian, tiny_package, tmp_path):
+    """model.export_marian --package reads the weights back out of the package's graphs (fp32: exactly
+    the checkpoint's), so it writes the same Marian model as --checkpoint."""
+    from safetensors.torch import load_file
+
+    from model.export_marian import main as export_marian_main
+
+    export_marian_main(["--package", str(tiny_package), "--out", str(tmp_path / "from-package")])
+    a, b = load_file(exported_marian / "model.safetensors"), load_file(tmp_path / "from-package" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert (exported_marian / "vocab.json").read_text() == (tmp_path / "from-package" / "vocab.json").read_text()
