@@ -332,7 +332,8 @@ def write_package(model: Transformer, out: str | Path, *, files: dict[str, Path]
         "graphs": graphs,
         "training": training,
         "export_seconds": round(time.time() - t0, 1),
-    } | (extra or {})
+    }
+    meta |= {k: v for k, v in (extra or {}).items() if k not in meta}   # extra adds keys, never replaces
     meta["files"] = {f.name: {"sha256": _sha256(f), "bytes": f.stat().st_size}
                      for f in sorted(out.iterdir()) if f.name != "model.json" and f.is_file()}
     path = out / "model.json"

@@ -4,19 +4,21 @@
 
 For a package whose checkpoint is gone. Packages exported before 2026-11-23 have a stacked
 (L, 2, N, h, T, d_k) cache, one cross-attention source per row (`cross_rows`) and no `top_k` input;
-the service still runs them, but through the slower full-distribution search (model/export.py says
-what each change saves). This reads the weights back out of encoder.onnx and decoder.onnx, loads
-them into our Transformer and exports the package again with the same precision, tokenizer files,
-metadata and model card.
+the service refuses them rather than keep a slower search path for them (model/export.py says what
+each change saves). This reads the weights back out of encoder.onnx and decoder.onnx, loads them
+into our Transformer and exports the package again with the same precision, tokenizer files,
+metadata and model card. Packages imported by model.import_marian are re-imported from their Marian
+directory instead.
 
 How a weight is found: every named parameter the exporter kept by name (embeddings, layer norms,
 biases) is read directly. A linear layer's weight is an anonymous initializer (`val_58`, transposed,
 or `val_58_quantized` with its scale and zero point in int8 packages); it is the constant input of a
-MatMul whose result, a few element-wise nodes later, has that layer's named bias added. int8 weights
-are dequantized, (q - zero_point) · scale; quantizing them again on export gives the same int8
-values, because their largest magnitude, hence their scale, is unchanged. The output projection of
-an int8 package is quantized on export even if the old graph kept it in fp32 (before 2026-11-23 a
-transposed embedding was left unquantized), so translations can differ in a few words.
+MatMul whose result has that layer's named bias added (in int8 graphs, after the MatMulInteger's Cast
+and rescaling Mul). int8 weights are dequantized, (q - zero_point) · scale; quantizing them again on
+export (model.export's symmetric QInt8) gives the same int8 values, because their largest magnitude,
+hence their scale, is unchanged. The output projection of an int8 package is quantized on export even
+if the old graph kept it in fp32 (before 2026-11-23 a transposed embedding was left unquantized), so
+outputs can change: for models/de-en, 2 of the tests' 64 de→en and 16 of 64 en→de beam-4 outputs.
 """
 
 from __future__ import annotations
@@ -34,12 +36,8 @@ from onnx import numpy_helper
 from .export import write_package
 from .transformer import Transformer, TransformerConfig
 
-# Nodes between a linear layer's MatMul and the Add of its bias: the int8 MatMulInteger's Cast and
-# rescaling Mul, and nothing else.
-_BETWEEN = {"Cast", "Mul"}
-# model.json keys that write_package writes itself; any other key (an importer's note) is kept.
-_WRITTEN = {"format", "name", "task", "directions", "languages", "target_tags", "config", "special_ids",
-            "precision", "tokenizer", "graphs", "training", "export_seconds", "files"}
+# Nodes between an int8 MatMulInteger and the Add of its bias: its Cast and rescaling Mul, in order.
+_INT8_CHAIN = ("Cast", "Mul")
 
 
 def graph_weights(path: Path) -> dict[str, np.ndarray]:
@@ -51,24 +49,28 @@ def graph_weights(path: Path) -> dict[str, np.ndarray]:
         for name in node.input:
             consumers[name].append(node)
 
-    def bias_after(node) -> str | None:
-        """The name of the bias initializer added to this node's output, following Cast/Mul nodes."""
-        for _ in range(4):
-            (nxt,) = consumers[node.output[0]] or [None]
-            if nxt is None:
-                return None
-            named = [i for i in nxt.input if i in inits and i.endswith(".bias")]
-            if nxt.op_type == "Add" and named:
-                return named[0]
-            if nxt.op_type not in _BETWEEN:
-                return None
-            node = nxt
-        return None
+    def only_consumer(node):
+        nxt = consumers[node.output[0]]
+        return nxt[0] if len(nxt) == 1 else None
 
-    weights = {name.removeprefix("model."): array for name, array in inits.items()
-               if name.startswith("model.") and array.dtype == np.float32}
+    def bias_after(node) -> str | None:
+        """The name of the bias initializer added to this MatMul's output: right after it, or after the
+        Cast and Mul of an int8 MatMulInteger. None for anything else (the weight is not a layer's own)."""
+        for expected in (_INT8_CHAIN if node.op_type == "MatMulInteger" else ()):
+            node = only_consumer(node)
+            if node is None or node.op_type != expected:
+                return None
+        add = only_consumer(node)
+        if add is None or add.op_type != "Add":
+            return None
+        named = [i for i in add.input if i.endswith(".bias") and i in inits]
+        return named[0] if named else None
+
+    # Named parameters; an fp16 package's are read as fp32 (the export casts them back).
+    weights = {name.removeprefix("model."): array.astype(np.float32) for name, array in inits.items()
+               if name.startswith("model.") and np.issubdtype(array.dtype, np.floating)}
     if "project.bias" in inits:       # the output projection's own bias (packages from 2026-11-23 on)
-        weights["final_logits_bias"] = inits["project.bias"]
+        weights["final_logits_bias"] = inits["project.bias"].astype(np.float32)
     for node in graph.node:
         if node.op_type not in ("MatMul", "MatMulInteger") or node.input[1] not in inits:
             continue
@@ -78,8 +80,9 @@ def graph_weights(path: Path) -> dict[str, np.ndarray]:
         w = inits[node.input[1]].astype(np.float32)                     # (in, out)
         if node.op_type == "MatMulInteger":
             base = node.input[1].removesuffix("_quantized")
-            zero_point = inits[node.input[3]].astype(np.float32)
-            w = (w - zero_point) * inits[f"{base}_scale"]
+            zero_point = (inits[node.input[3]].astype(np.float32)
+                          if len(node.input) > 3 and node.input[3] else np.float32(0))
+            w = (w - zero_point) * inits[f"{base}_scale"]               # per tensor, or per column (out,)
         weights[bias.removeprefix("model.").removesuffix(".bias") + ".weight"] = w.T.copy()
     return weights
 
@@ -87,6 +90,9 @@ def graph_weights(path: Path) -> dict[str, np.ndarray]:
 def load_weights(package: Path) -> tuple[Transformer, dict]:
     """Our Transformer with the package's weights, and its model.json."""
     meta = json.loads((package / "model.json").read_text(encoding="utf-8"))
+    if meta.get("tokenizer", {}).get("vocab"):
+        raise ValueError(f"{package} was imported by model.import_marian (Marian's id space): import its Marian "
+                         "directory again instead (python -m model.import_marian DIR --out NEW_DIR)")
     config = {k: v for k, v in meta["config"].items() if k != "d_k"}
     model = Transformer(TransformerConfig(**config))
     weights = {}
@@ -100,7 +106,8 @@ def load_weights(package: Path) -> tuple[Transformer, dict]:
                          f"{' and more' if len(missing) > 5 else ''} (was it exported by model.export?)")
     for name, tensor in state.items():
         if tuple(weights[name].shape) != tuple(tensor.shape):
-            raise ValueError(f"{package}: {name} has shape {weights[name].shape}, the config needs {tuple(tensor.shape)}")
+            raise ValueError(f"{package}: {name} has shape {weights[name].shape}, "
+                             f"the config needs {tuple(tensor.shape)}")
     model.load_state_dict({name: torch.tensor(weights[name]) for name in state})
     return model.eval(), meta
 
@@ -119,11 +126,12 @@ def upgrade_package(package: str | Path, out: str | Path) -> Path:
         languages=meta["languages"], directions=meta["directions"], target_tags=meta.get("target_tags", {}),
         training=meta.get("training", {}), model_card=package / "MODEL_CARD.md",
         quantize="int8" if precision == "int8" else None, fp16=precision == "fp16", name=meta.get("name"),
-        extra={k: v for k, v in meta.items() if k not in _WRITTEN})
+        extra=meta)                   # keys write_package does not write itself (an importer's note) are kept
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description="Re-export a model package in the current graph layout from its own weights.")
+    p = argparse.ArgumentParser(
+        description="Re-export a model package in the current graph layout from its own weights.")
     p.add_argument("package", help="model package directory, e.g. models/de-en")
     p.add_argument("--out", required=True, help="directory to write the new package to")
     args = p.parse_args(argv)

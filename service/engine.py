@@ -336,12 +336,12 @@ class Engine:
         `top_k`), naming the command that re-exports them, rather than keeping a slower second path for them."""
         need = ["tokens", "past_rows", "top_k"] + (["sources", "src_mask"] if self.task == "translation"
                                                     else ["key_mask", "positions"])
-        missing = [n for n in need if n not in inputs]
-        if missing or "past_kv" in inputs:
+        missing = [n for n in need if n not in inputs] + (["one cache per layer"] if "past_kv" in inputs else [])
+        if missing:
             path = self.package.path
-            raise PackageError(f"{path / 'decoder.onnx'}: an older graph layout (inputs {', '.join(inputs)}; "
-                               f"this engine needs {', '.join(need)} and one cache per layer); re-export it "
-                               f"from its own weights: python -m model.upgrade {path} --out NEW_DIR")
+            raise PackageError(f"{path / 'decoder.onnx'}: an older graph layout, without {', '.join(missing)}; "
+                               f"re-export it from its own weights with the training side (pip install -e "
+                               f"'.[train]'; not in the serving image): python -m model.upgrade {path} --out NEW_DIR")
 
     # --- host side: text <-> ids -------------------------------------------------------------------
     def check_direction(self, source_lang: str, target_lang: str) -> None:

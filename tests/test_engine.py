@@ -179,7 +179,6 @@ def test_evaluate_says_when_the_data_file_is_missing(tiny_package, tmp_path):
 def test_in_graph_top_k_search_equals_the_full_distribution_search(engine, options):
     """The graph's top_k outputs (what searches read by default) against the (N, V) log-probs, under
     the constraints that remove candidates (banned ids, min_length) or force eos (the budget)."""
-    assert engine.search_top_k
     src = engine.source_ids(PARITY, "en")
     fast = engine.search(src, SearchOptions(**options))
     engine.search_top_k = False
