@@ -165,17 +165,18 @@ def ours_runner(package: Path, *, beam: int, max_length: int, threads: int, devi
 
 def marian_from_package(package: Path, out: Path) -> tuple[Path, str]:
     """A Marian directory with the weights of one of our packages, and a note on what was done."""
+    import torch
+
     from model.export_marian import write_marian
     from model.tokenizer import Tokenizer
     from model.upgrade import load_weights
 
-    model, meta = load_weights(package)
+    model, meta = load_weights(package)     # an imported Marian package is refused: pass --marian DIR
     what = f"{package}, read back out of its graphs by model.upgrade and written by model.export_marian"
     bos = model.config.bos_id
     if model.embed.weight[bos].abs().max() > 0:
         # CTranslate2 starts Marian decoders from a zero vector; a package trained before
         # zero_bos_embedding learned one. Zeroed here, so both engines run the same function.
-        import torch
         with torch.no_grad():
             model.embed.weight[bos].zero_()
         what += "; its learned <s> embedding zeroed for both engines (CTranslate2 starts decoders from zeros)"
@@ -184,36 +185,59 @@ def marian_from_package(package: Path, out: Path) -> tuple[Path, str]:
 
 
 def read_references(data: Path | None, n: int) -> list[str] | None:
-    """The second column of --data for the first n sentences, or None without one (or with repeats)."""
+    """The second column of --data for the first n sentences; None (and why) without one."""
     if data is None:
         return None
     rows = [line.split("\t") for line in data.read_text(encoding="utf-8").splitlines() if line.strip()]
     if len(rows) < n or any(len(r) < 2 for r in rows[:n]):
+        print(f"no BLEU: {data} has {len(rows)} rows (--sentences {n} would repeat them) or lacks references",
+              flush=True)
         return None
     return [r[1] for r in rows[:n]]
 
 
-def quality(work: Path, precisions, large: int, ids, pieces, references: list[str], tok, args) -> list[dict]:
-    """Each precision's beam-4 translations by both engines, batch `large`: sacreBLEU, chrF, agreement."""
+def target_tag(package: Path | None, tok, target: str = "en") -> list[int]:
+    """[the Marian id of the package's <2en> tag] for a multi-directional package of ours, else []."""
+    if package is None:
+        return []
+    meta = json.loads((package / "model.json").read_text(encoding="utf-8"))
+    tags = meta.get("target_tags") or {}
+    if not tags:
+        return []
+    if target not in tags:
+        raise SystemExit(f"{package} has target tags for {sorted(tags)}, not {target!r}")
+    import sentencepiece as spm
+    piece = spm.SentencePieceProcessor(model_file=str(package / meta["tokenizer"]["source"])).id_to_piece(tags[target])
+    tag = tok.convert_tokens_to_ids(piece)
+    if tag == tok.unk_token_id:
+        raise SystemExit(f"the Marian vocabulary has no {piece!r}")
+    return [tag]
+
+
+def quality(work: Path, *, ids: list[list[int]], pieces: list[list[str]], references: list[str], tok,
+            precisions: tuple[str, ...], batch: int, args) -> list[dict]:
+    """Each precision's beam-4 translations by both engines at `batch`: sacreBLEU, chrF, and how many
+    outputs are the same piece for piece."""
     import sacrebleu
 
     out = []
     for precision in precisions:
         ct2_out, ours_out = [], []
-        for g in batches(pieces, large):
-            ct2_runner(work / f"ct2-{precision}", beam=4, max_length=args.max_length, threads=args.threads,
-                       device=args.device, outputs=ct2_out)(g)
-        run = ours_runner(work / f"ours-{precision}", beam=4, max_length=args.max_length, threads=args.threads,
-                          device=args.device, outputs=ours_out)
-        for g in batches(ids, large):
+        common = dict(beam=4, max_length=args.max_length, threads=args.threads, device=args.device)
+        run = ct2_runner(work / f"ct2-{precision}", outputs=ct2_out, **common)
+        for g in batches(pieces, batch):
             run(g)
+        run = ours_runner(work / f"ours-{precision}", outputs=ours_out, **common)
+        for g in batches(ids, batch):
+            run(g)
+        ours_pieces = [tok.convert_ids_to_tokens(t) for t in ours_out]
         ct2_text = [tok.convert_tokens_to_string(p) for p in ct2_out]
-        ours_text = [tok.decode(t, skip_special_tokens=True) for t in ours_out]
+        ours_text = [tok.convert_tokens_to_string(p) for p in ours_pieces]
         ct2, ours = sacrebleu.corpus_bleu(ct2_text, [references]), sacrebleu.corpus_bleu(ours_text, [references])
         out.append({"precision": precision, "n": len(references), "ct2": ct2, "ours": ours,
                     "ct2_chrf": sacrebleu.corpus_chrf(ct2_text, [references]),
                     "ours_chrf": sacrebleu.corpus_chrf(ours_text, [references]),
-                    "same": sum(a == b for a, b in zip(ct2_text, ours_text)),
+                    "same": sum(a == b for a, b in zip(ct2_out, ours_pieces)),
                     # rounded first, so a difference too small to show reads +0.00, not -0.00
                     "difference": round(ours.score - ct2.score, 2) + 0.0})
         print(f"BLEU {precision}: CTranslate2 {ct2.score:.2f}, ours {ours.score:.2f}; "
@@ -361,20 +385,24 @@ def main(argv=None) -> None:
         else:
             marian = build_marian(work / "marian", ROOT / "models" / "de-en" / "spm.model")
             what = "a Marian model built offline: small preset shape over models/de-en's vocabulary, random weights"
+        tok = MarianTokenizer.from_pretrained(str(marian))
+        # A multi-directional model of ours reads its target tag (<2en>) first: both engines get it, and
+        # the imported packages name it, so the served engine adds it to each request as ours does.
+        tag = target_tag(args.package, tok)
         converter = Path(sys.executable).parent / "ct2-transformers-converter"
         for precision in precisions:
             subprocess.run([str(converter), "--model", str(marian), "--output_dir", str(work / f"ct2-{precision}"),
                             *CT2_CONVERT[precision]], check=True, capture_output=True)
-            import_marian(marian, work / f"ours-{precision}", source_lang="de", target_lang="en",
-                          **OURS_IMPORT[precision])
+            meta_file = import_marian(marian, work / f"ours-{precision}", source_lang="de", target_lang="en",
+                                      **OURS_IMPORT[precision])
+            if tag:
+                meta = json.loads(Path(meta_file).read_text())
+                Path(meta_file).write_text(json.dumps(meta | {"target_tags": {"en": tag[0]}}, indent=2) + "\n")
 
-        tok = MarianTokenizer.from_pretrained(str(marian))
         sentences = read_sentences(args.data, args.sentences)
-        # A multi-directional model of ours reads its target tag first (<2en>): both engines get it.
-        tag = [tok.convert_tokens_to_ids("<2en>")] if args.package and json.loads(
-            (args.package / "model.json").read_text())["target_tags"] else []
-        order = sorted(range(len(sentences)), key=lambda i: len(tok(sentences[i]).input_ids))
-        ids = [tag + tok(sentences[i]).input_ids for i in order]
+        encoded = [tag + tok(s).input_ids for s in sentences]
+        order = sorted(range(len(sentences)), key=lambda i: len(encoded[i]))
+        ids = [encoded[i] for i in order]
         pieces = [tok.convert_ids_to_tokens(i) for i in ids]
         rows = []
         for beam in (4, 1):
@@ -408,7 +436,8 @@ def main(argv=None) -> None:
             args.data, args.sentences)
         bleu = []
         if references is not None:
-            bleu = quality(work, precisions, large, ids, pieces, [references[i] for i in order], tok, args)
+            bleu = quality(work, ids=ids, pieces=pieces, references=[references[i] for i in order], tok=tok,
+                           precisions=precisions, batch=large, args=args)
         # 4x the sentences: 32 clients with two requests each would measure mostly ramp-up and tail.
         http = None if args.no_http else served(work / f"ours-{low}", sentences * 4, workers=args.served_workers,
                                                 threads=args.served_threads, max_length=args.max_length,
@@ -473,9 +502,10 @@ def main(argv=None) -> None:
     print("\n".join(header))
     print()
     print(table)
-    if bleu:
-        print("bleu_minus_ctranslate2 " + " ".join(f"{b['precision']}={b['difference']:+.2f}"
-                                                   for b in bleu))
+    bleu_line = ("bleu_minus_ctranslate2 " + " ".join(f"{b['precision']}={b['difference']:+.2f}" for b in bleu)
+                 if bleu else None)
+    if bleu_line:
+        print(bleu_line)
     final = ("ratio_vs_ctranslate2 " + " ".join(f"engine_{p}={ratio[p]:.2f}" for p in precisions)
              + f" served={'n/a' if served_ratio is None else f'{served_ratio:.2f}'}")
     if args.device == "cuda":   # the GPU goal for one sentence: ms per decoded token, beam 4, batch 1
@@ -483,7 +513,8 @@ def main(argv=None) -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(f"# Our engine against CTranslate2 ({args.device.upper()})\n\n" + "\n".join(header)
-                            + "\n\n" + table + f"\n\n`{final}`\n", encoding="utf-8")
+                            + "\n\n" + table + (f"\n\n`{bleu_line}`" if bleu_line else "") + f"\n\n`{final}`\n",
+                            encoding="utf-8")
     print(final)
 
 

@@ -108,6 +108,8 @@ def export_package_marian(package: str | Path, out: str | Path) -> Path:
 
 
 def write_marian(model: Transformer, tok: Tokenizer, out: str | Path, *, directions: list[str]) -> Path:
+    """Writes `model` (ours, with tokenizer `tok`) as a Marian directory `out`; the tokenizer's languages
+    are directions[0]'s."""
     try:
         from transformers import MarianConfig, MarianMTModel, MarianTokenizer
     except ImportError:
@@ -166,7 +168,8 @@ def write_marian(model: Transformer, tok: Tokenizer, out: str | Path, *, directi
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description="Write a checkpoint of ours in Hugging Face's Marian format.")
+    p = argparse.ArgumentParser(
+        description="Write a checkpoint or model package of ours in Hugging Face's Marian format.")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="run directory from model.train (best.pt is used)")
     src.add_argument("--package", help="a translation model package of ours (weights read from its graphs)")

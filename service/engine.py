@@ -126,10 +126,12 @@ class Generation:
     score: float = 0.0                            # sum of log-probs of the generated pieces
 
 
-def session_options(intra_op_threads: int = 0, inter_op_threads: int = 1, *, spin_wait: bool = True
+def session_options(intra_op_threads: int = 0, inter_op_threads: int = 1, *, spin_wait: bool = False
                     ) -> ort.SessionOptions:
-    """`spin_wait=False` (off) makes idle intra-op threads sleep instead of busy-waiting for the next
-    operator: slower by a hair alone, faster when another process (the HTTP server) needs the cores."""
+    """`spin_wait=False` (the default) makes idle intra-op threads sleep instead of busy-waiting for the
+    next operator. Spinning took the cores the HTTP process needed, and even alone it did not pay: on 2
+    threads, one sentence at beam 4 took 19.2 ms spinning against 17.0 ms not, and batch 32 ran at the
+    same speed (benchmarks/results/vs-ctranslate2-cpu.md)."""
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = intra_op_threads       # 0 = one per physical core
@@ -277,7 +279,7 @@ class Engine:
     translation, the decoder alone for generation)."""
 
     def __init__(self, package: str | Path | ModelPackage, *, device: str = "auto", intra_op_threads: int = 0,
-                 inter_op_threads: int = 1, spin_wait: bool = True, verify: bool = True):
+                 inter_op_threads: int = 1, spin_wait: bool = False, verify: bool = True):
         self.package = package if isinstance(package, ModelPackage) else load_package(package, verify=verify)
         meta = self.package.meta
         self.task: str = meta.get("task", "translation")
