@@ -163,27 +163,6 @@ def ours_runner(package: Path, *, beam: int, max_length: int, threads: int, devi
     return run
 
 
-def marian_from_package(package: Path, out: Path) -> tuple[Path, str]:
-    """A Marian directory with the weights of one of our packages, and a note on what was done."""
-    import torch
-
-    from model.export_marian import write_marian
-    from model.tokenizer import Tokenizer
-    from model.upgrade import load_weights
-
-    model, meta = load_weights(package)     # an imported Marian package is refused: pass --marian DIR
-    what = f"{package}, read back out of its graphs by model.upgrade and written by model.export_marian"
-    bos = model.config.bos_id
-    if model.embed.weight[bos].abs().max() > 0:
-        # CTranslate2 starts Marian decoders from a zero vector; a package trained before
-        # zero_bos_embedding learned one. Zeroed here, so both engines run the same function.
-        with torch.no_grad():
-            model.embed.weight[bos].zero_()
-        what += "; its learned <s> embedding zeroed for both engines (CTranslate2 starts decoders from zeros)"
-    write_marian(model, Tokenizer(package / meta["tokenizer"]["source"]), out, directions=meta["directions"])
-    return out, what
-
-
 def read_references(data: Path | None, n: int) -> list[str] | None:
     """The second column of --data for the first n sentences; None (and why) without one."""
     if data is None:
@@ -379,7 +358,13 @@ def main(argv=None) -> None:
             from model.export_marian import export_marian
             marian, what = export_marian(args.checkpoint, work / "marian"), f"{args.checkpoint}, via model.export_marian"
         elif args.package:
-            marian, what = marian_from_package(args.package, work / "marian")
+            from model.export_marian import export_package_marian
+            # zero_bos: a learned <s> embedding (packages trained before zero_bos_embedding) would run in
+            # ours but not in CTranslate2, which starts decoders from zeros; both get zeros instead.
+            marian = export_package_marian(args.package, work / "marian", zero_bos=True)
+            what = (f"{args.package}, read back out of its graphs by model.upgrade and written by "
+                    "model.export_marian with a zero <s> embedding (CTranslate2 starts decoders from zeros; "
+                    "models trained before zero_bos_embedding learned one)")
         elif args.marian:
             marian, what = Path(args.marian), args.marian
         else:

@@ -300,7 +300,7 @@ def write_package(model: Transformer, out: str | Path, *, files: dict[str, Path]
                   quantize: str | None = None, fp16: bool = False, name: str | None = None,
                   extra: dict | None = None) -> Path:
     """Exports `model`'s graphs into `out`, copies `files` (tokenizer files, by their name in the package)
-    and writes model.json. Shared by model.export (our checkpoints) and model.import_marian."""
+    and writes model.json. Shared by model.export (our checkpoints), model.import_marian and model.upgrade."""
     if quantize not in (None, "int8"):
         raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
     if quantize and fp16:
@@ -341,6 +341,13 @@ def write_package(model: Transformer, out: str | Path, *, files: dict[str, Path]
     return path
 
 
+def summary(path: Path) -> str:
+    """One line on a written package (its model.json path): directory, precision, file sizes."""
+    meta = json.loads(path.read_text())
+    sizes = ", ".join(f"{k} {v['bytes'] / 1e6:.1f} MB" for k, v in meta["files"].items())
+    return f"wrote {path.parent} ({meta['precision']}): {sizes}"
+
+
 def _train_config(run: Path) -> dict:
     path = run / "config.json"
     return json.loads(path.read_text()).get("train", {}) if path.exists() else {}
@@ -355,9 +362,7 @@ def main(argv=None) -> None:
     p.add_argument("--name", default=None, help="model id shown by the service (default: the directory name)")
     args = p.parse_args(argv)
     path = export_package(args.checkpoint, args.out, quantize=args.quantize, fp16=args.fp16, name=args.name)
-    meta = json.loads(path.read_text())
-    sizes = ", ".join(f"{k} {v['bytes'] / 1e6:.1f} MB" for k, v in meta["files"].items())
-    print(f"wrote {path.parent} ({meta['precision']}): {sizes}")
+    print(summary(path))
 
 
 if __name__ == "__main__":

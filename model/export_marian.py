@@ -98,18 +98,20 @@ def export_marian(checkpoint: str | Path, out: str | Path) -> Path:
     return write_marian(model, tok, out, directions=info.get("directions") or [f"{langs[0]}-{langs[1]}"])
 
 
-def export_package_marian(package: str | Path, out: str | Path) -> Path:
+def export_package_marian(package: str | Path, out: str | Path, *, zero_bos: bool = False) -> Path:
     """A model package of ours -> a Marian directory, its weights read back out of its graphs."""
     from .upgrade import load_weights
 
     model, meta = load_weights(Path(package))
     return write_marian(model, Tokenizer(Path(package) / meta["tokenizer"]["source"]), out,
-                        directions=meta["directions"])
+                        directions=meta["directions"], zero_bos=zero_bos)
 
 
-def write_marian(model: Transformer, tok: Tokenizer, out: str | Path, *, directions: list[str]) -> Path:
+def write_marian(model: Transformer, tok: Tokenizer, out: str | Path, *, directions: list[str],
+                 zero_bos: bool = False) -> Path:
     """Writes `model` (ours, with tokenizer `tok`) as a Marian directory `out`; the tokenizer's languages
-    are directions[0]'s."""
+    are directions[0]'s. `zero_bos` sets a learned <s> embedding to zero, as CTranslate2 assumes, so
+    that every engine runs the same function (off: it is kept, with a warning)."""
     try:
         from transformers import MarianConfig, MarianMTModel, MarianTokenizer
     except ImportError:
@@ -119,7 +121,12 @@ def write_marian(model: Transformer, tok: Tokenizer, out: str | Path, *, directi
         raise SystemExit("only translation checkpoints (arch encoder-decoder) have a Marian format")
     if (c.pad_id, c.bos_id, c.eos_id) != (0, 2, 3):
         raise SystemExit("expected our fixed special ids <pad>=0 <unk>=1 <s>=2 </s>=3")
-    if model.embed.weight[c.bos_id].abs().max() > 0:
+    if model.embed.weight[c.bos_id].abs().max() > 0 and zero_bos:
+        print("note: this model learned an embedding for <s> (trained before zero_bos_embedding); it is "
+              "written as zeros, as CTranslate2 starts Marian decoders from a zero vector", file=sys.stderr)
+        with torch.no_grad():
+            model.embed.weight[c.bos_id].zero_()
+    elif model.embed.weight[c.bos_id].abs().max() > 0:
         print("warning: this checkpoint learned an embedding for <s> (trained before zero_bos_embedding): "
               "transformers runs the export as we do, but CTranslate2 starts Marian decoders from a zero "
               "vector, so its translations will differ", file=sys.stderr)

@@ -33,7 +33,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from .export import write_package
+from .export import summary, write_package
 from .transformer import Transformer, TransformerConfig
 
 # Nodes between an int8 MatMulInteger and the Add of its bias: its Cast and rescaling Mul, in order.
@@ -135,10 +135,7 @@ def main(argv=None) -> None:
     p.add_argument("package", help="model package directory, e.g. models/de-en")
     p.add_argument("--out", required=True, help="directory to write the new package to")
     args = p.parse_args(argv)
-    path = upgrade_package(args.package, args.out)
-    meta = json.loads(path.read_text())
-    sizes = ", ".join(f"{k} {v['bytes'] / 1e6:.1f} MB" for k, v in meta["files"].items())
-    print(f"wrote {path.parent} ({meta['precision']}): {sizes}")
+    print(summary(upgrade_package(args.package, args.out)))
 
 
 if __name__ == "__main__":
