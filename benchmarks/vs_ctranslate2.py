@@ -249,7 +249,7 @@ def served(package: Path, sentences: list[str], *, workers: int, threads: int, m
     port = free_port()
     cmd = [sys.executable, "-m", "service", "--model", str(package), "--port", str(port),
            "--workers", str(workers), "--threads", str(threads), "--device", device,
-           "--max-batch-size", str(max_batch), "--batch-timeout-ms", "10", "--max-output-tokens", str(max_length)]
+           "--max-batch-size", str(max_batch), "--max-output-tokens", str(max_length)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -30,7 +30,9 @@ class Settings:
     # took 29 ms a request at 10, 47 ms at 0, for the same throughput (same results file).
     worker_nice: int = 10
     max_batch_size: int = 32            # requests one worker takes at once
-    batch_timeout_ms: float = 5.0       # how long a worker waits to fill a batch
+    # After a worker takes a request, how long it waits for more. 0: a lone request starts at once, and
+    # requests that arrive while a worker is busy still form its next batch (service/batching.py).
+    batch_timeout_ms: float = 0.0
     max_batch_tokens: int = 8192        # padded source tokens per engine call (beams multiply this)
     max_texts: int = 64                 # texts per request
     max_text_chars: int = 10_000        # characters per text
@@ -65,6 +67,8 @@ _HELP = {
     "spin_wait": "let onnxruntime's threads busy-wait between operators (lower latency on cores the HTTP "
                  "process does not need; off: they sleep)",
     "worker_nice": "how much lower the inference workers' CPU priority is than the HTTP process's (0-19; 0 = the same)",
+    "batch_timeout_ms": "after an inference worker takes a request, how long it waits for more to join the batch "
+                        "(0: it takes only those already queued; under load they queue while it is busy)",
     "api_keys": "comma-separated API keys; when set, requests need Authorization: Bearer KEY",
 }
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import litserve as ls
 import numpy as np
 
+from .batching import PromptBatchedStreamingLoop
 from .config import Settings, lower_worker_priority
 from .engine import Engine, SearchOptions
 from .cancel import CancelBoard
@@ -96,7 +97,7 @@ def _held_back(text: str, stops: list[str]) -> int:
 class GenerateAPI(ls.LitAPI):
     def __init__(self, settings: Settings, board: CancelBoard):
         super().__init__(max_batch_size=settings.max_batch_size, batch_timeout=settings.batch_timeout_ms / 1000,
-                         api_path="/generate", stream=True)
+                         api_path="/generate", stream=True, loop=PromptBatchedStreamingLoop())
         self.settings = settings
         self.board = board
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import litserve as ls
 import numpy as np
 
+from .batching import PromptBatchedLoop
 from .cancel import CancelBoard
 from .config import Settings, lower_worker_priority
 from .engine import Engine, SearchOptions, load_package
@@ -89,7 +90,7 @@ def options_key(o: SearchOptions) -> tuple:
 class TranslateAPI(ls.LitAPI):
     def __init__(self, settings: Settings, board: CancelBoard):
         super().__init__(max_batch_size=settings.max_batch_size, batch_timeout=settings.batch_timeout_ms / 1000,
-                         api_path="/translate")
+                         api_path="/translate", loop=PromptBatchedLoop())
         self.settings = settings
         self.board = board      # requests whose client went away: skipped before each engine batch
 

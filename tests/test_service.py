@@ -151,6 +151,34 @@ def test_32_concurrent_clients_are_batched_and_answered_as_if_alone(server):
     assert sum(r["translations"][0]["text"] == PAIRS[s] for s, r in zip(src, results)) >= 58
 
 
+def test_without_a_batch_window_requests_queued_behind_a_running_batch_go_together(tiny_package):
+    """The default window is 0: a worker takes a request the moment it is free, and the requests
+    that arrived while it was busy become its next batch. One worker; a long request keeps it busy
+    (256 sentences at beam 16) while 8 short ones arrive."""
+    proc, url = start_server(tiny_package, "--workers", "1")
+    try:
+        de = list(PAIRS)
+        long_body = {"text": [" ".join(de[i:i + 4]) for i in range(64)], "source_lang": "de", "target_lang": "en",
+                     "beam_size": 16}
+        short = lambda s: post(url, "/translate", {"text": s, "source_lang": "de", "target_lang": "en"})  # noqa: E731
+        batches0 = _metric(url, "transerve_batch_size_requests_count", endpoint="translate")
+        with cf.ThreadPoolExecutor(9) as ex:
+            long_one = ex.submit(post, url, "/translate", long_body)
+            deadline = time.time() + 30   # until the worker has taken it
+            while not (_metric(url, "transerve_queue_depth_requests", endpoint="translate") == 0
+                       and _metric(url, "transerve_requests_in_flight", endpoint="translate") == 1):
+                assert time.time() < deadline
+                time.sleep(0.01)
+            results = list(ex.map(short, de[:8]))
+            assert long_one.result().status_code == 200
+        assert all(r.status_code == 200 for r in results)
+        assert [r.json()["translations"][0]["text"] for r in results] == [PAIRS[s] for s in de[:8]]
+        batches = _metric(url, "transerve_batch_size_requests_count", endpoint="translate") - batches0
+        assert batches == 2, f"{batches:g} batches for the long request and the 8 queued behind it"
+    finally:
+        stop_server(proc)
+
+
 @pytest.mark.parametrize("body,status,fragment", [
     ({"text": "", "source_lang": "de", "target_lang": "en"}, 422, "text is empty"),
     ({"text": ["ok", "  "], "source_lang": "de", "target_lang": "en"}, 422, "text[1] is empty"),
