@@ -532,31 +532,57 @@ class Gateway:
         app.add_exception_handler(ApiError, self._api_error)
         app.add_exception_handler(RequestValidationError, self._validation_error)
         app.add_exception_handler(StarletteHTTPException, self._http_error)
-        app.middleware("http")(self._request_middleware)
+        app.add_middleware(lambda inner: self._request_context(inner))
 
     # --- cross-cutting ------------------------------------------------------------------------------
-    async def _request_middleware(self, request: Request, call_next):
-        rid = request.headers.get("x-request-id", "")[:64] or uuid.uuid4().hex
-        request.state.request_id = rid
-        path = request.url.path
-        endpoint = {"/translate": ENDPOINT, "/libretranslate/translate": "libretranslate",
-                    "/generate": GENERATE}.get(path)
-        t0 = time.perf_counter()
-        try:
-            response = await call_next(request)
-        except Exception:  # never a stack trace to the client
-            log.exception("unhandled error on %s", path)
-            response = JSONResponse(ApiError(500, "internal_error", "internal error").body(rid), status_code=500)
-        response.headers["X-Request-ID"] = rid
-        if endpoint:
-            status = response.status_code
-            m().requests.labels(endpoint, str(status)).inc()
-            if not response.headers.get("content-type", "").startswith("text/event-stream"):
-                # A stream's duration is observed when it ends (Gateway.generate), not at its headers.
-                m().request_duration.labels(endpoint).observe(time.perf_counter() - t0)
-            if status >= 400:
-                m().errors.labels(endpoint, ERROR_KIND.get(status, "internal")).inc()
-        return response
+    def _request_context(self, app):
+        """Wraps the app: the request id in (`request.state.request_id`) and out (`X-Request-ID`), the
+        request and error counters, the duration, and a JSON 500 instead of a stack trace.
+
+        Plain ASGI rather than Starlette's `BaseHTTPMiddleware` (`app.middleware("http")`), which runs
+        the route in a task of its own and streams the response body back through a memory channel:
+        that cost more CPU per request than routing, validation and JSON together (py-spy over the
+        HTTP process, lone requests; benchmarks/results/vs-ctranslate2-cpu.md)."""
+        endpoints = {"/translate": ENDPOINT, "/libretranslate/translate": "libretranslate", "/generate": GENERATE}
+
+        async def request_context(scope, receive, send):
+            if scope["type"] != "http":
+                return await app(scope, receive, send)
+            rid = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), "")[:64] \
+                or uuid.uuid4().hex
+            scope.setdefault("state", {})["request_id"] = rid
+            endpoint = endpoints.get(scope["path"])
+            t0 = time.perf_counter()
+            started: dict = {}
+
+            async def send_with_id(message):
+                if message["type"] == "http.response.start":
+                    headers = list(message.get("headers", []))
+                    headers.append((b"x-request-id", rid.encode("latin-1")))
+                    message = message | {"headers": headers}
+                    started["status"] = message["status"]
+                    started["stream"] = any(k == b"content-type" and v.startswith(b"text/event-stream")
+                                            for k, v in headers)
+                await send(message)
+
+            try:
+                await app(scope, receive, send_with_id)
+            except Exception:  # never a stack trace to the client
+                log.exception("unhandled error on %s", scope["path"])
+                if started:
+                    raise
+                await JSONResponse(ApiError(500, "internal_error", "internal error").body(rid),
+                                   status_code=500)(scope, receive, send_with_id)
+            if endpoint and started:
+                status = started["status"]
+                m().requests.labels(endpoint, str(status)).inc()
+                if not started["stream"]:
+                    # A stream's duration is observed when it ends (Gateway.generate), not here.
+                    m().request_duration.labels(endpoint).observe(time.perf_counter() - t0)
+                if status >= 400:
+                    m().errors.labels(endpoint, ERROR_KIND.get(status, "internal")).inc()
+
+        return request_context
 
     async def _api_error(self, request: Request, e: ApiError) -> JSONResponse:
         return JSONResponse(e.body(getattr(request.state, "request_id", None)), status_code=e.status, headers=e.headers)
