@@ -82,8 +82,8 @@ class PromptBatchedStreamingLoop(BatchedStreamingLoop):
                     self.put_error_response(transport, response_queue_id, uid, e, stream)
 
 
-def collect(loop: BatchedLoop | BatchedStreamingLoop, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport,
-            ) -> tuple[list, list]:
+def collect(loop: BatchedLoop | BatchedStreamingLoop, lit_api: LitAPI, request_queue: Queue,
+            transport: MessageTransport) -> tuple[list, list]:
     """(payloads, timed_out): up to `max_batch_size` requests as `(response_queue_id, uid, payload)`,
     and `(response_queue_id, uid)` of those that waited longer than `request_timeout` (LitServe
     answers them 504). Both empty when nothing arrived within IDLE_WAKE_S."""
