@@ -532,7 +532,7 @@ class Gateway:
         app.add_exception_handler(ApiError, self._api_error)
         app.add_exception_handler(RequestValidationError, self._validation_error)
         app.add_exception_handler(StarletteHTTPException, self._http_error)
-        app.add_middleware(lambda inner: self._request_context(inner))
+        app.add_middleware(self._request_context)
 
     # --- cross-cutting ------------------------------------------------------------------------------
     def _request_context(self, app):

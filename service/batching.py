@@ -110,16 +110,8 @@ def collect(loop: BatchedLoop | BatchedStreamingLoop, lit_api: LitAPI, request_q
         return payloads, timed_out
     window_ends = time.monotonic() + lit_api.batch_timeout
     while len(payloads) < lit_api.max_batch_size:
-        try:
-            take(request_queue.get_nowait())
-            continue
-        except Empty:
-            pass
-        left = window_ends - time.monotonic()
-        if left <= 0:
-            break
-        try:
-            take(request_queue.get(timeout=left))
+        try:  # a timeout of 0 takes only what is already queued
+            take(request_queue.get(timeout=max(0.0, window_ends - time.monotonic())))
         except Empty:
             break
     return payloads, timed_out
