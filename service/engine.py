@@ -13,13 +13,14 @@ Layers, so the HTTP service can split the work across LitServe's hooks:
 - `Engine.search(src_ids, options)` (arrays only: encoder once per batch, then the decoder step
   by step under `service.search`).
 
-The key/value cache stays inside onnxruntime between steps (IO binding: on the GPU it never
-leaves the device), and beam reordering and dropping finished rows happen inside the decoder
-graph through its `past_rows` and `sources` inputs (a sentence's beams share one copy of its encoder
-keys/values). Searches read each row's best few tokens, selected in the graph (`top_k`), rather
-than the whole (N, V) distribution. Packages exported before those graph inputs existed (a stacked
-cache, `cross_rows` per row, no `top_k`) are refused with the command that re-exports them from their
-own weights (`python -m model.upgrade`).
+The key/value cache stays where the model runs between steps (IO binding: on the GPU it never
+leaves the device), in blocks the engine owns and reuses from search to search rather than in
+onnxruntime's arena (service/device_memory.py says why). Beam reordering and dropping finished rows
+happen inside the decoder graph through its `past_rows` and `sources` inputs (a sentence's beams
+share one copy of its encoder keys/values). Searches read each row's best few tokens, selected in
+the graph (`top_k`), rather than the whole (N, V) distribution. Packages exported before those graph
+inputs existed (a stacked cache, `cross_rows` per row, no `top_k`) are refused with the command that
+re-exports them from their own weights (`python -m model.upgrade`).
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ import numpy as np
 import onnxruntime as ort
 import sentencepiece as spm
 
+from .device_memory import BlockPool, KVCache, Tensors
 from .search import Hypothesis, Steps, beam_search, finish, greedy_search, greedy_steps, max_lengths, sample, sample_steps
 
 PACKAGE_FORMAT = "transerve-model/1"
+ONNX_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
 
 
 class PackageError(RuntimeError):
@@ -169,17 +172,21 @@ def source_groups(row_source: np.ndarray) -> np.ndarray:
 
 
 class OrtDecoder:
-    """The incremental-decoder protocol of service.search over the decoder graph."""
+    """The incremental-decoder protocol of service.search over the decoder graph.
 
-    def __init__(self, engine: "Engine", cross: list[ort.OrtValue], src_mask: np.ndarray):
+    `max_rows` and `max_positions` size the cache's blocks (service.device_memory) for the whole search;
+    without them the first steps reallocate until the blocks fit. `close()` hands the blocks back."""
+
+    def __init__(self, engine: "Engine", cross: Tensors, src_mask: np.ndarray, *,
+                 max_rows: int | None = None, max_positions: int = 16):
         self.e = engine
-        self.cross = cross                                # from Engine.encode: one tensor per graph input
+        self.cross = cross                                # from Engine.encode, read by every step
         self.src_mask = src_mask
         B = src_mask.shape[0]
         self.rows = np.arange(B, dtype=np.int64)          # past row each current row continues
         self.row_source = np.arange(B, dtype=np.int64)    # source sentence of each current row
         self.sources = self.row_source                    # the graph's `sources` (see source_groups)
-        self.past = engine.empty_cache(B)
+        self.cache = engine.new_cache(B, max_rows=max_rows or B, max_positions=max_positions)
         # The k best next tokens, computed in the graph (see service.search).
         self.step_top = self._step_top if engine.search_top_k else None
 
@@ -190,11 +197,10 @@ class OrtDecoder:
         io.bind_cpu_input("past_rows", self.rows)
         io.bind_cpu_input("sources", self.sources)
         io.bind_cpu_input("src_mask", self.src_mask)
-        for name, value in zip(e.past_names, self.past):
-            io.bind_ortvalue_input(name, value)
-        for name, value in zip(e.cross_names, self.cross):
-            io.bind_ortvalue_input(name, value)
-        out, self.past = e.run_decoder(io, top_k)
+        self.cross.bind_inputs(io)
+        self.cache.bind(io, len(tokens), 1)
+        out = e.run_decoder(io, len(tokens), top_k)
+        self.cache.advance()
         self.rows = np.arange(len(tokens), dtype=np.int64)
         return out
 
@@ -210,6 +216,10 @@ class OrtDecoder:
         self.sources = source_groups(self.row_source)
         self.rows = self.rows[rows]
 
+    def close(self) -> None:
+        self.cache.close()
+        self.cross.close()
+
 
 class OrtLmDecoder:
     """The incremental-decoder protocol over a decoder-only package's graph.
@@ -220,7 +230,8 @@ class OrtLmDecoder:
     search then starts from those last tokens (`start_tokens`).
     """
 
-    def __init__(self, engine: "Engine", prompts: Sequence[Sequence[int]]):
+    def __init__(self, engine: "Engine", prompts: Sequence[Sequence[int]], *, max_rows: int | None = None,
+                 max_new_positions: int = 16):
         self.e = engine
         N = len(prompts)
         heads = [list(p[:-1]) for p in prompts]
@@ -228,7 +239,7 @@ class OrtLmDecoder:
         self.rows = np.arange(N, dtype=np.int64)
         self.key_mask = np.zeros((N, W), dtype=bool)                  # (N, T) True at real tokens
         self.next_pos = np.array([len(h) for h in heads], dtype=np.int64)
-        self.past = engine.empty_cache(N)
+        self.cache = engine.new_cache(N, max_rows=max_rows or N, max_positions=W + max_new_positions)
         self.start_tokens = np.array([p[-1] for p in prompts], dtype=np.int64)
         self.step_top = self._step_top if engine.search_top_k else None   # as in OrtDecoder
         if W:
@@ -249,9 +260,9 @@ class OrtLmDecoder:
         io.bind_cpu_input("past_rows", self.rows)
         io.bind_cpu_input("key_mask", np.ascontiguousarray(key_mask))
         io.bind_cpu_input("positions", np.ascontiguousarray(positions, dtype=np.int64))
-        for name, value in zip(e.past_names, self.past):
-            io.bind_ortvalue_input(name, value)
-        out, self.past = e.run_decoder(io, top_k)
+        self.cache.bind(io, len(tokens), tokens.shape[1])
+        out = e.run_decoder(io, len(tokens), top_k)
+        self.cache.advance()
         self.rows = np.arange(len(tokens), dtype=np.int64)
         return out
 
@@ -272,6 +283,9 @@ class OrtLmDecoder:
         self.rows = self.rows[rows]
         self.key_mask = self.key_mask[rows]
         self.next_pos = self.next_pos[rows]
+
+    def close(self) -> None:
+        self.cache.close()
 
 
 class Engine:
@@ -301,6 +315,17 @@ class Engine:
         self.past_names = [n for n in inputs if n.startswith("past_") and n != "past_rows"]   # one per layer
         self.cross_names = [n for n in inputs if n.startswith("cross_")]
         self.present_names = [o.name for o in self.decoder.get_outputs() if o.name.startswith("present_")]
+        self.encoder_outputs = [o.name for o in self.encoder.get_outputs()] if self.encoder else []
+        # Every cache tensor is (rows, h, T, d_k) with h and d_k fixed by the graph (model/export.py).
+        past = next(i for i in self.decoder.get_inputs() if i.name == self.past_names[0])
+        self.h, self.d_k = past.shape[1], past.shape[3]
+        fixed = isinstance(self.h, int) and isinstance(self.d_k, int)
+        if not fixed or sorted(self.encoder_outputs) != sorted(self.cross_names):
+            raise PackageError(f"{self.package.path}: the graphs' cache tensors are not (rows, h, T, d_k) with "
+                               f"fixed h and d_k, or the encoder's outputs are not the decoder's cross_* inputs")
+        self.vocab_size: int = self.package.config["vocab_size"]
+        self.output_dtypes = {o.name: ONNX_TYPES[o.type] for o in self.decoder.get_outputs() if o.type in ONNX_TYPES}
+        self.pool = BlockPool(self.float_dtype, self.device_type)   # the cache's and the encoder outputs' memory
         self.search_top_k = True               # False: searches read the whole distribution (for comparisons)
         tk = meta["tokenizer"]
         self.sp = spm.SentencePieceProcessor(model_file=str(self.package.file(tk["source"])))
@@ -369,39 +394,35 @@ class Engine:
         return self.sp_target.decode(ids)
 
     # --- device side: arrays only ---------------------------------------------------------------------
-    def new_value(self, array: np.ndarray) -> ort.OrtValue:
-        return ort.OrtValue.ortvalue_from_numpy(array, self.device_type, 0)
+    def new_cache(self, rows: int, *, max_rows: int, max_positions: int) -> KVCache:
+        return KVCache(self.pool, self.past_names, self.present_names, rows, self.h, self.d_k,
+                       max_rows=max_rows, max_positions=max_positions)
 
-    def run_decoder(self, io: ort.IOBinding, top_k: int | None) -> tuple[list[np.ndarray], list[ort.OrtValue]]:
-        """Runs a decoder step whose inputs are bound. Returns ([log_probs (N, V)], present cache), or
-        with top_k ([top_log_probs (N, k), top_ids (N, k), eos_log_probs (N,)], present cache): then the
-        (N, V) distribution stays where it was computed and only (N, k) values reach the host."""
-        wanted = ["log_probs"] if top_k is None else ["top_log_probs", "top_ids", "eos_log_probs"]
-        k = min(top_k or 1, self.package.config["vocab_size"])
+    def run_decoder(self, io: ort.IOBinding, rows: int, top_k: int | None) -> list[np.ndarray]:
+        """Runs a decoder step whose inputs and cache are bound. Returns [log_probs (N, V)], or with top_k
+        [top_log_probs (N, k), top_ids (N, k), eos_log_probs (N,)]: then the (N, V) distribution stays
+        where it was computed and only (N, k) values reach the host, written straight into new arrays."""
+        k = min(top_k or 1, self.vocab_size)
         io.bind_cpu_input("top_k", np.array([k], dtype=np.int64))
-        # Only what is read: the host's outputs, and the cache, which stays where the model runs.
-        names = [*wanted, *self.present_names]
-        for name in names:
-            io.bind_output(name, "cpu" if name in wanted else self.device_type)
+        if top_k is None:
+            shapes = {"log_probs": (rows, self.vocab_size)}
+        else:
+            shapes = {"top_log_probs": (rows, k), "top_ids": (rows, k), "eos_log_probs": (rows,)}
+        out = [np.empty(shape, self.output_dtypes[name]) for name, shape in shapes.items()]
+        for name, a in zip(shapes, out):
+            io.bind_output(name, "cpu", 0, a.dtype.type, a.shape, a.ctypes.data)
         self.decoder.run_with_iobinding(io)
-        values = dict(zip(names, io.get_outputs()))
-        return [values[n].numpy() for n in wanted], [values[n] for n in self.present_names]
+        return out
 
-    def empty_cache(self, rows: int) -> list[ort.OrtValue]:
-        """The decoder's first past_* inputs: zero cached positions for `rows` rows."""
-        c = self.package.config
-        empty = self.new_value(np.zeros((rows, c["h"], 0, c["d_k"]), dtype=self.float_dtype))
-        return [empty] * len(self.past_names)
-
-    def encode(self, src: np.ndarray) -> list[ort.OrtValue]:
+    def encode(self, src: np.ndarray) -> Tensors:
         """src (B, S) int64 padded -> the decoder's cross_* inputs (each layer's cross-attention keys and
-        values, (B, h, S, d_k) each; or one stacked tensor), left where the model runs."""
+        values, (B, h, S, d_k) each), left where the model runs. `close()` the result when done."""
         io = self.encoder.io_binding()
         io.bind_cpu_input("src_ids", src)
-        for name in self.cross_names:
-            io.bind_output(name, self.device_type)
+        cross = Tensors(self.pool, self.encoder_outputs, [src.shape[0], self.h, src.shape[1], self.d_k])
+        cross.bind_outputs(io)
         self.encoder.run_with_iobinding(io)
-        return io.get_outputs()
+        return cross
 
     def search(self, src_ids: Sequence[Sequence[int]], options: SearchOptions,
                seeds: Sequence[int | None] | None = None) -> list[list[Hypothesis]]:
@@ -417,9 +438,17 @@ class Engine:
         src = np.full((B, width), self.pad_id, dtype=np.int64)
         for i, s in enumerate(src_ids):
             src[i, :len(s)] = s
-        decoder = OrtDecoder(self, self.encode(src), src != self.pad_id)
         limits = max_lengths([len(s) for s in src_ids], a=options.max_length_a, b=options.max_length_b,
                              cap=min(options.max_length, self.max_positions))
+        decoder = OrtDecoder(self, self.encode(src), src != self.pad_id, max_positions=int(max(limits)) + 1,
+                             max_rows=B * (1 if options.sampling else options.beam_size))
+        try:
+            return self._search(decoder, B, limits, options, seeds)
+        finally:
+            decoder.close()
+
+    def _search(self, decoder: OrtDecoder, B: int, limits: np.ndarray, options: SearchOptions,
+                seeds: Sequence[int | None] | None) -> list[list[Hypothesis]]:
         common = dict(bos_id=self.bos_id, eos_id=self.eos_id, max_length=limits, min_length=options.min_length,
                       no_repeat_ngram_size=options.no_repeat_ngram_size,
                       repetition_penalty=options.repetition_penalty, banned_ids=self.banned_ids)
@@ -447,20 +476,24 @@ class Engine:
         options.max_length counts generated tokens, eos included."""
         if self.task != "generation":
             raise ValueError(f"{self.package.name} is a {self.task} package; generation needs a decoder-only one")
-        decoder = OrtLmDecoder(self, prompts)
         N = len(prompts)
         budget = [min(options.max_length, self.max_positions - len(p)) for p in prompts]
+        decoder = OrtLmDecoder(self, prompts, max_rows=N * (1 if options.sampling else options.beam_size),
+                               max_new_positions=max(budget) + 1)
         common = dict(bos_id=self.bos_id, eos_id=self.eos_id, max_length=budget, min_length=options.min_length,
                       no_repeat_ngram_size=options.no_repeat_ngram_size, repetition_penalty=options.repetition_penalty,
                       banned_ids=self.banned_ids, start_tokens=decoder.start_tokens)
         if options.sampling:
-            return sample_steps(decoder, N, seeds=list(seeds) if seeds is not None else [options.seed] * N,
-                                temperature=options.temperature, top_k=options.top_k, top_p=options.top_p,
-                                cancel=cancel, **common)
+            seeds = list(seeds) if seeds is not None else [options.seed] * N
+            return _closing(decoder, sample_steps(decoder, N, seeds=seeds, temperature=options.temperature,
+                                                  top_k=options.top_k, top_p=options.top_p, cancel=cancel, **common))
         if options.beam_size == 1:
-            return greedy_steps(decoder, N, cancel=cancel, **common)
-        return _no_steps(beam_search(decoder, N, beam_size=options.beam_size, length_penalty=options.length_penalty,
-                                     num_hypotheses=options.num_hypotheses, **common))
+            return _closing(decoder, greedy_steps(decoder, N, cancel=cancel, **common))
+        try:
+            return _no_steps(beam_search(decoder, N, beam_size=options.beam_size, length_penalty=options.length_penalty,
+                                         num_hypotheses=options.num_hypotheses, **common))
+        finally:
+            decoder.close()
 
     def generate(self, texts: Sequence[str], *, max_new_tokens: int = 64, **options) -> list[Generation]:
         """Continues each text (best hypothesis). Options: see SearchOptions; e.g. sampling=True, seed=1."""
@@ -490,6 +523,15 @@ class Engine:
                 out[i] = Translation(self.detokenize(best.tokens), best.score, len(best.tokens),
                                      [(self.detokenize(h.tokens), h.score) for h in hyps[1:]])
         return out  # type: ignore[return-value]
+
+
+def _closing(decoder: OrtLmDecoder, steps: Steps) -> Steps:
+    """`steps`, then the decoder's blocks handed back, also when the caller stops early (or drops the
+    generator, whose close() runs this finally)."""
+    try:
+        return (yield from steps)
+    finally:
+        decoder.close()
 
 
 def _no_steps(result):

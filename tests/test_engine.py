@@ -146,6 +146,43 @@ def test_decoder_steps_match_pytorch_through_select(engine, reference, ids):
     assert steps == 8 and groups == [4, 4, 4, 4, 2, 2, 2, 2]   # two rows per source after [2, 2, 0, 0]
 
 
+def test_a_cache_that_outgrows_its_blocks_moves_to_larger_ones_with_the_same_outputs(engine, ids):
+    """Blocks sized for one row and one position must be replaced as rows multiply (beams) and
+    positions accumulate; every step's distribution stays that of a decoder sized for the whole run."""
+    batch = ids[:3]
+    src = np.zeros((3, max(map(len, batch))), dtype=np.int64)
+    for i, s in enumerate(batch):
+        src[i, :len(s)] = s
+    small = OrtDecoder(engine, engine.encode(src), src != engine.pad_id, max_rows=1, max_positions=1)
+    roomy = OrtDecoder(engine, engine.encode(src), src != engine.pad_id, max_rows=12, max_positions=12)
+    first = (small.cache.read.size, small.cache.write.size)
+    toks = np.full(3, engine.bos_id, dtype=np.int64)
+    for rows in (None, [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2], None, None, [1, 5, 9, 10], None, None):
+        if rows is not None:
+            small.select(np.array(rows))
+            roomy.select(np.array(rows))
+            toks = toks[rows]
+        a, b = small.step(toks), roomy.step(toks)                               # (N, V) each
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+        toks = b.argmax(axis=1)
+    assert min(small.cache.read.size, small.cache.write.size) > max(first)      # both blocks were replaced
+    small.close(), roomy.close()
+
+
+def test_each_search_reuses_the_blocks_the_last_one_handed_back(tiny_package, ids):
+    engine = Engine(tiny_package, device="cpu", intra_op_threads=1)
+    engine.search(ids[:8], SearchOptions(beam_size=4))
+    held = sorted(b.address for b in engine.pool._free)
+    assert len(held) == 3                                       # the encoder's outputs and two cache blocks
+    for _ in range(3):
+        engine.search(ids[:8], SearchOptions(beam_size=4))
+        engine.search(ids[8:10], SearchOptions(beam_size=2))    # smaller: served from the same blocks
+        assert sorted(b.address for b in engine.pool._free) == held
+    big = ids * 2
+    engine.search(big, SearchOptions(beam_size=4))              # larger: new blocks, and the pool keeps 3
+    assert len(engine.pool._free) == 3 and engine.pool.held_bytes > 0
+
+
 def test_source_groups_share_a_source_only_between_equal_runs():
     assert source_groups(np.array([5, 5, 5, 5, 2, 2, 2, 2])).tolist() == [5, 2]
     assert source_groups(np.array([1, 1, 0, 0, 1, 1])).tolist() == [1, 0, 1]
