@@ -23,11 +23,37 @@ import numpy as np
 import onnxruntime as ort
 
 
+class Binder:
+    """Binds graph inputs and outputs to addresses where the model runs.
+
+    onnxruntime's `IOBinding.bind_input` / `bind_output` make an OrtDevice and convert the element
+    type on every call: 4.5-4.9 µs a call, against 1.2 µs for the binding underneath with both made
+    once (a scratch timing over 20,000 calls). A decoder step binds a dozen cache tensors, so where
+    this onnxruntime has that binding (`IOBinding._iobinding`, 1.32) it is called directly; elsewhere
+    the public methods are."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self._c_device = ort.OrtDevice.make(device, 0)._get_c_device() if hasattr(ort, "OrtDevice") else None
+
+    def input(self, io: ort.IOBinding, name: str, dtype: np.dtype, shape: Sequence[int], address: int) -> None:
+        if self._c_device is not None and hasattr(io, "_iobinding"):
+            io._iobinding.bind_input(name, self._c_device, dtype, shape, address)
+        else:
+            io.bind_input(name, self.device, 0, dtype.type, shape, address)
+
+    def output(self, io: ort.IOBinding, name: str, dtype: np.dtype, shape: Sequence[int], address: int) -> None:
+        if self._c_device is not None and hasattr(io, "_iobinding"):
+            io._iobinding.bind_output(name, self._c_device, dtype, shape, address)
+        else:
+            io.bind_output(name, self.device, 0, dtype.type, shape, address)
+
+
 class Block:
     """`size` elements of `dtype` where the model runs: a numpy array on the CPU, an OrtValue on CUDA."""
 
-    def __init__(self, size: int, dtype: type, device: str):
-        self.size, self.itemsize = size, np.dtype(dtype).itemsize
+    def __init__(self, size: int, dtype: np.dtype, device: str):
+        self.size, self.itemsize = size, dtype.itemsize
         if device == "cpu":
             self.data = np.empty(size, dtype)
             self.address: int = self.data.ctypes.data
@@ -46,7 +72,8 @@ class BlockPool:
     the token budget per engine batch bounds in turn. Thread-safe: searches on one engine may overlap."""
 
     def __init__(self, dtype: type, device: str, keep: int = 3):
-        self.dtype, self.device, self.keep = dtype, device, keep
+        self.dtype, self.device, self.keep = np.dtype(dtype), device, keep
+        self.bind = Binder(device)
         self._free: list[Block] = []                  # ascending size
         self._lock = threading.Lock()
 
@@ -76,14 +103,14 @@ class Tensors:
         self.block: Block | None = pool.take(len(self.names) * prod(self.shape))
 
     def bind_outputs(self, io: ort.IOBinding) -> None:
-        n = prod(self.shape)
+        n, pool = prod(self.shape), self.pool
         for i, name in enumerate(self.names):
-            io.bind_output(name, self.pool.device, 0, self.pool.dtype, self.shape, self.block.at(i * n))
+            pool.bind.output(io, name, pool.dtype, self.shape, self.block.at(i * n))
 
     def bind_inputs(self, io: ort.IOBinding) -> None:
-        n = prod(self.shape)
+        n, pool = prod(self.shape), self.pool
         for i, name in enumerate(self.names):
-            io.bind_input(name, self.pool.device, 0, self.pool.dtype, self.shape, self.block.at(i * n))
+            pool.bind.input(io, name, pool.dtype, self.shape, self.block.at(i * n))
 
     def close(self) -> None:
         """Hands the block back; the tensors must not be read again."""
@@ -117,13 +144,13 @@ class KVCache:
         if L * prod(present) > self.write.size:
             self.pool.give(self.write)
             self.write = self.pool.take(2 * L * prod(present))
-        device, dtype = self.pool.device, self.pool.dtype
+        bind, dtype = self.pool.bind, self.pool.dtype
         stride = self.read.size // L
         for i, name in enumerate(self.past_names):
-            io.bind_input(name, device, 0, dtype, self.shape, self.read.at(i * stride))
+            bind.input(io, name, dtype, self.shape, self.read.at(i * stride))
         stride = self.write.size // L
         for i, name in enumerate(self.present_names):
-            io.bind_output(name, device, 0, dtype, present, self.write.at(i * stride))
+            bind.output(io, name, dtype, present, self.write.at(i * stride))
         self._next = present
 
     def advance(self) -> None:

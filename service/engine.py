@@ -35,7 +35,7 @@ import numpy as np
 import onnxruntime as ort
 import sentencepiece as spm
 
-from .device_memory import BlockPool, KVCache, Tensors
+from .device_memory import Binder, BlockPool, KVCache, Tensors
 from .search import Hypothesis, Steps, beam_search, finish, greedy_search, greedy_steps, max_lengths, sample, sample_steps
 
 PACKAGE_FORMAT = "transerve-model/1"
@@ -189,18 +189,17 @@ class OrtDecoder:
         self.cache = engine.new_cache(B, max_rows=max_rows or B, max_positions=max_positions)
         # The k best next tokens, computed in the graph (see service.search).
         self.step_top = self._step_top if engine.search_top_k else None
+        # One binding for the whole search: what every step reads the same is bound once.
+        self.io = engine.decoder.io_binding()
+        self.io.bind_cpu_input("src_mask", src_mask)
+        cross.bind_inputs(self.io)
 
     def _run(self, tokens: np.ndarray, top_k: int | None) -> list[np.ndarray]:
-        e = self.e
-        io = e.decoder.io_binding()
+        e, io = self.e, self.io
         io.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64)[:, None])
         io.bind_cpu_input("past_rows", self.rows)
         io.bind_cpu_input("sources", self.sources)
-        io.bind_cpu_input("src_mask", self.src_mask)
-        self.cross.bind_inputs(io)
-        self.cache.bind(io, len(tokens), 1)
-        out = e.run_decoder(io, len(tokens), top_k)
-        self.cache.advance()
+        out = e.run_decoder(io, self.cache, len(tokens), 1, top_k)
         self.rows = np.arange(len(tokens), dtype=np.int64)
         return out
 
@@ -260,9 +259,7 @@ class OrtLmDecoder:
         io.bind_cpu_input("past_rows", self.rows)
         io.bind_cpu_input("key_mask", np.ascontiguousarray(key_mask))
         io.bind_cpu_input("positions", np.ascontiguousarray(positions, dtype=np.int64))
-        self.cache.bind(io, len(tokens), tokens.shape[1])
-        out = e.run_decoder(io, len(tokens), top_k)
-        self.cache.advance()
+        out = e.run_decoder(io, self.cache, len(tokens), tokens.shape[1], top_k)
         self.rows = np.arange(len(tokens), dtype=np.int64)
         return out
 
@@ -326,6 +323,7 @@ class Engine:
         self.vocab_size: int = self.package.config["vocab_size"]
         self.output_dtypes = {o.name: ONNX_TYPES[o.type] for o in self.decoder.get_outputs() if o.type in ONNX_TYPES}
         self.pool = BlockPool(self.float_dtype, self.device_type)   # the cache's and the encoder outputs' memory
+        self.host = Binder("cpu")                                    # for what the searches read on the host
         self.search_top_k = True               # False: searches read the whole distribution (for comparisons)
         tk = meta["tokenizer"]
         self.sp = spm.SentencePieceProcessor(model_file=str(self.package.file(tk["source"])))
@@ -398,10 +396,14 @@ class Engine:
         return KVCache(self.pool, self.past_names, self.present_names, rows, self.h, self.d_k,
                        max_rows=max_rows, max_positions=max_positions)
 
-    def run_decoder(self, io: ort.IOBinding, rows: int, top_k: int | None) -> list[np.ndarray]:
-        """Runs a decoder step whose inputs and cache are bound. Returns [log_probs (N, V)], or with top_k
-        [top_log_probs (N, k), top_ids (N, k), eos_log_probs (N,)]: then the (N, V) distribution stays
-        where it was computed and only (N, k) values reach the host, written straight into new arrays."""
+    def run_decoder(self, io: ort.IOBinding, cache: KVCache, rows: int, new_positions: int,
+                    top_k: int | None) -> list[np.ndarray]:
+        """Runs a decoder step for `rows` rows of `new_positions` tokens, whose other inputs are bound;
+        the cache moves on a step. Returns [log_probs (N, V)], or with top_k [top_log_probs (N, k),
+        top_ids (N, k), eos_log_probs (N,)]: then the (N, V) distribution stays where it was computed
+        and only (N, k) values reach the host, written straight into new arrays."""
+        io.clear_binding_outputs()    # a binding reused across steps must not write into last step's arrays
+        cache.bind(io, rows, new_positions)
         k = min(top_k or 1, self.vocab_size)
         io.bind_cpu_input("top_k", np.array([k], dtype=np.int64))
         if top_k is None:
@@ -410,8 +412,9 @@ class Engine:
             shapes = {"top_log_probs": (rows, k), "top_ids": (rows, k), "eos_log_probs": (rows,)}
         out = [np.empty(shape, self.output_dtypes[name]) for name, shape in shapes.items()]
         for name, a in zip(shapes, out):
-            io.bind_output(name, "cpu", 0, a.dtype.type, a.shape, a.ctypes.data)
+            self.host.output(io, name, a.dtype, a.shape, a.ctypes.data)
         self.decoder.run_with_iobinding(io)
+        cache.advance()
         return out
 
     def encode(self, src: np.ndarray) -> Tensors:

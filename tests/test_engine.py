@@ -183,6 +183,16 @@ def test_each_search_reuses_the_blocks_the_last_one_handed_back(tiny_package, id
     assert len(engine.pool._free) == 3 and engine.pool.held_bytes > 0
 
 
+def test_binding_through_the_public_iobinding_methods_gives_the_same_hypotheses(tiny_package, engine, ids):
+    """The Binder's fallback, for an onnxruntime without the binding underneath the public methods."""
+    public = Engine(tiny_package, device="cpu", intra_op_threads=1)
+    public.pool.bind._c_device = public.host._c_device = None
+    opts = SearchOptions(beam_size=4, num_hypotheses=2)
+    ours, theirs = engine.search(ids[:16], opts), public.search(ids[:16], opts)
+    assert [[(h.tokens, round(h.score, 5)) for h in hs] for hs in ours] == \
+        [[(h.tokens, round(h.score, 5)) for h in hs] for hs in theirs]
+
+
 def test_source_groups_share_a_source_only_between_equal_runs():
     assert source_groups(np.array([5, 5, 5, 5, 2, 2, 2, 2])).tolist() == [5, 2]
     assert source_groups(np.array([1, 1, 0, 0, 1, 1])).tolist() == [1, 0, 1]
