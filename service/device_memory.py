@@ -34,7 +34,10 @@ class Binder:
 
     def __init__(self, device: str):
         self.device = device
-        self._c_device = ort.OrtDevice.make(device, 0)._get_c_device() if hasattr(ort, "OrtDevice") else None
+        try:
+            self._c_device = ort.OrtDevice.make(device, 0)._get_c_device()
+        except AttributeError:  # an onnxruntime without them: the public methods
+            self._c_device = None
 
     def input(self, io: ort.IOBinding, name: str, dtype: np.dtype, shape: Sequence[int], address: int) -> None:
         if self._c_device is not None and hasattr(io, "_iobinding"):
