@@ -53,7 +53,10 @@ class Binder:
 
 
 class Block:
-    """`size` elements of `dtype` where the model runs: a numpy array on the CPU, an OrtValue on CUDA."""
+    """`size` elements of `dtype` where the model runs: a numpy array on the CPU, whose pages the
+    system commits only as they are first written, so a block sized for a search's longest possible
+    output costs only what the search writes; on CUDA an OrtValue from onnxruntime's allocator for the
+    device, reserved in full (not yet run on a GPU here)."""
 
     def __init__(self, size: int, dtype: np.dtype, device: str):
         self.size, self.itemsize = size, dtype.itemsize
@@ -75,6 +78,8 @@ class BlockPool:
     the token budget per engine batch bounds in turn. Thread-safe: searches on one engine may overlap."""
 
     def __init__(self, dtype: type, device: str, keep: int = 3):
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1 (a search hands back up to 3 blocks), got {keep}")
         self.dtype, self.device, self.keep = np.dtype(dtype), device, keep
         self.bind = Binder(device)
         self._free: list[Block] = []                  # ascending size
@@ -95,7 +100,8 @@ class BlockPool:
 
     @property
     def held_bytes(self) -> int:
-        return sum(b.size * b.itemsize for b in self._free)
+        with self._lock:
+            return sum(b.size * b.itemsize for b in self._free)
 
 
 class Tensors:
@@ -145,8 +151,10 @@ class KVCache:
         _, h, T, d_k = self.shape
         present = [rows, h, T + new_positions, d_k]
         if L * prod(present) > self.write.size:
+            # Taken before the old one goes back: if taking fails, close() must not give it twice.
+            larger = self.pool.take(2 * L * prod(present))
             self.pool.give(self.write)
-            self.write = self.pool.take(2 * L * prod(present))
+            self.write = larger
         bind, dtype = self.pool.bind, self.pool.dtype
         stride = self.read.size // L
         for i, name in enumerate(self.past_names):

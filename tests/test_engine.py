@@ -178,9 +178,33 @@ def test_each_search_reuses_the_blocks_the_last_one_handed_back(tiny_package, id
         engine.search(ids[:8], SearchOptions(beam_size=4))
         engine.search(ids[8:10], SearchOptions(beam_size=2))    # smaller: served from the same blocks
         assert sorted(b.address for b in engine.pool._free) == held
-    big = ids * 2
-    engine.search(big, SearchOptions(beam_size=4))              # larger: new blocks, and the pool keeps 3
-    assert len(engine.pool._free) == 3 and engine.pool.held_bytes > 0
+    before = engine.pool.held_bytes
+    engine.search(ids * 2, SearchOptions(beam_size=4))          # larger: new blocks, and the pool keeps 3
+    assert len(engine.pool._free) == 3 and engine.pool.held_bytes > before
+    assert sorted(b.address for b in engine.pool._free) != held
+
+
+def test_one_binding_serves_full_and_top_k_steps_in_turn(engine, ids):
+    """A search's binding is reused, so a top-k step after a full one (and the reverse) must not write
+    into the other kind's arrays: each step's values match a decoder that only ever takes full steps."""
+    batch = ids[:4]
+    src = np.zeros((4, max(map(len, batch))), dtype=np.int64)
+    for i, s in enumerate(batch):
+        src[i, :len(s)] = s
+    mixed = OrtDecoder(engine, engine.encode(src), src != engine.pad_id)
+    full = OrtDecoder(engine, engine.encode(src), src != engine.pad_id)
+    toks = np.full(4, engine.bos_id, dtype=np.int64)
+    for kind in ("full", "top", "top", "full", "top"):
+        ref = full.step(toks)                                                 # (N, V)
+        if kind == "full":
+            np.testing.assert_allclose(mixed.step(toks), ref, atol=1e-6, rtol=0)
+        else:
+            top_logp, top_ids, eos_logp = mixed.step_top(toks, 5)
+            np.testing.assert_allclose(top_logp, np.take_along_axis(ref, top_ids, axis=1), atol=1e-6, rtol=0)
+            np.testing.assert_allclose(np.sort(top_logp, axis=1), np.sort(ref, axis=1)[:, -5:], atol=1e-6, rtol=0)
+            np.testing.assert_allclose(eos_logp, ref[:, engine.eos_id], atol=1e-6, rtol=0)
+        toks = ref.argmax(axis=1)
+    mixed.close(), full.close()
 
 
 def test_binding_through_the_public_iobinding_methods_gives_the_same_hypotheses(tiny_package, engine, ids):

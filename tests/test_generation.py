@@ -161,6 +161,15 @@ def test_greedy_generation_equals_pytorch_token_for_token(engine, reference):
     assert sum((p + g.text).strip() == s for (p, s), g in zip(half, texts)) >= 28
 
 
+def test_a_generation_stopped_early_hands_its_blocks_back(tiny_lm_package):
+    engine = Engine(tiny_lm_package, device="cpu", intra_op_threads=1)
+    steps = engine.generate_steps(engine.prompt_ids(PROMPTS[:4]), SearchOptions(beam_size=1, max_length=30))
+    next(steps), next(steps)
+    assert engine.pool.held_bytes == 0                  # both cache blocks are in use
+    steps.close()                                       # as a stream whose client went away
+    assert len(engine.pool._free) == 2 and engine.pool.held_bytes > 0
+
+
 def test_decoder_log_probs_match_pytorch(engine, reference):
     """After a left-padded batched prompt read, every row's next-token distribution is PyTorch's."""
     from service.engine import OrtLmDecoder
