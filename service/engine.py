@@ -529,8 +529,9 @@ class Engine:
 
 
 def _closing(decoder: OrtLmDecoder, steps: Steps) -> Steps:
-    """`steps`, then the decoder's blocks handed back, also when the caller stops early (or drops the
-    generator, whose close() runs this finally)."""
+    """`steps`, then the decoder's blocks handed back, also when the caller stops early (close(), or
+    dropping the generator, runs this finally). A generator closed before its first step never
+    entered the try: its blocks go to the garbage collector rather than back to the pool."""
     try:
         return (yield from steps)
     finally:
