@@ -324,6 +324,9 @@ def main(argv=None) -> None:
         best = (f"best dev perplexity {math.exp(-best_bleu):.2f}" if lm else f"best dev BLEU {best_bleu:.2f}")
         log(f"done: step {step}, epoch {epoch}, {best}; checkpoints in {out}")
     if distributed:
+        # Rank 0 may still be evaluating and saving: a rank that tore its gloo group down under it
+        # aborted now and then ("terminate called without an active exception", SIGABRT).
+        dist.barrier()
         dist.destroy_process_group()
 
 
