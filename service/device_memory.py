@@ -132,7 +132,7 @@ class KVCache:
     """The decoder's self-attention cache: one (rows, h, T, d_k) tensor per past_*/present_* name, read
     from one block and written into the other, which swap after every step.
 
-    `rows` and `positions` size the blocks for the whole search (the most rows at once, beams
+    `max_rows` and `max_positions` size the blocks for the whole search (the most rows at once, beams
     included, and the most positions); a step that needs more gets a block twice its size for what it
     writes, so an estimate that falls short costs a reallocation, never a wrong answer."""
 
