@@ -65,6 +65,7 @@ import torch
 import torch.nn as nn
 
 from .evaluate import load_checkpoint
+from .quantize import SCHEME as INT8_SCHEME, quantize_int8
 from .tokenizer import Tokenizer
 from .transformer import Transformer, padding_mask
 
@@ -261,16 +262,6 @@ def export_generation(model: Transformer, out: Path, dtype: torch.dtype = torch.
                         "outputs": NEXT_TOKEN_SIGNATURE | {n: _kv("rows", "past_len + new_len") for n in present_names}}}
 
 
-def quantize_int8(path: Path) -> None:
-    """Dynamic int8 quantization of the MatMul weights (activations quantized on the fly)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    tmp = path.with_suffix(".fp32.onnx")
-    path.rename(tmp)
-    quantize_dynamic(str(tmp), str(path), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
-    tmp.unlink()
-
-
 def export_package(checkpoint: str | Path, out: str | Path, *, quantize: str | None = None, fp16: bool = False,
                    name: str | None = None) -> Path:
     """Checkpoint (run directory) -> model package directory. Returns the model.json path."""
@@ -328,6 +319,7 @@ def write_package(model: Transformer, out: str | Path, *, files: dict[str, Path]
         "config": model.config.to_dict() | {"d_k": model.config.d_k},
         "special_ids": special_ids,
         "precision": "int8" if quantize else ("fp16" if fp16 else "fp32"),
+        **({"quantization": INT8_SCHEME} if quantize else {}),
         "tokenizer": tokenizer,
         "graphs": graphs,
         "training": training,
@@ -357,7 +349,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description="Export a checkpoint to an ONNX model package.")
     p.add_argument("--checkpoint", required=True, help="run directory from model.train (best.pt is used)")
     p.add_argument("--out", required=True, help="package directory to write, e.g. models/de-en")
-    p.add_argument("--quantize", choices=["int8"], default=None, help="dynamic int8 weights (CPU serving)")
+    p.add_argument("--quantize", choices=["int8"], default=None,
+                   help="int8 weights and per-row int8 activations (CPU serving; model/quantize.py)")
     p.add_argument("--fp16", action="store_true", help="half-precision graphs (GPU serving)")
     p.add_argument("--name", default=None, help="model id shown by the service (default: the directory name)")
     args = p.parse_args(argv)

@@ -179,7 +179,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True, help="package directory to write, e.g. models/opus-mt-de-en")
     p.add_argument("--source-lang", help="source language code (default: from tokenizer_config.json or the name)")
     p.add_argument("--target-lang", help="target language code (default: from tokenizer_config.json or the name)")
-    p.add_argument("--quantize", choices=["int8"], default=None, help="dynamic int8 weights (CPU serving)")
+    p.add_argument("--quantize", choices=["int8"], default=None, help="int8 weights, per-row int8 activations (CPU serving)")
     p.add_argument("--fp16", action="store_true", help="half-precision graphs (GPU serving)")
     p.add_argument("--name", default=None, help="model id shown by the service (default: the directory name)")
     args = p.parse_args(argv)

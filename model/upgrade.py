@@ -12,13 +12,14 @@ directory instead.
 
 How a weight is found: every named parameter the exporter kept by name (embeddings, layer norms,
 biases) is read directly. A linear layer's weight is an anonymous initializer (`val_58`, transposed,
-or `val_58_quantized` with its scale and zero point in int8 packages); it is the constant input of a
-MatMul whose result has that layer's named bias added (in int8 graphs, after the MatMulInteger's Cast
-and rescaling Mul). int8 weights are dequantized, (q - zero_point) · scale; quantizing them again on
-export (model.export's symmetric QInt8) gives the same int8 values, because their largest magnitude,
-hence their scale, is unchanged. The output projection of an int8 package is quantized on export even
-if the old graph kept it in fp32 (before 2026-11-23 a transposed embedding was left unquantized), so
-outputs can change: for models/de-en, 2 of the tests' 64 de→en and 16 of 64 en→de beam-4 outputs.
+or `val_58_quantized` with its scale, and a zero point in older int8 packages); it is the constant input
+of a MatMul whose result has that layer's named bias added (in int8 graphs, after the MatMulInteger's
+Cast and rescaling Muls). int8 weights are dequantized, (q - zero_point) · scale, and quantized again on
+export one scale per output column (model/quantize.py). A package quantized that way gets the same int8
+values back, since a column's largest magnitude, hence its scale, is unchanged. An older int8 package,
+quantized per tensor with per-tensor activations (onnxruntime's quantize_dynamic, whose answers depended
+on the batch), gets new values and per-row activations, so its outputs change a little; so does one whose
+output projection the old exporter left in fp32.
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ from onnx import numpy_helper
 from .export import summary, write_package
 from .transformer import Transformer, TransformerConfig
 
-# Nodes between an int8 MatMulInteger and the Add of its bias: its Cast and rescaling Mul, in order.
-_INT8_CHAIN = ("Cast", "Mul")
 
 
 def graph_weights(path: Path) -> dict[str, np.ndarray]:
@@ -55,11 +54,14 @@ def graph_weights(path: Path) -> dict[str, np.ndarray]:
 
     def bias_after(node) -> str | None:
         """The name of the bias initializer added to this MatMul's output: right after it, or after the
-        Cast and Mul of an int8 MatMulInteger. None for anything else (the weight is not a layer's own)."""
-        for expected in (_INT8_CHAIN if node.op_type == "MatMulInteger" else ()):
+        Cast and rescaling Muls of an int8 MatMulInteger (one Mul per tensor, two per row: model/quantize.py).
+        None for anything else (the weight is not a layer's own)."""
+        if node.op_type == "MatMulInteger":
             node = only_consumer(node)
-            if node is None or node.op_type != expected:
+            if node is None or node.op_type != "Cast":
                 return None
+            while node is not None and (nxt := only_consumer(node)) is not None and nxt.op_type == "Mul":
+                node = nxt
         add = only_consumer(node)
         if add is None or add.op_type != "Add":
             return None
@@ -112,21 +114,25 @@ def load_weights(package: Path) -> tuple[Transformer, dict]:
     return model.eval(), meta
 
 
-def upgrade_package(package: str | Path, out: str | Path) -> Path:
-    """Re-exports `package` into `out` (a new directory); returns the new model.json path."""
+def upgrade_package(package: str | Path, out: str | Path, *, precision: str | None = None) -> Path:
+    """Re-exports `package` into `out` (a new directory), in its own precision unless `precision` ("fp32",
+    "int8" or "fp16") names another; returns the new model.json path."""
     package, out = Path(package), Path(out)
     if out.resolve() == package.resolve():
         raise ValueError("--out must differ from the package: the old graphs are read while the new ones are written")
     model, meta = load_weights(package)
     keep = {f.name: f for f in package.iterdir()
             if f.is_file() and f.suffix != ".onnx" and f.name not in ("model.json", "MODEL_CARD.md")}
-    precision = meta.get("precision", "fp32")
+    precision = precision or meta.get("precision", "fp32")
+    if precision not in ("fp32", "int8", "fp16"):
+        raise ValueError(f"precision must be fp32, int8 or fp16, got {precision!r}")
     return write_package(
         model, out, files=keep, tokenizer=meta["tokenizer"], special_ids=meta["special_ids"],
         languages=meta["languages"], directions=meta["directions"], target_tags=meta.get("target_tags", {}),
         training=meta.get("training", {}), model_card=package / "MODEL_CARD.md",
         quantize="int8" if precision == "int8" else None, fp16=precision == "fp16", name=meta.get("name"),
-        extra=meta)                   # keys write_package does not write itself (an importer's note) are kept
+        # Keys write_package does not write itself (an importer's note) are kept; how int8 was made is its own.
+        extra={k: v for k, v in meta.items() if k != "quantization"})
 
 
 def main(argv=None) -> None:
@@ -134,8 +140,12 @@ def main(argv=None) -> None:
         description="Re-export a model package in the current graph layout from its own weights.")
     p.add_argument("package", help="model package directory, e.g. models/de-en")
     p.add_argument("--out", required=True, help="directory to write the new package to")
+    p.add_argument("--precision", choices=["fp32", "int8", "fp16"], default=None,
+                   help="re-export in this precision (default: the package's own; int8 weights read back "
+                        "as fp32 keep their int8 values, so an fp32 copy of an int8 package shows what int8 "
+                        "activations cost)")
     args = p.parse_args(argv)
-    print(summary(upgrade_package(args.package, args.out)))
+    print(summary(upgrade_package(args.package, args.out, precision=args.precision)))
 
 
 if __name__ == "__main__":

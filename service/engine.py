@@ -39,6 +39,7 @@ from .device_memory import Binder, BlockPool, KVCache, Tensors
 from .search import Hypothesis, Steps, beam_search, finish, greedy_search, greedy_steps, max_lengths, sample, sample_steps
 
 PACKAGE_FORMAT = "transerve-model/1"
+INT8_SCHEME = "int8-rows"     # per-row activations (model/quantize.py): a row's answer is its own
 ONNX_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
 
 
@@ -357,16 +358,25 @@ class Engine:
                             for i in range(self.sp.get_piece_size())]
 
     def _check_layout(self, inputs: list[str]) -> None:
-        """Refuses decoder graphs from before 2026-11-23 (a stacked `past_kv` cache, `cross_rows`, no
-        `top_k`), naming the command that re-exports them, rather than keeping a slower second path for them."""
+        """Refuses packages the engine no longer serves, naming the command that re-exports them from their
+        own weights: decoder graphs without per-layer caches, `sources` and `top_k` (a slower second search
+        path), and int8 graphs that quantize activations per tensor (a sentence's answer would depend on
+        its batch-mates)."""
         need = ["tokens", "past_rows", "top_k"] + (["sources", "src_mask"] if self.task == "translation"
                                                     else ["key_mask", "positions"])
         missing = [n for n in need if n not in inputs] + (["one cache per layer"] if "past_kv" in inputs else [])
+        meta = self.package.meta
         if missing:
-            path = self.package.path
-            raise PackageError(f"{path / 'decoder.onnx'}: an older graph layout, without {', '.join(missing)}; "
-                               f"re-export it from its own weights with the training side (pip install -e "
-                               f"'.[train]'; not in the serving image): python -m model.upgrade {path} --out NEW_DIR")
+            problem = f"an older graph layout, without {', '.join(missing)}"
+        elif meta["precision"] == "int8" and meta.get("quantization") != INT8_SCHEME:
+            problem = ("int8 with activations quantized per tensor, so a sentence's answer would depend on its "
+                       f"batch-mates (this engine serves int8 as {INT8_SCHEME!r}: per-row activations)")
+        else:
+            return
+        path = self.package.path
+        raise PackageError(f"{path / 'decoder.onnx'}: {problem}; re-export it from its own weights with the "
+                           f"training side (pip install -e '.[train]'; not in the serving image): "
+                           f"python -m model.upgrade {path} --out NEW_DIR")
 
     # --- host side: text <-> ids -------------------------------------------------------------------
     def check_direction(self, source_lang: str, target_lang: str) -> None:
