@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .app import build_server
     from .engine import PackageError
+    from .uvicorn_bridge import JsonErrorHTTPProtocol
 
     try:
         server, gateway = build_server(settings)
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     server.run(host=settings.host, port=settings.port, num_api_servers=settings.api_servers,
-               log_level=settings.log_level, generate_client_file=False)
+               log_level=settings.log_level, generate_client_file=False, http=JsonErrorHTTPProtocol)
     return 0
 
 

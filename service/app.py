@@ -67,6 +67,8 @@ class ApiError(Exception):
         return {"error": err, "request_id": request_id}
 
 
+LITSERVE_INFO = "/litserve/info"   # LitServe always adds an info route; Gateway.install removes it
+
 ERROR_KIND = {400: "validation", 401: "auth", 403: "auth", 413: "limit", 422: "validation", 429: "overload",
               503: "overload", 504: "timeout"}
 
@@ -91,7 +93,7 @@ class Gateway:
 
     # --- the one way into the queues ---------------------------------------------------------------
     @contextmanager
-    def admitted(self, endpoint: str, queue: str):
+    def admitted(self, endpoint: str):
         """Holds one of the max_queue places shared by every HTTP process, or refuses with 503."""
         if self.draining.is_set():
             raise ApiError(503, "shutting_down", "the server is shutting down; retry on another replica",
@@ -105,7 +107,6 @@ class Gateway:
             raise ApiError(503, "overloaded", f"{self.settings.max_queue} requests are already waiting; retry later",
                            self.settings.max_queue, {"Retry-After": "1"})
         m().in_flight.labels(endpoint).inc()
-        m().queue_depth.labels(queue).inc()
         try:
             yield
         finally:
@@ -119,7 +120,7 @@ class Gateway:
         if self.handler is None:
             raise ApiError(400, "no_translation_model", "no translation model is loaded; start the service with "
                            "--model <a translation package>")
-        with self.admitted(endpoint, ENDPOINT):
+        with self.admitted(endpoint):
             out = await self._submit(payload, request)
         if out is not None and "error" in out:
             e = out["error"]
@@ -132,7 +133,7 @@ class Gateway:
         # forever. A worker that stops being ready fails the requests in flight at once (503, retry);
         # twice the queue timeout bounds queue wait plus the longest computation (504).
         deadline = 2 * self.settings.request_timeout_s
-        uid, _ = await self.handler._submit_request(payload)
+        uid = await self._enqueue(self.handler, ENDPOINT, payload)
         answered = asyncio.Event()
         self.server.response_buffer[uid] = item = ResponseBufferItem(answered)
         waits = {asyncio.ensure_future(answered.wait()): "answered",
@@ -154,7 +155,6 @@ class Gateway:
                 self.handler._handle_error_response(response)   # raises LitServe's HTTPException
             except StarletteHTTPException as e:
                 if e.status_code == 504:  # LitServe evicted it from the queue before a worker took it
-                    m().queue_depth.labels(ENDPOINT).dec()
                     raise ApiError(504, "timeout", f"the request waited more than {self.settings.request_timeout_s:g} "
                                    "s for a worker", headers={"Retry-After": "5"}) from None
             # The worker failed the whole batch or died under it (LitServe restarts it): worth a retry.
@@ -173,7 +173,7 @@ class Gateway:
 
     async def worker_events(self, payload: dict) -> AsyncIterator[dict]:
         """Submits to the generation workers and yields their per-step events for this request."""
-        uid, _ = await self.generate_handler._submit_request(payload)
+        uid = await self._enqueue(self.generate_handler, GENERATE, payload)
         available, queue = asyncio.Event(), deque()
         self.server.response_buffer[uid] = ResponseBufferItem(event=available, response_queue=queue)
         stream = self.server.data_streamer(queue, data_available=available, send_status=True)
@@ -197,7 +197,6 @@ class Gateway:
                     except Exception:
                         err = None
                     if getattr(err, "status_code", None) == 504:
-                        m().queue_depth.labels(GENERATE).dec()
                         raise ApiError(504, "timeout", f"the request waited more than "
                                        f"{self.settings.request_timeout_s:g} s for a worker", headers={"Retry-After": "5"})
                     raise ApiError(503, "worker_failed", "the inference worker failed while running this request; "
@@ -215,6 +214,17 @@ class Gateway:
                 await asyncio.shield(asyncio.wait({step}))
             await stream.aclose()
             self.server.response_buffer.pop(uid, None)
+
+    @staticmethod
+    async def _enqueue(handler, queue: str, payload: dict) -> str:
+        """Puts a request on a worker queue; its uid. The queue-depth gauge goes up here and down only
+        where a worker takes the request off the queue (batching.collect), whatever happens after."""
+        m().queue_depth.labels(queue).inc()   # before the put: the worker may take it at once
+        try:
+            return (await handler._submit_request(payload))[0]
+        except BaseException:
+            m().queue_depth.labels(queue).dec()
+            raise
 
     def worker_lost(self, endpoint: str) -> asyncio.Event:
         """An event set when a worker of `endpoint` stops being ready (it died; LitServe restarts it).
@@ -267,7 +277,7 @@ class Gateway:
         # Compare against every key in constant time, so timing says nothing about a near miss.
         ok = False
         for key in self.settings.api_keys:
-            ok |= hmac.compare_digest(given.encode(), key.encode())
+            ok |= hmac.compare_digest(given.encode("utf-8", "surrogatepass"), key.encode())
         if not ok:
             raise ApiError(401 if not given else 403, "unauthorized",
                            "missing API key: send Authorization: Bearer <key>" if not given else "invalid API key")
@@ -283,7 +293,8 @@ class Gateway:
                                f"{s.max_text_chars}", s.max_text_chars)
 
     def check_pair(self, source: str, target: str) -> None:
-        if (source, target) not in self.pairs:
+        """Served pairs, and a served language into itself (identity: see identity())."""
+        if (source, target) not in self.pairs and not (source == target and any(source in p for p in self.pairs)):
             valid = ", ".join(f"{a}-{b}" for a, b in self.pairs)
             raise ApiError(400, "unsupported_language_pair",
                            f"no model translates {source}-{target}; available pairs: {valid}")
@@ -293,12 +304,23 @@ class Gateway:
         return [{"code": c, "name": LANGUAGE_NAMES.get(c, c),
                  "targets": sorted(t for s, t in self.pairs if s == c)} for c in codes]
 
+    @staticmethod
+    def identity(texts: list[str], lang: str) -> dict:
+        """source_lang == target_lang, as argostranslate and LibreTranslate answer it: each text
+        unchanged. No model runs, so no worker is asked: score 0.0, no tokens read or written."""
+        return {"translations": [{"text": t, "score": 0.0, "alternatives": [], "input_tokens": 0, "output_tokens": 0}
+                                 for t in texts],
+                "model": "identity", "source_lang": lang, "target_lang": lang,
+                "timings": {"queue_ms": 0.0, "inference_ms": 0.0, "total_ms": 0.0}}
+
     # --- routes -----------------------------------------------------------------------------------
     async def translate(self, body: TranslateRequest, request: Request) -> TranslateResponse:
         self.check_key(request)
         texts = [body.text] if isinstance(body.text, str) else list(body.text)
         self.check_limits(texts)
         self.check_pair(body.source_lang, body.target_lang)
+        if body.source_lang == body.target_lang:
+            return self.identity(texts, body.source_lang)  # type: ignore[return-value]
         received = time.monotonic()
         payload = body.model_dump(exclude={"text"}) | {"texts": texts, "received": received,
                                                        "request_id": request.state.request_id,
@@ -325,21 +347,19 @@ class Gateway:
         received = time.monotonic()
         number = self.board.new_number()
         payload = body.model_dump() | {"received": received, "request_id": request.state.request_id, "number": number}
-        admission = self.admitted(GENERATE, GENERATE)
+        admission = self.admitted(GENERATE)
         admission.__enter__()
         events = self.worker_events(payload)
         state = {"first": None, "last": None, "done": None, "texts": {}}
         try:
-            first = await anext(events)
-            if "error" in first:
-                e = first["error"]
-                raise ApiError(first["status"], e["type"], e["message"], e.get("limit"))
+            first = _worker_error(await anext(events))
         except BaseException:
             await events.aclose()
             admission.__exit__(None, None, None)
             raise
 
         def take(event: dict) -> None:
+            _worker_error(event)  # after the first event: the worker failed on this request (500)
             now = time.monotonic()
             for p in event.get("pieces", ()):
                 state["first"] = state["first"] or now
@@ -409,6 +429,7 @@ class Gateway:
             except ApiError as e:
                 completed = True
                 finish(False) if state["done"] is None else None
+                m().errors.labels(GENERATE, ERROR_KIND.get(e.status, "internal")).inc()  # the status said 200
                 yield _sse({"type": "error", "error": {"type": e.type, "message": e.message}})
             finally:
                 await events.aclose()
@@ -438,8 +459,8 @@ class Gateway:
             else:
                 try:
                     data = await request.json()
-                except ValueError:
-                    raise ApiError(400, "invalid_json", "the body is not valid JSON") from None
+                except (ValueError, RecursionError) as e:
+                    raise ApiError(400, "invalid_json", _parse_error(e)) from None
             if not isinstance(data, dict):
                 raise ApiError(400, "invalid_request", "the body must be a JSON object")
             self.check_key(request, data.get("api_key") if isinstance(data.get("api_key"), str) else None)
@@ -467,10 +488,13 @@ class Gateway:
             texts = [req.text] if isinstance(req.text, str) else list(req.text)
             self.check_limits(texts)
             self.check_pair(source, target)
-            payload = req.model_dump(exclude={"text"}) | {"texts": texts, "received": time.monotonic(),
-                                                          "request_id": request.state.request_id,
-                                                          "number": self.board.new_number()}
-            out = await self.submit("libretranslate", payload, request)
+            if source == target:
+                out = self.identity(texts, source)
+            else:
+                payload = req.model_dump(exclude={"text"}) | {"texts": texts, "received": time.monotonic(),
+                                                              "request_id": request.state.request_id,
+                                                              "number": self.board.new_number()}
+                out = await self.submit("libretranslate", payload, request)
         except ApiError as e:
             return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
         if out is None:
@@ -504,10 +528,10 @@ class Gateway:
             m().rejected.labels(endpoint)
             for kind in sorted(set(ERROR_KIND.values()) | {"internal"}):
                 m().errors.labels(endpoint, kind)
-        # Drop LitServe's own POST /translate and readiness check; ours submit through the same handler
-        # and know about draining.
-        app.router.routes = [r for r in app.router.routes
-                             if getattr(r, "path", None) not in ("/translate", "/generate", "/ready")]
+        # Drop LitServe's own POST /translate and readiness check (ours submit through the same handler
+        # and know about draining), and its info route (ours is /info).
+        app.router.routes = [r for r in app.router.routes if getattr(r, "path", None)
+                             not in ("/translate", "/generate", "/ready", LITSERVE_INFO)]
         app.openapi_schema = None
         app.title, app.version = "transerve", __version__
         errors = {c: {"model": ErrorResponse} for c in (400, 401, 403, 413, 422, 503, 504)}
@@ -537,7 +561,8 @@ class Gateway:
     # --- cross-cutting ------------------------------------------------------------------------------
     def _request_context(self, app):
         """Wraps the app: the request id in (`request.state.request_id`) and out (`X-Request-ID`), the
-        request and error counters, the duration, and a JSON 500 instead of a stack trace.
+        body limit (_limited_receive), the request and error counters, the duration, and a JSON 500
+        instead of a stack trace.
 
         Plain ASGI rather than Starlette's `BaseHTTPMiddleware` (`app.middleware("http")`), which runs
         the route in a task of its own and streams the response body back through a memory channel:
@@ -565,8 +590,14 @@ class Gateway:
                                             for k, v in headers)
                 await send(message)
 
+            limited = self._limited_receive(scope, receive)
             try:
-                await app(scope, receive, send_with_id)
+                if limited is None:
+                    too_large = ApiError(413, "payload_too_large", self._too_large(), self.settings.max_payload_bytes,
+                                         {"Connection": "close"})
+                    await self._error_response(scope["path"], rid, too_large)(scope, receive, send_with_id)
+                else:
+                    await app(scope, limited, send_with_id)
             except Exception:  # never a stack trace to the client
                 log.exception("unhandled error on %s", scope["path"])
                 if started:
@@ -584,30 +615,84 @@ class Gateway:
 
         return request_context
 
+    def _limited_receive(self, scope, receive):
+        """`receive` counting the body as the app reads it: past --max-payload-bytes it raises a 413
+        (an HTTPException, which FastAPI's body parsing passes on to _http_error), and the connection
+        closes. None when the declared Content-Length is over the limit: that body is never read, and
+        the 413 goes out at once; waiting for a body that never comes would hold the connection open,
+        since nothing in uvicorn times out a body read (LitServe's max_payload_size only counted)."""
+        limit = self.settings.max_payload_bytes
+        declared = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
+        if declared.isdigit() and int(declared) > limit:
+            return None
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise StarletteHTTPException(413, headers={"Connection": "close"})
+            return message
+
+        return limited
+
+    @staticmethod
+    def _error_response(path: str, request_id: str | None, e: ApiError) -> JSONResponse:
+        if path.startswith("/libretranslate/"):  # LibreTranslate's shape, for its clients
+            return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
+        return JSONResponse(e.body(request_id), status_code=e.status, headers=e.headers)
+
     async def _api_error(self, request: Request, e: ApiError) -> JSONResponse:
-        return JSONResponse(e.body(getattr(request.state, "request_id", None)), status_code=e.status, headers=e.headers)
+        return self._error_response(request.url.path, getattr(request.state, "request_id", None), e)
 
     async def _validation_error(self, request: Request, e: RequestValidationError) -> JSONResponse:
         errs = e.errors()
         if any(err.get("type") == "json_invalid" for err in errs):
             err = ApiError(400, "invalid_json", "the body is not valid JSON")
-        elif any(tuple(err.get("loc", ())) == ("body",) for err in errs):
+        elif any(tuple(err.get("loc", ())) == ("body",) and err.get("type") != "value_error" for err in errs):
+            # (a value_error at the body itself is a model validator's: a 422 like any field's)
             err = ApiError(400, "invalid_json", "the body must be a JSON object sent with Content-Type: application/json")
         else:
             err = ApiError(422, "invalid_request", _first_error(e))
         return await self._api_error(request, err)
 
     async def _http_error(self, request: Request, e: StarletteHTTPException) -> JSONResponse:
-        kinds = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large", 504: "timeout"}
+        """Starlette's and FastAPI's own errors (404, 405 with its Allow header, a body FastAPI could not
+        parse, a body over the limit) in our shape."""
+        kinds = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
+                 504: "timeout"}
+        kind, limit = kinds.get(e.status_code, "error"), None
         message = str(e.detail) if e.status_code < 500 else "internal error"
-        if e.status_code == 413:
-            message = f"the body is larger than {self.settings.max_payload_bytes} bytes"
-        return await self._api_error(request, ApiError(e.status_code, kinds.get(e.status_code, "error"), message,
-                                                       self.settings.max_payload_bytes if e.status_code == 413 else None))
+        if e.status_code == 400 and e.__cause__ is not None:  # FastAPI's "There was an error parsing the body"
+            kind, message = "invalid_json", _parse_error(e.__cause__)
+        elif e.status_code == 413:
+            message, limit = self._too_large(), self.settings.max_payload_bytes
+        return await self._api_error(request, ApiError(e.status_code, kind, message, limit, dict(e.headers or {})))
+
+    def _too_large(self) -> str:
+        return f"the body is larger than {self.settings.max_payload_bytes} bytes (--max-payload-bytes)"
+
+
+def _worker_error(event: dict) -> dict:
+    """A worker's event, or its error raised as ApiError."""
+    if "error" in event:
+        e = event["error"]
+        raise ApiError(event["status"], e["type"], e["message"], e.get("limit"))
+    return event
 
 
 def _sse(event: dict) -> str:
     return f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+
+def _parse_error(e: BaseException | None) -> str:
+    """Why a body is not JSON, for the client."""
+    if isinstance(e, UnicodeDecodeError):
+        return f"the body is not valid UTF-8 (byte {e.start}); send JSON text encoded as UTF-8"
+    if isinstance(e, RecursionError):
+        return "the body's JSON is nested too deeply to parse; nest it a few hundred levels at most"
+    return "the body is not valid JSON"
 
 
 def _first_error(e: ValidationError | RequestValidationError) -> str:
@@ -640,8 +725,8 @@ def build_server(settings: Settings) -> tuple[ls.LitServer, Gateway]:
                           devices=1 if cuda else "auto",
                           workers_per_device=settings.workers, timeout=settings.request_timeout_s,
                           restart_workers=True,  # a dead worker is replaced; without this the server exits
-                          healthcheck_path="/ready", info_path="/litserve/info",
-                          max_payload_size=settings.max_payload_bytes)
+                          healthcheck_path="/ready", info_path=LITSERVE_INFO,
+                          max_payload_size=None)  # enforced before reading: Gateway._limited_receive
     gateway = Gateway(server, api, settings, packages, generate_api, board)
     gateway.install()
     return server, gateway

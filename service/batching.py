@@ -25,6 +25,8 @@ from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
 from litserve.transport.base import MessageTransport
 from litserve.utils import LitAPIStatus, LoopResponseType, PickleableHTTPException
 
+from .metrics import m
+
 log = logging.getLogger("transerve")
 
 IDLE_WAKE_S = 1.0   # an idle worker still returns to its loop this often
@@ -91,10 +93,14 @@ def collect(loop: BatchedLoop | BatchedStreamingLoop, lit_api: LitAPI, request_q
     timed_out: list = []
     check_age = lit_api.request_timeout not in (-1, False)
     response_type = LoopResponseType.STREAMING if lit_api.stream else LoopResponseType.REGULAR
+    queue_depth = m().queue_depth.labels(lit_api.api_path.strip("/"))
 
     def take(item) -> None:
         if item == _SENTINEL_VALUE:
             raise _StopLoopError()
+        # The one place every queued request passes, served, timed out or failing later: the gauge
+        # the HTTP process raised when it queued the request comes down here and nowhere else.
+        queue_depth.dec()
         response_queue_id, uid, queued_at, payload = item
         # Tells the HTTP process which worker holds the request (it fails them if that worker dies).
         loop.put_response(transport=transport, response_queue_id=response_queue_id, uid=uid, response_data=(),

@@ -30,7 +30,7 @@ from .config import Settings, lower_worker_priority
 from .engine import Engine, SearchOptions
 from .cancel import CancelBoard
 from .metrics import m
-from .translate_api import Failure
+from .translate_api import Failure, internal_failure
 
 log = logging.getLogger("transerve")
 ENDPOINT = "generate"
@@ -120,7 +120,13 @@ class GenerateAPI(ls.LitAPI):
 
     # --- per request -------------------------------------------------------------------------------
     def decode_request(self, request: dict) -> GenJob | Failure:
-        m().queue_depth.labels(ENDPOINT).dec()
+        try:
+            return self._decode(request)
+        except Exception:  # raised here, it would fail every request of the batch
+            log.exception("decode_request failed for request %s", request.get("request_id"))
+            return internal_failure()
+
+    def _decode(self, request: dict) -> GenJob | Failure:
         s = self.settings
         name = request.get("model") or self.default_model
         engine = self.engines.get(name)
@@ -139,10 +145,7 @@ class GenerateAPI(ls.LitAPI):
         beam = request.get("beam_size", 1)
         temperature = request.get("temperature", 1.0)
         n = request.get("num_return_sequences", 1)
-        sampling = beam == 1 and temperature > 0
-        if beam > 1 and (temperature not in (0, 1.0) or request.get("top_k", 0) or request.get("top_p", 1.0) < 1.0):
-            return Failure(422, "invalid_request", "beam search does not sample: leave temperature, top_k and top_p "
-                           "at their defaults with beam_size > 1, or use beam_size=1")
+        sampling = beam == 1 and temperature > 0   # beam search with sampling options: GenerateRequest refused it
         if n > 1 and not sampling and n > beam:
             return Failure(422, "invalid_request", f"num_return_sequences={n} needs sampling (temperature > 0) or "
                            f"beam_size >= {n}; greedy search returns one text")
@@ -178,9 +181,14 @@ class GenerateAPI(ls.LitAPI):
     def predict(self, plan: StepEvents):
         """Arrays only: advances every group one engine step per iteration and yields, per job, the
         tokens each sequence chose."""
-        steps = [self.engines[g.model].generate_steps(g.prompts, g.options, seeds=g.seeds, cancel=plan.cancels[i])
-                 for i, g in enumerate(plan.groups)]
-        live = list(range(len(steps)))
+        steps = {}
+        for gi, g in enumerate(plan.groups):
+            try:  # beam search runs whole here
+                steps[gi] = self.engines[g.model].generate_steps(g.prompts, g.options, seeds=g.seeds,
+                                                                 cancel=plan.cancels[gi])
+            except Exception:
+                self._fail_group(plan, g)
+        live = list(steps)
         numbers = np.array([job.number if isinstance(job, GenJob) else -1 for job in plan.jobs], dtype=np.int64)
         t0 = time.perf_counter()
         # One event first: a Failure job learns its error without waiting for the others' decoding.
@@ -198,8 +206,12 @@ class GenerateAPI(ls.LitAPI):
                     m().batch_sentences.labels(ENDPOINT, g.model).observe(len(g.rows))
                     if g.beam:  # beam search streams nothing: its hypotheses arrive whole
                         for (j, _), hyps in zip(g.rows, done.value):
-                            for k in range(plan.jobs[j].n):
+                            for k in range(getattr(plan.jobs[j], "n", 0)):   # 0: it failed meanwhile
                                 events[j].append((k, list(hyps[k].tokens) if k < len(hyps) else [], True))
+                    continue
+                except Exception:
+                    live.remove(gi)
+                    self._fail_group(plan, g)
                     continue
                 for s, tok in zip(step.sentence, step.tokens):
                     j, k = g.rows[s]
@@ -209,6 +221,15 @@ class GenerateAPI(ls.LitAPI):
                 for gi, g in enumerate(plan.groups):
                     plan.cancels[gi].update(r for r, (j, _) in enumerate(g.rows) if gone[j])
             yield StepEvents(plan.jobs, events, plan.cancels, plan.groups, gone)
+
+    @staticmethod
+    def _fail_group(plan: StepEvents, g: Group) -> None:
+        """Called from an except block: the group's requests get a 500 at the next event; the other
+        groups go on."""
+        log.exception("generation failed for %d sequences of %s; their requests fail alone", len(g.rows), g.model)
+        for j in {j for j, _ in g.rows}:
+            if isinstance(plan.jobs[j], GenJob) and not plan.jobs[j].reported:
+                plan.jobs[j] = internal_failure()
 
     def unbatch(self, output):
         yield from output  # each item already carries every job's events
@@ -222,7 +243,15 @@ class GenerateAPI(ls.LitAPI):
                     out.append(job.to_dict() if not getattr(job, "reported", False) else "")
                     job.reported = True
                     continue
-                out.append(self._job_event(step, j, job))
+                try:
+                    out.append(self._job_event(step, j, job))
+                except Exception:  # raised here, it would end every request of the batch
+                    log.exception("encode_response failed for request %s", job.request_id)
+                    step.jobs[j] = failure = internal_failure()
+                    failure.reported = True
+                    out.append(failure.to_dict())
+                    for k in range(job.n):
+                        self._cancel(step, j, k)
             yield out
 
     def _job_event(self, step: StepEvents, j: int, job: GenJob):

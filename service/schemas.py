@@ -9,10 +9,21 @@ from __future__ import annotations
 
 from typing import Annotated, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 LangCode = Annotated[str, Field(min_length=2, max_length=8, pattern=r"^[a-z]{2,3}(-[A-Za-z]{2,4})?$",
                                 examples=["de"])]
+
+
+def _unicode_text(value: str, where: str) -> str:
+    """The tokenizers take UTF-8: a lone UTF-16 surrogate (JSON "\\ud800" without its pair) is not text,
+    and would fail the tokenizer for the whole batch it joined."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{where} has a lone UTF-16 surrogate ({value[e.start]!r} at character {e.start}), "
+                         "which is not Unicode text; send its pair or drop it") from None
+    return value
 
 
 class TranslateRequest(BaseModel):
@@ -22,7 +33,8 @@ class TranslateRequest(BaseModel):
                                          "Long texts are split into sentences and joined back.",
                                          examples=["Das geht zu weit."])
     source_lang: LangCode = Field(..., description="Language of the text, e.g. de")
-    target_lang: LangCode = Field(..., description="Language to translate into, e.g. en")
+    target_lang: LangCode = Field(..., description="Language to translate into, e.g. en; the source language "
+                                  "itself returns each text unchanged (score 0.0, no tokens, model \"identity\")")
     beam_size: int = Field(4, ge=1, le=16, description="1 = greedy search")
     num_alternatives: int = Field(0, ge=0, le=8, description="Extra translations per text (n-best); "
                                   "0 = off; needs beam_size > num_alternatives")
@@ -39,10 +51,18 @@ class TranslateRequest(BaseModel):
         if not texts:
             raise ValueError("text must be a non-empty string or a non-empty list of strings")
         for i, t in enumerate(texts):
+            where = "text" if isinstance(v, str) else f"text[{i}]"
             if not t.strip():
-                where = "text" if isinstance(v, str) else f"text[{i}]"
                 raise ValueError(f"{where} is empty; send at least one non-space character")
+            _unicode_text(t, where)
         return v
+
+    @model_validator(mode="after")
+    def _alternatives_need_beams(self):
+        if self.num_alternatives and self.num_alternatives >= self.beam_size:
+            raise ValueError(f"num_alternatives ({self.num_alternatives}) needs beam_size > num_alternatives, "
+                             f"e.g. beam_size={self.num_alternatives + 1}")
+        return self
 
 
 class Alternative(BaseModel):
@@ -67,7 +87,8 @@ class Timings(BaseModel):
 
 class TranslateResponse(BaseModel):
     translations: list[TranslationItem] = Field(..., description="One per input text, in order")
-    model: str = Field(..., description="Model package id that translated")
+    model: str = Field(..., description="Model package id that translated (\"identity\" when source_lang == "
+                       "target_lang)")
     source_lang: str
     target_lang: str
     timings: Timings
@@ -91,23 +112,30 @@ class Language(BaseModel):
 
 
 class GenerateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    # The beam search rule, in the schema too, so generated clients and fuzzers know it.
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), json_schema_extra={
+        "if": {"properties": {"beam_size": {"minimum": 2}}, "required": ["beam_size"]},
+        "then": {"properties": {"temperature": {"enum": [0, 1]}, "top_k": {"const": 0}, "top_p": {"const": 1}}}})
 
     prompt: str = Field(..., description="Text to continue; an empty prompt starts a new text",
                         examples=["Die Datei wird"])
     model: Optional[str] = Field(None, description="Generation package id (default: the first one loaded)")
     max_new_tokens: int = Field(64, ge=1, le=4096, description="Pieces to generate at most (capped by the server)")
     min_new_tokens: int = Field(0, ge=0, le=4096, description="Pieces to generate before the end of text may "
-                                "come; 0 = off")
-    temperature: float = Field(1.0, ge=0.0, le=5.0, description="Sampling temperature; 0 = greedy (no sampling)")
-    top_k: int = Field(0, ge=0, le=1000, description="Sample among the k most likely pieces; 0 = off")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1.0 = off")
+                                "come, at most max_new_tokens; 0 = off")
+    temperature: float = Field(1.0, ge=0.0, le=5.0, description="Sampling temperature; 0 = greedy (no sampling); "
+                               "0 or 1.0 with beam_size > 1")
+    top_k: int = Field(0, ge=0, le=1000, description="Sample among the k most likely pieces; 0 = off (the only "
+                       "value with beam_size > 1)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1.0 = off (the only value "
+                         "with beam_size > 1)")
     repetition_penalty: float = Field(1.0, ge=1.0, le=10.0,
                                       description="Penalty on pieces already generated; 1.0 = off")
     stop: Union[str, list[str]] = Field(default_factory=list, description="Up to 4 stop sequences; the text "
                                         "ends before the first one found (it is not returned)")
     seed: Optional[int] = Field(None, ge=0, le=2**63 - 1, description="Sampling seed: the same request with the "
-                                "same seed returns the same text, alone or batched; None = random")
+                                "same seed returns the same text, alone or batched (with an int8 package a rare draw "
+                                "can differ: see the README); None = random")
     num_return_sequences: int = Field(1, ge=1, le=8, description="Continuations to return (sampled with seeds "
                                       "seed, seed+1, …; with beam search the n best beams)")
     beam_size: int = Field(1, ge=1, le=16, description="> 1 = beam search (deterministic; needs temperature, "
@@ -115,16 +143,33 @@ class GenerateRequest(BaseModel):
     stream: bool = Field(False, description="Stream pieces as server-sent events; the last event carries the "
                          "finish reasons and token counts")
 
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_is_text(cls, v):
+        return _unicode_text(v, "prompt")
+
     @field_validator("stop")
     @classmethod
     def _stops(cls, v):
         stops = [v] if isinstance(v, str) else list(v)
         if len(stops) > 4:
             raise ValueError(f"at most 4 stop sequences, got {len(stops)}")
-        for s in stops:
+        for i, s in enumerate(stops):
             if not 1 <= len(s) <= 64:
                 raise ValueError("each stop sequence must have 1 to 64 characters")
+            _unicode_text(s, f"stop[{i}]")
         return stops
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(f"min_new_tokens ({self.min_new_tokens}) is more than max_new_tokens "
+                             f"({self.max_new_tokens}); send min_new_tokens={self.max_new_tokens} or less, or raise "
+                             "max_new_tokens")
+        if self.beam_size > 1 and (self.temperature not in (0, 1.0) or self.top_k or self.top_p < 1.0):
+            raise ValueError("beam search does not sample: leave temperature, top_k and top_p at their defaults "
+                             "with beam_size > 1, or use beam_size=1")
+        return self
 
 
 class GenerationChoice(BaseModel):

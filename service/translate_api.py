@@ -9,7 +9,8 @@ queue): runs in each inference worker process.
 
 No hook raises for a single request: LitServe would fail the whole batch. A request that cannot
 be served becomes a `Failure` value and travels to `encode_response`, which returns it as an error
-dict; the HTTP layer turns that into the right status code. Batch-mates are untouched.
+dict; the HTTP layer turns that into the right status code. Batch-mates are untouched. An unexpected
+exception in `decode_request` or `encode_response` becomes such a Failure too (500, logged).
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ class Failure:
         if self.limit is not None:
             err["limit"] = self.limit
         return {"error": err, "status": self.status}
+
+
+def internal_failure() -> Failure:
+    """What a request gets when a worker hook raises on it (its batch-mates are still served)."""
+    return Failure(500, "internal_error", "the inference worker failed on this request; the server logged why")
 
 
 @dataclass
@@ -123,7 +129,13 @@ class TranslateAPI(ls.LitAPI):
 
     # --- per request -----------------------------------------------------------------------------
     def decode_request(self, request: dict) -> Job | Failure:
-        m().queue_depth.labels(ENDPOINT).dec()
+        try:
+            return self._decode(request)
+        except Exception:  # raised here, it would fail every request of the batch
+            log.exception("decode_request failed for request %s", request.get("request_id"))
+            return internal_failure()
+
+    def _decode(self, request: dict) -> Job | Failure:
         s = self.settings
         pair = (request["source_lang"], request["target_lang"])
         name = self.routes.get(pair)
@@ -133,10 +145,7 @@ class TranslateAPI(ls.LitAPI):
                            f"no model translates {pair[0]}-{pair[1]}; available pairs: {valid}")
         engine = self.engines[name]
         beam = request.get("beam_size", 4)
-        n_alt = request.get("num_alternatives", 0)
-        if n_alt and n_alt >= beam:
-            return Failure(422, "invalid_request",
-                           f"num_alternatives ({n_alt}) needs beam_size > num_alternatives, e.g. beam_size={n_alt + 1}")
+        n_alt = request.get("num_alternatives", 0)   # < beam_size: TranslateRequest checked it
         options = SearchOptions(
             beam_size=beam, num_hypotheses=n_alt + 1 if beam > 1 else 1,
             length_penalty=request.get("length_penalty", 1.0),
@@ -239,6 +248,13 @@ class TranslateAPI(ls.LitAPI):
             return job.to_dict()
         if job.failure is not None:
             return job.failure.to_dict()
+        try:
+            return self._encode(job)
+        except Exception:  # raised here, it would fail every request of the batch
+            log.exception("encode_response failed for request %s", job.request_id)
+            return internal_failure().to_dict()
+
+    def _encode(self, job: Job) -> dict:
         engine = self.engines[job.model]
         items = []
         n_in = n_out = 0

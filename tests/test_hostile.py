@@ -1,0 +1,376 @@
+"""Hostile and odd requests against a real server (127.0.0.1, the tiny translation and generation
+packages): a lone UTF-16 surrogate beside valid requests fails alone, on every batch path; the gauges
+come back to idle; bodies over the limit are refused before they are read; every error the service or
+the stack under it produces has the documented JSON shape. And, without a server, a worker hook that
+raises for one request fails that request alone."""
+
+import concurrent.futures as cf
+import json
+import socket
+import time
+from types import SimpleNamespace
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import pairs64
+from test_service import server_log, start_server, stop_server
+
+PAIRS = dict(pairs64())
+DE = list(PAIRS)[:20]
+LIMIT = 100_000          # --max-payload-bytes of this module's server
+SURROGATE = "Hal\ud800lo"  # a lone surrogate: JSON "\ud800" without its pair
+
+
+@pytest.fixture(scope="module")
+def server(tiny_package, tiny_lm_package):
+    proc, url = start_server(tiny_package, "--model", str(tiny_lm_package), "--batch-timeout-ms", "100",
+                             "--max-batch-size", "32", "--max-payload-bytes", str(LIMIT),
+                             "--max-output-tokens", "16")
+    yield SimpleNamespace(url=url, proc=proc)
+    stop_server(proc)
+
+
+def post_raw(url: str, path: str, body: dict, stream: bool = False) -> tuple[int, str, dict]:
+    """(status, content type, JSON body or the SSE events as {"events": [...]}). json.dumps escapes
+    a lone surrogate as \\ud800, as a JavaScript client would send it."""
+    content, headers = json.dumps(body).encode(), {"content-type": "application/json"}
+    with httpx.stream("POST", url + path, content=content, headers=headers, timeout=60) as r:
+        r.read()
+        ctype = r.headers.get("content-type", "")
+        if ctype.startswith("text/event-stream"):
+            return r.status_code, ctype, {"events": [json.loads(x[6:]) for x in r.text.splitlines()
+                                                     if x.startswith("data: ")]}
+        return r.status_code, ctype, r.json()
+
+
+def concurrently(url: str, path: str, bodies: list[dict]) -> list[tuple[int, str, dict]]:
+    with cf.ThreadPoolExecutor(len(bodies)) as ex:
+        return list(ex.map(lambda b: post_raw(url, path, b), bodies))
+
+
+def metrics(url: str) -> dict[tuple, float]:
+    """(name, *sorted label pairs but pid) -> value, summed over processes."""
+    out: dict[tuple, float] = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for s in family.samples:
+            key = (s.name, *sorted((k, v) for k, v in s.labels.items() if k != "pid"))
+            out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def errors(url: str, endpoint: str) -> dict[str, float]:
+    return {dict(k[1:])["kind"]: v for k, v in metrics(url).items()
+            if k[0] == "transerve_errors_total" and dict(k[1:]).get("endpoint") == endpoint}
+
+
+def assert_idle(url: str) -> None:
+    """Every queue-depth and in-flight series back at 0 (a leak stays up: polled for a few seconds)."""
+    deadline = time.time() + 5
+    while True:
+        busy = {k: v for k, v in metrics(url).items()
+                if k[0] in ("transerve_queue_depth_requests", "transerve_requests_in_flight") and v != 0}
+        if not busy or time.time() > deadline:
+            break
+        time.sleep(0.2)
+    assert not busy, busy
+    names = {k[0] for k in metrics(url)}
+    assert {"transerve_queue_depth_requests", "transerve_requests_in_flight"} <= names
+
+
+# --- a lone surrogate fails alone, on every batch path -----------------------------------------------
+
+def test_a_lone_surrogate_beside_20_translations_fails_alone(server):
+    good = [{"text": s, "source_lang": "de", "target_lang": "en", "beam_size": 2} for s in DE]
+    alone = [post_raw(server.url, "/translate", b)[2]["translations"][0]["text"] for b in good]
+    bads = [{"text": SURROGATE, "source_lang": "de", "target_lang": "en"},
+            {"text": ["Das geht zu weit.", SURROGATE], "source_lang": "de", "target_lang": "en"}]
+    before = errors(server.url, "translate")
+    for round_ in range(10):
+        results = concurrently(server.url, "/translate", good + [bads[round_ % 2]])
+        assert [r[0] for r in results] == [200] * 20 + [422], [r[2] for r in results if r[0] != 200]
+        assert [r[2]["translations"][0]["text"] for r in results[:20]] == alone
+        err = results[20][2]
+        assert err["error"]["type"] == "invalid_request" and "surrogate" in err["error"]["message"], err
+        assert err["request_id"] and ("text[1]" in err["error"]["message"]) == (round_ % 2 == 1)
+    after = errors(server.url, "translate")
+    assert after["validation"] - before["validation"] == 10
+    assert after["overload"] == before["overload"] and after["internal"] == before["internal"]
+    assert_idle(server.url)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_lone_surrogate_beside_20_generations_fails_alone(server, stream):
+    halves = [" ".join(s.split()[:2]) for s in DE]
+    good = [{"prompt": h, "max_new_tokens": 4, "temperature": 0, "stream": stream} for h in halves]
+    bads = [{"prompt": SURROGATE, "max_new_tokens": 4, "stream": stream},
+            {"prompt": "Das", "stop": ["ok", SURROGATE], "max_new_tokens": 4, "stream": stream}]
+    before = errors(server.url, "generate")
+    for round_ in range(10):
+        results = concurrently(server.url, "/generate", good + [bads[round_ % 2]])
+        assert [r[0] for r in results] == [200] * 20 + [422], [r[2] for r in results if r[0] != 200]
+        for _, ctype, body in results[:20]:
+            if stream:
+                assert ctype.startswith("text/event-stream") and body["events"][-1]["type"] == "done", body
+            else:
+                assert body["choices"][0]["finish_reason"] in ("stop", "length"), body
+        _, ctype, err = results[20]
+        assert ctype == "application/json" and err["error"]["type"] == "invalid_request"
+        assert "surrogate" in err["error"]["message"] and err["request_id"]
+        assert ("stop[1]" if round_ % 2 else "prompt") in err["error"]["message"]
+    after = errors(server.url, "generate")
+    assert after["validation"] - before["validation"] == 10
+    assert after["overload"] == before["overload"] and after["internal"] == before["internal"]
+    assert_idle(server.url)
+
+
+def test_a_lone_surrogate_beside_20_libretranslate_requests_fails_alone(server):
+    good = [{"q": s, "source": "de", "target": "en"} for s in DE]
+    alone = [post_raw(server.url, "/libretranslate/translate", b)[2]["translatedText"] for b in good]
+    before = errors(server.url, "libretranslate")
+    for _ in range(10):
+        results = concurrently(server.url, "/libretranslate/translate",
+                               good + [{"q": SURROGATE, "source": "de", "target": "en"}])
+        assert [r[0] for r in results] == [200] * 20 + [400]
+        assert [r[2]["translatedText"] for r in results[:20]] == alone
+        err = results[20][2]
+        assert list(err) == ["error"] and "surrogate" in err["error"], err   # LibreTranslate's shape
+    after = errors(server.url, "libretranslate")
+    assert after["validation"] - before["validation"] == 10 and after["overload"] == before["overload"]
+    assert_idle(server.url)
+
+
+# --- bodies over the limit: refused before they are read -----------------------------------------------
+
+def raw_exchange(url: str, head: bytes, chunks=(), timeout: float = 10) -> tuple[int, dict, bytes, float]:
+    """Sends `head` (request line and headers) and then `chunks` until the server answers; reads the
+    answer. (status, headers, body, seconds to the answer)."""
+    u = urlsplit(url)
+    with socket.create_connection((u.hostname, u.port), timeout=timeout) as s:
+        t0 = time.monotonic()
+        s.sendall(head)
+        for chunk in chunks:
+            s.sendall(chunk)
+            s.settimeout(0.02)   # stop sending once the answer is there (the server stops reading)
+            try:
+                data = s.recv(65536, socket.MSG_PEEK)
+            except (TimeoutError, BlockingIOError):
+                data = b""
+            finally:
+                s.settimeout(timeout)
+            if data:
+                break
+        data = b""
+        while b"\r\n\r\n" not in data:
+            part = s.recv(65536)
+            assert part, f"connection closed after {data!r}"
+            data += part
+        seconds = time.monotonic() - t0
+        head_bytes, body = data.split(b"\r\n\r\n", 1)
+        lines = head_bytes.decode("latin-1").split("\r\n")
+        headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+        while len(body) < int(headers["content-length"]):
+            body += s.recv(65536)
+        return int(lines[0].split()[1]), headers, body, seconds
+
+
+def request_head(path: str, *headers: str) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            + "".join(h + "\r\n" for h in headers) + "\r\n").encode()
+
+
+@pytest.mark.parametrize("path", ["/translate", "/generate", "/libretranslate/translate"])
+def test_a_declared_content_length_over_the_limit_is_answered_at_once(server, path):
+    """Content-Length: 1000000000000 and a few bytes: 413 without waiting for the rest (it used to
+    hold the connection until the client gave up)."""
+    status, headers, body, seconds = raw_exchange(
+        server.url, request_head(path, "Content-Length: 1000000000000") + b'{"text": "Hallo"')
+    assert status == 413 and seconds < 5, (status, seconds)
+    assert headers["content-type"] == "application/json" and headers["connection"] == "close"
+    err = json.loads(body)
+    if path.startswith("/libretranslate/"):
+        assert list(err) == ["error"] and str(LIMIT) in err["error"]
+    else:
+        assert err["error"]["type"] == "payload_too_large" and err["error"]["limit"] == LIMIT
+        assert err["request_id"] == headers["x-request-id"]
+
+
+@pytest.mark.parametrize("path", ["/translate", "/libretranslate/translate"])
+def test_a_chunked_body_is_counted_as_it_is_read(server, path):
+    chunk = b'{"text": "' + b"a" * 8_000
+    chunks = [b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(3 * LIMIT // len(chunk))] + [b"0\r\n\r\n"]
+    status, headers, body, seconds = raw_exchange(server.url, request_head(path, "Transfer-Encoding: chunked"),
+                                                  chunks)
+    assert status == 413 and headers["content-type"] == "application/json", (status, body)
+    err = json.loads(body)
+    limit = err["error"] if path.startswith("/libretranslate/") else err["error"]["limit"]
+    assert str(LIMIT) in str(limit), err
+    # Under the limit, a chunked body is read as usual.
+    good = json.dumps({"text": DE[0], "source_lang": "de", "target_lang": "en"}).encode()
+    r = httpx.post(server.url + "/translate", content=iter([good[:10], good[10:]]),
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 200 and "content-length" not in r.request.headers
+
+
+# --- every error in the documented shape ----------------------------------------------------------------
+
+@pytest.mark.parametrize("content,fragment", [
+    (b'{"text": "Hal\xff\xfelo", "source_lang": "de", "target_lang": "en"}', "UTF-8"),
+    (b"[" * 10_000 + b"]" * 10_000, "nested too deeply"),
+    (b'{"text": ' + b"[" * 10_000 + b"]" * 10_000 + b', "source_lang": "de", "target_lang": "en"}', "nested"),
+])
+def test_a_body_that_is_not_json_gets_400_in_the_error_shape(server, content, fragment):
+    for path in ("/translate", "/generate"):
+        r = httpx.post(server.url + path, content=content, headers={"content-type": "application/json"}, timeout=60)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["type"] == "invalid_json" and fragment in r.json()["error"]["message"], r.text
+        assert r.json()["request_id"] == r.headers["x-request-id"]
+    r = httpx.post(server.url + "/libretranslate/translate", content=content,
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400 and fragment in r.json()["error"], r.text
+
+
+def test_405_keeps_its_allow_header(server):
+    r = httpx.get(server.url + "/translate")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert r.json()["error"]["type"] == "method_not_allowed" and r.json()["request_id"]
+    r = httpx.put(server.url + "/health")
+    assert r.status_code == 405 and r.headers["allow"] == "GET" and r.json()["error"]["message"]
+
+
+def test_a_request_uvicorn_cannot_parse_gets_400_json(server):
+    status, headers, body, _ = raw_exchange(server.url, request_head("/translate", "Content-Length: -1") + b"{}")
+    assert status == 400 and headers["content-type"] == "application/json"
+    err = json.loads(body)
+    assert err["error"]["type"] == "invalid_http" and "Content-Length" in err["error"]["message"]
+    assert err["request_id"] == headers["x-request-id"]
+    assert httpx.get(server.url + "/health").text == "ok"
+
+
+def test_litserve_info_is_gone(server):
+    r = httpx.get(server.url + "/litserve/info")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
+    assert httpx.get(server.url + "/info").status_code == 200
+    assert "/litserve/info" not in httpx.get(server.url + "/openapi.json").json()["paths"]
+
+
+# --- the schema says what is accepted ---------------------------------------------------------------------
+
+def test_min_new_tokens_over_max_new_tokens_is_422_naming_a_valid_value(server):
+    status, _, err = post_raw(server.url, "/generate", {"prompt": "Das", "min_new_tokens": 10, "max_new_tokens": 5})
+    assert status == 422 and err["error"]["type"] == "invalid_request"
+    assert "min_new_tokens=5" in err["error"]["message"], err
+
+
+def test_beam_search_with_sampling_options_is_in_the_schema_and_refused(server):
+    schema = httpx.get(server.url + "/openapi.json").json()["components"]["schemas"]["GenerateRequest"]
+    assert schema["if"]["properties"]["beam_size"] == {"minimum": 2}
+    assert schema["then"]["properties"]["top_k"] == {"const": 0}
+    for extra in ({"temperature": 0.5}, {"top_k": 5}, {"top_p": 0.9}):
+        status, _, err = post_raw(server.url, "/generate", {"prompt": "Das", "beam_size": 2} | extra)
+        assert status == 422 and "beam search does not sample" in err["error"]["message"], err
+    status, _, _ = post_raw(server.url, "/generate", {"prompt": "Das", "beam_size": 2, "temperature": 0,
+                                                      "max_new_tokens": 3})
+    assert status == 200
+
+
+def test_the_same_language_returns_the_text_unchanged(server):
+    texts = ["Das geht zu weit.", "  zwei  Leerzeichen\nund eine Zeile  "]
+    status, _, body = post_raw(server.url, "/translate", {"text": texts, "source_lang": "de", "target_lang": "de"})
+    assert status == 200 and [t["text"] for t in body["translations"]] == texts
+    assert body["model"] == "identity" and all(t["score"] == 0.0 and t["output_tokens"] == 0
+                                               for t in body["translations"])
+    status, _, body = post_raw(server.url, "/translate", {"text": "Hello", "source_lang": "en", "target_lang": "en"})
+    assert status == 200 and body["translations"][0]["text"] == "Hello"
+    status, _, err = post_raw(server.url, "/translate", {"text": "Salut", "source_lang": "fr", "target_lang": "fr"})
+    assert status == 400 and "available pairs: de-en" in err["error"]["message"]
+    status, _, body = post_raw(server.url, "/libretranslate/translate", {"q": texts, "source": "de", "target": "de"})
+    assert status == 200 and body == {"translatedText": texts}
+    status, _, err = post_raw(server.url, "/libretranslate/translate", {"q": "x", "source": "fr", "target": "fr"})
+    assert status == 400 and "available pairs" in err["error"]
+
+
+def test_nothing_raised_in_the_server(server):
+    assert_idle(server.url)
+    log = server_log(server.proc)
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-4000:]
+
+
+# --- without a server: a worker hook that raises fails its own request only ---------------------------
+
+class Exploding:
+    """An engine that fails on the text "boom" (tokenizing) and on token 99 (detokenizing)."""
+    eos_id, max_positions, task = 3, 64, "generation"
+
+    def source_ids(self, texts, target_lang):
+        if "boom" in texts:
+            raise TypeError("List elements must be str or bytes")
+        return [[99, 3] if t == "bad-out" else [5, 6, 3] for t in texts]
+
+    def prompt_ids(self, texts):
+        return [[2] + ids[:-1] for ids in self.source_ids(texts, "")]
+
+    def search(self, src_ids, options):
+        return [[SimpleNamespace(tokens=ids[:-1], score=-1.0)] for ids in src_ids]
+
+    def detokenize(self, ids):
+        return self.piece_text(ids)
+
+    def piece_text(self, ids):
+        if 99 in ids:
+            raise ValueError("no such piece")
+        return "x" * len(ids)
+
+    def generate_steps(self, prompts, options, seeds=None, cancel=None):
+        if options.top_k == 7:
+            raise RuntimeError("engine failure")
+
+        def steps():
+            for tok in (99 if options.top_k == 9 else 5, 5, 3):
+                yield SimpleNamespace(sentence=list(range(len(prompts))), tokens=[tok] * len(prompts))
+            return []
+        return steps()
+
+
+def test_a_translation_hook_that_raises_fails_only_its_request():
+    from service.cancel import CancelBoard
+    from service.config import Settings
+    from service.translate_api import Failure, Job, TranslateAPI
+
+    api = TranslateAPI(Settings(), CancelBoard())
+    api.engines, api.routes = {"m": Exploding()}, {("de", "en"): "m"}
+    texts = ("a", "boom", "bad-out", "b")   # fine, decode_request raises, encode_response raises, fine
+    jobs = [api.decode_request({"texts": [t], "source_lang": "de", "target_lang": "en"}) for t in texts]
+    assert [type(j) for j in jobs] == [Job, Failure, Job, Job]
+    out = [api.encode_response(j) for j in api.unbatch(api.predict(api.batch(jobs)))]
+    for o in out[1:3]:
+        assert o["status"] == 500 and o["error"]["type"] == "internal_error", o
+    assert [o["translations"][0]["text"] for o in (out[0], out[3])] == ["xx", "xx"]
+
+
+def test_a_generation_hook_that_raises_fails_only_its_request():
+    from service.cancel import CancelBoard
+    from service.config import Settings
+    from service.generate_api import GenerateAPI
+
+    api = GenerateAPI(Settings(), CancelBoard())
+    api.engines, api.default_model = {"m": Exploding()}, "m"
+    requests = [{"prompt": "ok", "temperature": 0, "max_new_tokens": 8},
+                {"prompt": "boom"},                                        # decode_request raises
+                {"prompt": "ok", "top_k": 7, "max_new_tokens": 8},         # its engine group raises
+                {"prompt": "ok", "top_k": 9, "max_new_tokens": 8},         # encode_response raises
+                {"prompt": "ok", "temperature": 0, "max_new_tokens": 8}]
+    jobs = [api.decode_request(r | {"number": n + 1}) for n, r in enumerate(requests)]
+    events = [[] for _ in jobs]
+    for step in api.encode_response(api.unbatch(api.predict(api.batch(jobs)))):
+        for j, event in enumerate(step):
+            if event:
+                events[j].append(event)
+    for j in (1, 2, 3):
+        assert events[j][-1] == {"error": {"type": "internal_error", "message": events[j][-1]["error"]["message"]},
+                                 "status": 500}, events[j]
+    for j in (0, 4):
+        assert events[j][-1]["done"]["choices"][0]["finish_reason"] == "stop", events[j]
+        assert "".join(p["text"] for e in events[j] for p in e["pieces"]) == "xx"
