@@ -44,7 +44,8 @@ from .config import Settings
 from .metrics import m, render
 from .cancel import CancelBoard
 from .generate_api import ENDPOINT as GENERATE, GenerateAPI
-from .schemas import ErrorResponse, GenerateRequest, GenerateResponse, Language, TranslateRequest, TranslateResponse
+from .schemas import (ErrorResponse, GenerateRequest, GenerateResponse, Language, LibreTranslateError,
+                      LibreTranslateRequest, LibreTranslateResponse, TranslateRequest, TranslateResponse)
 from .translate_api import ENDPOINT, TranslateAPI, check_packages
 
 log = logging.getLogger("transerve")
@@ -451,11 +452,12 @@ class Gateway:
         """LibreTranslate's POST /translate: JSON or form; errors as {"error": "..."}."""
         try:
             ctype = request.headers.get("content-type", "")
-            if ctype.startswith("application/x-www-form-urlencoded") or ctype.startswith("multipart/form-data"):
-                form = await request.form()
-                data: dict = {k: form.get(k) for k in form.keys()}
-                if len(form.getlist("q")) > 1:
-                    data["q"] = form.getlist("q")
+            form = ctype.startswith(("application/x-www-form-urlencoded", "multipart/form-data"))
+            if form:
+                fields = await request.form()
+                data: dict = {k: fields.get(k) for k in fields.keys()}
+                if len(fields.getlist("q")) > 1:
+                    data["q"] = fields.getlist("q")
             else:
                 try:
                     data = await request.json()
@@ -463,7 +465,9 @@ class Gateway:
                     raise ApiError(400, "invalid_json", _parse_error(e)) from None
             if not isinstance(data, dict):
                 raise ApiError(400, "invalid_request", "the body must be a JSON object")
-            self.check_key(request, data.get("api_key") if isinstance(data.get("api_key"), str) else None)
+            if data.get("api_key") is not None and not isinstance(data["api_key"], str):
+                raise ApiError(400, "invalid_request", "api_key must be a string")
+            self.check_key(request, data.get("api_key"))
             q, source, target = data.get("q"), data.get("source"), data.get("target")
             for name, value in (("q", q), ("source", source), ("target", target)):
                 if value is None or value == "" or value == []:
@@ -471,11 +475,12 @@ class Gateway:
             fmt = data.get("format", "text")
             if fmt not in ("text", "html"):
                 raise ApiError(400, "invalid_request", f"format must be text or html, got {fmt!r}")
-            try:
-                alternatives = int(data.get("alternatives", 0) or 0)
-            except (TypeError, ValueError):
-                raise ApiError(400, "invalid_request", "alternatives must be an integer from 0 to 3") from None
-            if not 0 <= alternatives <= 3:
+            alternatives = data.get("alternatives", 0)
+            if form and isinstance(alternatives, str) and alternatives.isdigit():
+                alternatives = int(alternatives)      # a form's fields are all text
+            if isinstance(alternatives, float) and alternatives.is_integer():
+                alternatives = int(alternatives)      # 2.0: JSON Schema's integers include it
+            if isinstance(alternatives, bool) or not isinstance(alternatives, int) or not 0 <= alternatives <= 3:
                 raise ApiError(400, "invalid_request", "alternatives must be an integer from 0 to 3")
             if source == "auto":
                 raise ApiError(400, "invalid_request", "language detection (source=auto) is not supported; "
@@ -529,9 +534,9 @@ class Gateway:
             for kind in sorted(set(ERROR_KIND.values()) | {"internal"}):
                 m().errors.labels(endpoint, kind)
         # Drop LitServe's own POST /translate and readiness check (ours submit through the same handler
-        # and know about draining), and its info route (ours is /info).
+        # and know about draining), its info route (ours is /info) and its "litserve running" root.
         app.router.routes = [r for r in app.router.routes if getattr(r, "path", None)
-                             not in ("/translate", "/generate", "/ready", LITSERVE_INFO)]
+                             not in ("/", "/translate", "/generate", "/ready", LITSERVE_INFO)]
         app.openapi_schema = None
         app.title, app.version = "transerve", __version__
         errors = {c: {"model": ErrorResponse} for c in (400, 401, 403, 413, 422, 503, 504)}
@@ -543,20 +548,60 @@ class Gateway:
                           summary="Continue a prompt with a generation model", tags=["generation"])
         app.add_api_route("/languages", self.languages, methods=["GET"], response_model=list[Language],
                           tags=["translation"])
+        body = {"schema": LibreTranslateRequest.model_json_schema()}
         app.add_api_route("/libretranslate/translate", self.libre_translate, methods=["POST"],
+                          response_model=LibreTranslateResponse, response_model_exclude_none=True,
+                          responses={c: {"model": LibreTranslateError} for c in (400, 401, 403, 413, 503, 504)},
+                          openapi_extra={"requestBody": {"required": True, "content": {
+                              "application/json": body, "application/x-www-form-urlencoded": body}}},
                           summary="LibreTranslate-compatible translate", tags=["libretranslate"])
         app.add_api_route("/libretranslate/languages", self.languages, methods=["GET"],
                           response_model=list[Language], tags=["libretranslate"])
+        text = {"content": {"text/plain": {"schema": {"type": "string"}}}}
         app.add_api_route("/health", lambda: PlainTextResponse("ok"), methods=["GET"], tags=["ops"],
+                          response_class=PlainTextResponse, responses={200: text},
                           summary="Liveness: the HTTP process answers")
-        app.add_api_route("/ready", self.ready, methods=["GET"], tags=["ops"],
+        app.add_api_route("/ready", self.ready, methods=["GET"], tags=["ops"], response_class=PlainTextResponse,
+                          responses={200: text, 503: text | {"description": "Not ready, or draining"}},
                           summary="Readiness: every inference worker loaded and warmed up, not draining")
         app.add_api_route("/info", self.info, methods=["GET"], tags=["ops"])
         app.add_api_route("/metrics", _metrics, methods=["GET"], tags=["ops"], include_in_schema=False)
+        self._describe_served_values(app)
         app.add_exception_handler(ApiError, self._api_error)
         app.add_exception_handler(RequestValidationError, self._validation_error)
         app.add_exception_handler(StarletteHTTPException, self._http_error)
         app.add_middleware(self._request_context)
+
+    def _describe_served_values(self, app) -> None:
+        """/openapi.json names what this server serves: its languages and generation models as enums, its
+        text limits as maxItems/maxLength. The request models accept any well-formed code, so that a wrong
+        one gets a 400 listing the right ones; the schema says which ones will be served."""
+        langs = sorted({c for pair in self.pairs for c in pair})
+        s = self.settings
+        text = {"maxLength": s.max_text_chars, "pattern": r"\S"}        # not blank: TranslateRequest refuses that
+        texts = {"minItems": 1, "maxItems": s.max_texts, "items": {"type": "string"} | text}
+        generate = app.openapi
+
+        def openapi() -> dict:
+            if app.openapi_schema is None:
+                schema = generate()
+                models = schema["components"]["schemas"]
+                libre = schema["paths"]["/libretranslate/translate"]["post"]["requestBody"]["content"]
+                for body, (src, tgt) in ((models["TranslateRequest"], ("source_lang", "target_lang")),
+                                         *((b["schema"], ("source", "target")) for b in libre.values())):
+                    props = body["properties"]
+                    props[src]["enum"] = props[tgt]["enum"] = langs
+                    # Exactly the served pairs, and each language into itself (returned unchanged).
+                    body["anyOf"] = [{"properties": {src: {"const": a}, tgt: {"enum": sorted(
+                        {b for x, b in self.pairs if x == a} | {a})}}} for a in langs]
+                    for one in (props.get("text") or props["q"])["anyOf"]:
+                        one.update(text if one["type"] == "string" else texts)
+                gen = models["GenerateRequest"]["properties"]
+                gen["prompt"]["maxLength"] = s.max_text_chars
+                gen["model"]["anyOf"][0]["enum"] = self.generators
+            return app.openapi_schema
+
+        app.openapi = openapi
 
     # --- cross-cutting ------------------------------------------------------------------------------
     def _request_context(self, app):

@@ -7,23 +7,37 @@ request is queued; checks that need the loaded models (language pair, token coun
 
 from __future__ import annotations
 
-from typing import Annotated, Optional, Union
+import json
+from typing import Annotated, Literal, Optional, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 LangCode = Annotated[str, Field(min_length=2, max_length=8, pattern=r"^[a-z]{2,3}(-[A-Za-z]{2,4})?$",
                                 examples=["de"])]
+StopSequence = Annotated[str, Field(min_length=1, max_length=64)]
 
 
-def _unicode_text(value: str, where: str) -> str:
-    """The tokenizers take UTF-8: a lone UTF-16 surrogate (JSON "\\ud800" without its pair) is not text,
-    and would fail the tokenizer for the whole batch it joined."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(f"{where} has a lone UTF-16 surrogate ({value[e.start]!r} at character {e.start}), "
-                         "which is not Unicode text; send its pair or drop it") from None
-    return value
+def _json_types(model: type[BaseModel], data):
+    """Before any field is read: JSON true and "4" are not numbers, nor "true" and 1 booleans, as the schema
+    says, though pydantic's lax mode would take them (its strict mode would refuse 4.0, which JSON Schema
+    counts as an integer); and no string holds a lone UTF-16 surrogate (JSON "\\ud800" without its pair),
+    which is not Unicode text and would fail the tokenizer for the whole batch it joined."""
+    if isinstance(data, dict):
+        for name, field in model.model_fields.items():
+            value, kinds = data.get(name), {field.annotation, *get_args(field.annotation)}
+            if isinstance(value, (bool, str)) and kinds & {int, float}:
+                raise ValueError(f"{name} must be a JSON number, got {json.dumps(value)}")
+            if bool in kinds and value is not None and not isinstance(value, bool):
+                raise ValueError(f"{name} must be true or false, got {json.dumps(value)}")
+            for where, text in ([(name, value)] if isinstance(value, str) else
+                                [(f"{name}[{i}]", v) for i, v in enumerate(value) if isinstance(v, str)]
+                                if isinstance(value, list) else []):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise ValueError(f"{where} has a lone UTF-16 surrogate ({text[e.start]!r} at character "
+                                     f"{e.start}), which is not Unicode text; send its pair or drop it") from None
+    return data
 
 
 class TranslateRequest(BaseModel):
@@ -54,8 +68,9 @@ class TranslateRequest(BaseModel):
             where = "text" if isinstance(v, str) else f"text[{i}]"
             if not t.strip():
                 raise ValueError(f"{where} is empty; send at least one non-space character")
-            _unicode_text(t, where)
         return v
+
+    _types = model_validator(mode="before")(classmethod(_json_types))
 
     @model_validator(mode="after")
     def _alternatives_need_beams(self):
@@ -105,6 +120,26 @@ class ErrorResponse(BaseModel):
     request_id: Optional[str] = None
 
 
+class LibreTranslateRequest(BaseModel):
+    """LibreTranslate's POST /translate body, JSON or form, for the OpenAPI schema: the route parses the body
+    itself, to answer in LibreTranslate's error shape."""
+    q: Union[str, list[str]] = Field(..., description="A text or a list of texts")
+    source: str = Field(..., description="Language of q (no detection: \"auto\" is refused)")
+    target: str = Field(..., description="Language to translate into")
+    format: Literal["text", "html"] = "text"
+    alternatives: int = Field(0, ge=0, le=3, description="Extra translations per text")
+    api_key: Optional[str] = Field(None, description="The API key, when the server has keys")
+
+
+class LibreTranslateResponse(BaseModel):
+    translatedText: Union[str, list[str]]
+    alternatives: Optional[Union[list[str], list[list[str]]]] = None
+
+
+class LibreTranslateError(BaseModel):
+    error: str
+
+
 class Language(BaseModel):
     code: str
     name: str
@@ -131,8 +166,9 @@ class GenerateRequest(BaseModel):
                          "with beam_size > 1)")
     repetition_penalty: float = Field(1.0, ge=1.0, le=10.0,
                                       description="Penalty on pieces already generated; 1.0 = off")
-    stop: Union[str, list[str]] = Field(default_factory=list, description="Up to 4 stop sequences; the text "
-                                        "ends before the first one found (it is not returned)")
+    stop: Union[StopSequence, Annotated[list[StopSequence], Field(max_length=4)]] = Field(
+        default_factory=list, description="Up to 4 stop sequences; the text ends before the first one found (it "
+        "is not returned)")
     seed: Optional[int] = Field(None, ge=0, le=2**63 - 1, description="Sampling seed: the same request with the "
                                 "same seed returns the same text, alone or batched (with an int8 package a rare draw "
                                 "can differ: see the README); None = random")
@@ -143,22 +179,12 @@ class GenerateRequest(BaseModel):
     stream: bool = Field(False, description="Stream pieces as server-sent events; the last event carries the "
                          "finish reasons and token counts")
 
-    @field_validator("prompt")
-    @classmethod
-    def _prompt_is_text(cls, v):
-        return _unicode_text(v, "prompt")
-
     @field_validator("stop")
     @classmethod
     def _stops(cls, v):
-        stops = [v] if isinstance(v, str) else list(v)
-        if len(stops) > 4:
-            raise ValueError(f"at most 4 stop sequences, got {len(stops)}")
-        for i, s in enumerate(stops):
-            if not 1 <= len(s) <= 64:
-                raise ValueError("each stop sequence must have 1 to 64 characters")
-            _unicode_text(s, f"stop[{i}]")
-        return stops
+        return [v] if isinstance(v, str) else list(v)
+
+    _types = model_validator(mode="before")(classmethod(_json_types))
 
     @model_validator(mode="after")
     def _consistent(self):
