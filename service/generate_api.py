@@ -30,7 +30,7 @@ from .config import Settings, lower_worker_priority
 from .engine import Engine, SearchOptions
 from .cancel import CancelBoard
 from .metrics import m
-from .translate_api import Failure, internal_failure
+from .translate_api import Failure, for_one_request, internal_failure
 
 log = logging.getLogger("transerve")
 ENDPOINT = "generate"
@@ -120,11 +120,7 @@ class GenerateAPI(ls.LitAPI):
 
     # --- per request -------------------------------------------------------------------------------
     def decode_request(self, request: dict) -> GenJob | Failure:
-        try:
-            return self._decode(request)
-        except Exception:  # raised here, it would fail every request of the batch
-            log.exception("decode_request failed for request %s", request.get("request_id"))
-            return internal_failure()
+        return for_one_request("decode_request", request.get("request_id", ""), self._decode, request)
 
     def _decode(self, request: dict) -> GenJob | Failure:
         s = self.settings

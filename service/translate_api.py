@@ -54,6 +54,16 @@ def internal_failure() -> Failure:
     return Failure(500, "internal_error", "the inference worker failed on this request; the server logged why")
 
 
+def for_one_request(hook: str, request_id: str, fn, *args):
+    """fn(*args) for one request of a batch, or internal_failure() if it raises: raised in a LitAPI hook, the
+    exception would fail every request of the batch."""
+    try:
+        return fn(*args)
+    except Exception:
+        log.exception("%s failed for request %s", hook, request_id)
+        return internal_failure()
+
+
 @dataclass
 class Job:
     """One request, tokenized."""
@@ -129,11 +139,7 @@ class TranslateAPI(ls.LitAPI):
 
     # --- per request -----------------------------------------------------------------------------
     def decode_request(self, request: dict) -> Job | Failure:
-        try:
-            return self._decode(request)
-        except Exception:  # raised here, it would fail every request of the batch
-            log.exception("decode_request failed for request %s", request.get("request_id"))
-            return internal_failure()
+        return for_one_request("decode_request", request.get("request_id", ""), self._decode, request)
 
     def _decode(self, request: dict) -> Job | Failure:
         s = self.settings
@@ -248,11 +254,8 @@ class TranslateAPI(ls.LitAPI):
             return job.to_dict()
         if job.failure is not None:
             return job.failure.to_dict()
-        try:
-            return self._encode(job)
-        except Exception:  # raised here, it would fail every request of the batch
-            log.exception("encode_response failed for request %s", job.request_id)
-            return internal_failure().to_dict()
+        out = for_one_request("encode_response", job.request_id, self._encode, job)
+        return out.to_dict() if isinstance(out, Failure) else out
 
     def _encode(self, job: Job) -> dict:
         engine = self.engines[job.model]
