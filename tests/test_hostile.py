@@ -181,6 +181,19 @@ def request_head(path: str, *headers: str) -> bytes:
             + "".join(h + "\r\n" for h in headers) + "\r\n").encode()
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_generation_clients_that_leave_at_once_give_their_places_back(server, stream):
+    """30 clients send a generation request and close the connection without reading a byte: each gives
+    back its queue place and in-flight count, and the server keeps serving."""
+    body = json.dumps({"prompt": "Das", "max_new_tokens": 16, "temperature": 0, "stream": stream}).encode()
+    head = request_head("/generate", f"Content-Length: {len(body)}")
+    for _ in range(30):
+        with socket.create_connection((urlsplit(server.url).hostname, urlsplit(server.url).port)) as conn:
+            conn.sendall(head + body)
+    assert_idle(server.url)
+    assert post_raw(server.url, "/generate", {"prompt": "Das", "max_new_tokens": 4})[0] == 200
+
+
 @pytest.mark.parametrize("path", ["/translate", "/generate", "/libretranslate/translate"])
 def test_a_declared_content_length_over_the_limit_is_answered_at_once(server, path):
     """Content-Length: 1000000000000 and a few bytes: 413 without waiting for the rest (it used to
