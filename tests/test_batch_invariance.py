@@ -72,6 +72,19 @@ def test_the_committed_int8_package_translates_the_same_alone_and_batched(de_en,
                      lambda hyps: [h.tokens for h in hyps], lambda hyps: [h.score for h in hyps])
 
 
+@pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
+                    reason="fp16 is served on a GPU: this onnxruntime has no CUDA provider (checked on the first GPU job)")
+@pytest.mark.parametrize("beam", [1, 4])
+def test_an_fp16_package_on_a_gpu_translates_the_same_alone_and_batched(tmp_path_factory, beam):
+    """models/de-en's weights in fp16 (model.upgrade --precision fp16), served on CUDA."""
+    out = tmp_path_factory.mktemp("fp16") / "de-en"
+    upgrade_main([str(DE_EN), "--out", str(out), "--precision", "fp16"])
+    engine = Engine(out, device="cuda")
+    ids = engine.source_ids(TEXTS["de"], "en")
+    assert_invariant(lambda batch: engine.search(batch, SearchOptions(beam_size=beam)), ids,
+                     lambda hyps: [h.tokens for h in hyps])     # tokens: fp16 scores differ in more than the last bit
+
+
 @pytest.mark.parametrize("beam", [1, 4])
 def test_an_fp32_package_translates_the_same_alone_and_batched(tiny_package, beam):
     engine = Engine(tiny_package, device="cpu", intra_op_threads=1)
