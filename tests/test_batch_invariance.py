@@ -167,12 +167,12 @@ def committed_server():
     stop_server(proc)
 
 
-def batched_requests(url: str, endpoint: str) -> float:
-    """Mean requests per batch the endpoint's workers have taken so far (from /metrics)."""
+def batches_taken(url: str, endpoint: str) -> tuple[float, float]:
+    """(requests, batches) the endpoint's workers have taken so far (from /metrics)."""
     text = httpx.get(url + "/metrics").text
     total = {k: float(line.split()[-1]) for line in text.splitlines() for k in ("sum", "count")
              if line.startswith(f'transerve_batch_size_requests_{k}{{endpoint="{endpoint}"}}')}
-    return total["sum"] / total["count"]
+    return total["sum"], total["count"]
 
 
 @pytest.mark.parametrize("route, body", [
@@ -193,10 +193,14 @@ def test_answers_over_http_are_the_same_alone_and_with_32_concurrent_clients(com
 
     texts = TEXTS["de"]
     alone = [ask(t) for t in texts]
+    before = batches_taken(committed_server, route[1:])
     with ThreadPoolExecutor(32) as pool:
         together = list(pool.map(ask, texts))
+    requests, batches = (a - b for a, b in zip(batches_taken(committed_server, route[1:]), before))
     differ = [t for t, a, b in zip(texts, alone, together) if a[0] != b[0]]
     assert not differ, f"{len(differ)} of {len(texts)} answers changed with company, e.g. {differ[0]!r}"
     for a, b in zip(alone, together):
         np.testing.assert_allclose(b[1], a[1], rtol=1e-5, atol=1e-6)
-    assert batched_requests(committed_server, route[1:]) > 1.2    # the clients really were batched together
+    # The clients really were batched together: fewer batches than requests (how many fewer depends on
+    # the machine's load).
+    assert requests == len(texts) and batches < requests, (requests, batches)
