@@ -589,6 +589,8 @@ class Gateway:
                 libre = schema["paths"]["/libretranslate/translate"]["post"]["requestBody"]["content"]
                 for body, (src, tgt) in ((models["TranslateRequest"], ("source_lang", "target_lang")),
                                          *((b["schema"], ("source", "target")) for b in libre.values())):
+                    if not langs:                # no translation package: nothing to name (an empty anyOf is invalid)
+                        break
                     props = body["properties"]
                     props[src]["enum"] = props[tgt]["enum"] = langs
                     # Exactly the served pairs, and each language into itself (returned unchanged).
@@ -598,7 +600,8 @@ class Gateway:
                         one.update(text if one["type"] == "string" else texts)
                 gen = models["GenerateRequest"]["properties"]
                 gen["prompt"]["maxLength"] = s.max_text_chars
-                gen["model"]["anyOf"][0]["enum"] = self.generators
+                if self.generators:
+                    gen["model"]["anyOf"][0]["enum"] = self.generators
             return app.openapi_schema
 
         app.openapi = openapi
