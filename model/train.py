@@ -8,8 +8,12 @@
 on monolingual text from `model.data --monolingual`: paragraphs cut into windows of at most
 --max-positions pieces, next-token cross-entropy, dev perplexity instead of BLEU.
 
-- token-budget batches from length buckets (model.batching)
-- label-smoothed cross-entropy (0.1), Adam(0.9, 0.98, eps 1e-9) with the paper's schedule
+- token-budget batches from length buckets (model.batching); the corpus tokenized once into flat id
+  arrays and cached (--token-cache, keyed by the corpus, the tokenizer and the example settings),
+  batches padded from those arrays by numpy in a background thread a few steps ahead, copied to the GPU
+  from pinned memory without blocking, masks built on the device; no host sync per step (the loss is
+  read only when the progress bar is redrawn)
+- label-smoothed cross-entropy (0.1), Adam(0.9, 0.98, eps 1e-9; fused on CUDA) with the paper's schedule
   lr = factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), gradient clipping
 - mixed precision on CUDA (bf16 where supported, else fp16 with loss scaling)
 - `checkpoint.pt` (everything needed to resume) every few minutes and at the end; `best.pt`
@@ -30,13 +34,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import sacrebleu
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .batching import Example, collate, token_batches
+from .batching import (Example, Prefetcher, TokenArrays, batch_indices, cached_token_arrays, collate_ids,
+                       concat_ranges, flatten, select_rows)
 from .data import read_pairs
 from .mono import read_texts
 from .decoding import DecodeSettings, translate
@@ -61,6 +67,11 @@ class TrainConfig:
     seed: int = 1
 
 
+# With several processes and --max-minutes, the ranks agree to stop every this many steps (an all-reduce
+# that waits for the device): at most this many steps past the deadline.
+STOP_CHECK_EVERY = 25
+
+
 def lr_at(step: int, d_model: int, warmup: int, factor: float) -> float:
     step = max(step, 1)
     return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
@@ -75,11 +86,82 @@ def directions_for(arg: str, langs: list[str]) -> list[tuple[str, str]]:
     return [(src, tgt)]
 
 
+def read_refs(path: Path, directions: list[tuple[str, str]]) -> dict:
+    """(source, target) text pairs of each direction, for dev BLEU."""
+    return {(s, t): read_pairs(path, direction=f"{s}-{t}") for s, t in directions}
+
+
+def encode_pairs(path: Path, tok: Tokenizer, directions: list[tuple[str, str]], tagged: bool,
+                 max_positions: int) -> TokenArrays:
+    """Both directions come from the same de/en files; a tagged model gets <2xx> on the source.
+    Each direction's pairs in file order, those with a side of 0 or >= max_positions pieces left out.
+    Each column of the file is tokenized once, whichever directions read it."""
+    base = read_pairs(path, direction="de-en")             # the file's first two columns as they stand
+    n = len(base)
+    flat, off = flatten(tok.encode_batch([c for c, _ in base] + [c for _, c in base]))   # rows: column 0, then 1
+    lens = np.diff(off)                                     # (2n,)
+    parts = []
+    for (src_lang, tgt_lang), pairs in read_refs(path, directions).items():
+        # read_pairs decides which column is the source (a two-column file is source<TAB>target whatever
+        # the direction): where its source is not column 0, the sides are swapped.
+        swapped = np.fromiter((p[0] != b[0] for p, b in zip(pairs, base)), dtype=bool, count=n)
+        src_rows = np.where(swapped, np.arange(n) + n, np.arange(n))
+        tgt_rows = np.where(swapped, np.arange(n), np.arange(n) + n)
+        keep = ((lens[src_rows] > 0) & (lens[src_rows] < max_positions)
+                & (lens[tgt_rows] > 0) & (lens[tgt_rows] < max_positions))
+        tag = [tok.lang_id(tgt_lang)] if tagged else []
+        parts.append(TokenArrays(*select_rows(flat, off, src_rows[keep], prefix=tag, suffix=[tok.special.eos]),
+                                 *select_rows(flat, off, tgt_rows[keep])))
+    return TokenArrays.concat(parts)
+
+
+def encode_lm(path: Path, tok: Tokenizer, max_positions: int) -> TokenArrays:
+    """Monolingual paragraphs as decoder-only examples: windows of at most max_positions - 1 pieces
+    (bos and eos take the last position)."""
+    texts = [t for _, t in read_texts(path)]
+    width = max_positions - 1
+    flat, off = flatten(tok.encode_batch(texts))
+    lens = np.diff(off)
+    per_para = -(-lens // width)                             # windows per paragraph (none for an empty one)
+    first = np.cumsum(per_para) - per_para
+    k = np.arange(int(per_para.sum())) - np.repeat(first, per_para)     # window number within its paragraph
+    para = np.repeat(np.arange(len(lens)), per_para)
+    starts = off[para] + k * width
+    wlens = np.minimum(width, lens[para] - k * width)
+    tgt_off = np.zeros(len(wlens) + 1, dtype=np.int64)
+    np.cumsum(wlens, out=tgt_off[1:])
+    return TokenArrays(np.zeros(0, dtype=flat.dtype), np.zeros(len(wlens) + 1, dtype=np.int64),
+                       flat[concat_ranges(starts, wlens)], tgt_off)
+
+
+def token_cache_dir(arg: str, data: Path, out: Path) -> Path | None:
+    """--token-cache: "auto" is <data>/.token-cache where the data directory is writable, else
+    <out>/token-cache; "none" turns the cache off."""
+    if arg == "none":
+        return None
+    if arg != "auto":
+        return Path(arg)
+    return data / ".token-cache" if os.access(data, os.W_OK) else out / "token-cache"
+
+
+def load_token_arrays(path: Path, tok: Tokenizer, directions: list[tuple[str, str]], tagged: bool,
+                      max_positions: int, cache_dir: Path | None = None, lm: bool = False) -> tuple[TokenArrays, bool]:
+    """A split's examples as TokenArrays, from the cache when the same corpus file, tokenizer model and
+    settings were tokenized before. -> (arrays, whether they came from the cache)."""
+    if lm:
+        return cached_token_arrays(cache_dir, path, tok.model_file, lambda: encode_lm(path, tok, max_positions),
+                                   kind="lm", max_positions=max_positions)
+    return cached_token_arrays(cache_dir, path, tok.model_file,
+                               lambda: encode_pairs(path, tok, directions, tagged, max_positions),
+                               kind="pairs", directions=[f"{s}-{t}" for s, t in directions], tagged=tagged,
+                               max_positions=max_positions)
+
+
 def load_examples(path: Path, tok: Tokenizer, directions: list[tuple[str, str]], tagged: bool,
-                  max_positions: int, langs: list[str]) -> tuple[list[Example], dict]:
-    """Both directions come from the same de/en files; a tagged model gets <2xx> on the source."""
+                  max_positions: int) -> list[Example]:
+    """`encode_pairs` one example at a time in Python, every direction's columns tokenized again:
+    the readable reference it is tested against (and the baseline of benchmarks/train_input.py)."""
     examples: list[Example] = []
-    refs: dict = {}
     for src_lang, tgt_lang in directions:
         pairs = read_pairs(path, direction=f"{src_lang}-{tgt_lang}")
         srcs = tok.encode_batch([s for s, _ in pairs])
@@ -88,47 +170,37 @@ def load_examples(path: Path, tok: Tokenizer, directions: list[tuple[str, str]],
         for s, t in zip(srcs, tgts):
             if 0 < len(s) < max_positions and 0 < len(t) < max_positions:
                 examples.append(Example(tag + s + [tok.special.eos], t))
-        refs[(src_lang, tgt_lang)] = pairs
-    return examples, refs
+    return examples
 
 
-def load_lm_examples(path: Path, tok: Tokenizer, max_positions: int) -> list[Example]:
-    """Monolingual paragraphs as decoder-only examples: windows of at most max_positions - 1 pieces
-    (bos and eos take the last position)."""
-    texts = [t for _, t in read_texts(path)]
-    width = max_positions - 1
-    return [Example([], ids[i:i + width]) for ids in tok.encode_batch(texts) for i in range(0, len(ids), width)
-            if ids[i:i + width]]
+def dev_loss_sum(model: Transformer, dev: TokenArrays, max_tokens: int, device, decoder_only: bool) -> tuple[float, int]:
+    """Summed plain cross-entropy over every dev target token (eos included), and their number."""
+    total, count = torch.zeros((), dtype=torch.float64, device=device), 0   # as a sum of Python floats was
+    pin = torch.device(device).type == "cuda"
+    with torch.no_grad():
+        for idx in batch_indices(dev.src_len, dev.tgt_len, max_tokens, shuffle=False):
+            b = collate_ids(dev, idx, decoder_only=decoder_only, pin_memory=pin).to(device)
+            logits = model(b.src, b.tgt_in, b.src_mask, b.tgt_mask)
+            total += F.cross_entropy(logits.float().view(-1, logits.size(-1)), b.tgt_out.view(-1),
+                                     ignore_index=PAD_ID, reduction="sum").double()
+            count += b.n_tokens
+    return total.item(), count
 
 
-def evaluate_lm_dev(model: Transformer, dev: list[Example], max_tokens: int, device) -> dict:
+def evaluate_lm_dev(model: Transformer, dev: TokenArrays, max_tokens: int, device) -> dict:
     """Dev loss per token (eos included) and its perplexity."""
     model.eval()
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for idx in token_batches(dev, max_tokens, shuffle=False):
-            b = collate([dev[i] for i in idx], decoder_only=True).to(device)
-            logits = model(None, b.tgt_in, None, b.tgt_mask)
-            total += F.cross_entropy(logits.float().view(-1, logits.size(-1)), b.tgt_out.view(-1),
-                                     ignore_index=PAD_ID, reduction="sum").item()
-            count += b.n_tokens
+    total, count = dev_loss_sum(model, dev, max_tokens, device, decoder_only=True)
     model.train()
     loss = total / max(count, 1)
     return {"dev_loss": round(loss, 4), "dev_perplexity": round(math.exp(min(loss, 50)), 2)}
 
 
-def evaluate_dev(model: Transformer, tok: Tokenizer, dev: list[Example], dev_refs: dict, tagged: bool,
+def evaluate_dev(model: Transformer, tok: Tokenizer, dev: TokenArrays, dev_refs: dict, tagged: bool,
                  max_tokens: int, n_sentences: int, device) -> dict:
     """Dev loss (plain cross-entropy per token) on all dev pairs, greedy BLEU on the first n per direction."""
     model.eval()
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for idx in token_batches(dev, max_tokens, shuffle=False):
-            b = collate([dev[i] for i in idx]).to(device)
-            logits = model(b.src, b.tgt_in, b.src_mask, b.tgt_mask)
-            total += F.cross_entropy(logits.float().view(-1, logits.size(-1)), b.tgt_out.view(-1),
-                                     ignore_index=PAD_ID, reduction="sum").item()
-            count += b.n_tokens
+    total, count = dev_loss_sum(model, dev, max_tokens, device, decoder_only=False)
     out = {"dev_loss": total / max(count, 1)}
     for (s, t), pairs in dev_refs.items():
         pairs = pairs[:n_sentences]
@@ -151,6 +223,9 @@ def main(argv=None) -> None:
     p.add_argument("--vocab-size", type=int, default=8000)
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = all cores)")
     p.add_argument("--no-resume", action="store_true", help="start over even if --out holds a checkpoint")
+    p.add_argument("--token-cache", default="auto", metavar="DIR",
+                   help="where the tokenized corpus is cached: auto (<data>/.token-cache, or <out>/token-cache "
+                        "where the data directory is read-only), a directory, or none")
     for f, default in asdict(TrainConfig()).items():
         p.add_argument("--" + f.replace("_", "-"), type=type(default), default=default)
     args = p.parse_args(argv)
@@ -203,10 +278,14 @@ def main(argv=None) -> None:
                      # A zero <s> is for Marian/CTranslate2 export of translators; a language model keeps it.
                      zero_bos_embedding=not lm))
     model = Transformer(config).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+    # Fused Adam on CUDA (one kernel for all parameters); the plain for-loop Adam on the CPU, as before.
+    fused = True if device.type == "cuda" else None
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9, fused=fused)
     step, epoch, batch_pos, best_bleu, history = 0, 0, 0, -math.inf, []
     if state:
         model.load_state_dict(state["model"])
+        for g in state["optimizer"]["param_groups"]:   # this device's implementation, whichever saved it
+            g["fused"], g["foreach"] = fused, None
         optimizer.load_state_dict(state["optimizer"])
         step, epoch, batch_pos = state["step"], state["epoch"], state["batch_pos"]
         best_bleu, history = state["best_bleu"], state["history"]
@@ -218,13 +297,16 @@ def main(argv=None) -> None:
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
 
     t0 = time.time()
-    if lm:
-        train, dev, dev_refs = (load_lm_examples(data / "train.tsv", tok, tc.max_positions),
-                                load_lm_examples(data / "dev.tsv", tok, tc.max_positions), {})
-    else:
-        train, _ = load_examples(data / "train.tsv", tok, directions, tagged, tc.max_positions, langs)
-        dev, dev_refs = load_examples(data / "dev.tsv", tok, directions, tagged, tc.max_positions, langs)
-    log(f"{len(train):,} training examples, {len(dev):,} dev examples ({time.time() - t0:.0f}s to load); "
+    cache_dir = token_cache_dir(args.token_cache, data, out)
+    if distributed and not is_main:
+        dist.barrier()                                   # rank 0 tokenizes and fills the cache first
+    train, cached = load_token_arrays(data / "train.tsv", tok, directions, tagged, tc.max_positions, cache_dir, lm)
+    dev, _ = load_token_arrays(data / "dev.tsv", tok, directions, tagged, tc.max_positions, cache_dir, lm)
+    if distributed and is_main:
+        dist.barrier()
+    dev_refs = {} if lm else read_refs(data / "dev.tsv", directions)
+    log(f"{len(train):,} training examples, {len(dev):,} dev examples ({time.time() - t0:.0f}s to "
+        f"{'load from ' + str(cache_dir) if cached else 'tokenize'}); "
         f"{config.arch} {args.preset}: {model.num_parameters() / 1e6:.1f}M parameters; device {device} x{world}")
     if is_main:
         (out / "config.json").write_text(json.dumps({"model": config.to_dict(), "train": asdict(tc),
@@ -270,13 +352,26 @@ def main(argv=None) -> None:
     stop = False
     bar = tqdm(total=tc.max_steps or None, initial=step, disable=not is_main, dynamic_ncols=True, mininterval=2.0)
     tokens_seen, t_window = 0, time.time()
-    while epoch < tc.epochs and not stop:
-        batches = token_batches(train, tc.max_tokens, seed=tc.seed + epoch)
-        batches = batches[: len(batches) - len(batches) % world]  # every rank takes the same number of steps
-        if not batches:
-            raise SystemExit(f"{len(train)} examples make fewer batches than {world} processes; lower --max-tokens")
-        for bi in range(batch_pos + rank, len(batches), world):
-            b = collate([train[i] for i in batches[bi]], decoder_only=lm).to(device)
+    loss_sum, loss_steps = torch.zeros((), device=device), 0   # read (a host sync) only when the bar is redrawn
+    pin = device.type == "cuda"
+
+    def host_batches(epoch: int, batch_pos: int):
+        """(epoch, batch number, padded ids on the host) from where the run stands on, epoch after epoch.
+        Runs in the prefetch thread."""
+        if pin and device.index is not None:
+            torch.cuda.set_device(device)                  # pinned buffers in this process's device context
+        while epoch < tc.epochs:
+            batches = batch_indices(train.src_len, train.tgt_len, tc.max_tokens, seed=tc.seed + epoch)
+            batches = batches[: len(batches) - len(batches) % world]  # every rank takes the same number of steps
+            if not batches:
+                raise SystemExit(f"{len(train)} examples make fewer batches than {world} processes; lower --max-tokens")
+            for bi in range(batch_pos + rank, len(batches), world):
+                yield epoch, bi, collate_ids(train, batches[bi], decoder_only=lm, pin_memory=pin)
+            epoch, batch_pos = epoch + 1, 0
+
+    with Prefetcher(host_batches(epoch, batch_pos), depth=3) as stream:   # the next batches built meanwhile
+        for epoch, bi, host_batch in stream:
+            b = host_batch.to(device)                      # one non-blocking copy; masks built on the device
             step += 1
             for g in optimizer.param_groups:
                 g["lr"] = lr_at(step, config.d_model, tc.warmup, tc.lr_factor)
@@ -293,20 +388,27 @@ def main(argv=None) -> None:
             scaler.update()
             batch_pos = bi + world - rank
             tokens_seen += b.n_tokens * world
+            loss_sum += loss.detach()
+            loss_steps += 1
 
             now = time.time()
             if is_main and now - t_window >= 2.0:
                 remaining = deadline - now if deadline < math.inf else None
-                bar.set_postfix_str(f"loss {loss.item():.3f} lr {optimizer.param_groups[0]['lr']:.2e} "
+                bar.set_postfix_str(f"loss {loss_sum.item() / loss_steps:.3f} lr {optimizer.param_groups[0]['lr']:.2e} "
                                     f"tok/s {tokens_seen / (now - t_window):,.0f} ep {epoch}"
                                     + (f" eta {remaining / 60:.1f}m" if remaining is not None else ""))
                 tokens_seen, t_window = 0, now
+                loss_sum.zero_()
+                loss_steps = 0
             bar.update(1)
-            stop = (tc.max_steps and step >= tc.max_steps) or now >= deadline
-            if distributed:  # every rank stops at the same step
-                flag = torch.tensor([float(stop)], device=device)
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                stop = bool(flag.item())
+            stop = bool(tc.max_steps and step >= tc.max_steps)
+            if deadline < math.inf:
+                if not distributed:
+                    stop = stop or now >= deadline
+                elif step % STOP_CHECK_EVERY == 0:  # every rank asks at the same steps; a sync, so not every step
+                    flag = torch.tensor([float(now >= deadline)], device=device)
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                    stop = stop or bool(flag.item())
             if is_main and tc.eval_every and step % tc.eval_every == 0:
                 run_eval()
             if is_main and now - last_save >= tc.save_every_minutes * 60:
@@ -314,8 +416,9 @@ def main(argv=None) -> None:
                 last_save = now
             if stop:
                 break
-        if not stop:
-            epoch, batch_pos = epoch + 1, 0
+        else:
+            if epoch < tc.epochs:                          # every epoch done
+                epoch, batch_pos = tc.epochs, 0
     bar.close()
     if is_main:
         if not history or history[-1]["step"] != step:

@@ -3,14 +3,18 @@ from Debian's trans-de-en, GPL-2+)."""
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from model import evaluate, train
+from model.batching import (Example, Prefetcher, TokenArrays, batch_indices, cache_key, collate, collate_ids,
+                            token_batches)
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
 
 from conftest import FIXTURES, ROOT, TINY
@@ -74,3 +78,153 @@ def test_torchrun_trains_with_two_processes(data_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "device cpu x2" in proc.stdout
     assert torch.load(out / "checkpoint.pt", weights_only=False)["step"] == 4
+
+
+# --- the flat-array input pipeline against the per-example reference code it replaced -----------------
+# (model.batching.token_batches / collate and model.train.load_examples: the code as it was)
+
+def random_examples(n, seed, vocab=300):
+    rng = random.Random(seed)
+    return [Example([rng.randrange(4, vocab) for _ in range(rng.randint(1, 40))],
+                    [rng.randrange(4, vocab) for _ in range(rng.randint(0, 40))]) for _ in range(n)]
+
+
+def assert_same_batch(new, old):
+    for name in ["src", "src_mask", "tgt_in", "tgt_out", "tgt_mask"]:
+        a, b = getattr(new, name), getattr(old, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), name
+    assert new.n_tokens == old.n_tokens
+
+
+@pytest.mark.parametrize("max_tokens", [40, 300, 2000, 25000])
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("bucket_size", [100_000, 333])
+def test_batch_indices_are_the_per_example_token_batches(max_tokens, shuffle, bucket_size):
+    """Same seed, same batches in the same order (a run resumed across the change sees what it would have)."""
+    examples = random_examples(2000, seed=max_tokens)
+    want = token_batches(examples, max_tokens, shuffle=shuffle, seed=7, bucket_size=bucket_size)
+    if max_tokens >= 300:
+        assert len(want) < len(examples) / 4                               # the budget really groups rows
+    data = TokenArrays.from_examples(examples)
+    got = batch_indices(data.src_len, data.tgt_len, max_tokens, shuffle=shuffle, seed=7, bucket_size=bucket_size)
+    assert [b.tolist() for b in got] == want
+
+
+@pytest.mark.parametrize("decoder_only", [False, True])
+def test_collate_ids_builds_what_the_per_example_collate_built(decoder_only):
+    """Ids, masks (built from the ids at .to(), with transformer.padding_mask/causal_mask) and token counts."""
+    examples = random_examples(1500, seed=3) + [Example([5], []), Example([3], [7])]
+    data = TokenArrays.from_examples(examples)
+    batches = token_batches(examples, 2000, seed=1) + [[1500, 1501], [1501], list(range(1490, 1502))]
+    for idx in batches:
+        want = collate([examples[i] for i in idx], decoder_only)
+        host = collate_ids(data, np.array(idx), decoder_only=decoder_only)
+        assert host.n_tokens == want.n_tokens
+        assert_same_batch(host.to("cpu"), want)
+
+
+def tokenizer_for(tmp_path, name="spm", vocab_size=300):
+    texts = [c for row in (FIXTURES / "pairs64.tsv").read_text(encoding="utf-8").splitlines() for c in row.split("\t")]
+    return train_tokenizer(texts, tmp_path / name, vocab_size=vocab_size, languages=["de", "en"])
+
+
+def test_examples_are_those_of_the_per_example_loader(tmp_path):
+    """Both directions, tagged or not, a column tokenized once; a two-column line is source<TAB>target
+    in either direction (read_pairs), as before; too long pairs left out alike."""
+    tok = tokenizer_for(tmp_path)
+    rows = [line.split("\t") for line in (FIXTURES / "pairs64.tsv").read_text(encoding="utf-8").splitlines()]
+    corpus = tmp_path / "train.tsv"
+    corpus.write_text("".join(f"{de}\t{en}\tding\n" if i % 3 else f"{de}\t{en}\n" for i, (de, en) in enumerate(rows)),
+                      encoding="utf-8")
+    kept = []
+    for directions, tagged, max_positions in [([("de", "en"), ("en", "de")], True, 200), ([("en", "de")], False, 200),
+                                              ([("de", "en"), ("en", "de")], True, 13)]:
+        want = train.load_examples(corpus, tok, directions, tagged, max_positions)
+        assert train.encode_pairs(corpus, tok, directions, tagged, max_positions).examples() == want
+        kept.append(len(want))
+    assert kept[0] == 2 * kept[1] == 128 and 20 < kept[2] < 100       # 13 pieces leave some pairs out
+    lm_corpus = tmp_path / "mono.tsv"
+    lm_corpus.write_text("".join(f"de\t{de}\tding\n\nen\t{en} {en} {en}\tding\n" for de, en in rows), encoding="utf-8")
+    width = 11
+    want = [ids[i:i + width] for ids in tok.encode_batch([t for _, t in train.read_texts(lm_corpus)])
+            for i in range(0, len(ids), width) if ids[i:i + width]]
+    got = train.encode_lm(lm_corpus, tok, width + 1)
+    assert [e.tgt for e in got.examples()] == want and all(e.src == [] for e in got.examples())
+
+
+def test_token_cache_is_reused_and_rebuilt_when_the_corpus_tokenizer_or_settings_change(tmp_path, monkeypatch):
+    tok = tokenizer_for(tmp_path)
+    corpus = tmp_path / "train.tsv"
+    corpus.write_text((FIXTURES / "pairs64.tsv").read_text(encoding="utf-8"), encoding="utf-8")
+    cache = tmp_path / "cache"
+    both = [("de", "en"), ("en", "de")]
+    builds = []
+    encode = train.encode_pairs
+    monkeypatch.setattr(train, "encode_pairs", lambda *a, **k: builds.append(1) or encode(*a, **k))
+
+    def load(tokenizer=tok, directions=both, max_positions=200):
+        return train.load_token_arrays(corpus, tokenizer, directions, len(directions) > 1, max_positions, cache)
+
+    first, hit = load()
+    assert not hit and len(builds) == 1 and len(list(cache.glob("train-*.npz"))) == 1
+    second, hit = load()
+    assert hit and len(builds) == 1
+    assert second.examples() == first.examples() == train.load_examples(corpus, tok, both, True, 200)
+
+    corpus.write_text(corpus.read_text(encoding="utf-8") + "Hallo Welt\thello world\n", encoding="utf-8")
+    third, hit = load()
+    assert not hit and len(third) == len(first) + 2
+    assert load()[1]
+
+    other = tokenizer_for(tmp_path, "spm2", vocab_size=250)
+    fourth, hit = load(other)
+    assert not hit and fourth.examples() == train.load_examples(corpus, other, both, True, 200)
+    assert load(other)[1] and load()[1]                     # both tokenizers' entries stay
+
+    assert not load(directions=[("de", "en")])[1]
+    assert not load(max_positions=5)[1]
+    assert len(builds) == 5
+
+    key = cache_key(corpus, tok.model_file, kind="pairs", directions=["de-en", "en-de"], tagged=True, max_positions=200)
+    (cache / f"train-{key[:24]}.npz").write_bytes(b"damaged")
+    assert not load()[1] and load()[1] and len(builds) == 6    # a damaged entry is rebuilt
+    assert train.load_token_arrays(corpus, tok, both, True, 200, None)[1] is False   # --token-cache none
+
+
+def test_prefetcher_hands_over_items_in_order_and_the_producers_error():
+    with Prefetcher(iter(range(50)), depth=2) as stream:
+        assert list(stream) == list(range(50))
+
+    def failing():
+        yield 1
+        raise SystemExit("too few batches")
+
+    stream = Prefetcher(failing())
+    assert next(stream) == 1
+    with pytest.raises(SystemExit, match="too few batches"):
+        next(stream)
+    with pytest.raises(StopIteration):
+        next(stream)
+
+    stream = Prefetcher(iter(range(10 ** 9)), depth=2)          # a consumer that stops early
+    assert next(stream) == 0
+    stream.close()
+    assert not stream._thread.is_alive()
+
+
+def test_a_short_tiny_run_learns_and_caches_its_tokens(data_dir, tmp_path, capsys):
+    """Loss falls over 60 steps (dev loss at steps 20, 40, 60), the tokenized corpus lands in the data
+    directory's cache, and a second run in a new directory (same tokenizer: training it is
+    deterministic) loads it from there."""
+    out = tmp_path / "run"
+    train.main(["--data", str(data_dir), "--out", str(out), "--direction", "de-en", "--max-steps", "60",
+                "--eval-every", "20", "--eval-sentences", "4", *TINY, "--max-tokens", "400", "--threads", "1"])
+    losses = [json.loads(line)["dev_loss"] for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert len(losses) == 3 and losses[0] > losses[1] > losses[2], losses
+    assert list((data_dir / ".token-cache").glob("train-*.npz"))
+    capsys.readouterr()
+    train.main(["--data", str(data_dir), "--out", str(tmp_path / "again"), "--direction", "de-en", "--max-steps", "2",
+                "--eval-every", "0", "--eval-sentences", "4", *TINY, "--threads", "1"])
+    assert f"to load from {data_dir / '.token-cache'})" in capsys.readouterr().out
