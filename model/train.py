@@ -16,8 +16,12 @@ on monolingual text from `model.data --monolingual`: paragraphs cut into windows
 - label-smoothed cross-entropy (0.1), Adam(0.9, 0.98, eps 1e-9; fused on CUDA) with the paper's schedule
   lr = factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), gradient clipping
 - mixed precision on CUDA (bf16 where supported, else fp16 with loss scaling)
-- `checkpoint.pt` (everything needed to resume) every few minutes and at the end; `best.pt`
-  (weights only) whenever dev BLEU improves; a run directory is resumed when it already holds one
+- `checkpoint.pt` (everything needed to resume: fp32 weights, Adam's moments compacted to fp8/bf16 by
+  model.checkpoint, 59 MB for the small preset) every few minutes and at the end; `best.pt` (weights
+  only) whenever dev BLEU improves; a run directory is resumed when it already holds one
+- --deadline-minutes: a wall-clock budget counted from the process's start, so that the tokenizer,
+  loading, training, the final evaluation and the save all fit in it (the loop stops early by the
+  measured time of an evaluation and a save); SIGTERM stops training and saves the checkpoint at once
 - a progress bar with loss, target tokens/s and ETA; dev loss and greedy dev BLEU every --eval-every steps
 - several GPUs or nodes through `torchrun --nproc-per-node N -m model.train …` (DistributedDataParallel)
 """
@@ -29,6 +33,8 @@ import json
 import math
 import os
 import random
+import shutil
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -43,6 +49,7 @@ from tqdm import tqdm
 
 from .batching import (Example, Prefetcher, TokenArrays, batch_indices, cached_token_arrays, collate_ids,
                        concat_ranges, flatten, select_rows)
+from .checkpoint import compact_optimizer_state, expand_optimizer_state, save_atomically
 from .data import read_pairs
 from .mono import read_texts
 from .decoding import DecodeSettings, translate
@@ -59,7 +66,8 @@ class TrainConfig:
     clip_norm: float = 1.0
     epochs: int = 1000              # an upper bound; --max-minutes / --max-steps usually stop first
     max_steps: int = 0              # 0 = no step limit
-    max_minutes: float = 0.0        # 0 = no time limit
+    max_minutes: float = 0.0        # minutes of the training loop alone, after loading (0 = no limit)
+    deadline_minutes: float = 0.0   # the whole run's wall clock from the process's start (0 = no deadline)
     eval_every: int = 1000          # steps between dev evaluations (0 = only at the end)
     eval_sentences: int = 300       # dev sentences decoded (greedy) for the periodic BLEU
     save_every_minutes: float = 10.0
@@ -67,9 +75,54 @@ class TrainConfig:
     seed: int = 1
 
 
-# With several processes and --max-minutes, the ranks agree to stop every this many steps (an all-reduce
-# that waits for the device): at most this many steps past the deadline.
+# With several processes and a time limit, the ranks agree to stop every this many steps (an all-reduce
+# that waits for the device): at most this many steps past the limit.
 STOP_CHECK_EVERY = 25
+# Under a deadline, the first evaluation and save are timed this far into the training time (unless
+# --eval-every came first): the loop then stops early enough for a final evaluation and save
+# (DEADLINE_TAIL_FACTOR times their measured time, plus DEADLINE_MARGIN_S).
+PROBE_AT_SHARE = 0.1
+DEADLINE_TAIL_FACTOR = 1.5
+DEADLINE_MARGIN_S = 5.0
+
+
+def process_start_time() -> float:
+    """When this process started (wall clock, from /proc), so that a deadline counts the interpreter's
+    start and the imports too; where /proc is missing, when this module was imported."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])   # field 22, starttime
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return min(boot + ticks / os.sysconf("SC_CLK_TCK"), IMPORTED_AT)
+    except (OSError, ValueError, IndexError, StopIteration):
+        return IMPORTED_AT
+
+
+IMPORTED_AT = time.time()
+
+
+class SigtermFlag:
+    """Notes a SIGTERM (a job's timeout, a spot machine going away) for the training loop to stop and
+    save at its next step; the previous handler comes back on leaving the `with` block. Outside the
+    main thread (where signals cannot be handled) it stays False."""
+
+    def __init__(self):
+        self.raised = False
+        self._previous = None
+
+    def __enter__(self) -> "SigtermFlag":
+        try:
+            self._previous = signal.signal(signal.SIGTERM, self._note)
+        except ValueError:
+            pass
+        return self
+
+    def _note(self, signum, frame) -> None:
+        self.raised = True
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
 
 
 def lr_at(step: int, d_model: int, warmup: int, factor: float) -> float:
@@ -211,7 +264,8 @@ def evaluate_dev(model: Transformer, tok: Tokenizer, dev: TokenArrays, dev_refs:
     return out
 
 
-def main(argv=None) -> None:
+def main(argv=None, *, started: float | None = None) -> None:
+    """`started`: when the --deadline-minutes budget began (None: when this process started)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="small", choices=sorted(PRESETS))
     p.add_argument("--arch", default="encoder-decoder", choices=["encoder-decoder", "decoder"],
@@ -223,6 +277,9 @@ def main(argv=None) -> None:
     p.add_argument("--vocab-size", type=int, default=8000)
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = all cores)")
     p.add_argument("--no-resume", action="store_true", help="start over even if --out holds a checkpoint")
+    p.add_argument("--tokenizer", default=None, metavar="SPM_MODEL",
+                   help="use this SentencePiece model (with <2xx> tags for --direction both) instead of training "
+                        "one (default: train one on the training split)")
     p.add_argument("--token-cache", default="auto", metavar="DIR",
                    help="where the tokenized corpus is cached: auto (<data>/.token-cache, or <out>/token-cache "
                         "where the data directory is read-only), a directory, or none")
@@ -230,7 +287,13 @@ def main(argv=None) -> None:
         p.add_argument("--" + f.replace("_", "-"), type=type(default), default=default)
     args = p.parse_args(argv)
     tc = TrainConfig(**{f: getattr(args, f) for f in asdict(TrainConfig())})
+    started = process_start_time() if started is None else started
+    with SigtermFlag() as sigterm:
+        run_training(args, tc, argv, started, sigterm)
 
+
+def run_training(args: argparse.Namespace, tc: TrainConfig, argv, started: float, sigterm: SigtermFlag) -> None:
+    deadline = started + tc.deadline_minutes * 60 if tc.deadline_minutes else math.inf
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank, world = 0, 1
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
@@ -261,7 +324,9 @@ def main(argv=None) -> None:
     ckpt_path = out / "checkpoint.pt"
     resume = ckpt_path.exists() and not args.no_resume
     spm_file = out / "spm.model"
-    if is_main and not (resume and spm_file.exists()):
+    if is_main and args.tokenizer and not (resume and spm_file.exists()):
+        shutil.copy(args.tokenizer, spm_file)
+    elif is_main and not (resume and spm_file.exists()):
         texts = ([t for _, t in read_texts(data / "train.tsv")] if lm else
                  [c for pair in read_pairs(data / "train.tsv", direction=f"{langs[0]}-{langs[1]}") for c in pair])
         train_tokenizer(texts, out / "spm", vocab_size=args.vocab_size, languages=langs if tagged else ())
@@ -286,7 +351,7 @@ def main(argv=None) -> None:
         model.load_state_dict(state["model"])
         for g in state["optimizer"]["param_groups"]:   # this device's implementation, whichever saved it
             g["fused"], g["foreach"] = fused, None
-        optimizer.load_state_dict(state["optimizer"])
+        optimizer.load_state_dict(expand_optimizer_state(state["optimizer"]))
         step, epoch, batch_pos = state["step"], state["epoch"], state["batch_pos"]
         best_bleu, history = state["best_bleu"], state["history"]
         log(f"resumed {ckpt_path} at step {step} (epoch {epoch}, batch {batch_pos})")
@@ -318,16 +383,20 @@ def main(argv=None) -> None:
                                                      "command": "python -m model.train " + " ".join(sys.argv[1:] if argv is None else argv)},
                                                     indent=2))
 
+    save_seconds = eval_seconds = None                   # measured: what the deadline keeps back for the end
+
     def save(path: Path):
-        tmp = path.with_suffix(".tmp")
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "config": config.to_dict(),
-                    "step": step, "epoch": epoch, "batch_pos": batch_pos, "best_bleu": best_bleu,
-                    "history": history, "tagged": tagged, "directions": [f"{s}-{t}" for s, t in directions],
-                    "langs": langs}, tmp)
-        tmp.replace(path)
+        nonlocal save_seconds
+        t = time.time()
+        save_atomically({"model": model.state_dict(), "optimizer": compact_optimizer_state(optimizer.state_dict()),
+                         "config": config.to_dict(), "step": step, "epoch": epoch, "batch_pos": batch_pos,
+                         "best_bleu": best_bleu, "history": history, "metrics": history[-1] if history else None,
+                         "tagged": tagged, "directions": [f"{s}-{t}" for s, t in directions], "langs": langs}, path)
+        save_seconds = max(save_seconds or 0.0, time.time() - t)
 
     def run_eval():
-        nonlocal best_bleu
+        nonlocal best_bleu, eval_seconds
+        t = time.time()
         if lm:  # "best" is the lowest dev loss; kept in best_bleu's slot so resuming works alike
             metrics = evaluate_lm_dev(model, dev, tc.max_tokens, device)
             bleu = -metrics["dev_loss"]
@@ -344,10 +413,21 @@ def main(argv=None) -> None:
                        out / "best.pt")
         with open(out / "train_log.jsonl", "a") as f:
             f.write(json.dumps(metrics) + "\n")
+        eval_seconds = max(eval_seconds or 0.0, time.time() - t)
 
     elapsed_before = history[-1]["minutes"] * 60 if history else 0.0
     t_start = last_save = time.time()
-    deadline = t_start + tc.max_minutes * 60 if tc.max_minutes else math.inf
+    loop_deadline = t_start + tc.max_minutes * 60 if tc.max_minutes else math.inf
+    probe_at = t_start + PROBE_AT_SHARE * (deadline - t_start)   # inf without a deadline
+
+    def out_of_time(now: float) -> bool:
+        """Past --max-minutes, or too close to the deadline for the final evaluation and save."""
+        if now >= loop_deadline:
+            return True
+        if deadline == math.inf or eval_seconds is None or save_seconds is None:
+            return now >= deadline
+        return now >= deadline - DEADLINE_TAIL_FACTOR * (eval_seconds + 2 * save_seconds) - DEADLINE_MARGIN_S
+
     net.train()
     stop = False
     bar = tqdm(total=tc.max_steps or None, initial=step, disable=not is_main, dynamic_ncols=True, mininterval=2.0)
@@ -393,7 +473,7 @@ def main(argv=None) -> None:
 
             now = time.time()
             if is_main and now - t_window >= 2.0:
-                remaining = deadline - now if deadline < math.inf else None
+                remaining = min(deadline, loop_deadline) - now if min(deadline, loop_deadline) < math.inf else None
                 bar.set_postfix_str(f"loss {loss_sum.item() / loss_steps:.3f} lr {optimizer.param_groups[0]['lr']:.2e} "
                                     f"tok/s {tokens_seen / (now - t_window):,.0f} ep {epoch}"
                                     + (f" eta {remaining / 60:.1f}m" if remaining is not None else ""))
@@ -402,16 +482,16 @@ def main(argv=None) -> None:
                 loss_steps = 0
             bar.update(1)
             stop = bool(tc.max_steps and step >= tc.max_steps)
-            if deadline < math.inf:
-                if not distributed:
-                    stop = stop or now >= deadline
-                elif step % STOP_CHECK_EVERY == 0:  # every rank asks at the same steps; a sync, so not every step
-                    flag = torch.tensor([float(now >= deadline)], device=device)
-                    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                    stop = stop or bool(flag.item())
-            if is_main and tc.eval_every and step % tc.eval_every == 0:
+            if not distributed:
+                stop = stop or sigterm.raised or out_of_time(now)
+            elif step % STOP_CHECK_EVERY == 0:  # every rank asks at the same steps; a sync, so not every step
+                flag = torch.tensor([float(sigterm.raised or out_of_time(now))], device=device)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                stop = stop or bool(flag.item())
+            probe = eval_seconds is None and now >= probe_at         # time an evaluation and a save early
+            if is_main and ((tc.eval_every and step % tc.eval_every == 0) or probe) and not stop:
                 run_eval()
-            if is_main and now - last_save >= tc.save_every_minutes * 60:
+            if is_main and (now - last_save >= tc.save_every_minutes * 60 or probe) and not stop:
                 save(ckpt_path)
                 last_save = now
             if stop:
@@ -421,9 +501,12 @@ def main(argv=None) -> None:
                 epoch, batch_pos = tc.epochs, 0
     bar.close()
     if is_main:
-        if not history or history[-1]["step"] != step:
+        save(ckpt_path)                                  # first, so that a kill during the evaluation loses nothing
+        if sigterm.raised:
+            log(f"SIGTERM: stopped at step {step}, saved {ckpt_path}")
+        elif not history or history[-1]["step"] != step:
             run_eval()
-        save(ckpt_path)
+            save(ckpt_path)
         best = (f"best dev perplexity {math.exp(-best_bleu):.2f}" if lm else f"best dev BLEU {best_bleu:.2f}")
         log(f"done: step {step}, epoch {epoch}, {best}; checkpoints in {out}")
     if distributed:
