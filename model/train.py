@@ -264,8 +264,9 @@ def evaluate_dev(model: Transformer, tok: Tokenizer, dev: TokenArrays, dev_refs:
     return out
 
 
-def main(argv=None, *, started: float | None = None) -> None:
-    """`started`: when the --deadline-minutes budget began (None: when this process started)."""
+def main(argv=None, *, started: float | None = None) -> dict:
+    """`started`: when the --deadline-minutes budget began (None: when this process started).
+    -> {"step", "epoch", "sigterm": whether a SIGTERM stopped it}."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="small", choices=sorted(PRESETS))
     p.add_argument("--arch", default="encoder-decoder", choices=["encoder-decoder", "decoder"],
@@ -289,10 +290,10 @@ def main(argv=None, *, started: float | None = None) -> None:
     tc = TrainConfig(**{f: getattr(args, f) for f in asdict(TrainConfig())})
     started = process_start_time() if started is None else started
     with SigtermFlag() as sigterm:
-        run_training(args, tc, argv, started, sigterm)
+        return run_training(args, tc, argv, started, sigterm)
 
 
-def run_training(args: argparse.Namespace, tc: TrainConfig, argv, started: float, sigterm: SigtermFlag) -> None:
+def run_training(args: argparse.Namespace, tc: TrainConfig, argv, started: float, sigterm: SigtermFlag) -> dict:
     deadline = started + tc.deadline_minutes * 60 if tc.deadline_minutes else math.inf
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rank, world = 0, 1
@@ -514,6 +515,7 @@ def run_training(args: argparse.Namespace, tc: TrainConfig, argv, started: float
         # aborted now and then ("terminate called without an active exception", SIGABRT).
         dist.barrier()
         dist.destroy_process_group()
+    return {"step": step, "epoch": epoch, "sigterm": sigterm.raised}
 
 
 if __name__ == "__main__":
