@@ -113,7 +113,7 @@ def translate(model: Transformer, tokenizer: Tokenizer, texts: Sequence[str], *,
 class TorchPromptDecoder:
     """The PyTorch reference for decoder-only generation: each row keeps its own whole sequence and
     every step re-runs the model over it, without padding, masks beyond the causal one, or a cache.
-    Nothing is shared with the engine's left-padded, cached graph but the weights, which is what
+    Nothing is shared with the engine's padded, cached graph but the weights, which is what
     makes it a reference. Same step/select protocol; `start_tokens` are the prompts' last tokens."""
 
     def __init__(self, model: Transformer, prompts: Sequence[Sequence[int]]):

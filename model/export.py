@@ -38,17 +38,24 @@ took `cross_rows` (N,), one source per row, instead. The engine refuses those ol
 `python -m model.upgrade` re-exports such a package from the weights in its graphs.
 
 A decoder-only model (text generation, task "generation") has no encoder.onnx; its decoder step
-reads a whole batch of left-padded prompts in one call, then one token per row per call:
+reads a whole batch of right-padded prompts in one call, then one token per row per call:
 
-    tokens        int64 (N, T_new)         new tokens of each row (prompts: left-padded)
+    tokens        int64 (N, T_new)         new tokens of each row (prompts: right-padded)
     past_rows     int64 (N,)               row of the past cache each row continues
-    key_mask      bool  (N, T + T_new)     True at real (not padding) positions, cached and new
-    positions     int64 (N, T_new)         position of each new token in its own row's text
+    key_mask      bool  (N, W)             True at the cache columns that hold a row's real tokens,
+                                           the new ones included; W >= T is the present cache's width
+    positions     int64 (N, T_new)         position of each new token in its own row's text, which is
+                                           also its cache column
     past_key_i, past_value_i   float (M, h, T, d_k)
     top_k         int64 (1,)
   ->
-    log_probs, top_log_probs, top_ids, eos_log_probs    after each row's last token, as above
-    present_key_i, present_value_i float (N, h, T+T_new, d_k)
+    log_probs, top_log_probs, top_ids, eos_log_probs    after each row's last new token, as above
+    present_key_i, present_value_i float (N, h, W, d_k)
+
+Each row's keys sit at the columns of their positions, padding only after them: a row's attention
+sums the same values in the same order alone or next to longer rows, which left padding (packages
+before 2026-11-25, model.json without "cache": "by-position") did not, so int8 roundings downstream
+could differ with the batch. The engine widens W in steps of 8 columns (service/engine.py says why).
 """
 
 from __future__ import annotations
@@ -72,6 +79,7 @@ from .transformer import Transformer, padding_mask
 PACKAGE_FORMAT = "transerve-model/1"
 OPSET = 18
 TOP_K_AT_EXPORT = 2          # a placeholder: the exported graph reads k from its `top_k` input
+CACHE_BY_POSITION = "by-position"   # model.json "cache" of a generation package: see LMDecoderGraph
 NEXT_TOKEN_OUTPUTS = ["log_probs", "top_log_probs", "top_ids", "eos_log_probs"]
 
 
@@ -142,7 +150,9 @@ class DecoderGraph(nn.Module):
 
 
 class LMDecoderGraph(nn.Module):
-    """Decoder-only step: prompts (several tokens per row) or one new token per row."""
+    """Decoder-only step: prompts (several tokens per row, right-padded) or one new token per row. Each
+    token's keys and values go to the cache column of its position, so a row's cache holds its own
+    text at columns 0.. whatever its batch-mates' lengths (`write_cache`)."""
 
     def __init__(self, model: Transformer):
         super().__init__()
@@ -151,14 +161,13 @@ class LMDecoderGraph(nn.Module):
 
     def forward(self, tokens, past_rows, key_mask, positions, *caches):
         past = reordered(caches, past_rows)                                     # L x (N, h, T, d_k)
-        T_new, T_all = tokens.size(1), key_mask.size(1)
-        # New token i sits at T_all - T_new + i and may see every real key up to itself.
-        query_at = torch.arange(T_new, device=tokens.device) + (T_all - T_new)  # (T_new,)
-        causal = torch.arange(T_all, device=tokens.device)[None, :] <= query_at[:, None]  # (T_new, T_all)
-        mask = key_mask[:, None, None, :] & causal[None, None]                  # (N, 1, T_new, T_all)
-        x, present = self.model.decoder_states(tokens, mask, past=past, positions=positions)  # (N, T_new, d_model)
+        columns = torch.arange(key_mask.size(1), device=tokens.device)          # (W,)
+        causal = columns[None, None, :] <= positions[:, :, None]                # (N, T_new, W)
+        mask = key_mask[:, None, None, :] & causal[:, None]                     # (N, 1, T_new, W)
+        x, present = self.model.decoder_states(tokens, mask, past=past, positions=positions,
+                                               cache_by_position=True)          # (N, T_new, d_model)
         return (*next_token_outputs(self.project(x[:, -1]), self.model.config.eos_id),
-                *(t for kv in present for t in kv))                             # ..., 2L x (N, h, T+T_new, d_k)
+                *(t for kv in present for t in kv))                             # ..., 2L x (N, h, W, d_k)
 
 
 def _sha256(path: Path) -> str:
@@ -246,20 +255,20 @@ def export_generation(model: Transformer, out: Path, dtype: torch.dtype = torch.
     L, N, M, T, T_new = c.n_decoder_layers, 3, 2, 4, 2
     Dim = torch.export.Dim
     rows, kv_rows, past_len, new_len = Dim("rows"), Dim("kv_rows"), Dim("past_len"), Dim("new_len")
-    all_len = Dim("all_len")
+    width = Dim("width")
     past_names, present_names = cache_names("past", L), cache_names("present", L)
     args = (torch.randint(4, c.vocab_size, (N, T_new)), torch.tensor([0, 1, 1]),
-            torch.ones(N, T + T_new, dtype=torch.bool), torch.tensor([[4, 5], [4, 5], [2, 3]]),
+            torch.ones(N, T + T_new + 2, dtype=torch.bool), torch.tensor([[4, 5], [4, 5], [2, 3]]),
             *(torch.randn(M, c.h, T, c.d_k, dtype=dtype) for _ in past_names))
     _export(LMDecoderGraph(model), args, out / "decoder.onnx",
             ["tokens", "past_rows", "key_mask", "positions", *past_names, "top_k"],
             [*NEXT_TOKEN_OUTPUTS, *present_names],
-            ({0: rows, 1: new_len}, {0: rows}, {0: rows, 1: all_len}, {0: rows, 1: new_len},
+            ({0: rows, 1: new_len}, {0: rows}, {0: rows, 1: width}, {0: rows, 1: new_len},
              tuple({0: kv_rows, 2: past_len} for _ in past_names)))
     return {"decoder": {"inputs": {"tokens": ["rows", "new_len"], "past_rows": ["rows"],
-                                   "key_mask": ["rows", "past_len + new_len"], "positions": ["rows", "new_len"]}
+                                   "key_mask": ["rows", "width"], "positions": ["rows", "new_len"]}
                                   | {n: _kv("kv_rows", "past_len") for n in past_names} | {"top_k": [1]},
-                        "outputs": NEXT_TOKEN_SIGNATURE | {n: _kv("rows", "past_len + new_len") for n in present_names}}}
+                        "outputs": NEXT_TOKEN_SIGNATURE | {n: _kv("rows", "width") for n in present_names}}}
 
 
 def export_package(checkpoint: str | Path, out: str | Path, *, quantize: str | None = None, fp16: bool = False,
@@ -320,6 +329,7 @@ def write_package(model: Transformer, out: str | Path, *, files: dict[str, Path]
         "special_ids": special_ids,
         "precision": "int8" if quantize else ("fp16" if fp16 else "fp32"),
         **({"quantization": INT8_SCHEME} if quantize else {}),
+        **({"cache": CACHE_BY_POSITION} if generation else {}),
         "tokenizer": tokenizer,
         "graphs": graphs,
         "training": training,

@@ -138,6 +138,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     return p_attn @ v                                                   # (B, h, Tq, d_k)
 
 
+def write_cache(past: torch.Tensor, new: torch.Tensor, at: torch.Tensor, width: int | torch.SymInt) -> torch.Tensor:
+    """The cache past (N, h, T, d_k), T <= width, widened to `width` columns, with new (N, h, n, d_k)
+    written at columns `at` (N, n): each row's keys sit at their own positions. Appending at one
+    column shared by all rows would shift a short prompt's keys by its batch-mates' lengths, and with
+    them the order of the float sums in attention (and int8 roundings after them): the row would not
+    compute alone what it computes batched. Columns not written keep the past (or zeros)."""
+    N, h, T, d_k = past.shape
+    widened = torch.cat([past, past.new_zeros(N, h, width - T, d_k)], dim=2)      # (N, h, W, d_k)
+    hit = torch.arange(width, device=at.device)[None, None, :] == at[:, :, None]  # (N, n, W)
+    source = hit.to(torch.int64).argmax(dim=1)                                     # (N, W) which new one
+    placed = new.gather(2, source[:, None, :, None].expand(N, h, width, d_k))      # (N, h, W, d_k)
+    return torch.where(hit.any(dim=1)[:, None, :, None], placed, widened)
+
+
 class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, h: int, dropout: float):
         super().__init__()
@@ -210,9 +224,13 @@ class DecoderLayer(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, x: torch.Tensor, tgt_mask: torch.Tensor | None, *, cross_kv: KV | None = None,
-                src_mask: torch.Tensor | None = None, past: KV | None = None) -> tuple[torch.Tensor, KV]:
+                src_mask: torch.Tensor | None = None, past: KV | None = None,
+                write_at: torch.Tensor | None = None) -> tuple[torch.Tensor, KV]:
         k, v = self.self_attn.kv(x)                                     # (B, h, T, d_k)
-        if past is not None:
+        if past is not None and write_at is not None:                   # at (B, T) columns of tgt_mask's width
+            width = tgt_mask.size(-1)
+            k, v = write_cache(past[0], k, write_at, width), write_cache(past[1], v, write_at, width)
+        elif past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # (B, h, T_past+T, d_k)
         x = self.norm1(x + self.dropout(self.self_attn.attend(x, k, v, tgt_mask)))
         if self.cross_attn is not None:
@@ -282,24 +300,26 @@ class Transformer(nn.Module):
 
     def decode(self, tgt: torch.Tensor, tgt_mask: torch.Tensor | None, *, memory: torch.Tensor | None = None,
                src_mask: torch.Tensor | None = None, cross_kv: list[KV] | None = None,
-               past: list[KV] | None = None, positions: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, list[KV]]:
+               past: list[KV] | None = None, positions: torch.Tensor | None = None,
+               cache_by_position: bool = False) -> tuple[torch.Tensor, list[KV]]:
         """tgt (B, T) -> (logits (B, T, V), present self-attention cache: one KV per layer).
 
         Training passes the whole shifted target with a causal tgt_mask; incremental decoding passes
         the newest token(s), `past` from the previous step and tgt_mask=None (every cached position is
         visible). Translation also needs `memory` or its precomputed `cross_kv`, and `src_mask`.
-        `positions` (B, T) overrides the positions counted from the cache length: a batch of
-        left-padded prompts has a different position for each row.
+        `positions` (B, T) overrides the positions counted from the cache length: in a batch of prompts
+        each row has its own. With `cache_by_position` each new token's keys and values are written at
+        the cache column of its position (`write_cache`) instead of appended; tgt_mask's width is the
+        cache's.
         """
         x, present = self.decoder_states(tgt, tgt_mask, memory=memory, src_mask=src_mask, cross_kv=cross_kv,
-                                         past=past, positions=positions)
+                                         past=past, positions=positions, cache_by_position=cache_by_position)
         return self.generator(x), present
 
     def decoder_states(self, tgt: torch.Tensor, tgt_mask: torch.Tensor | None, *, memory: torch.Tensor | None = None,
                        src_mask: torch.Tensor | None = None, cross_kv: list[KV] | None = None,
-                       past: list[KV] | None = None, positions: torch.Tensor | None = None
-                       ) -> tuple[torch.Tensor, list[KV]]:
+                       past: list[KV] | None = None, positions: torch.Tensor | None = None,
+                       cache_by_position: bool = False) -> tuple[torch.Tensor, list[KV]]:
         """decode() without the output projection: (last layer's output (B, T, d_model), present cache)."""
         offset = 0 if past is None else past[0][0].size(2)
         if self.encoder is not None and cross_kv is None:
@@ -308,7 +328,7 @@ class Transformer(nn.Module):
         present = []
         for i, layer in enumerate(self.decoder):
             x, kv = layer(x, tgt_mask, cross_kv=None if cross_kv is None else cross_kv[i], src_mask=src_mask,
-                          past=None if past is None else past[i])
+                          past=None if past is None else past[i], write_at=positions if cache_by_position else None)
             present.append(kv)
         return x, present
 

@@ -145,11 +145,13 @@ class KVCache:
         self.write: Block | None = pool.take(size)
         self._next = self.shape
 
-    def bind(self, io: ort.IOBinding, rows: int, new_positions: int) -> None:
-        """Binds the past as inputs, and room for `rows` rows of `new_positions` more as the present."""
+    def bind(self, io: ort.IOBinding, rows: int, new_positions: int, *, width: int | None = None) -> None:
+        """Binds the past as inputs, and room for `rows` rows of `new_positions` more as the present:
+        T + new_positions columns, or `width` for a graph that writes each token at its position's
+        column (None: appends)."""
         L = len(self.past_names)
         _, h, T, d_k = self.shape
-        present = [rows, h, T + new_positions, d_k]
+        present = [rows, h, T + new_positions if width is None else width, d_k]
         if L * prod(present) > self.write.size:
             # Taken before the old one goes back: if taking fails, close() must not give it twice.
             larger = self.pool.take(2 * L * prod(present))

@@ -40,6 +40,8 @@ from .search import Hypothesis, Steps, beam_search, finish, greedy_search, greed
 
 PACKAGE_FORMAT = "transerve-model/1"
 INT8_SCHEME = "int8-rows"     # per-row activations (model/quantize.py): a row's answer is its own
+CACHE_BY_POSITION = "by-position"   # a generation package's cache layout (model/export.py, LMDecoderGraph)
+COLUMNS_STEP = 8              # sources are padded, and generation caches widened, to multiples of this
 ONNX_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
 
 
@@ -224,10 +226,13 @@ class OrtDecoder:
 class OrtLmDecoder:
     """The incremental-decoder protocol over a decoder-only package's graph.
 
-    Prompts differ in length, so they are left-padded: `key_mask` hides the padding from attention and
-    `positions` counts each row's tokens from its own first one, which makes a prompt's continuation
-    the same alone or batched. Everything but each prompt's last token is read in one call here; the
-    search then starts from those last tokens (`start_tokens`).
+    Each row's tokens sit at the cache columns of their positions: prompts are right-padded, and a
+    row's next token goes to its own next column, `key_mask` hiding the columns a row has not filled.
+    Everything but each prompt's last token is read in one call here; the search then starts from those
+    last tokens (`start_tokens`). The cache is widened by COLUMNS_STEP columns at a time, so a row
+    attends over a width that is a multiple of it alone or batched: onnxruntime's CPU kernels then sum
+    a row's scores and values in the same order whatever the width (measured: a one-row MatMul over an
+    odd number of columns rounds differently from the same values over an even one).
     """
 
     def __init__(self, engine: "Engine", prompts: Sequence[Sequence[int]], *, max_rows: int | None = None,
@@ -235,38 +240,38 @@ class OrtLmDecoder:
         self.e = engine
         N = len(prompts)
         heads = [list(p[:-1]) for p in prompts]
-        W = max(len(h) for h in heads)
+        T = max(len(h) for h in heads)
         self.rows = np.arange(N, dtype=np.int64)
-        self.key_mask = np.zeros((N, W), dtype=bool)                  # (N, T) True at real tokens
-        self.next_pos = np.array([len(h) for h in heads], dtype=np.int64)
-        self.cache = engine.new_cache(N, max_rows=max_rows or N, max_positions=W + max_new_positions)
+        self.next_pos = np.array([len(h) for h in heads], dtype=np.int64)   # each row's next column
+        self.key_mask = np.zeros((N, columns_for(T + 1)), dtype=bool)       # (N, W) True at filled columns
+        self.cache = engine.new_cache(N, max_rows=max_rows or N, max_positions=columns_for(T + max_new_positions))
         self.start_tokens = np.array([p[-1] for p in prompts], dtype=np.int64)
         self.step_top = self._step_top if engine.search_top_k else None   # as in OrtDecoder
-        if W:
-            tokens = np.full((N, W), engine.pad_id, dtype=np.int64)
-            positions = np.zeros((N, W), dtype=np.int64)
+        if T:
+            tokens = np.full((N, T), engine.pad_id, dtype=np.int64)
             for r, h in enumerate(heads):
-                if h:
-                    tokens[r, W - len(h):] = h
-                    positions[r, W - len(h):] = np.arange(len(h))
-                    self.key_mask[r, W - len(h):] = True
-            self._run(tokens, self.key_mask, positions)
+                tokens[r, :len(h)] = h
+                self.key_mask[r, :len(h)] = True
+            positions = np.broadcast_to(np.arange(T, dtype=np.int64), (N, T))
+            self._run(tokens, positions)
 
-    def _run(self, tokens: np.ndarray, key_mask: np.ndarray, positions: np.ndarray,
-             top_k: int | None = None) -> list[np.ndarray]:
+    def _run(self, tokens: np.ndarray, positions: np.ndarray, top_k: int | None = None) -> list[np.ndarray]:
         e = self.e
         io = e.decoder.io_binding()
         io.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64))
         io.bind_cpu_input("past_rows", self.rows)
-        io.bind_cpu_input("key_mask", np.ascontiguousarray(key_mask))
+        io.bind_cpu_input("key_mask", np.ascontiguousarray(self.key_mask))
         io.bind_cpu_input("positions", np.ascontiguousarray(positions, dtype=np.int64))
-        out = e.run_decoder(io, self.cache, len(tokens), tokens.shape[1], top_k)
+        out = e.run_decoder(io, self.cache, len(tokens), tokens.shape[1], top_k, width=self.key_mask.shape[1])
         self.rows = np.arange(len(tokens), dtype=np.int64)
         return out
 
     def _next(self, tokens: np.ndarray, top_k: int | None) -> list[np.ndarray]:
-        self.key_mask = np.concatenate([self.key_mask, np.ones((len(tokens), 1), dtype=bool)], axis=1)
-        out = self._run(np.asarray(tokens, dtype=np.int64)[:, None], self.key_mask, self.next_pos[:, None], top_k)
+        N, W = self.key_mask.shape
+        if self.next_pos.max(initial=0) >= W:
+            self.key_mask = np.concatenate([self.key_mask, np.zeros((N, COLUMNS_STEP), dtype=bool)], axis=1)
+        self.key_mask[np.arange(N), self.next_pos] = True
+        out = self._run(np.asarray(tokens, dtype=np.int64)[:, None], self.next_pos[:, None], top_k)
         self.next_pos = self.next_pos + 1
         return out
 
@@ -284,6 +289,11 @@ class OrtLmDecoder:
 
     def close(self) -> None:
         self.cache.close()
+
+
+def columns_for(n: int) -> int:
+    """Room for n positions, rounded up to a multiple of COLUMNS_STEP (see OrtLmDecoder)."""
+    return -(-n // COLUMNS_STEP) * COLUMNS_STEP
 
 
 class Engine:
@@ -360,14 +370,17 @@ class Engine:
     def _check_layout(self, inputs: list[str]) -> None:
         """Refuses packages the engine no longer serves, naming the command that re-exports them from their
         own weights: decoder graphs without per-layer caches, `sources` and `top_k` (a slower second search
-        path), and int8 graphs that quantize activations per tensor (a sentence's answer would depend on
-        its batch-mates)."""
+        path), generation graphs that append all rows' tokens at one cache column, and int8 graphs that
+        quantize activations per tensor (in both a sentence's answer could depend on its batch-mates)."""
         need = ["tokens", "past_rows", "top_k"] + (["sources", "src_mask"] if self.task == "translation"
                                                     else ["key_mask", "positions"])
         missing = [n for n in need if n not in inputs] + (["one cache per layer"] if "past_kv" in inputs else [])
         meta = self.package.meta
         if missing:
             problem = f"an older graph layout, without {', '.join(missing)}"
+        elif self.task == "generation" and meta.get("cache") != CACHE_BY_POSITION:
+            problem = ("a cache that appends every row's tokens at one column (left-padded prompts), so a "
+                       "prompt's continuation could depend on its batch-mates' lengths")
         elif meta["precision"] == "int8" and meta.get("quantization") != INT8_SCHEME:
             problem = ("int8 with activations quantized per tensor, so a sentence's answer would depend on its "
                        f"batch-mates (this engine serves int8 as {INT8_SCHEME!r}: per-row activations)")
@@ -407,13 +420,14 @@ class Engine:
                        max_rows=max_rows, max_positions=max_positions)
 
     def run_decoder(self, io: ort.IOBinding, cache: KVCache, rows: int, new_positions: int,
-                    top_k: int | None) -> list[np.ndarray]:
+                    top_k: int | None, *, width: int | None = None) -> list[np.ndarray]:
         """Runs a decoder step for `rows` rows of `new_positions` tokens, whose other inputs are bound;
-        the cache moves on a step. Returns [log_probs (N, V)], or with top_k [top_log_probs (N, k),
+        the cache moves on a step (to `width` columns where the graph writes by position; None: appended).
+        Returns [log_probs (N, V)], or with top_k [top_log_probs (N, k),
         top_ids (N, k), eos_log_probs (N,)]: then the (N, V) distribution stays where it was computed
         and only (N, k) values reach the host, written straight into new arrays."""
         io.clear_binding_outputs()    # a binding reused across steps must not write into last step's arrays
-        cache.bind(io, rows, new_positions)
+        cache.bind(io, rows, new_positions, width=width)
         k = min(top_k or 1, self.vocab_size)
         io.bind_cpu_input("top_k", np.array([k], dtype=np.int64))
         if top_k is None:
@@ -447,7 +461,7 @@ class Engine:
                              f"({'sampling returns one per input' if options.sampling else 'beam_size'}), "
                              f"got {options.num_hypotheses}")
         B = len(src_ids)
-        width = max(len(s) for s in src_ids)
+        width = columns_for(max(len(s) for s in src_ids))    # as OrtLmDecoder's cache, for the same reason
         src = np.full((B, width), self.pad_id, dtype=np.int64)
         for i, s in enumerate(src_ids):
             src[i, :len(s)] = s

@@ -183,7 +183,7 @@ def test_a_generation_stopped_early_hands_its_blocks_back(tiny_lm_package):
 
 
 def test_decoder_log_probs_match_pytorch(engine, reference):
-    """After a left-padded batched prompt read, every row's next-token distribution is PyTorch's."""
+    """After a right-padded batched prompt read, every row's next-token distribution is PyTorch's."""
     from service.engine import OrtLmDecoder
 
     model, _ = reference
