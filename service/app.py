@@ -42,6 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from . import __version__
 from .config import Settings
 from .metrics import m, render
+from .batching import IDLE_WAKE_S
 from .cancel import CancelBoard
 from .generate_api import ENDPOINT as GENERATE, GenerateAPI
 from .schemas import (ErrorResponse, GenerateRequest, GenerateResponse, Language, LibreTranslateError,
@@ -91,6 +92,7 @@ class Gateway:
         self.pairs = sorted({tuple(d.split("-")) for p in packages for d in p["directions"]})
         self._watcher: asyncio.Future | None = None      # see worker_lost(); per HTTP process
         self._lost: dict[str, asyncio.Event] = {}
+        self._lost_at: dict[str, float] = {}              # when the watcher last saw a worker stop (monotonic)
 
     # --- the one way into the queues ---------------------------------------------------------------
     @contextmanager
@@ -216,10 +218,17 @@ class Gateway:
             await stream.aclose()
             self.server.response_buffer.pop(uid, None)
 
-    @staticmethod
-    async def _enqueue(handler, queue: str, payload: dict) -> str:
+    async def _enqueue(self, handler, queue: str, payload: dict) -> str:
         """Puts a request on a worker queue; its uid. The queue-depth gauge goes up here and down only
-        where a worker takes the request off the queue (batching.collect), whatever happens after."""
+        where a worker takes the request off the queue (batching.collect), whatever happens after.
+
+        Held back for a moment after a worker of `queue` was lost: LitServe's queues live in a manager
+        process, and a get() the dead worker was waiting in goes on there until its timeout
+        (batching.IDLE_WAKE_S), handing the next request put on the queue to no one. A request put before
+        the loss was seen fails with the others (worker_lost); one put after must wait that get out."""
+        lost_at = self._lost_at.get(queue)
+        if lost_at is not None and (wait := lost_at + IDLE_WAKE_S + 0.5 - time.monotonic()) > 0:
+            await asyncio.sleep(wait)
         m().queue_depth.labels(queue).inc()   # before the put: the worker may take it at once
         try:
             return (await handler._submit_request(payload))[0]
@@ -228,8 +237,10 @@ class Gateway:
             raise
 
     def worker_lost(self, endpoint: str) -> asyncio.Event:
-        """An event set when a worker of `endpoint` stops being ready (it died; LitServe restarts it).
-        One watcher per HTTP process polls the shared worker states twice a second, whatever the load."""
+        """An event set when a worker of `endpoint` stops being ready or a new one starts (it died;
+        LitServe restarts it). One watcher per HTTP process polls the shared worker states and start
+        counts twice a second, whatever the load: a small model's new worker can be ready again before
+        the next poll, so its start is what shows the death."""
         if self._watcher is None or self._watcher.done():
             self._lost, self._watcher = {}, asyncio.ensure_future(self._watch_workers())
         return self._lost.setdefault(endpoint, asyncio.Event())
@@ -237,18 +248,25 @@ class Gateway:
     async def _watch_workers(self) -> None:
         status = getattr(self.server, "workers_setup_status", None)
         seen: dict[str, str] = {}
+        starts = self.board.worker_starts() if self.board else {}
         while status is not None:
             await asyncio.sleep(0.5)
             try:
                 now = status.copy()  # one round trip to the manager process
             except Exception:  # the manager is gone: shutting down
                 return
-            for key, state in now.items():
-                if seen.get(key) == WorkerSetupStatus.READY and state != WorkerSetupStatus.READY:
-                    event = self._lost.pop(key.rsplit("_", 1)[0], None)
-                    if event is not None:
-                        event.set()  # requests waiting now fail; later ones get a new event
-                seen[key] = state
+            lost = {key.rsplit("_", 1)[0] for key, state in now.items()
+                    if seen.get(key) == WorkerSetupStatus.READY and state != WorkerSetupStatus.READY}
+            seen = now
+            if self.board:
+                now_starts = self.board.worker_starts()
+                lost |= {e for e, n in now_starts.items() if n != starts.get(e, n)}
+                starts = now_starts
+            for endpoint in lost:
+                self._lost_at[endpoint] = time.monotonic()
+                event = self._lost.pop(endpoint, None)
+                if event is not None:
+                    event.set()  # requests waiting now fail; later ones get a new event
 
     def ready(self) -> PlainTextResponse:
         status = getattr(self.server, "workers_setup_status", None) or {}
@@ -766,7 +784,7 @@ def build_server(settings: Settings) -> tuple[ls.LitServer, Gateway]:
                                          and "CUDAExecutionProvider" in onnxruntime.get_available_providers())
     tasks = {p["task"] for p in packages}
     # One LitAPI per endpoint, each with its own workers, loading only its own packages.
-    board = CancelBoard()
+    board = CancelBoard(endpoints=(ENDPOINT, GENERATE))
     api = TranslateAPI(settings, board) if "translation" in tasks else None
     generate_api = GenerateAPI(settings, board) if "generation" in tasks else None
     server = ls.LitServer([a for a in (api, generate_api) if a], accelerator="cuda" if cuda else "cpu",

@@ -1,4 +1,5 @@
-"""Which requests' clients went away, shared by the HTTP processes and the inference workers."""
+"""Which requests' clients went away, and how often each endpoint's workers started: shared by the HTTP
+processes and the inference workers."""
 
 from __future__ import annotations
 
@@ -15,12 +16,23 @@ class CancelBoard:
     """
     SIZE = 4096
 
-    def __init__(self):
+    def __init__(self, endpoints: tuple[str, ...] = ()):
         # LitServe spawns its workers; locks of the default (fork) context cannot be pickled into them.
         ctx = mp.get_context("spawn")
         self._ring = ctx.Array("q", self.SIZE)
         self._next = ctx.Value("q", 0)
         self._numbers = ctx.Value("q", 0)
+        self._endpoints = endpoints
+        self._starts = ctx.Array("q", max(1, len(endpoints)))
+
+    def worker_started(self, endpoint: str) -> None:
+        """Called by a worker of `endpoint` as its setup begins: a restarted worker is seen by this count
+        even where LitServe's not-ready state lasts too short for a poll to catch it."""
+        with self._starts.get_lock():
+            self._starts[self._endpoints.index(endpoint)] += 1
+
+    def worker_starts(self) -> dict[str, int]:
+        return dict(zip(self._endpoints, self._starts[:len(self._endpoints)]))
 
     def new_number(self) -> int:
         with self._numbers.get_lock():

@@ -102,6 +102,7 @@ class GenerateAPI(ls.LitAPI):
         self.board = board
 
     def setup(self, device: str) -> None:
+        self.board.worker_started(ENDPOINT)   # first: the gateway fails what a dead predecessor held
         lower_worker_priority(self.settings)
         provider = "cpu" if self.settings.device == "cpu" or not str(device).startswith("cuda") else "cuda"
         self.engines: dict[str, Engine] = {}

@@ -112,6 +112,7 @@ class TranslateAPI(ls.LitAPI):
 
     # --- worker start-up -------------------------------------------------------------------------
     def setup(self, device: str) -> None:
+        self.board.worker_started(ENDPOINT)   # first: the gateway fails what a dead predecessor held
         lower_worker_priority(self.settings)
         provider = "cuda" if str(device).startswith("cuda") else "cpu"
         if self.settings.device == "cpu":
