@@ -17,12 +17,12 @@ def main(argv: list[str] | None = None) -> int:
     configure()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .app import build_server
-    from .engine import PackageError
+    from .engine import DeviceError, PackageError
     from .uvicorn_bridge import JsonErrorHTTPProtocol
 
     try:
         server, gateway = build_server(settings)
-    except PackageError as e:
+    except (PackageError, DeviceError) as e:
         print(f"error: cannot serve: {e}", file=sys.stderr)
         return 2
 

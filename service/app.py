@@ -47,6 +47,7 @@ from .cancel import CancelBoard
 from .generate_api import ENDPOINT as GENERATE, GenerateAPI
 from .schemas import (ErrorResponse, GenerateRequest, GenerateResponse, Language, LibreTranslateError,
                       LibreTranslateRequest, LibreTranslateResponse, TranslateRequest, TranslateResponse)
+from .engine import probe_device
 from .translate_api import ENDPOINT, TranslateAPI, check_packages
 
 log = logging.getLogger("transerve")
@@ -93,6 +94,7 @@ class Gateway:
         self._watcher: asyncio.Future | None = None      # see worker_lost(); per HTTP process
         self._lost: dict[str, asyncio.Event] = {}
         self._lost_at: dict[str, float] = {}              # when the watcher last saw a worker stop (monotonic)
+        self.device = "cpu"                              # where the engines run: build_server probes it
 
     # --- the one way into the queues ---------------------------------------------------------------
     @contextmanager
@@ -540,7 +542,7 @@ class Gateway:
         return {"service": "transerve", "version": __version__,
                 "versions": {"litserve": ls.__version__, "onnxruntime": onnxruntime.__version__,
                              "pydantic": pydantic.__version__},
-                "providers": onnxruntime.get_available_providers(),
+                "providers": onnxruntime.get_available_providers(), "device": self.device,
                 "models": self.packages, "settings": self.settings.public()}
 
     def install(self) -> None:
@@ -776,12 +778,9 @@ async def _metrics() -> Response:
 
 
 def build_server(settings: Settings) -> tuple[ls.LitServer, Gateway]:
-    """Checks the packages, then builds the LitServer (workers start in server.run())."""
-    import onnxruntime
-
+    """Checks the packages and the device, then builds the LitServer (workers start in server.run())."""
     packages = check_packages(settings)
-    cuda = settings.device == "cuda" or (settings.device == "auto"
-                                         and "CUDAExecutionProvider" in onnxruntime.get_available_providers())
+    cuda = settings.device != "cpu" and probe_device(packages[0]["path"], settings.device) == "cuda"
     tasks = {p["task"] for p in packages}
     # One LitAPI per endpoint, each with its own workers, loading only its own packages.
     board = CancelBoard(endpoints=(ENDPOINT, GENERATE))
@@ -794,5 +793,6 @@ def build_server(settings: Settings) -> tuple[ls.LitServer, Gateway]:
                           healthcheck_path="/ready", info_path=LITSERVE_INFO,
                           max_payload_size=None)  # enforced before reading: Gateway._limited_receive
     gateway = Gateway(server, api, settings, packages, generate_api, board)
+    gateway.device = "cuda" if cuda else "cpu"
     gateway.install()
     return server, gateway

@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -42,11 +45,16 @@ PACKAGE_FORMAT = "transerve-model/1"
 INT8_SCHEME = "int8-rows"     # per-row activations (model/quantize.py): a row's answer is its own
 CACHE_BY_POSITION = "by-position"   # a generation package's cache layout (model/export.py, LMDecoderGraph)
 COLUMNS_STEP = 8              # sources are padded, and generation caches widened, to multiples of this
+log = logging.getLogger(__name__)
 ONNX_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
 
 
 class PackageError(RuntimeError):
     """A model package that cannot be served; the message names the file."""
+
+
+class DeviceError(RuntimeError):
+    """device=cuda was asked for and onnxruntime's CUDA provider is not the one running."""
 
 
 @dataclass
@@ -149,15 +157,64 @@ def session_options(intra_op_threads: int = 0, inter_op_threads: int = 1, *, spi
 
 
 def pick_providers(device: str) -> list[str]:
-    """"auto": CUDA when onnxruntime has it and a GPU answers, else CPU. "cpu" or "cuda" force one."""
+    """"auto": CUDA when onnxruntime has it and a GPU answers, else CPU. "cpu" or "cuda" force one.
+    What the wheel was built with is only a wish: Engine checks what its sessions really run on."""
     available = ort.get_available_providers()
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
     if device == "cuda" and "CUDAExecutionProvider" not in available:
-        raise ValueError("device=cuda but this onnxruntime has no CUDAExecutionProvider (install the gpu extra)")
+        raise DeviceError(f"device=cuda but onnxruntime {ort.__version__} has no CUDAExecutionProvider, only "
+                          f"{available}: install onnxruntime-gpu (pip install -e '.[gpu]')")
     if device in ("auto", "cuda") and "CUDAExecutionProvider" in available:
+        preload_cuda_libraries()
         return ["CUDAExecutionProvider", "CPUExecutionProvider"]
     return ["CPUExecutionProvider"]
+
+
+def preload_cuda_libraries() -> None:
+    """Loads CUDA and cuDNN from the nvidia-* pip packages (PyTorch's) where they are installed, so the
+    CUDA provider finds them without LD_LIBRARY_PATH; where they are not, the system's are used."""
+    try:
+        ort.preload_dlls()
+    except Exception as e:  # older onnxruntime, or no nvidia-* packages: the loader's paths decide
+        log.debug("onnxruntime.preload_dlls(): %s", e)
+
+
+def missing_cuda_libraries() -> list[str]:
+    """The libraries onnxruntime's CUDA provider links that the loader cannot find (ldd's "not found")."""
+    provider = Path(ort.__file__).parent / "capi" / "libonnxruntime_providers_cuda.so"
+    if not provider.exists() or shutil.which("ldd") is None:
+        return []
+    out = subprocess.run(["ldd", str(provider)], capture_output=True, text=True, timeout=30).stdout
+    return [line.split()[0] for line in out.splitlines() if "not found" in line]
+
+
+def running_device(session: ort.InferenceSession, device: str) -> str:
+    """"cuda" or "cpu": the provider the session really runs on. onnxruntime falls back to CPU with only a
+    log line when the CUDA provider cannot load (CUDA or cuDNN missing or of another major version, no
+    GPU); for device="cuda" that is an error, for "auto" a warning."""
+    if session.get_providers()[0] == "CUDAExecutionProvider":
+        return "cuda"
+    if device == "cuda":
+        missing = missing_cuda_libraries()
+        why = (f"the loader cannot find {', '.join(missing)}" if missing
+               else "its libraries load, so no GPU answered (check nvidia-smi) or ldd is missing")
+        raise DeviceError(f"device=cuda but onnxruntime {ort.__version__}'s CUDA provider did not load ({why}); "
+                          f"the session runs on {session.get_providers()}. onnxruntime's error above names the "
+                          "CUDA and cuDNN major versions it needs (deploy/README.md: the GPU image)")
+    log.warning("onnxruntime's CUDA provider did not load; serving on CPU (onnxruntime's error above says why)")
+    return "cpu"
+
+
+def probe_device(package: str | Path, device: str) -> str:
+    """"cuda" or "cpu": where `package`'s engines will run, found by loading its decoder graph once (the
+    HTTP process asks before it starts workers, so device=cuda without a working CUDA provider stops the
+    server with DeviceError's message rather than with workers that fail to start)."""
+    providers = pick_providers(device)
+    if providers[0] != "CUDAExecutionProvider":
+        return "cpu"
+    session = ort.InferenceSession(str(load_package(package).file("decoder.onnx")), providers=providers)
+    return running_device(session, device)
 
 
 def source_groups(row_source: np.ndarray) -> np.ndarray:
@@ -309,7 +366,6 @@ class Engine:
             raise PackageError(f"{self.package.path / 'model.json'}: task {self.task!r}; "
                                "this engine serves translation and generation packages")
         self.providers = pick_providers(device)
-        self.device_type = "cuda" if self.providers[0] == "CUDAExecutionProvider" else "cpu"
         so = session_options(intra_op_threads, inter_op_threads, spin_wait=spin_wait)
         try:
             self.encoder = (ort.InferenceSession(str(self.package.file("encoder.onnx")), so, providers=self.providers)
@@ -317,6 +373,8 @@ class Engine:
             self.decoder = ort.InferenceSession(str(self.package.file("decoder.onnx")), so, providers=self.providers)
         except Exception as e:  # onnxruntime raises several types for unreadable graphs
             raise PackageError(f"{self.package.path}: onnxruntime cannot load the graphs ({e})") from None
+        self.device_type = running_device(self.decoder, device)
+        self.providers = self.decoder.get_providers()
         self.float_dtype = np.float16 if meta["precision"] == "fp16" else np.float32
         inputs = [i.name for i in self.decoder.get_inputs()]
         self._check_layout(inputs)

@@ -13,13 +13,16 @@ import sys
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 
 from model import evaluate
 from model.decoding import DecodeSettings, TorchDecoder, translate
 from model.export import export_package
-from service.engine import Engine, OrtDecoder, PackageError, SearchOptions, load_package, source_groups
+import service.engine as engine_module
+from service.engine import (DeviceError, Engine, OrtDecoder, PackageError, SearchOptions, load_package, probe_device,
+                            source_groups)
 
 from conftest import ROOT, pairs64
 
@@ -438,3 +441,36 @@ def test_service_never_imports_torch_or_model():
     offenders = [f"{f.relative_to(ROOT)}: {m.group(0).strip()}" for f in sources
                  for m in pattern.finditer(f.read_text(encoding="utf-8"))]
     assert not offenders
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="this onnxruntime has CUDA")
+def test_device_cuda_without_a_cuda_onnxruntime_is_refused(tiny_package):
+    with pytest.raises(DeviceError, match="no CUDAExecutionProvider.*onnxruntime-gpu"):
+        Engine(tiny_package, device="cuda")
+
+
+def test_a_cuda_provider_that_does_not_load_is_refused_not_run_on_cpu(tiny_package, monkeypatch):
+    """onnxruntime-gpu lists CUDAExecutionProvider whether or not CUDA and cuDNN load; when they do not,
+    its sessions run on CPU with one log line. Played here by a CPU onnxruntime that claims CUDA: asked
+    for CUDA, its sessions fall back exactly so."""
+    preloaded = []
+    monkeypatch.setattr(engine_module.ort, "get_available_providers",
+                        lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(engine_module.ort, "preload_dlls", lambda *a, **k: preloaded.append(1), raising=False)
+    with pytest.raises(DeviceError, match="CUDA provider did not load.*runs on \\['CPUExecutionProvider'\\]"):
+        Engine(tiny_package, device="cuda")
+    with pytest.raises(DeviceError, match="did not load"):
+        probe_device(tiny_package, "cuda")
+    auto = Engine(tiny_package, device="auto", intra_op_threads=1)
+    assert (auto.device_type, auto.providers) == ("cpu", ["CPUExecutionProvider"])   # what runs, not the wish
+    assert probe_device(tiny_package, "auto") == "cpu"
+    assert preloaded                       # CUDA and cuDNN looked for in the nvidia-* packages first
+    assert auto.translate(["Guten Morgen."], source_lang="de", target_lang="en")[0].text
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="this onnxruntime has CUDA")
+def test_the_server_with_device_cuda_and_no_cuda_stops_before_starting_workers(tiny_package):
+    proc = subprocess.run([sys.executable, "-m", "service", "--model", str(tiny_package), "--device", "cuda",
+                           "--port", "0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "error: cannot serve: device=cuda" in proc.stderr and "onnxruntime-gpu" in proc.stderr
