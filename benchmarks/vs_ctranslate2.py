@@ -16,13 +16,26 @@ models/de-en, randomly initialised. From it:
     ours          model.import_marian: fp32 and int8 packages for service.engine.Engine
 
 Every configuration translates the same sentences (the German side of --data, or the tests' 64 Ding
-sentences), sorted by length and cut into the same batches; both engines get the same thread count,
-beam size, length penalty (1.0) and output budget (--max-length target tokens, eos included). A
+sentences), sorted by length and cut into the same batches; both engines get the same beam size, length
+penalty (1.0) and output budget (--max-length target tokens, eos included). Each engine gets its own
+best settings on this CPU, chosen by short passes before the measured ones and printed with every result:
+CTranslate2's process-wide environment (its defaults, CT2_USE_MKL flipped, OMP_WAIT_POLICY=PASSIVE;
+each tried in a child process), then for each precision and batch size both engines' thread counts
+(intra_threads 1, the usable physical cores, the usable logical CPUs where hyperthreads add some;
+CTranslate2 also inter_threads over sub-batches). `--threads N` gives both engines N threads instead. A
 random model rarely writes </s>, so its outputs run to that budget in both engines: equal work per
 sentence, which is what a speed comparison needs (its translations mean nothing).
 
     tok/s      target tokens produced (eos included) per second of wall time, tokenisation excluded
     p50 ms     latency of one batch
+
+The header names the CPU (/proc/cpuinfo), its logical CPUs, those this process may use, their physical
+cores, a cgroup CPU quota, the load average, and the ISA and GEMM backends CTranslate2 reports
+(CT2_VERBOSE=1). Why it matters: CTranslate2 runs its threads under OpenMP, whose threads meet at a
+barrier after each operator; with as many threads as CPUs, a core taken by any other process (a
+neighbour on a shared machine, a hyperthread sibling, a CPU quota below the CPU count) stalls every
+operator until the preempted thread runs again, so one sentence took 5-10x longer in some runs
+(vs-ctranslate2-cpu.md, "CTranslate2's settings"). onnxruntime's threads here sleep between operators.
 
 When the weights are a model's (--checkpoint, --package, --marian, not the random default) and --data
 has references (a second column), another table gives each engine's sacreBLEU and chrF at beam 4,
@@ -50,8 +63,10 @@ import argparse
 import concurrent.futures as cf
 import datetime
 import json
+import math
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -131,16 +146,19 @@ OURS_IMPORT = {"fp32": {}, "int8": {"quantize": "int8"}, "fp16": {"fp16": True}}
 DEVICE_PLAN = {"cpu": (("fp32", "int8"), 32), "cuda": (("fp32", "fp16"), 64)}
 
 
-def ct2_runner(path: Path, *, beam: int, max_length: int, threads: int, device: str = "cpu", outputs=None):
+def ct2_runner(path: Path, *, beam: int, max_length: int, threads: int, device: str = "cpu", outputs=None,
+               inter: int = 1):
     """run(batch of piece lists) -> target tokens; with `outputs` (a list) each best hypothesis's pieces
-    are appended to it."""
+    are appended to it. inter > 1: the batch is cut into `inter` sub-batches that CTranslate2's workers
+    translate in parallel, each on `threads` threads."""
     import ctranslate2
 
-    translator = ctranslate2.Translator(str(path), device=device, intra_threads=threads, inter_threads=1)
+    translator = ctranslate2.Translator(str(path), device=device, intra_threads=threads, inter_threads=inter)
 
     def run(batch: list[list[str]]) -> int:
         results = translator.translate_batch(batch, beam_size=beam, max_decoding_length=max_length,
-                                             min_decoding_length=0, length_penalty=1.0, return_end_token=True)
+                                             min_decoding_length=0, length_penalty=1.0, return_end_token=True,
+                                             max_batch_size=math.ceil(len(batch) / inter) if inter > 1 else 0)
         if outputs is not None:
             outputs.extend([p for p in r.hypotheses[0] if p != "</s>"] for r in results)
         return sum(len(r.hypotheses[0]) for r in results)
@@ -161,6 +179,143 @@ def ours_runner(package: Path, *, beam: int, max_length: int, threads: int, devi
             outputs.extend(hyps)
         return sum(len(t) + 1 for t in hyps)                                   # + eos, as CTranslate2 counts
     return run
+
+
+def cpu_facts() -> dict:
+    """The CPU as this process sees it. `cores`: the physical cores among the CPUs it may use (hyperthread
+    siblings counted once), capped by a cgroup quota: os.cpu_count() counts the host's logical CPUs, which
+    in a container or on an SMT machine is more threads than can run at once."""
+    try:
+        info = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        info = ""
+    field = lambda name: next((line.split(":", 1)[1].strip() for line in info.splitlines()   # noqa: E731
+                               if line.split(":", 1)[0].strip() == name), "")
+    usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    siblings = set()
+    for cpu in usable:
+        f = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+        siblings.add(f.read_text().strip() if f.exists() else str(cpu))
+    quota = None
+    try:
+        limit, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        quota = None if limit == "max" else int(limit) / int(period)
+    except (OSError, ValueError):
+        pass
+    cores = max(1, min(len(siblings), math.floor(quota) if quota else len(siblings)))
+    flags = set(field("flags").split())
+    return {"model": field("model name") or field("Hardware") or platform.processor() or platform.machine(),
+            "logical": os.cpu_count() or 1, "usable": len(usable), "physical": len(siblings), "quota": quota,
+            "cores": cores, "logical_usable": max(cores, min(len(usable), math.floor(quota) if quota else len(usable))),
+            "isa": [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8") if f in flags]}
+
+
+def describe_cpu(facts: dict) -> str:
+    quota = f", cgroup quota {facts['quota']:g} CPUs" if facts["quota"] else ", no cgroup CPU quota"
+    return (f"{facts['model']}; {facts['logical']} logical CPUs, {facts['usable']} usable by this process, "
+            f"{facts['physical']} physical cores among them{quota}; flags {' '.join(facts['isa']) or 'none of note'}")
+
+
+# Process-wide settings choose_ct2_env tries; "defaults" means none of them set.
+CT2_ENV = ("CT2_USE_MKL", "CT2_FORCE_CPU_ISA", "OMP_WAIT_POLICY")
+
+
+def ct2_defaults() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in CT2_ENV}
+
+
+def ct2_report(model: Path, env: dict[str, str], device: str = "cpu") -> dict[str, str]:
+    """What CTranslate2 says it runs with under `env` (CT2_VERBOSE=1, in a child process: these settings
+    are read once per process): ISA, MKL, GEMM backends, compute type; {"error": ...} if it refuses."""
+    code = ("import sys, ctranslate2; t = ctranslate2.Translator(sys.argv[1], device=sys.argv[2], intra_threads=1); "
+            "t.translate_batch([['</s>']], max_decoding_length=2)")
+    r = subprocess.run([sys.executable, "-c", code, str(model), device], capture_output=True, text=True, timeout=300,
+                       env=ct2_defaults() | env | {"CT2_VERBOSE": "1"})
+    if r.returncode:
+        return {"error": (r.stderr.strip().splitlines() or ["exit status %d" % r.returncode])[-1]}
+    out = {}
+    for key, pattern in (("ISA", r"Selected ISA: (\S+)"), ("MKL", r"Use Intel MKL: (\S+)"),
+                         ("GEMM_S8", r"GEMM_S8 backend: ([^(\n]+)"), ("SGEMM", r"SGEMM backend: ([^(\n]+)"),
+                         ("compute type", r"Selected compute type: (\S+)")):
+        m = re.search(pattern, r.stderr)
+        if m:
+            out[key] = m.group(1).strip()
+    return out
+
+
+def thread_candidates(facts: dict, batch: int, engine: str) -> list[tuple[int, int]]:
+    """(intra, inter) pairs worth trying: 1 thread (no barrier to stall), all physical cores, all logical
+    CPUs where hyperthreads add some, and for CTranslate2 batches over sub-batches in parallel."""
+    out = [(1, 1)]
+    for n in (facts["cores"], facts["logical_usable"]):
+        if (n, 1) not in out:
+            out.append((n, 1))
+    if engine == "ctranslate2" and batch > 1 and facts["cores"] > 1:
+        out.append((1, facts["cores"]))
+    return out
+
+
+def describe_threads(engine: str, intra: int, inter: int) -> str:
+    if engine == "ctranslate2":
+        return f"intra {intra} × inter {inter}"
+    return f"intra {intra}"
+
+
+def probe_env(args_file: Path) -> None:
+    """Child side of choose_ct2_env: times one environment, prints JSON."""
+    spec = json.loads(args_file.read_text(encoding="utf-8"))
+    pieces, best = spec["pieces"], {}
+    for intra in spec["threads"]:
+        for size in (1, spec["batch"]):
+            groups = batches(pieces, size)[: 8 if size == 1 else 2]
+            run = ct2_runner(Path(spec["model"]), beam=4, max_length=spec["max_length"], threads=intra)
+            r = max((measure(run, groups) for _ in range(2)), key=lambda r: r["tok_s"])
+            if r["tok_s"] > best.get(size, {}).get("tok_s", 0):
+                best[size] = r | {"intra": intra}
+    print(json.dumps({str(k): v for k, v in best.items()}))
+
+
+def choose_ct2_env(model: Path, pieces: list[list[str]], *, batch: int, max_length: int, facts: dict,
+                   work: Path) -> tuple[dict[str, str], list[dict]]:
+    """CTranslate2's process-wide settings: its defaults, the other GEMM backend (MKL is its default on
+    Intel CPUs only, so CT2_USE_MKL=0 changes nothing on AMD, where =1 is the one to try), and OpenMP
+    threads that sleep at once instead of spinning (OMP_WAIT_POLICY=PASSIVE). Each is timed in a child
+    process at beam 4, batch 1 and `batch`; the best geometric mean of the two tok/s wins."""
+    default = ct2_report(model, {})
+    candidates = [{}, {"CT2_USE_MKL": "0" if default.get("MKL") == "true" else "1"}, {"OMP_WAIT_POLICY": "PASSIVE"}]
+    spec = work / "probe.json"
+    spec.write_text(json.dumps({"model": str(model), "pieces": pieces, "batch": batch, "max_length": max_length,
+                                "threads": sorted({facts["cores"], 1})}), encoding="utf-8")
+    rows = []
+    for env in candidates:
+        label = " ".join(f"{k}={v}" for k, v in env.items()) or "defaults"
+        report = default if not env else ct2_report(model, env)
+        if "error" in report:
+            rows.append({"env": env, "label": label, "report": report, "score": 0.0})
+            print(f"CTranslate2 with {label}: refused ({report['error']})", flush=True)
+            continue
+        r = subprocess.run([sys.executable, __file__, "--probe-env", str(spec)], capture_output=True, text=True,
+                           env=ct2_defaults() | env, timeout=600, cwd=ROOT)
+        if r.returncode:
+            raise RuntimeError(f"probing CTranslate2 with {label} failed: {r.stderr[-2000:]}")
+        best = json.loads(r.stdout.strip().splitlines()[-1])
+        one, many = best["1"], best[str(batch)]
+        rows.append({"env": env, "label": label, "report": report, "one": one, "many": many,
+                     "score": math.sqrt(one["tok_s"] * many["tok_s"])})
+        print(f"CTranslate2 with {label} ({', '.join(f'{k} {v}' for k, v in report.items())}): beam 4 batch 1 "
+              f"p50 {one['p50_ms']:.1f} ms (intra {one['intra']}), batch {batch} {many['tok_s']:,.0f} tok/s "
+              f"(intra {many['intra']})", flush=True)
+    return max(rows, key=lambda r: r["score"])["env"], rows
+
+
+def choose_threads(make, groups: list[list], candidates: list[tuple[int, int]]) -> tuple[tuple[int, int], dict]:
+    """The (intra, inter) pair with the most tok/s over a sample of `groups`, best of 2 short passes each;
+    make(intra, inter) -> run. Returns the pair and every candidate's tok/s."""
+    tried = {}
+    for c in candidates:
+        run = make(*c)
+        tried[c] = max(measure(run, groups)["tok_s"] for _ in range(2))
+    return max(tried, key=tried.get), tried
 
 
 def read_references(data: Path | None, n: int) -> list[str] | None:
@@ -319,8 +474,10 @@ def main(argv=None) -> None:
     p.add_argument("--max-length", type=int, default=48, help="output budget in tokens, eos included")
     p.add_argument("--device", choices=sorted(DEVICE_PLAN), default="cpu", help="cpu: fp32 and int8 at batch 32; "
                    "cuda: fp32 and fp16 at batch 64 (CTranslate2 and onnxruntime-gpu on the first GPU)")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for both engines")
-    p.add_argument("--served-workers", type=int, help="the server's inference workers (default: --threads over "
+    p.add_argument("--threads", type=int, help="intra-op threads for both engines, no choosing (default: each "
+                   "engine's best of 1, the physical cores and the logical CPUs this process may use, chosen "
+                   "per precision and batch size; CTranslate2's inter_threads and environment too)")
+    p.add_argument("--served-workers", type=int, help="the server's inference workers (default: usable cores over "
                    "--served-threads, so one worker per core: while one runs Python between steps, another runs "
                    "the model)")
     p.add_argument("--served-threads", type=int, default=1, help="onnxruntime threads per server worker")
@@ -330,7 +487,14 @@ def main(argv=None) -> None:
                    "each is reported (default 3, or 5 with --quick: short passes are the noisiest)")
     p.add_argument("--no-http", action="store_true", help="skip the served measurement")
     p.add_argument("--out", type=Path, help="also write the results as Markdown here")
+    p.add_argument("--probe-env", type=Path, help=argparse.SUPPRESS)     # choose_ct2_env's child processes
     args = p.parse_args(argv)
+    if args.probe_env:
+        return probe_env(args.probe_env)
+    facts, load_start = cpu_facts(), os.getloadavg()
+    tune = args.threads is None and args.device == "cpu"
+    if args.threads is None:
+        args.threads = 1 if args.device == "cuda" else facts["cores"]
     if args.quick:
         args.sentences, args.max_length = 64, 32
     if args.repeat is None:
@@ -339,7 +503,7 @@ def main(argv=None) -> None:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.served_workers is None:
-        args.served_workers = 1 if args.device == "cuda" else max(1, args.threads // args.served_threads)
+        args.served_workers = 1 if args.device == "cuda" else max(1, facts["cores"] // args.served_threads)
     if args.device == "cuda":
         import ctranslate2
         import onnxruntime
@@ -392,22 +556,43 @@ def main(argv=None) -> None:
         order = sorted(range(len(sentences)), key=lambda i: len(encoded[i]))
         ids = [encoded[i] for i in order]
         pieces = [tok.convert_ids_to_tokens(i) for i in ids]
-        rows = []
+        env, env_rows = {}, []
+        if tune:
+            # Read once when CTranslate2's library loads, so they must be in place before this process's
+            # first `import ctranslate2`.
+            assert "ctranslate2" not in sys.modules
+            env, env_rows = choose_ct2_env(work / f"ct2-{low}", pieces, batch=large, max_length=args.max_length,
+                                           facts=facts, work=work)
+            os.environ.update(env)
+        ct2_in_use = ct2_report(work / f"ct2-{low}", env, args.device)
+
+        def runner(engine, precision, beam, intra, inter):
+            if engine == "ctranslate2":
+                return ct2_runner(work / f"ct2-{precision}", beam=beam, max_length=args.max_length, threads=intra,
+                                  inter=inter, device=args.device)
+            return ours_runner(work / f"ours-{precision}", beam=beam, max_length=args.max_length, threads=intra,
+                               device=args.device)
+
+        rows, chosen = [], {}
         for beam in (4, 1):
             for size in (1, large):
                 runs = {}
                 for engine, precision in [(e, p) for p in precisions for e in ("ctranslate2", "ours")]:
-                    if engine == "ctranslate2":
-                        run = ct2_runner(work / f"ct2-{precision}", beam=beam, max_length=args.max_length,
-                                         threads=args.threads, device=args.device)
-                        groups = batches(pieces, size)
-                    else:
-                        run = ours_runner(work / f"ours-{precision}", beam=beam, max_length=args.max_length,
-                                          threads=args.threads, device=args.device)
-                        groups = batches(ids, size)
+                    groups = batches(pieces if engine == "ctranslate2" else ids, size)
                     if size == 1:
                         groups = groups[: max(16, len(groups) // 4)]   # batch 1 is slow; a sample is enough
-                    runs[engine, precision] = run, groups
+                    key = engine, precision, size
+                    if key not in chosen:            # chosen at beam 4, kept for greedy
+                        candidates = thread_candidates(facts, size, engine) if tune else [(args.threads, 1)]
+                        if len(candidates) == 1:
+                            chosen[key] = candidates[0], {}
+                        else:
+                            chosen[key] = choose_threads(lambda i, n: runner(engine, precision, beam, i, n),
+                                                         groups[:8 if size == 1 else 2], candidates)
+                            print(f"{engine:12} {precision} batch {size:2} threads: " + ", ".join(
+                                f"{describe_threads(engine, *c)} {t:,.0f} tok/s" for c, t in chosen[key][1].items())
+                                + f" -> {describe_threads(engine, *chosen[key][0])}", flush=True)
+                    runs[engine, precision] = runner(engine, precision, beam, *chosen[key][0]), groups
                 # The engines take turns, and each keeps its best pass: a noisy neighbour on a shared
                 # machine slows a pass down, never speeds one up.
                 best: dict[tuple, dict] = {}
@@ -417,9 +602,11 @@ def main(argv=None) -> None:
                         if key not in best or r["tok_s"] > best[key]["tok_s"]:
                             best[key] = r
                 for (engine, precision), r in best.items():
-                    rows.append({"engine": engine, "precision": precision, "beam": beam, "batch": size} | r)
+                    settings = describe_threads(engine, *chosen[engine, precision, size][0])
+                    rows.append({"engine": engine, "precision": precision, "beam": beam, "batch": size,
+                                 "settings": settings} | r)
                     print(f"{engine:12} {precision} beam {beam} batch {size:2}: {r['tok_s']:8.0f} tok/s  "
-                          f"p50 {r['p50_ms']:8.1f} ms", flush=True)
+                          f"p50 {r['p50_ms']:8.1f} ms  ({settings})", flush=True)
         references = None if not (args.checkpoint or args.package or args.marian) else read_references(
             args.data, args.sentences)
         bleu = []
@@ -439,15 +626,15 @@ def main(argv=None) -> None:
         return by[engine, precision, beam, batch]["tok_s"]
 
     ratio = {p: tok_s("ours", p) / tok_s("ctranslate2", p) for p in precisions}
-    lines = ["| search | batch | precision | CTranslate2 tok/s | ours tok/s | ratio | CTranslate2 p50 ms | ours p50 ms |",
-             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    lines = ["| search | batch | precision | CTranslate2 tok/s | ours tok/s | ratio | CTranslate2 p50 ms | ours p50 ms "
+             "| CTranslate2 threads | our threads |", "|---|---:|---|---:|---:|---:|---:|---:|---|---|"]
     for beam in (4, 1):
         for size in (1, large):
             for precision in precisions:
                 c, o = by["ctranslate2", precision, beam, size], by["ours", precision, beam, size]
                 lines.append(f"| {'beam 4' if beam > 1 else 'greedy'} | {size} | {precision} | {c['tok_s']:,.0f} | "
                              f"{o['tok_s']:,.0f} | {o['tok_s'] / c['tok_s']:.2f} | {c['p50_ms']:,.1f} | "
-                             f"{o['p50_ms']:,.1f} |")
+                             f"{o['p50_ms']:,.1f} | {c['settings']} | {o['settings']} |")
     served_ratio = None
     if http:
         served_ratio = http["tok_s"] / tok_s("ctranslate2", low)
@@ -475,15 +662,36 @@ def main(argv=None) -> None:
         lines += [f"| {b['precision']} | {b['ct2'].score:.2f} / {b['ct2_chrf'].score:.2f} | {b['ours'].score:.2f} / "
                   f"{b['ours_chrf'].score:.2f} | {b['difference']:+.2f} | "
                   f"{b['same']} of {b['n']} |" for b in bleu]
+    if env_rows:
+        lines += ["", f"| CTranslate2 environment ({low}, beam 4, best of threads 1 and {facts['cores']}) | "
+                  f"as CTranslate2 reports it | batch 1 p50 ms | batch {large} tok/s | chosen |",
+                  "|---|---|---:|---:|---|"]
+        lines += [f"| {r['label']} | {', '.join(f'{k} {v}' for k, v in r['report'].items())} | "
+                  + (f"{r['one']['p50_ms']:,.1f} (intra {r['one']['intra']}) | {r['many']['tok_s']:,.0f} "
+                     f"(intra {r['many']['intra']}) | " if "one" in r else "refused | refused | ")
+                  + ("yes" if r["env"] == env else "") + " |" for r in env_rows]
     table = "\n".join(lines)
     import ctranslate2
     import onnxruntime
     command = "python benchmarks/vs_ctranslate2.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    load_end = os.getloadavg()
+    in_use = ", ".join(f"{k} {v}" for k, v in ct2_in_use.items())
     header = [f"- command: `{command.strip()}`", f"- date: {datetime.date.today()}",
-              f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs, "
-              f"{platform.system()} {platform.release()}; {args.threads} threads for each engine"
+              f"- machine: {describe_cpu(facts)}; {platform.system()} {platform.release()}"
               + (f"; GPU: {gpu_name()}" if args.device == "cuda" else ""),
+              f"- load average (1 min) at the start and the end: {load_start[0]:.2f}, {load_end[0]:.2f} on "
+              f"{facts['usable']} CPUs" + (" (other processes shared the CPUs: expect noise)"
+                                          if max(load_start[0], load_end[0]) > 0.5 * facts["usable"] else ""),
               f"- versions: ctranslate2 {ctranslate2.__version__}, onnxruntime {onnxruntime.__version__}",
+              f"- CTranslate2 as measured: {' '.join(f'{k}={v}' for k, v in env.items()) or 'its default environment'}"
+              f" ({in_use}); supported compute types on {args.device}: "
+              f"{', '.join(sorted(ctranslate2.get_supported_compute_types(args.device)))}",
+              "- threads: " + (f"chosen for each engine, precision and batch size at beam 4 (greedy reuses them), "
+                               f"the most tok/s of 2 short passes each over 1 thread, the {facts['cores']} usable "
+                               f"physical cores and the {facts['logical_usable']} usable logical CPUs "
+                               f"(CTranslate2 also 1 thread × {facts['cores']} workers over sub-batches); ours "
+                               "sleep between operators (the engine's default)" if tune
+                               else f"{args.threads} intra-op threads for each engine (--threads)"),
               f"- weights: {what}",
               f"- inputs: {len(sentences)} sentences ({args.data or 'the tests’ 64 Ding sentences, repeated'}), "
               f"sorted by length; output budget {args.max_length} tokens; length penalty 1.0",
