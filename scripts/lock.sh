@@ -12,8 +12,16 @@ python3 -m venv "$tools/venv"
 "$tools/venv/bin/pip" install --quiet uv 2>/dev/null
 constraints=()
 if [ -x .venv/bin/pip ]; then
-  .venv/bin/pip freeze --exclude-editable | grep -v '@ file' > "$tools/tested.txt"
+  # onnxruntime comes from pyproject.toml's pin alone: a venv made before the pin moved must not win, or
+  # the CPU lock would drift from the GPU lock (onnxruntime-gpu has no such venv to follow).
+  .venv/bin/pip freeze --exclude-editable | grep -v '@ file' | grep -viE '^onnxruntime(-gpu)?==' \
+    > "$tools/tested.txt"
   constraints=(-c "$tools/tested.txt")
+  pinned=$(grep -oE '"onnxruntime==[^"]+"' pyproject.toml | tr -d '"')
+  tested=$(.venv/bin/pip freeze | grep -iE '^onnxruntime==' || true)
+  if [ "$pinned" != "$tested" ]; then
+    echo "warning: .venv runs ${tested:-no onnxruntime}, the images $pinned: pip install $pinned" >&2
+  fi
 fi
 for extra in serve gpu; do
   out=deploy/docker/requirements-$extra.lock
