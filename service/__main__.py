@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .app import build_server
     from .engine import DeviceError, PackageError
+    from .litserve_bridge import serving
     from .uvicorn_bridge import JsonErrorHTTPProtocol
 
     try:
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     def on_sigterm(signum, frame):
-        if getattr(server, "_shutdown_event", None) is None:  # still starting: nothing to drain
+        if not serving(server):  # still starting: nothing to drain
             raise KeyboardInterrupt
         threading.Thread(target=gateway.drain_and_stop, args=(settings.drain_timeout_s,), daemon=True).start()
 

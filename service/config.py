@@ -31,7 +31,7 @@ class Settings:
     worker_nice: int = 10
     max_batch_size: int = 32            # requests one worker takes at once
     # After a worker takes a request, how long it waits for more. 0: a lone request starts at once, and
-    # requests that arrive while a worker is busy still form its next batch (service/batching.py).
+    # requests that arrive while a worker is busy still form its next batch (service/litserve_bridge.py).
     batch_timeout_ms: float = 0.0
     max_batch_tokens: int = 8192        # padded source tokens per engine call (beams multiply this)
     max_texts: int = 64                 # texts per request

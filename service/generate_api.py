@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import litserve as ls
 import numpy as np
 
-from .batching import PromptBatchedStreamingLoop
+from .litserve_bridge import PromptBatchedStreamingLoop
 from .config import Settings, lower_worker_priority
 from .engine import Engine, SearchOptions
 from .cancel import CancelBoard

@@ -1,30 +1,44 @@
-"""How an inference worker takes requests off its queue: the moment it is free.
+"""The one module that touches LitServe's internals (litserve==0.2.19 is pinned for them): the worker loop
+that takes requests off a queue, and the HTTP side's way into and out of the workers (`Workers`).
 
-LitServe's collector (0.2.19) opens a window of `batch_timeout` whenever the worker asks for work,
-queue empty or not, and closes it only when it runs out or the batch is full: a lone request on an
-idle worker waits out the rest of the window, and with a window of 0 the worker polls the queue
-without sleeping. Ours blocks until a request arrives, takes it with every request already queued
-behind it, and then waits for more only up to `batch_timeout` after the first (0: not at all).
+How an inference worker takes requests off its queue: the moment it is free. LitServe's collector opens
+a window of `batch_timeout` whenever the worker asks for work, queue empty or not, and closes it only
+when it runs out or the batch is full: a lone request on an idle worker waits out the rest of the
+window, and with a window of 0 the worker polls the queue without sleeping. Ours blocks until a request
+arrives, takes it with every request already queued behind it, and then waits for more only up to
+`batch_timeout` after the first (0: not at all). Under load nothing is lost by not waiting: requests
+that arrive while the worker runs a batch queue up and become the next batch. The window is worth
+setting only for bursts that arrive spread out by less than a batch's run time.
 
-Under load nothing is lost by not waiting: requests that arrive while the worker runs a batch queue
-up and become the next batch. The window is worth setting only for bursts that arrive spread out by
-less than a batch's run time.
+The HTTP side: LitServe's timeout only evicts requests still queued, and its monitor does not reach an
+HTTP process's requests when a worker dies: without the two bounds in `Workers.call` such a request
+would wait forever.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import pickle
 import time
+from collections import deque
 from queue import Empty, Queue
+from typing import AsyncIterator
 
-from fastapi import HTTPException
+import litserve as ls
+from fastapi import HTTPException, Request
 from litserve import LitAPI
 from litserve.callbacks import CallbackRunner, EventTypes
 from litserve.loops import BatchedLoop, BatchedStreamingLoop
 from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
+from litserve.server import RegularRequestHandler, StreamingRequestHandler
 from litserve.transport.base import MessageTransport
-from litserve.utils import LitAPIStatus, LoopResponseType, PickleableHTTPException
+from litserve.utils import LitAPIStatus, LoopResponseType, PickleableHTTPException, ResponseBufferItem, WorkerSetupStatus
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .cancel import CancelBoard
+from .errors import ApiError, queue_timeout, worker_failed
 from .metrics import m
 
 log = logging.getLogger("transerve")
@@ -32,16 +46,17 @@ log = logging.getLogger("transerve")
 IDLE_WAKE_S = 1.0   # an idle worker still returns to its loop this often
 
 
+# --- the worker side -----------------------------------------------------------------------------
 class PromptBatchedLoop(BatchedLoop):
     """LitServe's batched loop (decode_request, batch, predict, unbatch, encode_response) with the
-    collector above."""
+    collector described above."""
 
     def get_batch_requests(self, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport):
         return collect(self, lit_api, request_queue, transport)
 
 
 class PromptBatchedStreamingLoop(BatchedStreamingLoop):
-    """LitServe's batched streaming loop (0.2.19) with the collector above. That loop calls LitServe's
+    """LitServe's batched streaming loop with the collector described above. That loop calls LitServe's
     collector directly rather than through `get_batch_requests`, so this is its body, less the
     LitSpec contexts we do not use: decode_request and batch once, then every item predict yields goes
     through unbatch and encode_response and out to each request's HTTP process, then FINISH."""
@@ -121,3 +136,177 @@ def collect(loop: BatchedLoop | BatchedStreamingLoop, lit_api: LitAPI, request_q
         except Empty:
             break
     return payloads, timed_out
+
+
+# --- the HTTP side --------------------------------------------------------------------------------
+async def until_disconnected(request: Request) -> None:
+    """Returns when the client goes away. A blocking receive, not polling is_disconnected(): under
+    Starlette's BaseHTTPMiddleware the latter never sees the disconnect (its zero-timeout receive
+    is cancelled inside the middleware's task group)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class Workers:
+    """The inference workers of a LitServer as an HTTP process sees them: `call` for a request with one
+    answer, `events` for a request answered step by step, `ready` and `stop` for the server's life.
+
+    A worker that stops being ready fails the requests in flight at once (503, retry); twice the queue
+    timeout bounds queue wait plus the longest computation (504)."""
+
+    def __init__(self, server: ls.LitServer, apis: dict[str, LitAPI | None], board: CancelBoard,
+                 request_timeout_s: float):
+        self.server, self.board, self.request_timeout_s = server, board, request_timeout_s
+        self.handlers = {endpoint: (StreamingRequestHandler if api.stream else RegularRequestHandler)(api, server)
+                         for endpoint, api in apis.items() if api is not None}
+        self._watcher: asyncio.Future | None = None      # see lost(); one per HTTP process
+        self._lost: dict[str, asyncio.Event] = {}
+        self._lost_at: dict[str, float] = {}              # when the watcher last saw a worker stop (monotonic)
+
+    def serves(self, endpoint: str) -> bool:
+        return endpoint in self.handlers
+
+    async def call(self, endpoint: str, payload: dict, request: Request | None) -> dict | None:
+        """The worker's answer to `payload`; None when the client went away first (its request is then
+        dropped from the worker's queue and from the engine batches not yet run)."""
+        uid = await self._enqueue(endpoint, payload)
+        answered = asyncio.Event()
+        self.server.response_buffer[uid] = item = ResponseBufferItem(answered)
+        waits = {asyncio.ensure_future(answered.wait()): "answered",
+                 asyncio.ensure_future(self.lost(endpoint).wait()): "worker lost"}
+        if request is not None:
+            waits[asyncio.ensure_future(until_disconnected(request))] = "client gone"
+        deadline = 2 * self.request_timeout_s
+        try:
+            done, _ = await asyncio.wait(waits, timeout=deadline, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+            self.server.response_buffer.pop(uid, None)  # a late answer then finds no one waiting
+        what = {waits[t] for t in done}
+        if "answered" in what:
+            return self._answer(endpoint, *item.response)
+        self.board.cancel(payload["number"])  # the worker skips it, queued or between engine batches
+        if "client gone" in what:
+            m().cancelled.labels(endpoint).inc()
+            return None
+        if "worker lost" in what:
+            raise worker_failed("the inference worker stopped while running this request (it is being "
+                                "restarted); retry", retry_after_s=2)
+        raise ApiError(504, "timeout", f"no answer within {deadline:g} s", headers={"Retry-After": "5"})
+
+    def _answer(self, endpoint: str, response, status) -> dict:
+        if status != LitAPIStatus.ERROR:
+            return response
+        try:
+            self.handlers[endpoint]._handle_error_response(response)   # raises LitServe's HTTPException
+        except StarletteHTTPException as e:
+            if e.status_code == 504:  # LitServe evicted it from the queue before a worker took it
+                raise queue_timeout(self.request_timeout_s) from None
+        raise worker_failed("the inference worker failed while running this request; retry")
+
+    async def events(self, endpoint: str, payload: dict) -> AsyncIterator[dict]:
+        """Submits to a streaming endpoint's workers and yields their per-step events for this request."""
+        uid = await self._enqueue(endpoint, payload)
+        available, queue = asyncio.Event(), deque()
+        self.server.response_buffer[uid] = ResponseBufferItem(event=available, response_queue=queue)
+        stream = self.server.data_streamer(queue, data_available=available, send_status=True)
+        # As in call(): a worker that dies sends nothing more, so each wait races the worker watcher.
+        lost = asyncio.ensure_future(self.lost(endpoint).wait())
+        step = None
+        try:
+            while True:
+                step = asyncio.ensure_future(anext(stream))
+                await asyncio.wait({step, lost}, return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():
+                    raise worker_failed("the generation worker stopped while running this request (it is being "
+                                        "restarted); retry", retry_after_s=2)
+                try:
+                    data, status = step.result()
+                except StopAsyncIteration:
+                    return
+                if status == LitAPIStatus.ERROR:
+                    self._stream_error(data)
+                if data:
+                    yield json.loads(data) if isinstance(data, (str, bytes)) else data
+        finally:
+            lost.cancel()
+            if step is not None and not step.done():
+                # Worker lost, or this request cancelled (its client went away) while waiting: the
+                # streamer must stop running before aclose(), and the cancellation must not stop that wait.
+                # A payload still in the queue is skipped by whichever worker takes it (a restarted one).
+                self.board.cancel(payload["number"])
+                step.cancel()
+                await asyncio.shield(asyncio.wait({step}))
+            await stream.aclose()
+            self.server.response_buffer.pop(uid, None)
+
+    def _stream_error(self, data) -> None:
+        try:
+            err = pickle.loads(data) if isinstance(data, bytes) else data
+        except Exception:
+            err = None
+        if getattr(err, "status_code", None) == 504:
+            raise queue_timeout(self.request_timeout_s)
+        raise worker_failed("the inference worker failed while running this request; retry")
+
+    async def _enqueue(self, endpoint: str, payload: dict) -> str:
+        """Puts a request on a worker queue; its uid. The queue-depth gauge goes up here and down only
+        where a worker takes the request off the queue (collect), whatever happens after.
+
+        Held back for a moment after a worker of `endpoint` was lost: LitServe's queues live in a manager
+        process, and a get() the dead worker was waiting in goes on there until its timeout (IDLE_WAKE_S),
+        handing the next request put on the queue to no one. A request put before the loss was seen fails
+        with the others (lost); one put after must wait that get out."""
+        lost_at = self._lost_at.get(endpoint)
+        if lost_at is not None and (wait := lost_at + IDLE_WAKE_S + 0.5 - time.monotonic()) > 0:
+            await asyncio.sleep(wait)
+        m().queue_depth.labels(endpoint).inc()   # before the put: the worker may take it at once
+        try:
+            return (await self.handlers[endpoint]._submit_request(payload))[0]
+        except BaseException:
+            m().queue_depth.labels(endpoint).dec()
+            raise
+
+    def lost(self, endpoint: str) -> asyncio.Event:
+        """An event set when a worker of `endpoint` stops being ready or a new one starts (it died;
+        LitServe restarts it). One watcher per HTTP process polls the shared worker states and start
+        counts twice a second, whatever the load: a small model's new worker can be ready again before
+        the next poll, so its start is what shows the death."""
+        if self._watcher is None or self._watcher.done():
+            self._lost, self._watcher = {}, asyncio.ensure_future(self._watch())
+        return self._lost.setdefault(endpoint, asyncio.Event())
+
+    async def _watch(self) -> None:
+        status = getattr(self.server, "workers_setup_status", None)
+        seen: dict[str, str] = {}
+        starts = self.board.worker_starts()
+        while status is not None:
+            await asyncio.sleep(0.5)
+            try:
+                now = status.copy()  # one round trip to the manager process
+            except Exception:  # the manager is gone: shutting down
+                return
+            lost = {key.rsplit("_", 1)[0] for key, state in now.items()
+                    if seen.get(key) == WorkerSetupStatus.READY and state != WorkerSetupStatus.READY}
+            seen, now_starts = now, self.board.worker_starts()
+            lost |= {e for e, n in now_starts.items() if n != starts.get(e, n)}
+            starts = now_starts
+            for endpoint in lost:
+                self._lost_at[endpoint] = time.monotonic()
+                event = self._lost.pop(endpoint, None)
+                if event is not None:
+                    event.set()  # requests waiting now fail; later ones get a new event
+
+    def ready(self) -> bool:
+        """Every worker loaded and warmed up."""
+        status = getattr(self.server, "workers_setup_status", None) or {}
+        return bool(status) and all(v == WorkerSetupStatus.READY for v in status.values())
+
+    def stop(self) -> None:
+        self.server._shutdown_event.set()
+
+
+def serving(server: ls.LitServer) -> bool:
+    """Whether server.run() got as far as serving (before, a SIGTERM has nothing to drain)."""
+    return getattr(server, "_shutdown_event", None) is not None

@@ -23,7 +23,7 @@ from pathlib import Path
 import litserve as ls
 import numpy as np
 
-from .batching import PromptBatchedLoop
+from .litserve_bridge import PromptBatchedLoop
 from .cancel import CancelBoard
 from .config import Settings, lower_worker_priority
 from .engine import Engine, SearchOptions, load_package

@@ -1,4 +1,4 @@
-"""The translation workers' batch collector (service/batching.py), on a real queue with LitServe's
+"""The translation workers' batch collector (service/litserve_bridge.py), on a real queue with LitServe's
 own queue transport: what it takes, when it stops waiting, and what it tells the HTTP process."""
 
 import queue
@@ -10,8 +10,8 @@ from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
 from litserve.transport.process_transport import MPQueueTransport
 from litserve.utils import LitAPIStatus
 
-from service import batching
-from service.batching import PromptBatchedLoop, collect
+from service import litserve_bridge as batching
+from service.litserve_bridge import PromptBatchedLoop, collect
 from service.cancel import CancelBoard
 from service.config import Settings
 from service.translate_api import TranslateAPI

@@ -1,0 +1,60 @@
+"""Admission: the bound on requests waiting or running, shared by every HTTP process, and the drain on
+SIGTERM. Each endpoint holds a place for as long as its request is queued or running:
+
+    with admission.admitted("translate"):
+        answer = await workers.call(...)
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import time
+from contextlib import contextmanager
+
+from .errors import ApiError
+from .metrics import m
+
+log = logging.getLogger("transerve")
+
+
+class Admission:
+    def __init__(self, max_queue: int):
+        self.max_queue = max_queue
+        # Shared by every HTTP process (LitServe forks them after this): the bound is global, and
+        # SIGTERM in the main process can see when the last request has been answered.
+        self.active = mp.Value("i", 0)
+        self.draining = mp.Event()
+
+    @contextmanager
+    def admitted(self, endpoint: str):
+        """Holds one of the max_queue places, or refuses with 503 (full, or shutting down)."""
+        if self.draining.is_set():
+            raise ApiError(503, "shutting_down", "the server is shutting down; retry on another replica",
+                           headers={"Retry-After": "1"})
+        with self.active.get_lock():
+            full = self.active.value >= self.max_queue
+            if not full:
+                self.active.value += 1
+        if full:
+            m().rejected.labels(endpoint).inc()
+            raise ApiError(503, "overloaded", f"{self.max_queue} requests are already waiting; retry later",
+                           self.max_queue, {"Retry-After": "1"})
+        m().in_flight.labels(endpoint).inc()
+        try:
+            yield
+        finally:
+            with self.active.get_lock():
+                self.active.value -= 1
+            m().in_flight.labels(endpoint).dec()
+
+    def drain(self, grace_s: float) -> None:
+        """Refuses new requests (and /ready fails), then waits up to grace_s for the admitted ones."""
+        self.draining.set()
+        deadline = time.monotonic() + grace_s
+        # Connections accepted just before the signal may not have reached a handler yet: give them a
+        # moment to be admitted (or refused with 503) before waiting for the active count to reach 0.
+        time.sleep(min(1.0, grace_s))
+        while self.active.value > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        log.info("drained (%d requests still active); stopping", self.active.value)

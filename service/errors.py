@@ -1,0 +1,116 @@
+"""Every error the HTTP layer answers, in the one documented shape:
+
+    {"error": {"type": "...", "message": "...", "limit": 1000}, "request_id": "..."}
+
+(LitServe's and Starlette's own errors included), or LibreTranslate's `{"error": "..."}` under
+/libretranslate/ for its clients.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+# The `kind` label of transerve_errors_total for each status; anything else counts as "internal".
+ERROR_KIND = {400: "validation", 401: "auth", 403: "auth", 413: "limit", 422: "validation", 429: "overload",
+              503: "overload", 504: "timeout"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, type_: str, message: str, limit: int | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.type, self.message, self.limit, self.headers = status, type_, message, limit, headers or {}
+
+    def body(self, request_id: str | None) -> dict:
+        err: dict[str, Any] = {"type": self.type, "message": self.message}
+        if self.limit is not None:
+            err["limit"] = self.limit
+        return {"error": err, "request_id": request_id}
+
+
+def worker_failed(why: str, retry_after_s: int = 1) -> ApiError:
+    """A worker died or failed a whole batch under a request (LitServe restarts it): worth a retry."""
+    return ApiError(503, "worker_failed", why, headers={"Retry-After": str(retry_after_s)})
+
+
+def queue_timeout(request_timeout_s: float) -> ApiError:
+    return ApiError(504, "timeout", f"the request waited more than {request_timeout_s:g} s for a worker",
+                    headers={"Retry-After": "5"})
+
+
+def raise_worker_error(event: dict) -> dict:
+    """A worker's answer or event, or the error it carries (one request's own failure) raised."""
+    if "error" in event:
+        e = event["error"]
+        raise ApiError(event["status"], e["type"], e["message"], e.get("limit"))
+    return event
+
+
+def parse_error(e: BaseException | None) -> str:
+    """Why a body is not JSON, for the client."""
+    if isinstance(e, UnicodeDecodeError):
+        return f"the body is not valid UTF-8 (byte {e.start}); send JSON text encoded as UTF-8"
+    if isinstance(e, RecursionError):
+        return "the body's JSON is nested too deeply to parse; nest it a few hundred levels at most"
+    return "the body is not valid JSON"
+
+
+def first_error(e: ValidationError | RequestValidationError) -> str:
+    parts = []
+    for err in e.errors()[:3]:
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
+        msg = err.get("msg", "invalid").removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}")
+    return "; ".join(parts)
+
+
+def too_large(max_payload_bytes: int) -> ApiError:
+    return ApiError(413, "payload_too_large", f"the body is larger than {max_payload_bytes} bytes "
+                    "(--max-payload-bytes)", max_payload_bytes, {"Connection": "close"})
+
+
+def error_response(path: str, request_id: str | None, e: ApiError) -> JSONResponse:
+    if path.startswith("/libretranslate/"):  # LibreTranslate's shape, for its clients
+        return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
+    return JSONResponse(e.body(request_id), status_code=e.status, headers=e.headers)
+
+
+def install_handlers(app, max_payload_bytes: int) -> None:
+    """Our errors, FastAPI's validation errors and Starlette's own (404, 405 with its Allow header, a body
+    FastAPI could not parse, a body over the limit) all answered in the shape above."""
+
+    async def api_error(request: Request, e: ApiError) -> JSONResponse:
+        return error_response(request.url.path, getattr(request.state, "request_id", None), e)
+
+    async def validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
+        errs = e.errors()
+        if any(err.get("type") == "json_invalid" for err in errs):
+            err = ApiError(400, "invalid_json", "the body is not valid JSON")
+        elif any(tuple(err.get("loc", ())) == ("body",) and err.get("type") != "value_error" for err in errs):
+            # (a value_error at the body itself is a model validator's: a 422 like any field's)
+            err = ApiError(400, "invalid_json", "the body must be a JSON object sent with Content-Type: application/json")
+        else:
+            err = ApiError(422, "invalid_request", first_error(e))
+        return await api_error(request, err)
+
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        kinds = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
+                 504: "timeout"}
+        kind, limit = kinds.get(e.status_code, "error"), None
+        message = str(e.detail) if e.status_code < 500 else "internal error"
+        if e.status_code == 400 and e.__cause__ is not None:  # FastAPI's "There was an error parsing the body"
+            kind, message = "invalid_json", parse_error(e.__cause__)
+        elif e.status_code == 413:
+            limited = too_large(max_payload_bytes)
+            message, limit = limited.message, limited.limit
+        return await api_error(request, ApiError(e.status_code, kind, message, limit, dict(e.headers or {})))
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
