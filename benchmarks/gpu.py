@@ -1,0 +1,415 @@
+"""The GPU goals in one run: fp16 against fp32, batch invariance, and speed side by side with CTranslate2.
+
+    python benchmarks/gpu.py --package models/de-en --data data/de-en/test.tsv --quick     # a few minutes
+    python benchmarks/gpu.py --package models/de-en --data data/de-en/test.tsv --out benchmarks/results/gpu.md
+    python benchmarks/gpu.py --package models/de-en --device cuda     # exits 2 where CUDA is not running
+
+From the one package given (any precision), in a temporary directory: its fp32 and fp16 copies
+(`model.upgrade --precision`; int8 in place of fp16 on a CPU), and its Marian export (model.export_marian,
+with the zero <s> embedding CTranslate2 assumes) converted by ct2-transformers-converter with
+--quantization float16 (int8 on a CPU): both engines run the same weights. Then, in order:
+
+    device       --device cuda (or auto where onnxruntime has a CUDA provider and CTranslate2 sees a GPU):
+                 every onnxruntime session's own get_providers() must start with CUDAExecutionProvider, and
+                 the server's /info must say cuda; otherwise it stops with exit status 2 and the reason.
+                 onnxruntime falls back to CPU with a log line only, which would make every figure a CPU one.
+    agreement    fp16 (int8 on a CPU) against fp32, beam 4 and greedy, batches of 32 sorted by length: the
+                 sentences whose tokens are the same (goal: at least 98 %), and over those the largest
+                 difference in mean log-prob per token (goal: at most 0.05). On a CPU int8 stands in, and
+                 its figures are printed as information: the goals are fp16's.
+    invariance   each of the first --invariance sentences searched alone against the same in batches of 8
+                 in file order and of 32 shuffled, beam 4 and greedy, in both precisions: the searches whose
+                 tokens differ (goal: 0).
+    speed        beam 4 at batches 1, 8, 32 and 64, ours in fp16 against CTranslate2 in fp16 (int8 on a
+                 CPU), the engines taking turns, each the best of --repeat passes: tok/s (target tokens,
+                 eos included, per second) and p50 ms of a batch.
+    served       `python -m service` on 127.0.0.1 with the fp16 package (int8 on a CPU), 32 concurrent
+                 clients, one sentence per request, beam 4: tok/s against CTranslate2's offline batch 64.
+
+The last line is `ratio_vs_ctranslate2_gpu engine_fp16=R served=R` (ours over CTranslate2, beam 4 batch 64;
+served over CTranslate2 offline at batch 64). Without CUDA every part that needs it is reported as
+SKIPPED with the reason, the CPU figures come with a line `ratio_vs_ctranslate2_cpu engine_int8=R
+served=R`, and the last line says the GPU ratio was skipped. Exit status: 0, 1 when a goal that was
+measured failed (agreement and invariance on a GPU, invariance on a CPU), 2 when CUDA was asked for and is
+not what runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import vs_ctranslate2 as vs  # noqa: E402
+
+SIZES = (1, 8, 32, 64)
+LARGE = 64
+# Goals of the issue: fp16's tokens as fp32's on nearly every sentence, its scores close where they are.
+MIN_SAME = 0.98
+MAX_LOGPROB_DIFF = 0.05          # nats per token
+
+
+class DeviceProblem(SystemExit):
+    """CUDA asked for and not what runs: exit status 2, with the reason on stderr."""
+
+    def __init__(self, message: str):
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        super().__init__(2)
+
+
+def cuda_problems() -> list[str]:
+    """Why this machine cannot run the GPU parts; [] when onnxruntime and CTranslate2 both have CUDA."""
+    import ctranslate2
+    import onnxruntime
+
+    problems = []
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        problems.append(f"onnxruntime {onnxruntime.__version__} has no CUDAExecutionProvider (providers: "
+                        f"{', '.join(onnxruntime.get_available_providers())}; pip install -e '.[gpu]')")
+    if not ctranslate2.get_cuda_device_count():
+        problems.append(f"CTranslate2 {ctranslate2.__version__} sees no CUDA device")
+    return problems
+
+
+def require_cuda(engine, label: str) -> None:
+    sessions = {"encoder": engine.encoder, "decoder": engine.decoder}
+    for name, session in sessions.items():
+        if session is not None and session.get_providers()[0] != "CUDAExecutionProvider":
+            raise DeviceProblem(f"the {label} package's {name} session runs on {session.get_providers()}, not "
+                                "CUDAExecutionProvider: onnxruntime fell back to the CPU (its log above says why); "
+                                "no GPU figure would be one")
+
+
+def load_engine(package: Path, device: str, label: str, threads: int = 0):
+    from service.engine import Engine
+
+    try:
+        engine = Engine(package, device=device, intra_op_threads=threads)
+    except Exception as e:  # the engine's own device check, or onnxruntime's
+        if device == "cuda":
+            raise DeviceProblem(f"the {label} package does not load on CUDA: {e}") from None
+        raise
+    if device == "cuda":
+        require_cuda(engine, label)
+    return engine
+
+
+def build(package: Path, work: Path, device: str) -> tuple[dict[str, Path], Path, Path]:
+    """{precision: package} for fp32 and the low precision, the Marian export, and CTranslate2's model."""
+    from model.export_marian import export_package_marian
+    from model.upgrade import upgrade_package
+
+    own = json.loads((package / "model.json").read_text(encoding="utf-8"))["precision"]
+    packages = {}
+    for precision in ("fp32", low_precision(device)):
+        if own == precision:
+            packages[precision] = package
+        else:
+            upgrade_package(package, work / precision, precision=precision)
+            packages[precision] = work / precision
+    marian = export_package_marian(package, work / "marian", zero_bos=True)
+    ct2 = work / "ct2"
+    converter = Path(sys.executable).parent / "ct2-transformers-converter"
+    quantization = "float16" if device == "cuda" else "int8"
+    r = subprocess.run([str(converter), "--model", str(marian), "--output_dir", str(ct2), "--quantization",
+                        quantization], capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"ct2-transformers-converter failed: {r.stderr[-3000:]}")
+    return packages, marian, ct2
+
+
+def low_precision(device: str) -> str:
+    return "fp16" if device == "cuda" else "int8"
+
+
+def search_all(engine, ids: list[list[int]], beam: int, order: list[int], size: int, max_length: int) -> list:
+    """Each sentence's best hypothesis, searched in batches of `size` taken in `order`."""
+    from service.engine import SearchOptions
+
+    options = SearchOptions(beam_size=beam, max_length_a=0, max_length_b=max_length, max_length=max_length)
+    out: list = [None] * len(ids)
+    for start in range(0, len(order), size):
+        chunk = order[start:start + size]
+        for i, hyps in zip(chunk, engine.search([ids[i] for i in chunk], options)):
+            out[i] = hyps[0]
+    return out
+
+
+def agreement(engines: dict, ids: list[list[int]], low: str, max_length: int,
+              device: str) -> tuple[list[str], list[str]]:
+    """Lines saying how often `low` writes fp32's tokens, and how close their scores are; failures marked."""
+    by_length = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    lines, failed = [], []
+    for beam, name in ((4, "beam 4"), (1, "greedy")):
+        ref = search_all(engines["fp32"], ids, beam, by_length, 32, max_length)
+        got = search_all(engines[low], ids, beam, by_length, 32, max_length)
+        same = [i for i in range(len(ids)) if ref[i].tokens == got[i].tokens]
+        # Mean log-prob per token, eos included: comparable across lengths and searches.
+        diffs = [abs(ref[i].log_prob - got[i].log_prob) / (len(ref[i].tokens) + 1) for i in same]
+        share = len(same) / len(ids)
+        worst = max(diffs, default=0.0)
+        ok = share >= MIN_SAME and worst <= MAX_LOGPROB_DIFF
+        verdict = ("PASS" if ok else "FAIL") if device == "cuda" else (
+            "information only: int8 stands in for fp16 on a CPU, the goal is fp16's")
+        lines.append(f"agreement {low} vs fp32, {name}: same tokens on {len(same)} of {len(ids)} sentences "
+                     f"({share:.1%}, goal >= {MIN_SAME:.0%}); |mean log-prob per token difference| over those: "
+                     f"max {worst:.4f}, mean {sum(diffs) / max(1, len(diffs)):.4f} (goal <= {MAX_LOGPROB_DIFF}); "
+                     f"{verdict}")
+        if device == "cuda" and not ok:
+            failed.append(lines[-1])
+    return lines, failed
+
+
+def invariance(engine, ids: list[list[int]], label: str, max_length: int) -> tuple[list[str], list[str]]:
+    """Each sentence alone against batches of 8 in file order and of 32 shuffled: differing searches."""
+    n = len(ids)
+    shuffled = list(range(n))
+    random.Random(1).shuffle(shuffled)
+    lines, failed = [], []
+    for beam, name in ((4, "beam 4"), (1, "greedy")):
+        alone = search_all(engine, ids, beam, list(range(n)), 1, max_length)
+        differ = 0
+        for order, size in ((list(range(n)), 8), (shuffled, 32)):
+            batched = search_all(engine, ids, beam, order, size, max_length)
+            differ += sum(a.tokens != b.tokens for a, b in zip(alone, batched))
+        lines.append(f"invariance {label}, {name}: {differ} of {2 * n} searches differ alone vs batched "
+                     f"({n} sentences, batches of 8 in order and of 32 shuffled; goal 0): "
+                     + ("PASS" if differ == 0 else "FAIL"))
+        if differ:
+            failed.append(lines[-1])
+    return lines, failed
+
+
+def ours_runner(engine, beam: int, max_length: int):
+    from service.engine import SearchOptions
+
+    options = SearchOptions(beam_size=beam, max_length_a=0, max_length_b=max_length, max_length=max_length)
+
+    def run(batch: list[list[int]]) -> int:
+        return sum(len(h[0].tokens) + 1 for h in engine.search(batch, options))   # + eos, as CTranslate2 counts
+    return run
+
+
+def speed(packages: dict, ct2: Path, ids: list[list[int]], pieces: list[list[str]], *, low: str, device: str,
+          max_length: int, repeat: int, facts: dict) -> list[dict]:
+    """Beam 4 at each of SIZES: ours in `low` and CTranslate2, taking turns, best of `repeat` passes. On a
+    CPU each engine first gets its best thread count for the size (as vs_ctranslate2.py chooses them)."""
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    ids, pieces = [ids[i] for i in order], [pieces[i] for i in order]
+    engines: dict[int, object] = {}
+
+    def make(engine: str, intra: int, inter: int):
+        if engine == "ctranslate2":
+            return vs.ct2_runner(ct2, beam=4, max_length=max_length, threads=intra, inter=inter, device=device)
+        if intra not in engines:
+            engines[intra] = load_engine(packages[low], device, low, intra)
+        return ours_runner(engines[intra], 4, max_length)
+
+    rows = []
+    for size in SIZES:
+        runs, settings = {}, {}
+        for engine, items in (("ctranslate2", pieces), ("ours", ids)):
+            groups = vs.batches(items, size)
+            if size == 1:
+                groups = groups[:16]                     # batch 1 is slow; a sample is enough
+            candidates = vs.thread_candidates(facts, size, engine) if device == "cpu" else [(1, 1)]
+            pick = candidates[0] if len(candidates) == 1 else vs.choose_threads(
+                lambda i, n: make(engine, i, n), groups[:8 if size == 1 else 2], candidates)[0]
+            runs[engine], settings[engine] = (make(engine, *pick), groups), vs.describe_threads(engine, *pick)
+        best: dict[str, dict] = {}
+        for _ in range(repeat):
+            for engine, (run, groups) in runs.items():
+                r = vs.measure(run, groups)
+                if engine not in best or r["tok_s"] > best[engine]["tok_s"]:
+                    best[engine] = r
+        row = {"batch": size, "ours": best["ours"], "ct2": best["ctranslate2"],
+               "ratio": best["ours"]["tok_s"] / best["ctranslate2"]["tok_s"], "settings": settings}
+        rows.append(row)
+        where = ("" if device == "cuda"
+                 else f" (threads: ours {settings['ours']}, CTranslate2 {settings['ctranslate2']})")
+        print(f"speed beam 4 batch {size:2}: ours {low} {row['ours']['tok_s']:9,.0f} tok/s p50 "
+              f"{row['ours']['p50_ms']:8.1f} ms | CTranslate2 {low} {row['ct2']['tok_s']:9,.0f} tok/s p50 "
+              f"{row['ct2']['p50_ms']:8.1f} ms | ratio {row['ratio']:.2f}{where}", flush=True)
+    return rows
+
+
+def read_sentences(data: Path | None, n: int) -> list[str]:
+    """The first n sources of --data (or of the tests' 64 sentences), each once: agreement over repeated
+    sentences would count them twice."""
+    if data is None:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from conftest import pairs64
+        everything = [de for de, _ in pairs64()]
+    else:
+        everything = [line.split("\t")[0] for line in data.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return everything[:n]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--package", type=Path, required=True, help="a translation package of ours, any precision "
+                   "(fp16 and fp32 copies are made from its weights)")
+    p.add_argument("--data", type=Path, help="TSV whose first column is the source (default: the tests' 64 sentences)")
+    p.add_argument("--direction", help="source-target, one of the package's (default: its first)")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="cuda: stop with exit "
+                   "status 2 unless onnxruntime and CTranslate2 really run on the GPU; auto: cuda where both "
+                   "have it (and the same check), else the CPU parts; cpu: the CPU parts only")
+    p.add_argument("--sentences", type=int, help="test sentences for agreement and speed (default 1,000; "
+                   "--quick: 256 on a GPU, 64 on a CPU)")
+    p.add_argument("--invariance", type=int, help="sentences searched alone and batched (default 128; --quick: "
+                   "64 on a GPU, 24 on a CPU)")
+    p.add_argument("--max-length", type=int, default=64, help="output budget in tokens, eos included (--quick "
+                   "on a CPU: 24)")
+    p.add_argument("--repeat", type=int, help="passes per speed figure, engines taking turns (default 3, --quick 1)")
+    p.add_argument("--quick", action="store_true", help="fewer sentences and passes")
+    p.add_argument("--no-http", action="store_true", help="skip the served measurement")
+    p.add_argument("--out", type=Path, help="also write the report as Markdown here")
+    args = p.parse_args(argv)
+
+    problems = cuda_problems()
+    if args.device == "cuda" and problems:
+        raise DeviceProblem("--device cuda, but " + "; ".join(problems))
+    device = "cuda" if args.device == "cuda" or (args.device == "auto" and not problems) else "cpu"
+    gpu = device == "cuda"
+    if args.sentences is None:
+        args.sentences = (256 if gpu else 64) if args.quick else 1000
+    if args.invariance is None:
+        args.invariance = (64 if gpu else 24) if args.quick else 128
+    if args.quick and not gpu and args.max_length == 64:
+        args.max_length = 24
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 3
+    low = low_precision(device)
+    meta = json.loads((args.package / "model.json").read_text(encoding="utf-8"))
+    direction = args.direction or meta["directions"][0]
+    source, target = direction.split("-")
+    facts = vs.cpu_facts()
+    report = [f"device: {device}" + (f" ({vs.gpu_name()})" if gpu else f" ({vs.describe_cpu(facts)})")]
+    skipped = []
+    if not gpu:
+        why = "; ".join(problems) if problems else "--device cpu"
+        skipped = [f"SKIPPED fp16 vs fp32 agreement, fp16 invariance, fp16 speed against CTranslate2 fp16, served "
+                   f"fp16 on CUDA, the CUDA provider check: no CUDA here ({why}); int8 on the CPU stands in"]
+    for line in report + skipped:
+        print(line, flush=True)
+
+    from transformers import MarianTokenizer
+
+    work = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
+    failed: list[str] = []
+    took, t0 = {}, time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal t0
+        took[name], t0 = time.perf_counter() - t0, time.perf_counter()
+
+    try:
+        packages, marian, ct2 = build(args.package, work, device)
+        lap("build")
+        engines = {precision: load_engine(path, device, precision) for precision, path in packages.items()}
+        if gpu:
+            report.append("CUDA provider check: every session of the fp32 and fp16 packages runs on "
+                          "CUDAExecutionProvider: PASS")
+            print(report[-1], flush=True)
+        texts = read_sentences(args.data, args.sentences)
+        ids = engines["fp32"].source_ids(texts, target)
+        tok = MarianTokenizer.from_pretrained(str(marian))
+        tag = vs.target_tag(args.package, tok, target)
+        pieces = [tok.convert_ids_to_tokens(tag + tok(t).input_ids) for t in texts]
+
+        lines, bad = agreement(engines, ids, low, args.max_length, device)
+        report += lines
+        failed += bad
+        print("\n".join(lines), flush=True)
+        for precision in (low, "fp32"):
+            lines, bad = invariance(engines[precision], ids[:args.invariance], precision, args.max_length)
+            report += lines
+            failed += bad
+            print("\n".join(lines), flush=True)
+        engines.clear()                              # the speed part loads its own, with its thread counts
+        lap("checks")
+
+        rows = speed(packages, ct2, ids, pieces, low=low, device=device, max_length=args.max_length,
+                     repeat=args.repeat, facts=facts)
+        lap("speed")
+        http = None
+        if not args.no_http:
+            workers = 1 if gpu else max(1, facts["cores"])
+            clients = 32 if gpu or not args.quick else 8
+            http = vs.served(packages[low], texts * (4 if gpu or not args.quick else 1), workers=workers, threads=1,
+                             max_length=args.max_length, clients=clients, repeat=args.repeat, device=device,
+                             max_batch=LARGE)
+            if gpu and http["device"] != "cuda":
+                raise DeviceProblem(f"the server started with --device cuda reports device {http['device']!r} "
+                                    "in /info, not cuda")
+            lap("served")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    import ctranslate2
+    import onnxruntime
+
+    large = next(r for r in rows if r["batch"] == LARGE)
+    table = ["| beam 4, batch | ours tok/s | CTranslate2 tok/s | ratio | ours p50 ms | CTranslate2 p50 ms |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    table += [f"| {r['batch']} | {r['ours']['tok_s']:,.0f} | {r['ct2']['tok_s']:,.0f} | {r['ratio']:.2f} | "
+              f"{r['ours']['p50_ms']:,.1f} | {r['ct2']['p50_ms']:,.1f} |" for r in rows]
+    served_ratio = None
+    if http:
+        served_ratio = http["tok_s"] / large["ct2"]["tok_s"]
+        report.append(f"served ({low}, server --device {device}, /info says {http['device']}): {http['tok_s']:,.0f} "
+                      f"tok/s under load ({served_ratio:.2f}x CTranslate2 {low} offline batch {LARGE}), request "
+                      f"p50 {http['p50_ms']:,.1f} ms; one sentence alone p50 {http['alone_p50_ms']:,.1f} ms")
+        print(report[-1], flush=True)
+    else:
+        report.append("served: SKIPPED (--no-http)")
+        print(report[-1], flush=True)
+    served_text = "n/a" if served_ratio is None else f"{served_ratio:.2f}"
+    if gpu:
+        final = f"ratio_vs_ctranslate2_gpu engine_fp16={large['ratio']:.2f} served={served_text}"
+        summary = [final]
+    else:
+        summary = [f"ratio_vs_ctranslate2_cpu engine_int8={large['ratio']:.2f} served={served_text}",
+                   "ratio_vs_ctranslate2_gpu skipped: no CUDA here (" + ("; ".join(problems) or "--device cpu")
+                   + "), so no GPU ratio was measured"]
+    command = "python benchmarks/gpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    header = [f"- command: `{command.strip()}`", f"- date: {datetime.date.today()}",
+              f"- machine: {vs.describe_cpu(facts)}; {platform.system()} {platform.release()}"
+              + (f"; GPU: {vs.gpu_name()}" if gpu else ""),
+              f"- versions: ctranslate2 {ctranslate2.__version__}, onnxruntime {onnxruntime.__version__}",
+              f"- package: {args.package} ({meta['precision']}), {direction}; {len(texts)} sentences "
+              f"({args.data or 'the tests’ 64 Ding sentences'}); output budget {args.max_length} tokens",
+              f"- speed: the best of {args.repeat} passes, the engines taking turns",
+              "- wall time: " + ", ".join(f"{name} {s:.0f} s" for name, s in took.items())]
+    print()
+    print("\n".join(header))
+    print()
+    print("\n".join(table))
+    print()
+    if failed:
+        print(f"{len(failed)} goal(s) failed:\n" + "\n".join(failed), flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(f"# GPU benchmark ({device.upper()})\n\n" + "\n".join(header) + "\n\n"
+                            + "\n".join(f"- {line}" for line in skipped + report) + "\n\n" + "\n".join(table)
+                            + "\n\n" + "\n".join(f"`{line}`" for line in summary) + "\n", encoding="utf-8")
+    print("\n".join(summary), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

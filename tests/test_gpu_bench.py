@@ -1,0 +1,76 @@
+"""benchmarks/gpu.py where there is no GPU (CI): every part that needs no CUDA runs on the tiny package and
+prints its counts, every CUDA part is reported as skipped rather than passed, no GPU ratio is made up, and
+asking for CUDA where it is not running stops the command with exit status 2."""
+
+import re
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import ROOT
+
+pytest.importorskip("ctranslate2")
+pytest.importorskip("transformers")
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def cuda_here() -> bool:
+    import ctranslate2
+    import onnxruntime
+
+    return ("CUDAExecutionProvider" in onnxruntime.get_available_providers()
+            and ctranslate2.get_cuda_device_count() > 0)
+
+
+def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_quick_on_a_cpu_runs_the_cpu_parts_and_reports_the_cuda_parts_skipped(tiny_package):
+    # On a machine with CUDA the CPU parts are what this test is about: ask for them.
+    r = run("--package", str(tiny_package), "--quick", *(["--device", "cpu"] if cuda_here() else []))
+    out = r.stdout
+    assert r.returncode == 0, (out + r.stderr)[-4000:]
+    for search in ("beam 4", "greedy"):
+        same = re.search(rf"^agreement int8 vs fp32, {search}: same tokens on (\d+) of 64 sentences", out, re.M)
+        assert same, out
+        for precision in ("int8", "fp32"):
+            # Batch invariance holds on a CPU in every precision we ship: here it is a goal, and met.
+            line = re.search(rf"^invariance {precision}, {search}: (\d+) of (\d+) searches differ.*: (\w+)$", out, re.M)
+            assert line and line.group(1) == "0" and int(line.group(2)) > 0 and line.group(3) == "PASS", out
+    for size in (1, 8, 32, 64):
+        assert re.search(rf"^speed beam 4 batch +{size}: ours int8 +[\d,]+ tok/s .* CTranslate2 int8 +[\d,]+ tok/s",
+                         out, re.M), out
+    assert re.search(r"^served \(int8, server --device cpu, /info says cpu\): [\d,]+ tok/s", out, re.M), out
+    skipped = [line for line in out.splitlines() if line.startswith("SKIPPED")]
+    assert skipped and "fp16 vs fp32 agreement" in skipped[0] and "CUDA provider check" in skipped[0], out
+    assert "CUDA provider check: every session" not in out     # never reported as passed
+    assert "engine_fp16=" not in out
+    lines = out.strip().splitlines()
+    assert re.fullmatch(r"ratio_vs_ctranslate2_cpu engine_int8=\d+\.\d\d served=\d+\.\d\d", lines[-2]), lines[-2]
+    assert lines[-1].startswith("ratio_vs_ctranslate2_gpu skipped: no CUDA here"), lines[-1]
+
+
+@pytest.mark.skipif(cuda_here(), reason="this machine has CUDA")
+def test_device_cuda_without_cuda_stops_with_the_reason(tiny_package):
+    r = run("--package", str(tiny_package), "--device", "cuda", timeout=120)
+    assert r.returncode == 2
+    assert "error: --device cuda, but onnxruntime" in r.stderr and "CUDAExecutionProvider" in r.stderr, r.stderr
+    assert "ratio_vs_ctranslate2" not in r.stdout
+
+
+def test_a_session_that_fell_back_to_the_cpu_stops_the_run(capsys):
+    """onnxruntime creates a CPU session when its CUDA provider does not load; the benchmark reads each
+    session's own providers rather than trusting what it asked for."""
+    import gpu
+
+    cpu = SimpleNamespace(get_providers=lambda: ["CPUExecutionProvider"])
+    cuda = SimpleNamespace(get_providers=lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    gpu.require_cuda(SimpleNamespace(encoder=cuda, decoder=cuda), "fp16")
+    with pytest.raises(SystemExit) as stop:
+        gpu.require_cuda(SimpleNamespace(encoder=cuda, decoder=cpu), "fp16")
+    assert stop.value.code == 2
+    assert "decoder session runs on ['CPUExecutionProvider']" in capsys.readouterr().err
