@@ -418,6 +418,8 @@ def served(package: Path, sentences: list[str], *, workers: int, threads: int, m
             time.sleep(0.5)
         else:
             raise RuntimeError("the service did not become ready")
+        info = httpx.get(url + "/info", timeout=10)
+        device_used = info.json().get("device", "unknown") if info.status_code == 200 else "unknown"
         body = {"source_lang": "de", "target_lang": "en", "beam_size": 4, "max_length": max_length}
         with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=clients)) as client:
             def one(text: str) -> tuple[int, float, dict]:
@@ -443,7 +445,7 @@ def served(package: Path, sentences: list[str], *, workers: int, threads: int, m
                 if tok_s > best.get("tok_s", 0):
                     best = {"tok_s": tok_s, "p50_ms": statistics.median(r[1] for r in results) * 1000,
                             "stages": stages(results)}
-        return best | {"alone_p50_ms": alone_p50, "alone_stages": alone_stages}
+        return best | {"alone_p50_ms": alone_p50, "alone_stages": alone_stages, "device": device_used}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
