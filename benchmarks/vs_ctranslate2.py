@@ -34,8 +34,9 @@ cores, a cgroup CPU quota, the load average, and the ISA and GEMM backends CTran
 (CT2_VERBOSE=1). Why it matters: CTranslate2 runs its threads under OpenMP, whose threads meet at a
 barrier after each operator; with as many threads as CPUs, a core taken by any other process (a
 neighbour on a shared machine, a hyperthread sibling, a CPU quota below the CPU count) stalls every
-operator until the preempted thread runs again, so one sentence took 5-10x longer in some runs
-(vs-ctranslate2-cpu.md, "CTranslate2's settings"). onnxruntime's threads here sleep between operators.
+operator until the preempted thread runs again: one sentence took 2-3x as long on 2 threads as on 1
+while other jobs shared a 2-core machine, 5-12x with OMP_WAIT_POLICY=ACTIVE (vs-ctranslate2-cpu.md,
+"CTranslate2's settings"). onnxruntime's threads here sleep between operators.
 
 When the weights are a model's (--checkpoint, --package, --marian, not the random default) and --data
 has references (a second column), another table gives each engine's sacreBLEU and chrF at beam 4,
