@@ -38,7 +38,8 @@ import numpy as np
 import onnxruntime as ort
 import sentencepiece as spm
 
-from .device_memory import Binder, BlockPool, KVCache, Tensors
+from .device_memory import BlockPool, KVCache, Tensors
+from .onnxruntime_bridge import Binder
 from .search import Hypothesis, Steps, beam_search, finish, greedy_search, greedy_steps, max_lengths, sample, sample_steps
 
 PACKAGE_FORMAT = "transerve-model/1"
@@ -623,4 +624,4 @@ def _closing(decoder: OrtLmDecoder, steps: Steps) -> Steps:
 def _no_steps(result):
     """A Steps generator that yields nothing and returns `result` (beam search does not stream)."""
     return result
-    yield  # noqa: unreachable - makes this a generator
+    yield  # unreachable: its presence makes this a generator
