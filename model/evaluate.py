@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import sacrebleu
 import torch
 
-from .data import read_pairs
+from .corpus.tsv import read_pairs
 from .decoding import DecodeSettings, translate
 from .tokenizer import Tokenizer
 from .transformer import Transformer, TransformerConfig

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from . import evaluate, train
-from .data import read_pairs
+from .corpus.tsv import read_pairs
 from .export import export_package
 
 

@@ -50,7 +50,7 @@ from tqdm import tqdm
 from .batching import (Example, Prefetcher, TokenArrays, batch_indices, cached_token_arrays, collate_ids,
                        concat_ranges, flatten, select_rows)
 from .checkpoint import compact_optimizer_state, expand_optimizer_state, save_atomically
-from .data import read_pairs
+from .corpus.tsv import read_pairs
 from .mono import read_texts
 from .decoding import DecodeSettings, translate
 from .tokenizer import PAD_ID, Tokenizer, train_tokenizer

@@ -20,7 +20,8 @@ import torch
 from model import evaluate
 from model.export import cache_names
 from model.decoding import TorchPromptDecoder
-from model.mono import detect_lang, roff_paragraphs, split_paragraphs, Paragraph
+from model.corpus.man import detect_lang, roff_paragraphs
+from model.mono import split_paragraphs, Paragraph
 from model.transformer import causal_mask
 from service.engine import Engine, PackageError, SearchOptions
 from service.search import beam_search, finish, greedy_search, sample

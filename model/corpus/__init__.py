@@ -1,0 +1,17 @@
+"""Corpus sources and preparation, standard library + ``polib`` only (no torch), so that corpora are
+built on machines where torch is not importable.
+
+Every source is a function that yields records with an ``origin`` tag: parallel sources yield
+:class:`~model.corpus.text.Pair` (``ding``, ``catalogs``, ``user``), monolingual ones
+:class:`~model.corpus.text.Paragraph` (``man``, and ``model.mono``). A new source needs only another
+reader: cleaning (``clean``), deduplication and splitting (``split``) never look at where a pair came
+from, except that dev/test are drawn from Ding *sentences* (dictionary terms and UI strings make a poor
+test set).
+
+- ``text``: the records, the error type and the text normalisation every source applies
+- ``ding``: the Ding dictionary; ``debian``: Debian packages downloaded (never installed);
+  ``catalogs``: gettext catalogs; ``user``: the user's TSV and Moses files; ``man``: manual pages
+- ``sources``: the parallel readers the command-line flags ask for
+- ``clean``: normalise, filter and deduplicate pairs; ``split``: train/dev/test without leaks
+- ``tsv``: the parallel corpus files (``de<TAB>en<TAB>origin``) written and read
+"""

@@ -1,0 +1,46 @@
+"""Debian packages downloaded (``apt-get download``) and unpacked (``dpkg -x``), never installed: the
+Ding dictionary and other programs' German catalogs come from them."""
+
+from __future__ import annotations
+
+import glob
+import subprocess
+from pathlib import Path
+
+from .text import CorpusError
+
+DEFAULT_CACHE = Path("~/.cache/transerve/debs")
+
+
+def fetch_deb(name: str, cache: Path) -> Path:
+    """``apt-get download`` a package into ``cache`` and ``dpkg -x`` it; return the tree.
+
+    Reuses an earlier download/extraction so a second run works offline.  Nothing is
+    installed: ``apt-get download`` only fetches the .deb (it works without root).
+    """
+    cache = cache.expanduser()
+    cache.mkdir(parents=True, exist_ok=True)
+    root = cache / "extracted" / name
+    if root.is_dir() and any(root.iterdir()):
+        return root
+    debs = sorted(cache.glob(f"{glob.escape(name)}_*.deb"))
+    if not debs:
+        try:
+            proc = subprocess.run(
+                ["apt-get", "download", name], cwd=cache, capture_output=True, text=True
+            )
+        except FileNotFoundError as exc:
+            raise CorpusError(f"cannot download {name}: apt-get is not available") from exc
+        if proc.returncode != 0:
+            raise CorpusError(
+                f"'apt-get download {name}' failed (exit {proc.returncode}): "
+                f"{proc.stderr.strip() or proc.stdout.strip()}"
+            )
+        debs = sorted(cache.glob(f"{glob.escape(name)}_*.deb"))
+        if not debs:
+            raise CorpusError(f"'apt-get download {name}' produced no {name}_*.deb in {cache}")
+    root.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["dpkg", "-x", str(debs[-1]), str(root)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise CorpusError(f"'dpkg -x {debs[-1]}' failed: {proc.stderr.strip()}")
+    return root
