@@ -1,4 +1,9 @@
-"""Resumable training checkpoints small enough to carry from one machine (or spot job) to the next.
+"""Checkpoint files: saved by model.train, loaded by model.train (to resume), model.evaluate and model.export.
+
+A run directory holds `checkpoint.pt` (everything needed to resume) and `best.pt` (the weights of the
+best dev evaluation only); `load_checkpoint` reads either as a model for decoding.
+
+Resumable training checkpoints are small enough to carry from one machine (or spot job) to the next.
 
 `checkpoint.pt` keeps the weights in fp32, so that training continues from exactly the weights it
 stopped at, and stores Adam's two moments compacted:
@@ -15,10 +20,15 @@ weights, the step count (hence the learning-rate schedule) and the data position
 
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from .tokenizer import Tokenizer
+from .transformer import Transformer, TransformerConfig
 
 # Written into the checkpoint next to the compacted state: a checkpoint without it holds fp32 moments.
 MOMENTS_FORMAT = "exp_avg:fp8_e4m3/row,exp_avg_sq:bf16"
@@ -77,3 +87,66 @@ def save_atomically(obj: dict, path: Path) -> None:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     torch.save(obj, tmp)
     tmp.replace(path)
+
+
+@dataclass
+class Progress:
+    """Where a training run stands: saved in checkpoint.pt and restored on resume."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_pos: int = 0              # the next batch of `epoch` (counted over all processes)
+    # Higher is better: the mean dev BLEU of a translator, minus the dev loss of a language model (one
+    # slot for both, so that resuming and the "best.pt" rule work alike).
+    best_score: float = -math.inf
+    history: list[dict] = field(default_factory=list)   # every dev evaluation's metrics, in order
+
+
+def save_training_checkpoint(path: Path, model: Transformer, optimizer: torch.optim.Optimizer,
+                             progress: Progress, labels: dict) -> None:
+    """checkpoint.pt: fp32 weights, compacted Adam moments, the progress and the run's `labels`
+    (tagged, directions, langs), written atomically."""
+    save_atomically({"model": model.state_dict(), "optimizer": compact_optimizer_state(optimizer.state_dict()),
+                     "config": model.config.to_dict(), "step": progress.step, "epoch": progress.epoch,
+                     "batch_pos": progress.batch_pos,
+                     # The key keeps its first name so that every checkpoint written so far resumes.
+                     "best_bleu": progress.best_score, "history": progress.history,
+                     "metrics": progress.history[-1] if progress.history else None, **labels}, path)
+
+
+def save_best(path: Path, model: Transformer, step: int, metrics: dict, labels: dict) -> None:
+    """best.pt: the weights only, with the evaluation that made them the best."""
+    torch.save({"model": model.state_dict(), "config": model.config.to_dict(), "step": step, "metrics": metrics,
+                **labels}, path)
+
+
+def load_training_checkpoint(path: Path) -> dict:
+    """checkpoint.pt as saved, on the CPU."""
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def restore_training(state: dict, model: Transformer, optimizer: torch.optim.Optimizer,
+                     fused: bool | None) -> Progress:
+    """Loads a checkpoint's weights and optimizer state into `model` and `optimizer`; -> its progress."""
+    model.load_state_dict(state["model"])
+    for g in state["optimizer"]["param_groups"]:   # this device's implementation, whichever saved it
+        g["fused"], g["foreach"] = fused, None
+    optimizer.load_state_dict(expand_optimizer_state(state["optimizer"]))
+    return Progress(state["step"], state["epoch"], state["batch_pos"], state["best_bleu"], state["history"])
+
+
+def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[Transformer, Tokenizer, dict]:
+    """A run directory (best.pt preferred, else checkpoint.pt) or a .pt file -> (model, tokenizer, info)."""
+    path = Path(path)
+    run = path if path.is_dir() else path.parent
+    if path.is_dir():
+        path = run / "best.pt" if (run / "best.pt").exists() else run / "checkpoint.pt"
+    if not path.exists():
+        raise SystemExit(f"no checkpoint at {path}: pass a run directory from model.train (holding best.pt)")
+    state = torch.load(path, map_location=device, weights_only=False)
+    model = Transformer(TransformerConfig(**state["config"])).to(device)
+    model.load_state_dict(state["model"])
+    model.eval()
+    info = {k: state.get(k) for k in ("step", "tagged", "directions", "langs", "metrics")}
+    info["file"] = str(path)
+    return model, Tokenizer(run / "spm.model"), info

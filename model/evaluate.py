@@ -27,27 +27,10 @@ from typing import Callable, Sequence
 import sacrebleu
 import torch
 
+from .checkpoint import load_checkpoint
 from .corpus.tsv import read_pairs
 from .decoding import DecodeSettings, translate
-from .tokenizer import Tokenizer
-from .transformer import Transformer, TransformerConfig
-
-
-def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[Transformer, Tokenizer, dict]:
-    """A run directory (best.pt preferred, else checkpoint.pt) or a .pt file -> (model, tokenizer, info)."""
-    path = Path(path)
-    run = path if path.is_dir() else path.parent
-    if path.is_dir():
-        path = run / "best.pt" if (run / "best.pt").exists() else run / "checkpoint.pt"
-    if not path.exists():
-        raise SystemExit(f"no checkpoint at {path}: pass a run directory from model.train (holding best.pt)")
-    state = torch.load(path, map_location=device, weights_only=False)
-    model = Transformer(TransformerConfig(**state["config"])).to(device)
-    model.load_state_dict(state["model"])
-    model.eval()
-    info = {k: state.get(k) for k in ("step", "tagged", "directions", "langs", "metrics")}
-    info["file"] = str(path)
-    return model, Tokenizer(run / "spm.model"), info
+from .transformer import Transformer
 
 
 def score(hyps: list[str], refs: list[str]) -> dict:

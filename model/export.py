@@ -71,7 +71,7 @@ import onnx
 import torch
 import torch.nn as nn
 
-from .evaluate import load_checkpoint
+from .checkpoint import load_checkpoint
 from .quantize import SCHEME as INT8_SCHEME, quantize_int8
 from .tokenizer import Tokenizer
 from .transformer import Transformer, padding_mask

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from .evaluate import load_checkpoint
+from .checkpoint import load_checkpoint
 from .import_marian import marian_names
 from .tokenizer import Tokenizer
 from .transformer import Transformer, sinusoidal_positional_encoding

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from . import evaluate, train
+from .checkpoint import load_training_checkpoint
 from .corpus.tsv import read_pairs
 from .export import export_package
 
@@ -229,7 +230,7 @@ def parse(argv) -> tuple[argparse.Namespace, RecipeConfig, list[str]]:
 
 def training_summary(run: Path) -> dict:
     config = json.loads((run / "config.json").read_text())
-    state = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=False)
+    state = load_training_checkpoint(run / "checkpoint.pt")
     return {"preset": config["preset"], "directions": config["directions"], "step": state["step"],
             "epoch": state["epoch"], "last_dev": (state["history"] or [None])[-1]}
 

@@ -231,7 +231,7 @@ def test_unsupported_checkpoints_are_refused_with_the_reason():
 # --- the reverse: our checkpoint in Marian format ----------------------------------------------------
 
 def test_halves_layout_computes_the_same_function(tiny_run):
-    from model.evaluate import load_checkpoint
+    from model.checkpoint import load_checkpoint
     from model.export_marian import to_halves_layout
     from model.transformer import causal_mask, padding_mask
 
