@@ -39,6 +39,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import sacrebleu
@@ -47,12 +48,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .batching import (Example, Prefetcher, TokenArrays, batch_indices, cached_token_arrays, collate_ids,
-                       concat_ranges, flatten, select_rows)
-from .checkpoint import compact_optimizer_state, expand_optimizer_state, save_atomically
+from .batching import (Batch, Example, IdBatch, Prefetcher, TokenArrays, batch_indices, cached_token_arrays,
+                       collate_ids, concat_ranges, flatten, select_rows)
+from .checkpoint import (Progress, load_training_checkpoint, restore_training, save_best,
+                         save_training_checkpoint)
 from .corpus.tsv import read_pairs
-from .mono import read_texts
 from .decoding import DecodeSettings, translate
+from .mono import read_texts
 from .tokenizer import PAD_ID, Tokenizer, train_tokenizer
 from .transformer import PRESETS, Transformer, TransformerConfig, preset
 
@@ -226,9 +228,11 @@ def load_examples(path: Path, tok: Tokenizer, directions: list[tuple[str, str]],
     return examples
 
 
-def dev_loss_sum(model: Transformer, dev: TokenArrays, max_tokens: int, device, decoder_only: bool) -> tuple[float, int]:
+def dev_loss_sum(model: Transformer, dev: TokenArrays, max_tokens: int, device,
+                 decoder_only: bool) -> tuple[float, int]:
     """Summed plain cross-entropy over every dev target token (eos included), and their number."""
-    total, count = torch.zeros((), dtype=torch.float64, device=device), 0   # as a sum of Python floats was
+    # Summed on the device in float64 (one host sync at the end), as precise as a sum of Python floats.
+    total, count = torch.zeros((), dtype=torch.float64, device=device), 0
     pin = torch.device(device).type == "cuda"
     with torch.no_grad():
         for idx in batch_indices(dev.src_len, dev.tgt_len, max_tokens, shuffle=False):
@@ -264,10 +268,12 @@ def evaluate_dev(model: Transformer, tok: Tokenizer, dev: TokenArrays, dev_refs:
     return out
 
 
-def main(argv=None, *, started: float | None = None) -> dict:
-    """`started`: when the --deadline-minutes budget began (None: when this process started).
-    -> {"step", "epoch", "sigterm": whether a SIGTERM stopped it}."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+# --- the run: command line, setup steps, the training loop -------------------------------------------
+
+
+def parse_args(argv) -> tuple[argparse.Namespace, TrainConfig]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="small", choices=sorted(PRESETS))
     p.add_argument("--arch", default="encoder-decoder", choices=["encoder-decoder", "decoder"],
                    help="encoder-decoder (translation, parallel data) or decoder (language model, monolingual data)")
@@ -287,31 +293,69 @@ def main(argv=None, *, started: float | None = None) -> dict:
     for f, default in asdict(TrainConfig()).items():
         p.add_argument("--" + f.replace("_", "-"), type=type(default), default=default)
     args = p.parse_args(argv)
-    tc = TrainConfig(**{f: getattr(args, f) for f in asdict(TrainConfig())})
+    return args, TrainConfig(**{f: getattr(args, f) for f in asdict(TrainConfig())})
+
+
+def main(argv=None, *, started: float | None = None) -> dict:
+    """`started`: when the --deadline-minutes budget began (None: when this process started).
+    -> {"step", "epoch", "sigterm": whether a SIGTERM stopped it}."""
+    args, settings = parse_args(argv)
     started = process_start_time() if started is None else started
     with SigtermFlag() as sigterm:
-        return run_training(args, tc, argv, started, sigterm)
+        return run_training(args, settings, argv, started, sigterm)
 
 
-def run_training(args: argparse.Namespace, tc: TrainConfig, argv, started: float, sigterm: SigtermFlag) -> dict:
-    deadline = started + tc.deadline_minutes * 60 if tc.deadline_minutes else math.inf
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    rank, world = 0, 1
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
-                          else ("cpu" if args.device == "auto" else args.device))
-    if distributed:
+@dataclass
+class Cluster:
+    """This process among the training processes (torchrun sets WORLD_SIZE, RANK and LOCAL_RANK)."""
+    device: torch.device
+    rank: int = 0
+    world: int = 1
+    distributed: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def log(self, *args, **kwargs) -> None:
+        """print, on rank 0 only."""
+        if self.is_main:
+            print(*args, **kwargs)
+
+
+def join_cluster(device_arg: str, threads: int) -> Cluster:
+    """The device, and the process group when torchrun started several processes."""
+    device = torch.device("cuda" if device_arg == "auto" and torch.cuda.is_available()
+                          else ("cpu" if device_arg == "auto" else device_arg))
+    cluster = Cluster(device, distributed=int(os.environ.get("WORLD_SIZE", "1")) > 1)
+    if cluster.distributed:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        rank, world = dist.get_rank(), dist.get_world_size()
+        cluster.rank, cluster.world = dist.get_rank(), dist.get_world_size()
         if device.type == "cuda":
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-            torch.cuda.set_device(device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    is_main = rank == 0
-    log = print if is_main else (lambda *a, **k: None)
+            cluster.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(cluster.device)
+    if threads:
+        torch.set_num_threads(threads)
+    return cluster
 
-    out, data = Path(args.out), Path(args.data)
-    out.mkdir(parents=True, exist_ok=True)
+
+@dataclass
+class CorpusInfo:
+    """What a run trains on: the data directory's meta.json and --arch/--direction."""
+    data: Path
+    langs: list[str]
+    lm: bool                                # monolingual text for a decoder-only language model
+    directions: list[tuple[str, str]]       # (source, target) languages; none for a language model
+    tagged: bool                            # several directions: a <2xx> target tag on each source
+
+    @property
+    def labels(self) -> dict:
+        """What checkpoints record of the corpus (model.evaluate and model.export read it)."""
+        return {"tagged": self.tagged, "directions": [f"{s}-{t}" for s, t in self.directions], "langs": self.langs}
+
+
+def read_corpus_info(args: argparse.Namespace) -> CorpusInfo:
+    data = Path(args.data)
     meta = json.loads((data / "meta.json").read_text()) if (data / "meta.json").exists() else {"langs": ["de", "en"]}
     langs = meta["langs"]
     lm = args.arch == "decoder"
@@ -320,202 +364,299 @@ def run_training(args: argparse.Namespace, tc: TrainConfig, argv, started: float
         raise SystemExit(f"--arch {args.arch} needs a corpus from {want}; {data} is "
                          f"{meta.get('kind', 'parallel')}")
     directions = [] if lm else directions_for(args.direction, langs)
-    tagged = len(directions) > 1
+    return CorpusInfo(data, langs, lm, directions, tagged=len(directions) > 1)
 
-    ckpt_path = out / "checkpoint.pt"
-    resume = ckpt_path.exists() and not args.no_resume
+
+def prepare_tokenizer(args: argparse.Namespace, corpus: CorpusInfo, out: Path, resume: bool,
+                      cluster: Cluster) -> Tokenizer:
+    """The run's SentencePiece model: the one it has when resuming, else a copy of --tokenizer, else one
+    trained on the training split (by rank 0, the others waiting)."""
     spm_file = out / "spm.model"
-    if is_main and args.tokenizer and not (resume and spm_file.exists()):
-        shutil.copy(args.tokenizer, spm_file)
-    elif is_main and not (resume and spm_file.exists()):
-        texts = ([t for _, t in read_texts(data / "train.tsv")] if lm else
-                 [c for pair in read_pairs(data / "train.tsv", direction=f"{langs[0]}-{langs[1]}") for c in pair])
-        train_tokenizer(texts, out / "spm", vocab_size=args.vocab_size, languages=langs if tagged else ())
-    if distributed:
+    if cluster.is_main and not (resume and spm_file.exists()):
+        if args.tokenizer:
+            shutil.copy(args.tokenizer, spm_file)
+        else:
+            langs = corpus.langs
+            texts = ([t for _, t in read_texts(corpus.data / "train.tsv")] if corpus.lm else
+                     [c for pair in read_pairs(corpus.data / "train.tsv", direction=f"{langs[0]}-{langs[1]}")
+                      for c in pair])
+            train_tokenizer(texts, out / "spm", vocab_size=args.vocab_size, languages=langs if corpus.tagged else ())
+    if cluster.distributed:
         dist.barrier()
-    tok = Tokenizer(spm_file)
+    return Tokenizer(spm_file)
 
-    torch.manual_seed(tc.seed)
-    random.seed(tc.seed)
-    state = torch.load(ckpt_path, map_location="cpu", weights_only=False) if resume else None
+
+def build_model(args: argparse.Namespace, corpus: CorpusInfo, tok: Tokenizer, state: dict | None,
+                device: torch.device) -> tuple[Transformer, torch.optim.Optimizer, Progress]:
+    """The model and its optimizer, fresh or from a checkpoint's `state`, and where the run stands."""
     config = (TransformerConfig(**state["config"]) if state else
               preset(args.preset, arch=args.arch, vocab_size=tok.vocab_size, pad_id=tok.special.pad,
                      bos_id=tok.special.bos, eos_id=tok.special.eos,
                      # A zero <s> is for Marian/CTranslate2 export of translators; a language model keeps it.
-                     zero_bos_embedding=not lm))
+                     zero_bos_embedding=not corpus.lm))
     model = Transformer(config).to(device)
-    # Fused Adam on CUDA (one kernel for all parameters); the plain for-loop Adam on the CPU, as before.
+    # Fused Adam on CUDA (one kernel for all parameters); on the CPU the default for-loop Adam.
     fused = True if device.type == "cuda" else None
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9, fused=fused)
-    step, epoch, batch_pos, best_bleu, history = 0, 0, 0, -math.inf, []
-    if state:
-        model.load_state_dict(state["model"])
-        for g in state["optimizer"]["param_groups"]:   # this device's implementation, whichever saved it
-            g["fused"], g["foreach"] = fused, None
-        optimizer.load_state_dict(expand_optimizer_state(state["optimizer"]))
-        step, epoch, batch_pos = state["step"], state["epoch"], state["batch_pos"]
-        best_bleu, history = state["best_bleu"], state["history"]
-        log(f"resumed {ckpt_path} at step {step} (epoch {epoch}, batch {batch_pos})")
-    net = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
+    progress = restore_training(state, model, optimizer, fused) if state else Progress()
+    return model, optimizer, progress
 
-    use_amp = device.type == "cuda"
-    amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
-    scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
 
+@dataclass
+class Datasets:
+    train: TokenArrays
+    dev: TokenArrays
+    dev_refs: dict                  # (source, target) -> dev text pairs for BLEU; empty for a language model
+
+
+def load_datasets(args: argparse.Namespace, settings: TrainConfig, corpus: CorpusInfo, tok: Tokenizer, out: Path,
+                  cluster: Cluster) -> tuple[Datasets, str]:
+    """The training and dev examples (rank 0 tokenizes and fills the cache first); -> (them, how long
+    loading took and from where)."""
     t0 = time.time()
-    cache_dir = token_cache_dir(args.token_cache, data, out)
-    if distributed and not is_main:
-        dist.barrier()                                   # rank 0 tokenizes and fills the cache first
-    train, cached = load_token_arrays(data / "train.tsv", tok, directions, tagged, tc.max_positions, cache_dir, lm)
-    dev, _ = load_token_arrays(data / "dev.tsv", tok, directions, tagged, tc.max_positions, cache_dir, lm)
-    if distributed and is_main:
+    cache_dir = token_cache_dir(args.token_cache, corpus.data, out)
+    if cluster.distributed and not cluster.is_main:
         dist.barrier()
-    dev_refs = {} if lm else read_refs(data / "dev.tsv", directions)
-    log(f"{len(train):,} training examples, {len(dev):,} dev examples ({time.time() - t0:.0f}s to "
-        f"{'load from ' + str(cache_dir) if cached else 'tokenize'}); "
-        f"{config.arch} {args.preset}: {model.num_parameters() / 1e6:.1f}M parameters; device {device} x{world}")
-    if is_main:
-        (out / "config.json").write_text(json.dumps({"model": config.to_dict(), "train": asdict(tc),
-                                                     "preset": args.preset, "arch": args.arch,
-                                                     "task": "generation" if lm else "translation",
-                                                     "direction": None if lm else args.direction,
-                                                     "directions": [f"{s}-{t}" for s, t in directions],
-                                                     "tagged": tagged, "langs": langs, "data": str(data),
-                                                     "command": "python -m model.train " + " ".join(sys.argv[1:] if argv is None else argv)},
-                                                    indent=2))
+    train, cached = load_token_arrays(corpus.data / "train.tsv", tok, corpus.directions, corpus.tagged,
+                                      settings.max_positions, cache_dir, corpus.lm)
+    dev, _ = load_token_arrays(corpus.data / "dev.tsv", tok, corpus.directions, corpus.tagged,
+                               settings.max_positions, cache_dir, corpus.lm)
+    if cluster.distributed and cluster.is_main:
+        dist.barrier()
+    dev_refs = {} if corpus.lm else read_refs(corpus.data / "dev.tsv", corpus.directions)
+    note = f"{time.time() - t0:.0f}s to {'load from ' + str(cache_dir) if cached else 'tokenize'}"
+    return Datasets(train, dev, dev_refs), note
 
-    save_seconds = eval_seconds = None                   # measured: what the deadline keeps back for the end
 
-    def save(path: Path):
-        nonlocal save_seconds
-        t = time.time()
-        save_atomically({"model": model.state_dict(), "optimizer": compact_optimizer_state(optimizer.state_dict()),
-                         "config": config.to_dict(), "step": step, "epoch": epoch, "batch_pos": batch_pos,
-                         "best_bleu": best_bleu, "history": history, "metrics": history[-1] if history else None,
-                         "tagged": tagged, "directions": [f"{s}-{t}" for s, t in directions], "langs": langs}, path)
-        save_seconds = max(save_seconds or 0.0, time.time() - t)
+def write_run_config(out: Path, config: TransformerConfig, settings: TrainConfig, args: argparse.Namespace,
+                     corpus: CorpusInfo, argv) -> None:
+    """config.json: the model, the training settings and the command, for model.export and people."""
+    command = "python -m model.train " + " ".join(sys.argv[1:] if argv is None else argv)
+    (out / "config.json").write_text(json.dumps({"model": config.to_dict(), "train": asdict(settings),
+                                                 "preset": args.preset, "arch": args.arch,
+                                                 "task": "generation" if corpus.lm else "translation",
+                                                 "direction": None if corpus.lm else args.direction,
+                                                 "directions": corpus.labels["directions"],
+                                                 "tagged": corpus.tagged, "langs": corpus.langs,
+                                                 "data": str(corpus.data), "command": command},
+                                                indent=2))
 
-    def run_eval():
-        nonlocal best_bleu, eval_seconds
-        t = time.time()
-        if lm:  # "best" is the lowest dev loss; kept in best_bleu's slot so resuming works alike
-            metrics = evaluate_lm_dev(model, dev, tc.max_tokens, device)
-            bleu = -metrics["dev_loss"]
-        else:
-            metrics = evaluate_dev(model, tok, dev, dev_refs, tagged, tc.max_tokens, tc.eval_sentences, device)
-            bleu = sum(v for k, v in metrics.items() if k.startswith("bleu")) / max(1, len(dev_refs))
-        metrics.update(step=step, minutes=round((time.time() - t_start + elapsed_before) / 60, 1))
-        history.append(metrics)
-        tqdm.write(json.dumps(metrics))
-        if bleu > best_bleu:
-            best_bleu = bleu
-            torch.save({"model": model.state_dict(), "config": config.to_dict(), "step": step, "metrics": metrics,
-                        "tagged": tagged, "directions": [f"{s}-{t}" for s, t in directions], "langs": langs},
-                       out / "best.pt")
-        with open(out / "train_log.jsonl", "a") as f:
-            f.write(json.dumps(metrics) + "\n")
-        eval_seconds = max(eval_seconds or 0.0, time.time() - t)
 
-    elapsed_before = history[-1]["minutes"] * 60 if history else 0.0
-    t_start = last_save = time.time()
-    loop_deadline = t_start + tc.max_minutes * 60 if tc.max_minutes else math.inf
-    probe_at = t_start + PROBE_AT_SHARE * (deadline - t_start)   # inf without a deadline
+def run_training(args: argparse.Namespace, settings: TrainConfig, argv, started: float,
+                 sigterm: SigtermFlag) -> dict:
+    """Sets the run up step by step, trains, and saves and evaluates at the end."""
+    deadline = started + settings.deadline_minutes * 60 if settings.deadline_minutes else math.inf
+    cluster = join_cluster(args.device, args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = read_corpus_info(args)
+    ckpt_path = out / "checkpoint.pt"
+    resume = ckpt_path.exists() and not args.no_resume
+    tok = prepare_tokenizer(args, corpus, out, resume, cluster)
 
-    def out_of_time(now: float) -> bool:
-        """Past --max-minutes, or too close to the deadline for the final evaluation and save."""
-        if now >= loop_deadline:
-            return True
-        if deadline == math.inf or eval_seconds is None or save_seconds is None:
-            return now >= deadline
-        return now >= deadline - DEADLINE_TAIL_FACTOR * (eval_seconds + 2 * save_seconds) - DEADLINE_MARGIN_S
+    torch.manual_seed(settings.seed)
+    random.seed(settings.seed)
+    state = load_training_checkpoint(ckpt_path) if resume else None
+    model, optimizer, progress = build_model(args, corpus, tok, state, cluster.device)
+    if state:
+        cluster.log(f"resumed {ckpt_path} at step {progress.step} (epoch {progress.epoch}, "
+                    f"batch {progress.batch_pos})")
+    net = torch.nn.parallel.DistributedDataParallel(model) if cluster.distributed else model
 
-    net.train()
-    stop = False
-    bar = tqdm(total=tc.max_steps or None, initial=step, disable=not is_main, dynamic_ncols=True, mininterval=2.0)
-    tokens_seen, t_window = 0, time.time()
-    loss_sum, loss_steps = torch.zeros((), device=device), 0   # read (a host sync) only when the bar is redrawn
-    pin = device.type == "cuda"
+    datasets, note = load_datasets(args, settings, corpus, tok, out, cluster)
+    cluster.log(f"{len(datasets.train):,} training examples, {len(datasets.dev):,} dev examples ({note}); "
+                f"{model.config.arch} {args.preset}: {model.num_parameters() / 1e6:.1f}M parameters; "
+                f"device {cluster.device} x{cluster.world}")
+    if cluster.is_main:
+        write_run_config(out, model.config, settings, args, corpus, argv)
 
-    def host_batches(epoch: int, batch_pos: int):
-        """(epoch, batch number, padded ids on the host) from where the run stands on, epoch after epoch.
-        Runs in the prefetch thread."""
-        if pin and device.index is not None:
-            torch.cuda.set_device(device)                  # pinned buffers in this process's device context
-        while epoch < tc.epochs:
-            batches = batch_indices(train.src_len, train.tgt_len, tc.max_tokens, seed=tc.seed + epoch)
-            batches = batches[: len(batches) - len(batches) % world]  # every rank takes the same number of steps
-            if not batches:
-                raise SystemExit(f"{len(train)} examples make fewer batches than {world} processes; lower --max-tokens")
-            for bi in range(batch_pos + rank, len(batches), world):
-                yield epoch, bi, collate_ids(train, batches[bi], decoder_only=lm, pin_memory=pin)
-            epoch, batch_pos = epoch + 1, 0
-
-    with Prefetcher(host_batches(epoch, batch_pos), depth=3) as stream:   # the next batches built meanwhile
-        for epoch, bi, host_batch in stream:
-            b = host_batch.to(device)                      # one non-blocking copy; masks built on the device
-            step += 1
-            for g in optimizer.param_groups:
-                g["lr"] = lr_at(step, config.d_model, tc.warmup, tc.lr_factor)
-            with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
-                logits = net(b.src, b.tgt_in, b.src_mask, b.tgt_mask)                     # (B, T, V)
-                loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), b.tgt_out.view(-1),
-                                       ignore_index=PAD_ID, label_smoothing=tc.label_smoothing,
-                                       reduction="sum") / b.n_tokens
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.clip_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            batch_pos = bi + world - rank
-            tokens_seen += b.n_tokens * world
-            loss_sum += loss.detach()
-            loss_steps += 1
-
-            now = time.time()
-            if is_main and now - t_window >= 2.0:
-                remaining = min(deadline, loop_deadline) - now if min(deadline, loop_deadline) < math.inf else None
-                bar.set_postfix_str(f"loss {loss_sum.item() / loss_steps:.3f} lr {optimizer.param_groups[0]['lr']:.2e} "
-                                    f"tok/s {tokens_seen / (now - t_window):,.0f} ep {epoch}"
-                                    + (f" eta {remaining / 60:.1f}m" if remaining is not None else ""))
-                tokens_seen, t_window = 0, now
-                loss_sum.zero_()
-                loss_steps = 0
-            bar.update(1)
-            stop = bool(tc.max_steps and step >= tc.max_steps)
-            if not distributed:
-                stop = stop or sigterm.raised or out_of_time(now)
-            elif step % STOP_CHECK_EVERY == 0:  # every rank asks at the same steps; a sync, so not every step
-                flag = torch.tensor([float(sigterm.raised or out_of_time(now))], device=device)
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                stop = stop or bool(flag.item())
-            probe = eval_seconds is None and now >= probe_at         # time an evaluation and a save early
-            if is_main and ((tc.eval_every and step % tc.eval_every == 0) or probe) and not stop:
-                run_eval()
-            if is_main and (now - last_save >= tc.save_every_minutes * 60 or probe) and not stop:
-                save(ckpt_path)
-                last_save = now
-            if stop:
-                break
-        else:
-            if epoch < tc.epochs:                          # every epoch done
-                epoch, batch_pos = tc.epochs, 0
-    bar.close()
-    if is_main:
-        save(ckpt_path)                                  # first, so that a kill during the evaluation loses nothing
-        if sigterm.raised:
-            log(f"SIGTERM: stopped at step {step}, saved {ckpt_path}")
-        elif not history or history[-1]["step"] != step:
-            run_eval()
-            save(ckpt_path)
-        best = (f"best dev perplexity {math.exp(-best_bleu):.2f}" if lm else f"best dev BLEU {best_bleu:.2f}")
-        log(f"done: step {step}, epoch {epoch}, {best}; checkpoints in {out}")
-    if distributed:
+    trainer = Trainer(model, net, optimizer, progress, settings, corpus, tok, datasets, cluster, out,
+                      deadline, sigterm)
+    trainer.run()
+    if cluster.is_main:
+        trainer.finish()
+    if cluster.distributed:
         # Rank 0 may still be evaluating and saving: a rank that tore its gloo group down under it
         # aborted now and then ("terminate called without an active exception", SIGABRT).
         dist.barrier()
         dist.destroy_process_group()
-    return {"step": step, "epoch": epoch, "sigterm": sigterm.raised}
+    return {"step": progress.step, "epoch": progress.epoch, "sigterm": sigterm.raised}
+
+
+class ProgressBar:
+    """A tqdm bar with the mean loss, learning rate, target tokens/s and ETA, redrawn every 2 s. The loss
+    is summed on the device and read (a host sync) only when the bar is redrawn."""
+
+    def __init__(self, total: int | None, initial: int, enabled: bool, device: torch.device):
+        self.bar = tqdm(total=total, initial=initial, disable=not enabled, dynamic_ncols=True, mininterval=2.0)
+        self.enabled = enabled
+        self.tokens_seen, self.t_window = 0, time.time()
+        self.loss_sum, self.loss_steps = torch.zeros((), device=device), 0
+
+    def add(self, loss: torch.Tensor, tokens: int) -> None:
+        self.tokens_seen += tokens
+        self.loss_sum += loss.detach()
+        self.loss_steps += 1
+
+    def update(self, now: float, lr: float, epoch: int, end: float) -> None:
+        """One step done; `end`: when training must stop (inf: no limit), for the ETA."""
+        if self.enabled and now - self.t_window >= 2.0:
+            remaining = end - now if end < math.inf else None
+            self.bar.set_postfix_str(f"loss {self.loss_sum.item() / self.loss_steps:.3f} lr {lr:.2e} "
+                                     f"tok/s {self.tokens_seen / (now - self.t_window):,.0f} ep {epoch}"
+                                     + (f" eta {remaining / 60:.1f}m" if remaining is not None else ""))
+            self.tokens_seen, self.t_window = 0, now
+            self.loss_sum.zero_()
+            self.loss_steps = 0
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class Trainer:
+    """The training loop in named steps: `train_step`, `evaluate`, `save`, `should_stop`; `run` loops
+    over the batches, `finish` saves and evaluates at the end (rank 0)."""
+
+    def __init__(self, model: Transformer, net: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 progress: Progress, settings: TrainConfig, corpus: CorpusInfo, tok: Tokenizer, data: Datasets,
+                 cluster: Cluster, out: Path, deadline: float, sigterm: SigtermFlag):
+        self.model, self.net, self.optimizer, self.progress = model, net, optimizer, progress
+        self.settings, self.corpus, self.tok, self.data, self.cluster = settings, corpus, tok, data, cluster
+        self.out, self.ckpt_path, self.deadline, self.sigterm = out, out / "checkpoint.pt", deadline, sigterm
+        self.use_amp = cluster.device.type == "cuda"     # mixed precision on CUDA: bf16 where supported
+        self.amp_dtype = torch.bfloat16 if self.use_amp and torch.cuda.is_bf16_supported() else torch.float16
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.use_amp and self.amp_dtype == torch.float16)
+        self.save_seconds = self.eval_seconds = None     # measured: what the deadline keeps back for the end
+        self.elapsed_before = progress.history[-1]["minutes"] * 60 if progress.history else 0.0
+        self.t_start = self.last_save = time.time()
+        self.loop_deadline = self.t_start + settings.max_minutes * 60 if settings.max_minutes else math.inf
+        self.probe_at = self.t_start + PROBE_AT_SHARE * (deadline - self.t_start)   # inf without a deadline
+
+    def host_batches(self, epoch: int, batch_pos: int) -> Iterator[tuple[int, int, IdBatch]]:
+        """(epoch, batch number, padded ids on the host) from where the run stands on, epoch after epoch.
+        Runs in the prefetch thread."""
+        s, c, train = self.settings, self.cluster, self.data.train
+        pin = c.device.type == "cuda"
+        if pin and c.device.index is not None:
+            torch.cuda.set_device(c.device)                # pinned buffers in this process's device context
+        while epoch < s.epochs:
+            batches = batch_indices(train.src_len, train.tgt_len, s.max_tokens, seed=s.seed + epoch)
+            batches = batches[: len(batches) - len(batches) % c.world]  # every rank takes the same number of steps
+            if not batches:
+                raise SystemExit(f"{len(train)} examples make fewer batches than {c.world} processes; "
+                                 "lower --max-tokens")
+            for bi in range(batch_pos + c.rank, len(batches), c.world):
+                yield epoch, bi, collate_ids(train, batches[bi], decoder_only=self.corpus.lm, pin_memory=pin)
+            epoch, batch_pos = epoch + 1, 0
+
+    def run(self) -> None:
+        """Trains until --max-steps, a time limit, a SIGTERM or the last epoch; evaluates every --eval-every
+        steps and saves every --save-every-minutes on the way."""
+        s, p, c = self.settings, self.progress, self.cluster
+        self.net.train()
+        bar = ProgressBar(s.max_steps or None, p.step, c.is_main, c.device)
+        with Prefetcher(self.host_batches(p.epoch, p.batch_pos), depth=3) as stream:   # next batches built meanwhile
+            for epoch, bi, host_batch in stream:
+                p.epoch = epoch
+                loss = self.train_step(host_batch.to(c.device), bi)   # one non-blocking copy; masks built there
+                bar.add(loss, host_batch.n_tokens * c.world)
+                now = time.time()
+                bar.update(now, self.optimizer.param_groups[0]["lr"], p.epoch, min(self.deadline, self.loop_deadline))
+                stop = self.should_stop(now)
+                probe = self.eval_seconds is None and now >= self.probe_at   # time an evaluation and a save early
+                if c.is_main and ((s.eval_every and p.step % s.eval_every == 0) or probe) and not stop:
+                    self.evaluate()
+                if c.is_main and (now - self.last_save >= s.save_every_minutes * 60 or probe) and not stop:
+                    self.save()
+                    self.last_save = now
+                if stop:
+                    break
+            else:
+                if p.epoch < s.epochs:                     # every epoch done
+                    p.epoch, p.batch_pos = s.epochs, 0
+        bar.close()
+
+    def train_step(self, b: Batch, bi: int) -> torch.Tensor:
+        """One optimizer step on batch `bi` of the epoch; -> its loss (on the device, not read)."""
+        s, p, c = self.settings, self.progress, self.cluster
+        p.step += 1
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr_at(p.step, self.model.config.d_model, s.warmup, s.lr_factor)
+        with torch.autocast(c.device.type, dtype=self.amp_dtype, enabled=self.use_amp):
+            logits = self.net(b.src, b.tgt_in, b.src_mask, b.tgt_mask)                     # (B, T, V)
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), b.tgt_out.view(-1),
+                                   ignore_index=PAD_ID, label_smoothing=s.label_smoothing,
+                                   reduction="sum") / b.n_tokens
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.clip_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        p.batch_pos = bi + c.world - c.rank
+        return loss
+
+    def should_stop(self, now: float) -> bool:
+        """--max-steps reached, a SIGTERM, or out of time. Several processes agree every STOP_CHECK_EVERY
+        steps (an all-reduce that waits for the device, so not every step)."""
+        s, p, c = self.settings, self.progress, self.cluster
+        stop = bool(s.max_steps and p.step >= s.max_steps)
+        if not c.distributed:
+            return stop or self.sigterm.raised or self.out_of_time(now)
+        if p.step % STOP_CHECK_EVERY == 0:
+            flag = torch.tensor([float(self.sigterm.raised or self.out_of_time(now))], device=c.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            stop = stop or bool(flag.item())
+        return stop
+
+    def out_of_time(self, now: float) -> bool:
+        """Past --max-minutes, or too close to the deadline for the final evaluation and save."""
+        if now >= self.loop_deadline:
+            return True
+        if self.deadline == math.inf or self.eval_seconds is None or self.save_seconds is None:
+            return now >= self.deadline
+        tail = DEADLINE_TAIL_FACTOR * (self.eval_seconds + 2 * self.save_seconds) + DEADLINE_MARGIN_S
+        return now >= self.deadline - tail
+
+    def evaluate(self) -> None:
+        """Dev metrics into the history, the log and train_log.jsonl; best.pt when they are the best yet."""
+        t = time.time()
+        s, p, data, device = self.settings, self.progress, self.data, self.cluster.device
+        if self.corpus.lm:                  # the best language model has the lowest dev loss
+            metrics = evaluate_lm_dev(self.model, data.dev, s.max_tokens, device)
+            score = -metrics["dev_loss"]
+        else:
+            metrics = evaluate_dev(self.model, self.tok, data.dev, data.dev_refs, self.corpus.tagged, s.max_tokens,
+                                   s.eval_sentences, device)
+            score = sum(v for k, v in metrics.items() if k.startswith("bleu")) / max(1, len(data.dev_refs))
+        metrics.update(step=p.step, minutes=round((time.time() - self.t_start + self.elapsed_before) / 60, 1))
+        p.history.append(metrics)
+        tqdm.write(json.dumps(metrics))
+        if score > p.best_score:
+            p.best_score = score
+            save_best(self.out / "best.pt", self.model, p.step, metrics, self.corpus.labels)
+        with open(self.out / "train_log.jsonl", "a") as f:
+            f.write(json.dumps(metrics) + "\n")
+        self.eval_seconds = max(self.eval_seconds or 0.0, time.time() - t)
+
+    def save(self) -> None:
+        t = time.time()
+        save_training_checkpoint(self.ckpt_path, self.model, self.optimizer, self.progress, self.corpus.labels)
+        self.save_seconds = max(self.save_seconds or 0.0, time.time() - t)
+
+    def finish(self) -> None:
+        """The last save, then a final evaluation unless the last step had one (or a SIGTERM stopped it)."""
+        p = self.progress
+        self.save()                                      # first, so that a kill during the evaluation loses nothing
+        if self.sigterm.raised:
+            print(f"SIGTERM: stopped at step {p.step}, saved {self.ckpt_path}")
+        elif not p.history or p.history[-1]["step"] != p.step:
+            self.evaluate()
+            self.save()
+        best = (f"best dev perplexity {math.exp(-p.best_score):.2f}" if self.corpus.lm
+                else f"best dev BLEU {p.best_score:.2f}")
+        print(f"done: step {p.step}, epoch {p.epoch}, {best}; checkpoints in {self.out}")
 
 
 if __name__ == "__main__":
