@@ -208,7 +208,8 @@ def perplexity(args) -> None:
 
 def _is_language_model(args) -> bool:
     if args.package:
-        meta = json.loads((Path(args.package) / "model.json").read_text()) if (Path(args.package) / "model.json").exists() else {}
+        meta_file = Path(args.package) / "model.json"
+        meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
         return meta.get("task") == "generation"
     run = Path(args.checkpoint)
     run = run if run.is_dir() else run.parent
@@ -217,7 +218,8 @@ def _is_language_model(args) -> bool:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description="sacreBLEU and chrF of a checkpoint or model package, greedy and beam search.")
+    p = argparse.ArgumentParser(description="sacreBLEU and chrF of a checkpoint or model package, "
+                                            "greedy and beam search.")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--checkpoint", help="run directory from model.train, or a .pt file (decoded in PyTorch)")
     what.add_argument("--package", help="model package from model.export (decoded by the service's onnxruntime engine)")

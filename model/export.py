@@ -32,9 +32,9 @@ The decoder step (translation):
 
 A search that needs no more than the best few tokens of each row reads top_* and eos_log_probs,
 so (N, V) values never reach the host (service/search.py). Each layer's cache is its own tensor:
-a stacked (L, 2, N, h, T, d_k) cache, as packages before 2026-11-23 had, is split into layers and
-stacked again every step, which copied it twice more. Packages exported before `sources` existed
-took `cross_rows` (N,), one source per row, instead. The engine refuses those older layouts;
+a stacked (L, 2, N, h, T, d_k) cache, the older layout, is split into layers and stacked again
+every step, which copies it twice more. The older layout also takes `cross_rows` (N,), one source
+per row, instead of `sources`. The engine refuses the older layouts;
 `python -m model.upgrade` re-exports such a package from the weights in its graphs.
 
 A decoder-only model (text generation, task "generation") has no encoder.onnx; its decoder step
@@ -54,8 +54,8 @@ reads a whole batch of right-padded prompts in one call, then one token per row 
 
 Each row's keys sit at the columns of their positions, padding only after them: a row's attention
 sums the same values in the same order alone or next to longer rows, which left padding (packages
-before 2026-11-25, model.json without "cache": "by-position") did not, so int8 roundings downstream
-could differ with the batch. The engine widens W in steps of 8 columns (service/engine.py says why).
+whose model.json has no "cache": "by-position") does not, so int8 roundings downstream could
+differ with the batch. The engine widens W in steps of 8 columns (service/engine.py says why).
 """
 
 from __future__ import annotations
@@ -144,7 +144,8 @@ class DecoderGraph(nn.Module):
         past = reordered(caches[:2 * L], past_rows)                             # L x (N, h, T, d_k)
         cross = reordered(caches[2 * L:], sources)                              # L x (A, h, S, d_k)
         mask = src_mask.index_select(0, sources)[:, None, None, :]              # (A, 1, 1, S)
-        x, present = self.model.decoder_states(tokens, None, src_mask=mask, cross_kv=cross, past=past)  # (N, 1, d_model)
+        x, present = self.model.decoder_states(tokens, None, src_mask=mask, cross_kv=cross,
+                                               past=past)                        # (N, 1, d_model)
         return (*next_token_outputs(self.project(x[:, -1]), self.model.config.eos_id),
                 *(t for kv in present for t in kv))                             # ..., 2L x (N, h, T+1, d_k)
 

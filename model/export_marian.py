@@ -107,15 +107,8 @@ def export_package_marian(package: str | Path, out: str | Path, *, zero_bos: boo
                         directions=meta["directions"], zero_bos=zero_bos)
 
 
-def write_marian(model: Transformer, tok: Tokenizer, out: str | Path, *, directions: list[str],
-                 zero_bos: bool = False) -> Path:
-    """Writes `model` (ours, with tokenizer `tok`) as a Marian directory `out`; the tokenizer's languages
-    are directions[0]'s. `zero_bos` sets a learned <s> embedding to zero, as CTranslate2 assumes, so
-    that every engine runs the same function (off: it is kept, with a warning)."""
-    try:
-        from transformers import MarianConfig, MarianMTModel, MarianTokenizer
-    except ImportError:
-        raise SystemExit("model.export_marian needs transformers: pip install -e '.[marian]'") from None
+def _marian_ready(model: Transformer, zero_bos: bool) -> Transformer:
+    """Refuses what Marian cannot hold; zeroes (or warns about) a learned <s> embedding."""
     c = model.config
     if c.arch != "encoder-decoder":
         raise SystemExit("only translation checkpoints (arch encoder-decoder) have a Marian format")
@@ -130,7 +123,20 @@ def write_marian(model: Transformer, tok: Tokenizer, out: str | Path, *, directi
         print("warning: this checkpoint learned an embedding for <s> (trained before zero_bos_embedding): "
               "transformers runs the export as we do, but CTranslate2 starts Marian decoders from a zero "
               "vector, so its translations will differ", file=sys.stderr)
-    model = to_halves_layout(model.float().eval())
+    return model
+
+
+def write_marian(model: Transformer, tok: Tokenizer, out: str | Path, *, directions: list[str],
+                 zero_bos: bool = False) -> Path:
+    """Writes `model` (ours, with tokenizer `tok`) as a Marian directory `out`; the tokenizer's languages
+    are directions[0]'s. `zero_bos` sets a learned <s> embedding to zero, as CTranslate2 assumes, so
+    that every engine runs the same function (off: it is kept, with a warning)."""
+    try:
+        from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+    except ImportError:
+        raise SystemExit("model.export_marian needs transformers: pip install -e '.[marian]'") from None
+    c = model.config
+    model = to_halves_layout(_marian_ready(model, zero_bos).float().eval())
     order, pieces = marian_vocabulary(tok)
     V = len(order)
     pad = V - 1
@@ -180,7 +186,8 @@ def main(argv=None) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="run directory from model.train (best.pt is used)")
     src.add_argument("--package", help="a translation model package of ours (weights read from its graphs)")
-    p.add_argument("--out", required=True, help="directory to write (config.json, model.safetensors, *.spm, vocab.json)")
+    p.add_argument("--out", required=True,
+                   help="directory to write (config.json, model.safetensors, *.spm, vocab.json)")
     args = p.parse_args(argv)
     out = (export_marian(args.checkpoint, args.out) if args.checkpoint
            else export_package_marian(args.package, args.out))

@@ -49,7 +49,8 @@ def marian_config(hf) -> TransformerConfig:
         problems.append(f"encoder/decoder heads differ ({hf.encoder_attention_heads} vs {hf.decoder_attention_heads})")
     if hf.encoder_ffn_dim != hf.decoder_ffn_dim:
         problems.append(f"encoder/decoder d_ff differ ({hf.encoder_ffn_dim} vs {hf.decoder_ffn_dim})")
-    if not getattr(hf, "share_encoder_decoder_embeddings", True) or (hf.decoder_vocab_size or hf.vocab_size) != hf.vocab_size:
+    shared = getattr(hf, "share_encoder_decoder_embeddings", True)
+    if not shared or (hf.decoder_vocab_size or hf.vocab_size) != hf.vocab_size:
         problems.append("separate source and target vocabularies (share_encoder_decoder_embeddings=false)")
     if hf.activation_function not in ACTIVATIONS:
         problems.append(f"activation {hf.activation_function!r} (supported: {', '.join(sorted(ACTIVATIONS))})")
@@ -179,7 +180,8 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True, help="package directory to write, e.g. models/opus-mt-de-en")
     p.add_argument("--source-lang", help="source language code (default: from tokenizer_config.json or the name)")
     p.add_argument("--target-lang", help="target language code (default: from tokenizer_config.json or the name)")
-    p.add_argument("--quantize", choices=["int8"], default=None, help="int8 weights, per-row int8 activations (CPU serving)")
+    p.add_argument("--quantize", choices=["int8"], default=None,
+                   help="int8 weights, per-row int8 activations (CPU serving)")
     p.add_argument("--fp16", action="store_true", help="half-precision graphs (GPU serving)")
     p.add_argument("--name", default=None, help="model id shown by the service (default: the directory name)")
     args = p.parse_args(argv)

@@ -195,7 +195,8 @@ def model_card(report: dict) -> str:
              f"- training: step {train_info.get('step')}, epoch {train_info.get('epoch')}, last dev evaluation "
              f"{json.dumps(train_info.get('last_dev') or {})}",
              ""]
-    lines += [f"## Test split, {report['eval_direction']} (`python -m model.evaluate --package ... --beam {rc['beam']}`)", "",
+    lines += [f"## Test split, {report['eval_direction']} "
+              f"(`python -m model.evaluate --package ... --beam {rc['beam']}`)", "",
               f"| package | precision | BLEU greedy | chrF greedy | BLEU beam {rc['beam']} | chrF beam {rc['beam']} |",
               "|---|---|---:|---:|---:|---:|"]
     for name, r in results.items():
@@ -215,7 +216,8 @@ CHOICES = {"bundle": ["all", "spot"], "device": ["auto", "cpu", "cuda"]}
 
 
 def parse(argv) -> tuple[argparse.Namespace, RecipeConfig, list[str]]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="corpus directory from model.data (train.tsv, dev.tsv, test.tsv)")
     p.add_argument("--out", required=True, help="output directory; a re-run with the same one resumes its training")
     p.add_argument("--pieces", default=None, help="where the pieces and JOIN.sh go (default: <out>/pieces)")
@@ -235,6 +237,44 @@ def training_summary(run: Path) -> dict:
             "epoch": state["epoch"], "last_dev": (state["history"] or [None])[-1]}
 
 
+def run_stages(report: dict, rc: RecipeConfig, data: Path, out: Path, train_args: list[str], started: float,
+               deadline: float) -> None:
+    """Trains into <out>/run, exports the int8 and fp16 packages and evaluates them, each stage's time in
+    report["stage_seconds"]; raises Terminated when a SIGTERM stopped the training."""
+    run = out / "run"
+
+    def stage(name: str, fn):
+        t = time.time()
+        try:
+            return fn()
+        finally:
+            report["stage_seconds"][name] = round(time.time() - t, 1)
+
+    train_minutes = (deadline - rc.after_training_minutes * 60 - started) / 60
+    ended = stage("train", lambda: train.main(
+        ["--data", str(data), "--out", str(run), "--direction", rc.direction, "--device", rc.device,
+         *train_args, "--deadline-minutes", f"{train_minutes:.3f}"], started=started))
+    if ended["sigterm"]:
+        raise Terminated()
+    report["training"] = training_summary(run)
+    direction = report["training"]["directions"][0]
+    report["eval_direction"] = direction
+    for precision, options in (("int8", {"quantize": "int8"}), ("fp16", {"fp16": True})):
+        stage(f"export {precision}", lambda: export_package(run / "checkpoint.pt", out / f"package-{precision}",
+                                                            **options))
+    fp16_reason = cuda_onnxruntime() or ("--device cpu" if rc.device == "cpu" else None)
+    for precision, device, reason in (("int8", "cpu", None), ("fp16", "cuda", fp16_reason)):
+        name = f"package-{precision}"
+        if reason is None and time.time() > deadline:
+            reason = "the budget was spent"
+        if reason:
+            report["evaluation"][name] = {"skipped": reason}
+            continue
+        scores = stage(f"evaluate {precision}", lambda: evaluate_package(out / name, data / "test.tsv", direction,
+                                                                         rc.beam, device))
+        report["evaluation"][name] = {"scores": scores}
+
+
 def main(argv=None, *, started: float | None = None) -> dict:
     """`started`: when the --minutes budget began (None: when this process started). -> the report."""
     args, rc, train_args = parse(argv)
@@ -248,41 +288,12 @@ def main(argv=None, *, started: float | None = None) -> dict:
               "pairs": {s: len(read_pairs(data / f"{s}.tsv")) for s in ("train", "dev", "test")},
               "stage_seconds": {}, "evaluation": {}}
 
-    def stage(name: str, fn):
-        t = time.time()
-        try:
-            return fn()
-        finally:
-            report["stage_seconds"][name] = round(time.time() - t, 1)
-
     try:
         previous = signal.signal(signal.SIGTERM, raise_terminated)
     except ValueError:                                   # not the main thread: no signals to handle
         previous = None
     try:
-        train_minutes = (deadline - rc.after_training_minutes * 60 - started) / 60
-        ended = stage("train", lambda: train.main(
-            ["--data", str(data), "--out", str(run), "--direction", rc.direction, "--device", rc.device,
-             *train_args, "--deadline-minutes", f"{train_minutes:.3f}"], started=started))
-        if ended["sigterm"]:
-            raise Terminated()
-        report["training"] = training_summary(run)
-        direction = report["training"]["directions"][0]
-        report["eval_direction"] = direction
-        for precision, options in (("int8", {"quantize": "int8"}), ("fp16", {"fp16": True})):
-            stage(f"export {precision}", lambda: export_package(run / "checkpoint.pt", out / f"package-{precision}",
-                                                                **options))
-        fp16_reason = cuda_onnxruntime() or ("--device cpu" if rc.device == "cpu" else None)
-        for precision, device, reason in (("int8", "cpu", None), ("fp16", "cuda", fp16_reason)):
-            name = f"package-{precision}"
-            if reason is None and time.time() > deadline:
-                reason = "the budget was spent"
-            if reason:
-                report["evaluation"][name] = {"skipped": reason}
-                continue
-            scores = stage(f"evaluate {precision}", lambda: evaluate_package(out / name, data / "test.tsv", direction,
-                                                                             rc.beam, device))
-            report["evaluation"][name] = {"scores": scores}
+        run_stages(report, rc, data, out, train_args, started, deadline)
     except Terminated:
         report["stopped"] = "SIGTERM; the checkpoint in run/ is saved, the stages after it did not run"
     finally:

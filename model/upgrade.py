@@ -2,7 +2,7 @@
 
     python -m model.upgrade models/de-en --out /tmp/de-en-new
 
-For a package whose checkpoint is gone. Packages exported before 2026-11-23 have a stacked
+For a package whose checkpoint is gone. Packages in the older layout have a stacked
 (L, 2, N, h, T, d_k) cache, one cross-attention source per row (`cross_rows`) and no `top_k` input;
 the service refuses them rather than keep a slower search path for them (model/export.py says what
 each change saves). This reads the weights back out of encoder.onnx and decoder.onnx, loads them
@@ -71,7 +71,7 @@ def graph_weights(path: Path) -> dict[str, np.ndarray]:
     # Named parameters; an fp16 package's are read as fp32 (the export casts them back).
     weights = {name.removeprefix("model."): array.astype(np.float32) for name, array in inits.items()
                if name.startswith("model.") and np.issubdtype(array.dtype, np.floating)}
-    if "project.bias" in inits:       # the output projection's own bias (packages from 2026-11-23 on)
+    if "project.bias" in inits:       # the output projection's own bias (packages in the current layout)
         weights["final_logits_bias"] = inits["project.bias"].astype(np.float32)
     for node in graph.node:
         if node.op_type not in ("MatMul", "MatMulInteger") or node.input[1] not in inits:
