@@ -44,7 +44,7 @@ def torch_runtime(model, *, cached: bool, beam: int, settings: dict) -> DecodeFn
 
     from model.batching import pad
     from model.decoding import TorchDecoder, UncachedTorchDecoder
-    from service.search import beam_search, greedy_search, max_lengths
+    from service.shared.search import beam_search, greedy_search, max_lengths
 
     cls = TorchDecoder if cached else UncachedTorchDecoder
 

@@ -1,4 +1,4 @@
-"""PyTorch reference decoding: the Transformer behind the search algorithms of `service.search`.
+"""PyTorch reference decoding: the Transformer behind the search algorithms of `service.shared.search`.
 
 `TorchDecoder` implements the incremental-decoder protocol (step / select) on top of
 `Transformer.decode()` with its key/value cache, so greedy search, beam search and sampling run
@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from service.search import beam_search, greedy_search, max_lengths
+from service.shared.search import beam_search, greedy_search, max_lengths
 
 from .batching import pad
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer

@@ -40,7 +40,7 @@ from .generate_api import ENDPOINT as GENERATE, GenerateAPI
 from .litserve_bridge import Workers, until_disconnected
 from .metrics import m, render
 from .middleware import request_context
-from .schemas import (ErrorResponse, GenerateRequest, GenerateResponse, Language, LibreTranslateError,
+from .shared.schemas import (ErrorResponse, GenerateRequest, GenerateResponse, Language, LibreTranslateError,
                       LibreTranslateRequest, LibreTranslateResponse, TranslateRequest, TranslateResponse)
 from .translate_api import ENDPOINT, TranslateAPI, check_packages
 

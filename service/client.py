@@ -53,9 +53,9 @@ import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, Sequence, TypedDict, Union
 
 import httpx
-from pydantic import BaseModel
 
-from .schemas import Language, TranslateResponse
+from .shared.schemas import (GenerateResponse, GenerationChoice, GenerationTimings, GenerationUsage, Language,
+                             TranslateResponse)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -146,29 +146,8 @@ class GenerateOptions(TypedDict, total=False):
     beam_size: int                  # 1 = off
 
 
-class GenerationChoice(BaseModel):
-    index: int
-    text: str                       # the continuation, without the prompt
-    finish_reason: str              # "stop" (end of text or a stop sequence), "length" (max_new_tokens), "cancelled"
-    tokens: int                     # generated pieces
-
-
-class GenerationUsage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-
-
-class GenerationTimings(BaseModel):
-    queue_ms: float
-    first_token_ms: Optional[float] = None   # None when nothing was generated
-    total_ms: float
-
-
-class GenerateResult(BaseModel):
-    model: str
-    choices: list[GenerationChoice]
-    usage: GenerationUsage
-    timings: GenerationTimings
+class GenerateResult(GenerateResponse):
+    """POST /generate's answer (the wire schema the server validates against), and its first text."""
 
     @property
     def text(self) -> str:

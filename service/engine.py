@@ -11,7 +11,7 @@ Layers, so the HTTP service can split the work across LitServe's hooks:
   is missing or corrupt;
 - `Engine.source_ids()` / `Engine.detokenize()` (tokenizer, host side);
 - `Engine.search(src_ids, options)` (arrays only: encoder once per batch, then the decoder step
-  by step under `service.search`).
+  by step under `service.shared.search`).
 
 The key/value cache stays where the model runs between steps (IO binding: on the GPU it never
 leaves the device), in blocks the engine owns and reuses from search to search rather than in
@@ -25,7 +25,6 @@ re-exports them from their own weights (`python -m model.upgrade`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -40,89 +39,20 @@ import sentencepiece as spm
 
 from .device_memory import BlockPool, KVCache, Tensors
 from .onnxruntime_bridge import Binder
-from .search import Hypothesis, Steps, beam_search, finish, greedy_search, greedy_steps, max_lengths, sample, sample_steps
+from .shared.package import CACHE_BY_POSITION, INT8_SCHEME, ModelPackage, PackageError, load_package
+from .shared.search import (Hypothesis, SearchOptions, Steps, beam_search, finish, greedy_search, greedy_steps,
+                            max_lengths, sample, sample_steps)
 
-PACKAGE_FORMAT = "transerve-model/1"
-INT8_SCHEME = "int8-rows"     # per-row activations (model/quantize.py): a row's answer is its own
-CACHE_BY_POSITION = "by-position"   # a generation package's cache layout (model/export.py, LMDecoderGraph)
+__all__ = ["Engine", "SearchOptions", "PackageError", "DeviceError", "ModelPackage", "load_package", "probe_device",
+           "Translation", "Generation", "OrtDecoder", "OrtLmDecoder", "session_options", "COLUMNS_STEP"]
+
 COLUMNS_STEP = 8              # sources are padded, and generation caches widened, to multiples of this
 log = logging.getLogger(__name__)
 ONNX_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
 
 
-class PackageError(RuntimeError):
-    """A model package that cannot be served; the message names the file."""
-
-
 class DeviceError(RuntimeError):
     """device=cuda was asked for and onnxruntime's CUDA provider is not the one running."""
-
-
-@dataclass
-class ModelPackage:
-    path: Path
-    meta: dict
-
-    @property
-    def name(self) -> str:
-        return self.meta["name"]
-
-    @property
-    def config(self) -> dict:
-        return self.meta["config"]
-
-    def file(self, name: str) -> Path:
-        return self.path / name
-
-
-def load_package(path: str | Path, *, verify: bool = True) -> ModelPackage:
-    """Reads and checks a model package directory (see model/export.py for its layout)."""
-    path = Path(path)
-    meta_file = path / "model.json"
-    if not meta_file.is_file():
-        raise PackageError(f"{meta_file}: missing (is {path} a model package written by model.export?)")
-    try:
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise PackageError(f"{meta_file}: not readable JSON ({e})") from None
-    if meta.get("format") != PACKAGE_FORMAT:
-        raise PackageError(f"{meta_file}: format is {meta.get('format')!r}, expected {PACKAGE_FORMAT!r}")
-    for name, info in meta.get("files", {}).items():
-        f = path / name
-        if not f.is_file():
-            raise PackageError(f"{f}: missing from the model package")
-        if f.stat().st_size != info["bytes"]:
-            raise PackageError(f"{f}: {f.stat().st_size} bytes, model.json says {info['bytes']} (corrupt or truncated)")
-        if verify and _sha256(f) != info["sha256"]:
-            raise PackageError(f"{f}: sha256 does not match model.json (corrupt or modified)")
-    return ModelPackage(path, meta)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-@dataclass
-class SearchOptions:
-    """Decoding options; each says its "off" value."""
-    beam_size: int = 4                # 1 = greedy search
-    num_hypotheses: int = 1           # n-best returned per input (<= beam_size)
-    length_penalty: float = 1.0       # score = log p / length ** length_penalty; 0 = off
-    max_length_a: float = 1.5         # output budget a * source_length + b tokens ...
-    max_length_b: int = 10
-    max_length: int = 256             # ... never more than this (also capped by the model)
-    min_length: int = 0               # 0 = off
-    no_repeat_ngram_size: int = 0     # 0 = off
-    repetition_penalty: float = 1.0   # 1.0 = off
-    sampling: bool = False            # True = ancestral sampling instead of search
-    temperature: float = 1.0          # sampling only
-    top_k: int = 0                    # sampling only; 0 = off
-    top_p: float = 1.0                # sampling only; 1.0 = off
-    seed: int | None = None           # sampling only; None = random
 
 
 @dataclass
@@ -190,12 +120,14 @@ def missing_cuda_libraries() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if "not found" in line]
 
 
-def running_device(session: ort.InferenceSession, device: str) -> str:
+def running_device(session: ort.InferenceSession, device: str, wanted: list[str]) -> str:
     """"cuda" or "cpu": the provider the session really runs on. onnxruntime falls back to CPU with only a
     log line when the CUDA provider cannot load (CUDA or cuDNN missing or of another major version, no
     GPU); for device="cuda" that is an error, for "auto" a warning."""
     if session.get_providers()[0] == "CUDAExecutionProvider":
         return "cuda"
+    if "CUDAExecutionProvider" not in wanted:
+        return "cpu"
     if device == "cuda":
         missing = missing_cuda_libraries()
         why = (f"the loader cannot find {', '.join(missing)}" if missing
@@ -215,7 +147,7 @@ def probe_device(package: str | Path, device: str) -> str:
     if providers[0] != "CUDAExecutionProvider":
         return "cpu"
     session = ort.InferenceSession(str(load_package(package).file("decoder.onnx")), providers=providers)
-    return running_device(session, device)
+    return running_device(session, device, providers)
 
 
 def source_groups(row_source: np.ndarray) -> np.ndarray:
@@ -233,7 +165,7 @@ def source_groups(row_source: np.ndarray) -> np.ndarray:
 
 
 class OrtDecoder:
-    """The incremental-decoder protocol of service.search over the decoder graph.
+    """The incremental-decoder protocol of service.shared.search over the decoder graph.
 
     `max_rows` and `max_positions` size the cache's blocks (service.device_memory) for the whole search;
     without them the first steps reallocate until the blocks fit. `close()` hands the blocks back."""
@@ -248,7 +180,7 @@ class OrtDecoder:
         self.row_source = np.arange(B, dtype=np.int64)    # source sentence of each current row
         self.sources = self.row_source                    # the graph's `sources` (see source_groups)
         self.cache = engine.new_cache(B, max_rows=max_rows or B, max_positions=max_positions)
-        # The k best next tokens, computed in the graph (see service.search).
+        # The k best next tokens, computed in the graph (see service.shared.search).
         self.step_top = self._step_top if engine.search_top_k else None
         # One binding for the whole search: what every step reads the same is bound once.
         self.io = engine.decoder.io_binding()
@@ -374,7 +306,7 @@ class Engine:
             self.decoder = ort.InferenceSession(str(self.package.file("decoder.onnx")), so, providers=self.providers)
         except Exception as e:  # onnxruntime raises several types for unreadable graphs
             raise PackageError(f"{self.package.path}: onnxruntime cannot load the graphs ({e})") from None
-        self.device_type = running_device(self.decoder, device)
+        self.device_type = running_device(self.decoder, device, self.providers)
         self.providers = self.decoder.get_providers()
         self.float_dtype = np.float16 if meta["precision"] == "fp16" else np.float32
         inputs = [i.name for i in self.decoder.get_inputs()]

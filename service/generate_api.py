@@ -78,11 +78,6 @@ class StepEvents:
     gone: np.ndarray | None = None        # per job: its client went away (read once per step in predict)
 
 
-def _options_key(o: SearchOptions) -> tuple:
-    return (o.beam_size, o.num_hypotheses, o.length_penalty, o.max_length, o.min_length, o.no_repeat_ngram_size,
-            o.repetition_penalty, o.sampling, o.temperature, o.top_k, o.top_p)
-
-
 def _held_back(text: str, stops: list[str]) -> int:
     """Characters at the end of `text` that could still become a stop sequence: not sent yet."""
     keep = 0
@@ -166,7 +161,7 @@ class GenerateAPI(ls.LitAPI):
                 continue
             job.started = started
             beam = job.options.beam_size > 1
-            g = groups.setdefault((job.model, _options_key(job.options)),
+            g = groups.setdefault((job.model, job.options.batch_key()),
                                   Group(job.model, job.options, [], [], [], beam))
             for k in range(1 if beam else job.n):
                 g.rows.append((j, k))

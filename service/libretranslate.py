@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from .errors import ApiError, first_error, parse_error
-from .schemas import TranslateRequest
+from .shared.schemas import TranslateRequest
 
 if TYPE_CHECKING:
     from .app import Gateway

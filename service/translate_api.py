@@ -27,8 +27,9 @@ from .litserve_bridge import PromptBatchedLoop
 from .cancel import CancelBoard
 from .config import Settings, lower_worker_priority
 from .engine import Engine, SearchOptions, load_package
+from .shared.options import DEFAULTS
 from .metrics import m
-from .search import Hypothesis
+from .shared.search import Hypothesis
 from .text import join_sentences, split_sentences
 
 log = logging.getLogger("transerve")
@@ -98,11 +99,6 @@ class Plan:
     started: float
 
 
-def options_key(o: SearchOptions) -> tuple:
-    return (o.beam_size, o.num_hypotheses, o.length_penalty, o.max_length, o.max_length_a, o.max_length_b,
-            o.min_length, o.no_repeat_ngram_size, o.repetition_penalty, o.sampling, o.temperature, o.top_k, o.top_p)
-
-
 class TranslateAPI(ls.LitAPI):
     def __init__(self, settings: Settings, board: CancelBoard):
         super().__init__(max_batch_size=settings.max_batch_size, batch_timeout=settings.batch_timeout_ms / 1000,
@@ -151,14 +147,15 @@ class TranslateAPI(ls.LitAPI):
             return Failure(400, "unsupported_language_pair",
                            f"no model translates {pair[0]}-{pair[1]}; available pairs: {valid}")
         engine = self.engines[name]
-        beam = request.get("beam_size", 4)
+        d = DEFAULTS
+        beam = request.get("beam_size", d.beam_size)
         n_alt = request.get("num_alternatives", 0)   # < beam_size: TranslateRequest checked it
         options = SearchOptions(
             beam_size=beam, num_hypotheses=n_alt + 1 if beam > 1 else 1,
-            length_penalty=request.get("length_penalty", 1.0),
+            length_penalty=request.get("length_penalty", d.length_penalty),
             max_length=min(request.get("max_length") or s.max_output_tokens, s.max_output_tokens),
-            no_repeat_ngram_size=request.get("no_repeat_ngram_size", 0),
-            repetition_penalty=request.get("repetition_penalty", 1.0))
+            no_repeat_ngram_size=request.get("no_repeat_ngram_size", d.no_repeat_ngram_size),
+            repetition_penalty=request.get("repetition_penalty", d.repetition_penalty))
         texts = request["texts"]
         sentences, spans, seps = [], [], []
         for text in texts:
@@ -187,7 +184,7 @@ class TranslateAPI(ls.LitAPI):
             if isinstance(job, Job):
                 job.hyps = [None] * len(job.sentences)
                 for k in range(len(job.sentences)):
-                    groups.setdefault((job.model, options_key(job.options)), []).append((j, k))
+                    groups.setdefault((job.model, job.options.batch_key()), []).append((j, k))
         batches = []
         for (model, _), rows in groups.items():
             options = jobs[rows[0][0]].options

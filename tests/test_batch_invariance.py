@@ -105,7 +105,7 @@ def test_an_fp32_package_translates_the_same_alone_and_batched(tiny_package, bea
 @pytest.mark.parametrize("search", SEARCHES)
 def test_the_committed_generation_package_continues_the_same_alone_and_batched(search):
     """Prompts of 1 to 8 words side by side: each row's keys stay at its own cache columns."""
-    from service.search import finish
+    from service.shared.search import finish
 
     lm = Engine(LM, device="cpu", intra_op_threads=1)
     assert lm.package.meta["precision"] == "int8"

@@ -113,7 +113,7 @@ def test_client_imports_neither_torch_nor_onnxruntime_nor_litserve():
         "            raise ImportError(f'{name} is not in the client extra')\n"
         "sys.meta_path.insert(0, Block())\n"
         "from service.client import Client, AsyncClient, APIStatusError\n"
-        "from service.schemas import TranslateResponse\n"
+        "from service.shared.schemas import TranslateResponse\n"
         "print('ok')\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

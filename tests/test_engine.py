@@ -431,7 +431,7 @@ def test_an_unknown_direction_names_the_valid_ones(engine):
 
 
 def test_service_never_imports_torch_or_model():
-    code = ("import sys; import service.engine, service.search; "
+    code = ("import sys; import service.engine, service.shared.search; "
             "assert 'torch' not in sys.modules and 'model' not in sys.modules, sorted(sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -449,7 +449,7 @@ def test_device_cuda_without_a_cuda_onnxruntime_is_refused(tiny_package):
         Engine(tiny_package, device="cuda")
 
 
-def test_a_cuda_provider_that_does_not_load_is_refused_not_run_on_cpu(tiny_package, monkeypatch):
+def test_a_cuda_provider_that_does_not_load_is_refused_not_run_on_cpu(tiny_package, monkeypatch, caplog):
     """onnxruntime-gpu lists CUDAExecutionProvider whether or not CUDA and cuDNN load; when they do not,
     its sessions run on CPU with one log line. Played here by a CPU onnxruntime that claims CUDA: asked
     for CUDA, its sessions fall back exactly so."""
@@ -465,6 +465,10 @@ def test_a_cuda_provider_that_does_not_load_is_refused_not_run_on_cpu(tiny_packa
     assert (auto.device_type, auto.providers) == ("cpu", ["CPUExecutionProvider"])   # what runs, not the wish
     assert probe_device(tiny_package, "auto") == "cpu"
     assert preloaded                       # CUDA and cuDNN looked for in the nvidia-* packages first
+    assert "did not load" in caplog.text
+    caplog.clear()
+    assert Engine(tiny_package, device="cpu", intra_op_threads=1).device_type == "cpu"
+    assert "did not load" not in caplog.text   # CPU asked for: nothing to warn about
     assert auto.translate(["Guten Morgen."], source_lang="de", target_lang="en")[0].text
 
 

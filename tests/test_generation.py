@@ -24,7 +24,7 @@ from model.corpus.man import detect_lang, roff_paragraphs
 from model.mono import split_paragraphs, Paragraph
 from model.transformer import causal_mask
 from service.engine import Engine, PackageError, SearchOptions
-from service.search import beam_search, finish, greedy_search, sample
+from service.shared.search import beam_search, finish, greedy_search, sample
 
 from conftest import ROOT, pairs64
 

@@ -10,7 +10,7 @@ from model.batching import pad
 from model.decoding import TorchDecoder
 from model.transformer import (Transformer, causal_mask, padding_mask, preset,
                                sinusoidal_positional_encoding)
-from service.search import beam_search, greedy_search
+from service.shared.search import beam_search, greedy_search
 
 torch.manual_seed(0)
 

@@ -39,6 +39,8 @@ from typing import Callable, Generator, Protocol, Sequence
 
 import numpy as np
 
+from .options import DEFAULTS, SearchOptions  # noqa: F401  (SearchOptions re-exported)
+
 NEG_INF = np.float32(-np.inf)
 
 
@@ -129,8 +131,9 @@ def _uses_top(decoder, repetition_penalty: float, no_repeat_ngram_size: int):
 
 
 def greedy_search(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eos_id: int,
-                  max_length: Sequence[int] | np.ndarray, min_length: int = 0, no_repeat_ngram_size: int = 0,
-                  repetition_penalty: float = 1.0, banned_ids: Sequence[int] = (),
+                  max_length: Sequence[int] | np.ndarray, min_length: int = DEFAULTS.min_length,
+                  no_repeat_ngram_size: int = DEFAULTS.no_repeat_ngram_size,
+                  repetition_penalty: float = DEFAULTS.repetition_penalty, banned_ids: Sequence[int] = (),
                   start_tokens: np.ndarray | None = None) -> list[Hypothesis]:
     """Arg-max decoding; one Hypothesis per input sentence.
 
@@ -223,10 +226,11 @@ def _paths(decoder: IncrementalDecoder, batch_size: int, pick: Callable | None, 
     return results  # type: ignore[return-value]
 
 
-def beam_search(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eos_id: int, beam_size: int = 4,
-                max_length: Sequence[int] | np.ndarray, length_penalty: float = 1.0, num_hypotheses: int = 1,
-                min_length: int = 0, no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0,
-                banned_ids: Sequence[int] = (), start_tokens: np.ndarray | None = None) -> list[list[Hypothesis]]:
+def beam_search(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eos_id: int,
+                beam_size: int = DEFAULTS.beam_size, max_length: Sequence[int] | np.ndarray,
+                length_penalty: float = DEFAULTS.length_penalty, num_hypotheses: int = DEFAULTS.num_hypotheses,
+                min_length: int = DEFAULTS.min_length, no_repeat_ngram_size: int = DEFAULTS.no_repeat_ngram_size,
+                repetition_penalty: float = DEFAULTS.repetition_penalty, banned_ids: Sequence[int] = (), start_tokens: np.ndarray | None = None) -> list[list[Hypothesis]]:
     """Batched beam search; for each input sentence its `num_hypotheses` best hypotheses, best first.
 
     length_penalty: a finished hypothesis scores sum(log p) / length ** length_penalty (0 = off,
@@ -314,9 +318,10 @@ def beam_search(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eo
 
 
 def sample(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eos_id: int,
-           max_length: Sequence[int] | np.ndarray, seeds: Sequence[int | None], temperature: float = 1.0,
-           top_k: int = 0, top_p: float = 1.0, min_length: int = 0, no_repeat_ngram_size: int = 0,
-           repetition_penalty: float = 1.0, banned_ids: Sequence[int] = (),
+           max_length: Sequence[int] | np.ndarray, seeds: Sequence[int | None],
+           temperature: float = DEFAULTS.temperature, top_k: int = DEFAULTS.top_k, top_p: float = DEFAULTS.top_p,
+           min_length: int = DEFAULTS.min_length, no_repeat_ngram_size: int = DEFAULTS.no_repeat_ngram_size,
+           repetition_penalty: float = DEFAULTS.repetition_penalty, banned_ids: Sequence[int] = (),
            start_tokens: np.ndarray | None = None) -> list[Hypothesis]:
     """Ancestral sampling; one Hypothesis per input row.
 

@@ -12,6 +12,8 @@ from typing import Annotated, Literal, Optional, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .options import DEFAULTS
+
 LangCode = Annotated[str, Field(min_length=2, max_length=8, pattern=r"^[a-z]{2,3}(-[A-Za-z]{2,4})?$",
                                 examples=["de"])]
 StopSequence = Annotated[str, Field(min_length=1, max_length=64)]
@@ -49,14 +51,15 @@ class TranslateRequest(BaseModel):
     source_lang: LangCode = Field(..., description="Language of the text, e.g. de")
     target_lang: LangCode = Field(..., description="Language to translate into, e.g. en; the source language "
                                   "itself returns each text unchanged (score 0.0, no tokens, model \"identity\")")
-    beam_size: int = Field(4, ge=1, le=16, description="1 = greedy search")
+    beam_size: int = Field(DEFAULTS.beam_size, ge=1, le=16, description="1 = greedy search")
     num_alternatives: int = Field(0, ge=0, le=8, description="Extra translations per text (n-best); "
                                   "0 = off; needs beam_size > num_alternatives")
-    length_penalty: float = Field(1.0, ge=0.0, le=4.0, description="score / length ** length_penalty; 0 = off")
+    length_penalty: float = Field(DEFAULTS.length_penalty, ge=0.0, le=4.0,
+                                  description="score / length ** length_penalty; 0 = off")
     max_length: Optional[int] = Field(None, ge=1, le=1024, description="Output tokens per sentence at most "
                                       "(default: 1.5 × source tokens + 10, capped by the server)")
-    no_repeat_ngram_size: int = Field(0, ge=0, le=10, description="0 = off")
-    repetition_penalty: float = Field(1.0, ge=1.0, le=10.0, description="1.0 = off")
+    no_repeat_ngram_size: int = Field(DEFAULTS.no_repeat_ngram_size, ge=0, le=10, description="0 = off")
+    repetition_penalty: float = Field(DEFAULTS.repetition_penalty, ge=1.0, le=10.0, description="1.0 = off")
 
     @field_validator("text")
     @classmethod

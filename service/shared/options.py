@@ -1,0 +1,33 @@
+"""The searches' options and their defaults, written once: the engine, the training side's evaluation,
+the HTTP API's schemas and the SDK all read them from here. No numpy, so the SDK needs none."""
+
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass, replace
+
+
+@dataclass
+class SearchOptions:
+    """Decoding options; each says its "off" value."""
+    beam_size: int = 4                # 1 = greedy search
+    num_hypotheses: int = 1           # n-best returned per input (<= beam_size)
+    length_penalty: float = 1.0       # score = log p / length ** length_penalty; 0 = off
+    max_length_a: float = 1.5         # output budget a * source_length + b tokens ...
+    max_length_b: int = 10
+    max_length: int = 256             # ... never more than this (also capped by the model)
+    min_length: int = 0               # 0 = off
+    no_repeat_ngram_size: int = 0     # 0 = off
+    repetition_penalty: float = 1.0   # 1.0 = off
+    sampling: bool = False            # True = ancestral sampling instead of search
+    temperature: float = 1.0          # sampling only
+    top_k: int = 0                    # sampling only; 0 = off
+    top_p: float = 1.0                # sampling only; 1.0 = off
+    seed: int | None = None           # sampling only; None = random
+
+    def batch_key(self) -> tuple:
+        """What the rows of one engine batch must share: every option but the seed (each row samples with
+        its own generator)."""
+        return astuple(replace(self, seed=None))
+
+
+DEFAULTS = SearchOptions()   # the one place the defaults are written; the API's schemas show these

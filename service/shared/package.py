@@ -1,0 +1,73 @@
+"""The model package: the one contract between the training side (model/export.py writes it) and the
+service (service/engine.py serves it). A directory with model.json, the ONNX graphs and the tokenizer
+files; model.json names its format, task, directions, precision and config, and every file's sha256 and
+size, so a package that was changed or cut short is refused naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE_FORMAT = "transerve-model/1"
+INT8_SCHEME = "int8-rows"           # per-row activations (model/quantize.py): a row's answer is its own
+CACHE_BY_POSITION = "by-position"   # a generation package's cache layout (model/export.py, LMDecoderGraph)
+
+
+class PackageError(RuntimeError):
+    """A model package that cannot be served; the message names the file."""
+
+
+@dataclass
+class ModelPackage:
+    path: Path
+    meta: dict
+
+    @property
+    def name(self) -> str:
+        return self.meta["name"]
+
+    @property
+    def config(self) -> dict:
+        return self.meta["config"]
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+
+def load_package(path: str | Path, *, verify: bool = True) -> ModelPackage:
+    """Reads and checks a model package directory (see model/export.py for its layout)."""
+    path = Path(path)
+    meta_file = path / "model.json"
+    if not meta_file.is_file():
+        raise PackageError(f"{meta_file}: missing (is {path} a model package written by model.export?)")
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise PackageError(f"{meta_file}: not readable JSON ({e})") from None
+    if meta.get("format") != PACKAGE_FORMAT:
+        raise PackageError(f"{meta_file}: format is {meta.get('format')!r}, expected {PACKAGE_FORMAT!r}")
+    for name, info in meta.get("files", {}).items():
+        f = path / name
+        if not f.is_file():
+            raise PackageError(f"{f}: missing from the model package")
+        if f.stat().st_size != info["bytes"]:
+            raise PackageError(f"{f}: {f.stat().st_size} bytes, model.json says {info['bytes']} (corrupt or truncated)")
+        if verify and sha256(f) != info["sha256"]:
+            raise PackageError(f"{f}: sha256 does not match model.json (corrupt or modified)")
+    return ModelPackage(path, meta)
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_entries(out: Path, names: list[str]) -> dict[str, dict]:
+    """model.json's "files": each file's sha256 and size, as load_package checks them."""
+    return {name: {"sha256": sha256(out / name), "bytes": (out / name).stat().st_size} for name in names}
