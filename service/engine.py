@@ -298,8 +298,30 @@ class Engine:
         if self.task not in ("translation", "generation"):
             raise PackageError(f"{self.package.path / 'model.json'}: task {self.task!r}; "
                                "this engine serves translation and generation packages")
+        self._open_sessions(device, session_options(intra_op_threads, inter_op_threads, spin_wait=spin_wait))
+        self._read_graphs()
+        self.pool = BlockPool(self.float_dtype, self.device_type)   # the cache's and the encoder outputs' memory
+        self.host = Binder("cpu")                                    # for what the searches read on the host
+        self.search_top_k = True               # False: searches read the whole distribution (for comparisons)
+        self._load_tokenizers(meta["tokenizer"])
+        ids = meta["special_ids"]
+        self.pad_id, self.bos_id, self.eos_id = ids["pad"], ids["bos"], ids["eos"]
+        self.unk_id = ids.get("unk", 1)
+        self.target_tags: dict[str, int] = meta.get("target_tags", {})
+        # Never shown in a translation (as skip_special_tokens does): special ids and language tags.
+        self.hidden_ids = {self.pad_id, self.bos_id, self.eos_id, self.unk_id, *self.target_tags.values()}
+        self.directions: list[str] = meta["directions"]
+        self.max_positions: int = self.package.config["max_len"]
+        # Tags never appear in output: a model that wrote one would be writing nonsense.
+        self.banned_ids = [self.pad_id, self.bos_id, *self.target_tags.values()]
+        self.languages: list[str] = meta.get("languages", [])
+        # What each piece adds to a generated text, so streamed pieces concatenate to the full text.
+        self.piece_texts = [("" if self.sp.is_control(i) else " ⁇ " if self.sp.is_unknown(i)
+                             else self.sp.id_to_piece(i).replace("▁", " "))
+                            for i in range(self.sp.get_piece_size())]
+
+    def _open_sessions(self, device: str, so: ort.SessionOptions) -> None:
         self.providers = pick_providers(device)
-        so = session_options(intra_op_threads, inter_op_threads, spin_wait=spin_wait)
         try:
             self.encoder = (ort.InferenceSession(str(self.package.file("encoder.onnx")), so, providers=self.providers)
                             if self.task == "translation" else None)
@@ -308,6 +330,10 @@ class Engine:
             raise PackageError(f"{self.package.path}: onnxruntime cannot load the graphs ({e})") from None
         self.device_type = running_device(self.decoder, device, self.providers)
         self.providers = self.decoder.get_providers()
+
+    def _read_graphs(self) -> None:
+        """The decoder's inputs and outputs, checked: cache names, h and d_k, output types."""
+        meta = self.package.meta
         self.float_dtype = np.float16 if meta["precision"] == "fp16" else np.float32
         inputs = [i.name for i in self.decoder.get_inputs()]
         self._check_layout(inputs)
@@ -324,16 +350,11 @@ class Engine:
                                f"fixed h and d_k, or the encoder's outputs are not the decoder's cross_* inputs")
         self.vocab_size: int = self.package.config["vocab_size"]
         self.output_dtypes = {o.name: ONNX_TYPES[o.type] for o in self.decoder.get_outputs() if o.type in ONNX_TYPES}
-        self.pool = BlockPool(self.float_dtype, self.device_type)   # the cache's and the encoder outputs' memory
-        self.host = Binder("cpu")                                    # for what the searches read on the host
-        self.search_top_k = True               # False: searches read the whole distribution (for comparisons)
-        tk = meta["tokenizer"]
+
+    def _load_tokenizers(self, tk: dict) -> None:
         self.sp = spm.SentencePieceProcessor(model_file=str(self.package.file(tk["source"])))
         self.sp_target = (self.sp if tk.get("target", tk["source"]) == tk["source"]
                           else spm.SentencePieceProcessor(model_file=str(self.package.file(tk["target"]))))
-        ids = meta["special_ids"]
-        self.pad_id, self.bos_id, self.eos_id = ids["pad"], ids["bos"], ids["eos"]
-        self.unk_id = ids.get("unk", 1)
         # Our packages use SentencePiece ids as model ids. Imported Marian packages have their own id
         # space (vocab.json: piece -> id, shared by separate source and target SentencePiece models).
         self.vocab: dict[str, int] | None = None
@@ -345,18 +366,6 @@ class Engine:
             self.id_pieces = [""] * (max(self.vocab.values()) + 1)
             for piece, i in self.vocab.items():
                 self.id_pieces[i] = piece
-        self.target_tags: dict[str, int] = meta.get("target_tags", {})
-        # Never shown in a translation (as skip_special_tokens does): special ids and language tags.
-        self.hidden_ids = {self.pad_id, self.bos_id, self.eos_id, self.unk_id, *self.target_tags.values()}
-        self.directions: list[str] = meta["directions"]
-        self.max_positions: int = self.package.config["max_len"]
-        # Tags never appear in output: a model that wrote one would be writing nonsense.
-        self.banned_ids = [self.pad_id, self.bos_id, *self.target_tags.values()]
-        self.languages: list[str] = meta.get("languages", [])
-        # What each piece adds to a generated text, so streamed pieces concatenate to the full text.
-        self.piece_texts = [("" if self.sp.is_control(i) else " ⁇ " if self.sp.is_unknown(i)
-                             else self.sp.id_to_piece(i).replace("▁", " "))
-                            for i in range(self.sp.get_piece_size())]
 
     def _check_layout(self, inputs: list[str]) -> None:
         """Refuses packages the engine no longer serves, naming the command that re-exports them from their

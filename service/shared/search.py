@@ -230,7 +230,8 @@ def beam_search(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eo
                 beam_size: int = DEFAULTS.beam_size, max_length: Sequence[int] | np.ndarray,
                 length_penalty: float = DEFAULTS.length_penalty, num_hypotheses: int = DEFAULTS.num_hypotheses,
                 min_length: int = DEFAULTS.min_length, no_repeat_ngram_size: int = DEFAULTS.no_repeat_ngram_size,
-                repetition_penalty: float = DEFAULTS.repetition_penalty, banned_ids: Sequence[int] = (), start_tokens: np.ndarray | None = None) -> list[list[Hypothesis]]:
+                repetition_penalty: float = DEFAULTS.repetition_penalty, banned_ids: Sequence[int] = (),
+                start_tokens: np.ndarray | None = None) -> list[list[Hypothesis]]:
     """Batched beam search; for each input sentence its `num_hypotheses` best hypotheses, best first.
 
     length_penalty: a finished hypothesis scores sum(log p) / length ** length_penalty (0 = off,
@@ -254,7 +255,6 @@ def beam_search(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eo
     top = _uses_top(decoder, repetition_penalty, no_repeat_ngram_size)
     step = 0
     while len(active):
-        A = len(active)
         if top is not None:
             # Each row's best 2K are enough: a sentence's 2K best over all its beams are among them.
             logp, ids = _top_candidates(decoder, tokens, 2 * K, rows, step, max_len, eos_id=eos_id,
@@ -264,57 +264,62 @@ def beam_search(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eo
             logp = _adjust(logp, rows, step, max_len, eos_id=eos_id, min_length=min_length,
                            no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
                            banned_ids=banned_ids)
-        V = logp.shape[1]                                               # candidates per row: W or V
-        total = (beam_scores.reshape(A * K, 1) + logp).reshape(A, K * V)  # (A, K*V)
-        n_cand = min(2 * K, K * V)
-        cand = np.argpartition(-total, n_cand - 1, axis=1)[:, :n_cand]     # (A, 2K) unsorted
-        cand_scores = np.take_along_axis(total, cand, axis=1)
-        order = np.argsort(-cand_scores, axis=1, kind="stable")
-        cand, cand_scores = np.take_along_axis(cand, order, axis=1), np.take_along_axis(cand_scores, order, axis=1)
-
-        next_rows, next_tokens, next_scores, next_hist, still_active = [], [], [], [], []
-        for a in range(A):
-            s = active[a]
-            chosen = 0
-            for c in range(n_cand):
-                score = cand_scores[a, c]
-                if not np.isfinite(score):
-                    break
-                beam, tok = divmod(int(cand[a, c]), V)
-                row = a * K + beam
-                if ids is not None:
-                    tok = int(ids[row, tok])
-                if tok == eos_id:
-                    # An eos outside the top K is not a hypothesis the beam would have kept.
-                    if c < K and len(finished[s]) < K:
-                        length = len(rows.history[row]) + 1
-                        norm = length ** length_penalty if length_penalty else 1.0
-                        finished[s].append(Hypothesis(list(rows.history[row]), float(score) / norm, float(score)))
-                    continue
-                next_rows.append(row)
-                next_tokens.append(tok)
-                next_scores.append(score)
-                next_hist.append(rows.history[row] + [tok])
-                chosen += 1
-                if chosen == K:
-                    break
-            done = len(finished[s]) >= K or chosen < K
-            if done:
-                # Drop this sentence's candidates again.
-                del next_rows[len(next_rows) - chosen:], next_tokens[len(next_tokens) - chosen:]
-                del next_scores[len(next_scores) - chosen:], next_hist[len(next_hist) - chosen:]
-            else:
+        cand, cand_scores = _best_2k(beam_scores, logp, K)                 # (A, 2K) each, best first
+        picked, still_active = [], []
+        for a, s in enumerate(active):
+            chosen = _next_beams(cand[a], cand_scores[a], a, logp.shape[1], K, ids, rows, eos_id, finished[s],
+                                 length_penalty)
+            if len(finished[s]) < K and len(chosen) == K:   # else the sentence is done: drop its rows
+                picked += chosen
                 still_active.append(a)
         if not still_active:
             break
-        keep = np.asarray(next_rows, dtype=np.int64)
-        decoder.select(keep)
+        decoder.select(np.asarray([row for row, _, _ in picked], dtype=np.int64))
         active = active[still_active]
-        rows = _Rows(sentence=np.repeat(active, K), history=next_hist)
-        beam_scores = np.asarray(next_scores, dtype=np.float64).reshape(len(active), K)
-        tokens = np.asarray(next_tokens, dtype=np.int64)
+        rows = _Rows(sentence=np.repeat(active, K), history=[rows.history[row] + [tok] for row, tok, _ in picked])
+        beam_scores = np.asarray([score for _, _, score in picked], dtype=np.float64).reshape(len(active), K)
+        tokens = np.asarray([tok for _, tok, _ in picked], dtype=np.int64)
         step += 1
     return [sorted(f, key=lambda h: -h.score)[:num_hypotheses] for f in finished]
+
+
+def _best_2k(beam_scores: np.ndarray, logp: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:
+    """The step function: each sentence's best 2K (beam, candidate) pairs over all its K beams, best first,
+    as flat indices into its K * W candidates, with their scores. 2K, so that K of them remain when some
+    end in eos."""
+    A, W = beam_scores.shape[0], logp.shape[1]
+    total = (beam_scores.reshape(A * K, 1) + logp).reshape(A, K * W)     # (A, K*W)
+    n = min(2 * K, K * W)
+    cand = np.argpartition(-total, n - 1, axis=1)[:, :n]                 # (A, 2K) unsorted
+    scores = np.take_along_axis(total, cand, axis=1)
+    order = np.argsort(-scores, axis=1, kind="stable")
+    return np.take_along_axis(cand, order, axis=1), np.take_along_axis(scores, order, axis=1)
+
+
+def _next_beams(cand: np.ndarray, scores: np.ndarray, a: int, W: int, K: int, ids: np.ndarray | None, rows: _Rows,
+                eos_id: int, finished: list[Hypothesis], length_penalty: float) -> list[tuple[int, int, float]]:
+    """Sentence a's next beams as (row, token, score), at most K, from its candidates best first. A candidate
+    that ends in eos among the first K becomes a finished hypothesis (length-normalised once, here)."""
+    chosen: list[tuple[int, int, float]] = []
+    for c in range(len(cand)):
+        score = scores[c]
+        if not np.isfinite(score):
+            break
+        beam, tok = divmod(int(cand[c]), W)
+        row = a * K + beam
+        if ids is not None:
+            tok = int(ids[row, tok])
+        if tok == eos_id:
+            # An eos outside the top K is not a hypothesis the beam would have kept.
+            if c < K and len(finished) < K:
+                length = len(rows.history[row]) + 1
+                norm = length ** length_penalty if length_penalty else 1.0
+                finished.append(Hypothesis(list(rows.history[row]), float(score) / norm, float(score)))
+            continue
+        chosen.append((row, tok, score))
+        if len(chosen) == K:
+            break
+    return chosen
 
 
 def sample(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eos_id: int,

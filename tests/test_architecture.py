@@ -1,0 +1,154 @@
+"""The allowed imports of docs/architecture.md, checked on the source: which part may import which, that
+only the bridge modules touch LitServe's and onnxruntime's private names, that no import loop exists, and
+that no function outside tests runs past 60 lines. The checker is tested on planted violations too, so a
+rule that stopped looking would fail here."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+PARTS = ("model", "service")
+BRIDGES = {"service.litserve_bridge": "litserve", "service.onnxruntime_bridge": "onnxruntime"}
+# What each part may import (first-party modules by prefix, third-party by top-level name); stdlib is free.
+ALLOWED = {
+    "service.shared": {"service.shared", "numpy", "pydantic"},
+    "service.client": {"service.shared.options", "service.shared.schemas", "httpx", "pydantic", "typing_extensions"},
+    "model": {"model", "service.shared", "torch", "numpy", "sentencepiece", "onnx", "onnxruntime", "tqdm",
+              "sacrebleu", "transformers", "ctranslate2", "yaml", "polib", "huggingface_hub"},
+    "service": {"service", "numpy", "onnxruntime", "sentencepiece", "litserve", "fastapi", "starlette", "pydantic",
+                "prometheus_client", "uvicorn", "httpx"},
+}
+# Evaluating a package runs it on the served engine, so BLEU is measured on what is served.
+EXCEPTIONS = {("model.evaluate", "service.engine")}
+FIRST_PARTY = {"model", "service"}
+MAX_FUNCTION_LINES = 60
+
+
+def sources(root: Path = ROOT) -> dict[str, str]:
+    """module name -> source, for every module of model/ and service/."""
+    out = {}
+    for part in PARTS:
+        for f in sorted((root / part).rglob("*.py")):
+            name = ".".join(f.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+            out[name] = f.read_text(encoding="utf-8")
+    return out
+
+
+def imports(name: str, tree: ast.Module) -> list[tuple[str, list[str], int]]:
+    """(imported module, names taken from it, line) for every import, relative ones resolved."""
+    out = []
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and getattr(node.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(node)}
+    package = name if name.count(".") == 0 or name.endswith("__init__") else name.rsplit(".", 1)[0]
+    for node in ast.walk(tree):
+        if id(node) in typing_only:   # for annotations only: nothing is loaded when the program runs
+            continue
+        if isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            out.append((base, [a.name for a in node.names], node.lineno))
+    return out
+
+
+def loaded(target: str, names: list[str], mods: dict[str, str]) -> set[str]:
+    """The first-party modules an import loads: `from pkg import sub` loads pkg.sub where that is a module."""
+    return ({target} & mods.keys()) | {f"{target}.{n}" for n in names if f"{target}.{n}" in mods}
+
+
+def rule_for(name: str) -> set[str]:
+    return ALLOWED[max((p for p in ALLOWED if name == p or name.startswith(p + ".")), key=len)]
+
+
+def allowed(target: str, rule: set[str]) -> bool:
+    return any(target == a or target.startswith(a + ".") for a in rule) or target.split(".")[0] in rule
+
+
+def violations(mods: dict[str, str]) -> list[str]:
+    """Every broken rule, one line each; empty when the tree keeps them all."""
+    import sys
+
+    found, graph = [], {}
+    for name, src in mods.items():
+        tree = ast.parse(src)
+        graph[name] = set()
+        for target, names, line in imports(name, tree):
+            top = target.split(".")[0]
+            if top in FIRST_PARTY:
+                graph[name] |= loaded(target, names, mods)
+            elif top in sys.stdlib_module_names or top == "__future__":
+                continue
+            if not allowed(target, rule_for(name)) and (name, target) not in EXCEPTIONS:
+                found.append(f"{name}:{line} imports {target} (allowed: {', '.join(sorted(rule_for(name)))})")
+            private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+            if top in BRIDGES.values() and private and BRIDGES.get(name) != top:
+                found.append(f"{name}:{line} imports {top}'s private {', '.join(private)} outside its bridge")
+        found += private_attributes(name, tree)
+        found += long_functions(name, tree)
+    return found + [f"import loop: {' -> '.join(c)}" for c in loops(graph)]
+
+
+def private_attributes(name: str, tree: ast.Module) -> list[str]:
+    """x._y where x is not self or cls: another object's private name (allowed only in the bridges)."""
+    if name in BRIDGES:
+        return []
+    return [f"{name}:{n.lineno} uses the private attribute {n.attr}" for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")
+            and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))]
+
+
+def long_functions(name: str, tree: ast.Module) -> list[str]:
+    return [f"{name}:{n.lineno} {n.name}() has {n.end_lineno - n.lineno + 1} lines (at most {MAX_FUNCTION_LINES})"
+            for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+
+
+def loops(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected group of modules that import each other (a package's __init__
+    importing its own submodules does not count: that is how a package names its parts)."""
+    edges = {a: {b for b in bs if b in graph and b != a and not b.startswith(a + ".")} for a, bs in graph.items()}
+    seen, cycles = set(), []
+    for start in sorted(edges):
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(edges[node]):
+                if nxt == start:
+                    key = frozenset(path)
+                    if key not in seen:
+                        seen.add(key)
+                        cycles.append(path + [start])
+                elif nxt not in path and len(path) < 8:
+                    stack.append((nxt, path + [nxt]))
+    return cycles
+
+
+def test_the_tree_keeps_the_allowed_imports():
+    assert violations(sources()) == []
+
+
+@pytest.mark.parametrize("module, line, expected", [
+    ("service.shared.options", "import torch", "service.shared.options:1 imports torch"),
+    ("service.shared.schemas", "from service.engine import Engine", "imports service.engine"),
+    ("service.client", "import numpy", "service.client:1 imports numpy"),
+    ("model.train", "from service.engine import Engine", "model.train:1 imports service.engine"),
+    ("service.engine", "import torch", "service.engine:1 imports torch"),
+    ("service.app", "from litserve.loops.base import _SENTINEL_VALUE", "private _SENTINEL_VALUE outside its bridge"),
+    ("service.app", "x = server._shutdown_event", "private attribute _shutdown_event"),
+    ("service.shared.search", "from service.shared.schemas import Language", "import loop: "),
+    ("model.export", "def f():\n" + "    pass\n" * 61, "f() has 62 lines"),
+])
+def test_a_planted_violation_is_found(module, line, expected):
+    mods = sources()
+    if expected == "import loop: ":        # schemas imports options; make options import schemas back
+        mods["service.shared.options"] = "from .schemas import Language\n" + mods["service.shared.options"]
+        mods["service.shared.schemas"] = "from .options import DEFAULTS\n" + mods["service.shared.schemas"]
+    mods[module] = line + "\n" + mods[module]
+    found = violations(mods)
+    assert any(expected in v for v in found), found
