@@ -13,7 +13,7 @@ import time
 from contextlib import contextmanager
 
 from .errors import ApiError
-from .metrics import m
+from .metrics import metrics
 
 log = logging.getLogger("transerve")
 
@@ -37,16 +37,16 @@ class Admission:
             if not full:
                 self.active.value += 1
         if full:
-            m().rejected.labels(endpoint).inc()
+            metrics().rejected.labels(endpoint).inc()
             raise ApiError(503, "overloaded", f"{self.max_queue} requests are already waiting; retry later",
                            self.max_queue, {"Retry-After": "1"})
-        m().in_flight.labels(endpoint).inc()
+        metrics().in_flight.labels(endpoint).inc()
         try:
             yield
         finally:
             with self.active.get_lock():
                 self.active.value -= 1
-            m().in_flight.labels(endpoint).dec()
+            metrics().in_flight.labels(endpoint).dec()
 
     def drain(self, grace_s: float) -> None:
         """Refuses new requests (and /ready fails), then waits up to grace_s for the admitted ones."""

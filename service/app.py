@@ -38,7 +38,7 @@ from .engine import probe_device
 from .errors import ERROR_KIND, ApiError, install_handlers, raise_worker_error
 from .generate_api import ENDPOINT as GENERATE, GenerateAPI
 from .litserve_bridge import Workers, until_disconnected
-from .metrics import m, render
+from .metrics import metrics, render
 from .middleware import request_context
 from .shared.schemas import (ErrorResponse, GenerateRequest, GenerateResponse, Language, LibreTranslateError,
                       LibreTranslateRequest, LibreTranslateResponse, TranslateRequest, TranslateResponse)
@@ -139,7 +139,7 @@ class Gateway:
             out = raise_worker_error(await self.workers.call(ENDPOINT, payload, request) or {})
         if not out:
             return None
-        m().queue_wait.labels(endpoint).observe(out["timings"]["queue_ms"] / 1000)
+        metrics().queue_wait.labels(endpoint).observe(out["timings"]["queue_ms"] / 1000)
         out["timings"]["total_ms"] = round((time.monotonic() - received) * 1000, 2)
         return out
 
@@ -195,13 +195,13 @@ class Gateway:
             yield sse({"type": "done", "model": run.done["model"], "choices": run.done["choices"],
                        "usage": run.done["usage"], "timings": timings})
         except ApiError as e:
-            m().errors.labels(GENERATE, ERROR_KIND.get(e.status, "internal")).inc()  # the status said 200
+            metrics().errors.labels(GENERATE, ERROR_KIND.get(e.status, "internal")).inc()  # the status said 200
             yield sse({"type": "error", "error": {"type": e.type, "message": e.message}})
         finally:
             if not completed:
                 self.board.cancel(run.number)  # the client went away, or the worker failed: free its rows
             await held.aclose()
-            m().request_duration.labels(GENERATE).observe(time.monotonic() - run.received)
+            metrics().request_duration.labels(GENERATE).observe(time.monotonic() - run.received)
 
     async def libre_translate(self, request: Request) -> Response:
         return await libretranslate.translate(self, request)
@@ -234,9 +234,9 @@ class Gateway:
         # Error and rejection series exist at 0 from the start: rate() over a series that appears
         # with its first event misses that event, so alerts would not see the first burst.
         for endpoint in ("translate", "libretranslate", GENERATE):
-            m().rejected.labels(endpoint)
+            metrics().rejected.labels(endpoint)
             for kind in sorted(set(ERROR_KIND.values()) | {"internal"}):
-                m().errors.labels(endpoint, kind)
+                metrics().errors.labels(endpoint, kind)
         # Drop LitServe's own POST /translate and readiness check (ours submit through the same handler
         # and know about draining), its info route (ours is /info) and its "litserve running" root.
         app.router.routes = [r for r in app.router.routes if getattr(r, "path", None)
@@ -337,11 +337,11 @@ class Generation:
         """The finished request's timings, observed in the metrics too."""
         model = self.done["model"]
         if self.first is not None:
-            m().time_to_first_token.labels(GENERATE, model).observe(self.first - self.received)
+            metrics().time_to_first_token.labels(GENERATE, model).observe(self.first - self.received)
             most = max(c["tokens"] for c in self.done["choices"])
             if most > 1:
-                m().time_per_output_token.labels(GENERATE, model).observe((self.last - self.first) / (most - 1))
-        m().queue_wait.labels(GENERATE).observe(self.done["queue_ms"] / 1000)
+                metrics().time_per_output_token.labels(GENERATE, model).observe((self.last - self.first) / (most - 1))
+        metrics().queue_wait.labels(GENERATE).observe(self.done["queue_ms"] / 1000)
         return {"queue_ms": self.done["queue_ms"], "total_ms": round((time.monotonic() - self.received) * 1000, 2),
                 "first_token_ms": None if self.first is None else round((self.first - self.received) * 1000, 2)}
 

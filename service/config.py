@@ -38,7 +38,7 @@ class Settings:
     max_text_chars: int = 10_000        # characters per text
     max_sentence_tokens: int = 256      # source tokens per sentence after splitting
     max_request_tokens: int = 8192      # source tokens per request
-    max_queue: int = 256                # requests waiting or running per HTTP process; beyond: 503
+    max_queue: int = 256                # requests waiting or running, over all HTTP processes; beyond: 503
     request_timeout_s: float = 60.0     # longest a request may wait in the queue; then 504
     drain_timeout_s: float = 30.0       # on SIGTERM: how long admitted requests may take to finish
     max_payload_bytes: int = 1_000_000  # request body size; beyond: 413

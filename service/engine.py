@@ -172,7 +172,7 @@ class OrtDecoder:
 
     def __init__(self, engine: "Engine", cross: Tensors, src_mask: np.ndarray, *,
                  max_rows: int | None = None, max_positions: int = 16):
-        self.e = engine
+        self.engine = engine
         self.cross = cross                                # from Engine.encode, read by every step
         self.src_mask = src_mask
         B = src_mask.shape[0]
@@ -188,7 +188,7 @@ class OrtDecoder:
         cross.bind_inputs(self.io)
 
     def _run(self, tokens: np.ndarray, top_k: int | None) -> list[np.ndarray]:
-        e, io = self.e, self.io
+        e, io = self.engine, self.io
         io.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64)[:, None])
         io.bind_cpu_input("past_rows", self.rows)
         io.bind_cpu_input("sources", self.sources)
@@ -227,7 +227,7 @@ class OrtLmDecoder:
 
     def __init__(self, engine: "Engine", prompts: Sequence[Sequence[int]], *, max_rows: int | None = None,
                  max_new_positions: int = 16):
-        self.e = engine
+        self.engine = engine
         N = len(prompts)
         heads = [list(p[:-1]) for p in prompts]
         T = max(len(h) for h in heads)
@@ -246,7 +246,7 @@ class OrtLmDecoder:
             self._run(tokens, positions)
 
     def _run(self, tokens: np.ndarray, positions: np.ndarray, top_k: int | None = None) -> list[np.ndarray]:
-        e = self.e
+        e = self.engine
         io = e.decoder.io_binding()
         io.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64))
         io.bind_cpu_input("past_rows", self.rows)

@@ -29,7 +29,7 @@ from .litserve_bridge import PromptBatchedStreamingLoop
 from .config import Settings, lower_worker_priority
 from .engine import Engine, SearchOptions
 from .cancel import CancelBoard
-from .metrics import m
+from .metrics import metrics
 from .translate_api import Failure, for_one_request, internal_failure
 
 log = logging.getLogger("transerve")
@@ -108,7 +108,7 @@ class GenerateAPI(ls.LitAPI):
                 continue
             name = engine.package.name
             self.engines[name] = engine
-            m().model_info.labels(model=name, directions="generation", precision=engine.package.meta["precision"],
+            metrics().model_info.labels(model=name, directions="generation", precision=engine.package.meta["precision"],
                                   provider=engine.device_type).set(1)
             engine.generate(["Hallo"], max_new_tokens=4)  # warm-up before /ready
         self.default_model = next(iter(self.engines))
@@ -153,7 +153,7 @@ class GenerateAPI(ls.LitAPI):
                       texts=[""] * n, emitted=[0] * n, tokens=[0] * n, finish=[None] * n)
 
     def batch(self, jobs: list[GenJob | Failure]) -> StepEvents:
-        m().batch_requests.labels(ENDPOINT).observe(len(jobs))
+        metrics().batch_requests.labels(ENDPOINT).observe(len(jobs))
         groups: dict[tuple, Group] = {}
         started = time.monotonic()
         for j, job in enumerate(jobs):
@@ -194,8 +194,8 @@ class GenerateAPI(ls.LitAPI):
                     step = next(steps[gi])
                 except StopIteration as done:
                     live.remove(gi)
-                    m().inference.labels(ENDPOINT, g.model).observe(time.perf_counter() - t0)
-                    m().batch_sentences.labels(ENDPOINT, g.model).observe(len(g.rows))
+                    metrics().inference.labels(ENDPOINT, g.model).observe(time.perf_counter() - t0)
+                    metrics().batch_sentences.labels(ENDPOINT, g.model).observe(len(g.rows))
                     if g.beam:  # beam search streams nothing: its hypotheses arrive whole
                         for (j, _), hyps in zip(g.rows, done.value):
                             for k in range(getattr(plan.jobs[j], "n", 0)):   # 0: it failed meanwhile
@@ -276,9 +276,9 @@ class GenerateAPI(ls.LitAPI):
         if all(f is not None for f in job.finish):
             job.reported = True
             for k in range(job.n):
-                m().generated_tokens.labels(job.model, job.finish[k]).inc(job.tokens[k])
-            m().input_tokens.labels(ENDPOINT, job.model).inc(len(job.prompt) - 1)
-            m().output_tokens.labels(ENDPOINT, job.model).inc(sum(job.tokens))
+                metrics().generated_tokens.labels(job.model, job.finish[k]).inc(job.tokens[k])
+            metrics().input_tokens.labels(ENDPOINT, job.model).inc(len(job.prompt) - 1)
+            metrics().output_tokens.labels(ENDPOINT, job.model).inc(sum(job.tokens))
             event["done"] = {
                 "model": job.model,
                 "choices": [{"index": k, "finish_reason": job.finish[k], "tokens": job.tokens[k]} for k in range(job.n)],

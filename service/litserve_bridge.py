@@ -39,7 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .cancel import CancelBoard
 from .errors import ApiError, queue_timeout, worker_failed
-from .metrics import m
+from .metrics import metrics
 
 log = logging.getLogger("transerve")
 
@@ -108,7 +108,7 @@ def collect(loop: BatchedLoop | BatchedStreamingLoop, lit_api: LitAPI, request_q
     timed_out: list = []
     check_age = lit_api.request_timeout not in (-1, False)
     response_type = LoopResponseType.STREAMING if lit_api.stream else LoopResponseType.REGULAR
-    queue_depth = m().queue_depth.labels(lit_api.api_path.strip("/"))
+    queue_depth = metrics().queue_depth.labels(lit_api.api_path.strip("/"))
 
     def take(item) -> None:
         if item == _SENTINEL_VALUE:
@@ -188,7 +188,7 @@ class Workers:
             return self._answer(endpoint, *item.response)
         self.board.cancel(payload["number"])  # the worker skips it, queued or between engine batches
         if "client gone" in what:
-            m().cancelled.labels(endpoint).inc()
+            metrics().cancelled.labels(endpoint).inc()
             return None
         if "worker lost" in what:
             raise worker_failed("the inference worker stopped while running this request (it is being "
@@ -261,11 +261,11 @@ class Workers:
         lost_at = self._lost_at.get(endpoint)
         if lost_at is not None and (wait := lost_at + IDLE_WAKE_S + 0.5 - time.monotonic()) > 0:
             await asyncio.sleep(wait)
-        m().queue_depth.labels(endpoint).inc()   # before the put: the worker may take it at once
+        metrics().queue_depth.labels(endpoint).inc()   # before the put: the worker may take it at once
         try:
             return (await self.handlers[endpoint]._submit_request(payload))[0]
         except BaseException:
-            m().queue_depth.labels(endpoint).dec()
+            metrics().queue_depth.labels(endpoint).dec()
             raise
 
     def lost(self, endpoint: str) -> asyncio.Event:

@@ -4,7 +4,7 @@ LitServe runs HTTP servers and inference workers in separate processes, so the m
 prometheus-client's multiprocess mode: each process writes to files under
 PROMETHEUS_MULTIPROC_DIR and `/metrics` merges them. `configure()` must run before this module
 is imported anywhere (the CLI does it first thing), which is why the metric objects are created
-lazily by `m()` rather than at import time.
+lazily by `metrics()` rather than at import time.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def configure(directory: str | None = None) -> str:
 
 
 @lru_cache(maxsize=None)
-def m() -> SimpleNamespace:
+def metrics() -> SimpleNamespace:
     """The metric objects of this process."""
     from prometheus_client import Counter, Gauge, Histogram
 

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .errors import ERROR_KIND, ApiError, error_response, too_large
-from .metrics import m
+from .metrics import metrics
 
 log = logging.getLogger("transerve")
 
@@ -62,11 +62,11 @@ def request_context(app, endpoints: dict[str, str], max_payload_bytes: int):
 
 
 def count(endpoint: str, status: int, seconds: float | None) -> None:
-    m().requests.labels(endpoint, str(status)).inc()
+    metrics().requests.labels(endpoint, str(status)).inc()
     if seconds is not None:  # a stream's duration is observed when it ends (Gateway.generate), not here
-        m().request_duration.labels(endpoint).observe(seconds)
+        metrics().request_duration.labels(endpoint).observe(seconds)
     if status >= 400:
-        m().errors.labels(endpoint, ERROR_KIND.get(status, "internal")).inc()
+        metrics().errors.labels(endpoint, ERROR_KIND.get(status, "internal")).inc()
 
 
 def limited_receive(scope, receive, limit: int):

@@ -28,7 +28,7 @@ from .cancel import CancelBoard
 from .config import Settings, lower_worker_priority
 from .engine import Engine, SearchOptions, load_package
 from .shared.options import DEFAULTS
-from .metrics import m
+from .metrics import metrics
 from .shared.search import Hypothesis
 from .text import join_sentences, split_sentences
 
@@ -126,7 +126,7 @@ class TranslateAPI(ls.LitAPI):
             for d in engine.directions:
                 src, tgt = d.split("-")
                 self.routes.setdefault((src, tgt), name)
-            m().model_info.labels(model=name, directions=",".join(engine.directions),
+            metrics().model_info.labels(model=name, directions=",".join(engine.directions),
                                   precision=engine.package.meta["precision"], provider=engine.device_type).set(1)
         # Warm-up: the first run of an onnxruntime session allocates and optimises; do it before /ready.
         for (src, tgt), name in self.routes.items():
@@ -178,7 +178,7 @@ class TranslateAPI(ls.LitAPI):
     def batch(self, jobs: list[Job | Failure]) -> Plan:
         """All sentences of all requests, grouped by (model, options), sorted by length, cut by token budget."""
         started = time.monotonic()
-        m().batch_requests.labels(ENDPOINT).observe(len(jobs))
+        metrics().batch_requests.labels(ENDPOINT).observe(len(jobs))
         groups: dict[tuple, list[tuple[int, int]]] = {}
         for j, job in enumerate(jobs):
             if isinstance(job, Job):
@@ -231,8 +231,8 @@ class TranslateAPI(ls.LitAPI):
                     except Exception:
                         log.exception("sentence failed")
                         results.append(None)
-            m().inference.labels(ENDPOINT, eb.model).observe(time.perf_counter() - t0)
-            m().batch_sentences.labels(ENDPOINT, eb.model).observe(len(eb.rows))
+            metrics().inference.labels(ENDPOINT, eb.model).observe(time.perf_counter() - t0)
+            metrics().batch_sentences.labels(ENDPOINT, eb.model).observe(len(eb.rows))
             for (j, k), hyps in zip(eb.rows, results):
                 job = plan.jobs[j]
                 if hyps is None and job.failure is None:
@@ -274,8 +274,8 @@ class TranslateAPI(ls.LitAPI):
             n_in, n_out = n_in + tokens_in, n_out + tokens_out
             items.append({"text": text, "score": float(np.mean([h.score for h in best])),
                           "alternatives": alternatives, "input_tokens": tokens_in, "output_tokens": tokens_out})
-        m().input_tokens.labels(ENDPOINT, job.model).inc(n_in)
-        m().output_tokens.labels(ENDPOINT, job.model).inc(n_out)
+        metrics().input_tokens.labels(ENDPOINT, job.model).inc(n_in)
+        metrics().output_tokens.labels(ENDPOINT, job.model).inc(n_out)
         return {"translations": items, "model": job.model, "source_lang": job.source_lang,
                 "target_lang": job.target_lang,
                 "timings": {"queue_ms": round((job.started - job.received) * 1000, 2),
