@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
-import json
 import sys
 from pathlib import Path
 

@@ -272,7 +272,8 @@ class Gateway:
         app.add_api_route("/metrics", _metrics, methods=["GET"], tags=["ops"], include_in_schema=False)
         self._describe_served_values(app)
         install_handlers(app, self.settings.max_payload_bytes)
-        endpoints = {"/translate": ENDPOINT, "/libretranslate/translate": libretranslate.ENDPOINT, "/generate": GENERATE}
+        endpoints = {"/translate": ENDPOINT, "/libretranslate/translate": libretranslate.ENDPOINT,
+                     "/generate": GENERATE}
         app.add_middleware(request_context, endpoints=endpoints, max_payload_bytes=self.settings.max_payload_bytes)
 
     def _describe_served_values(self, app) -> None:

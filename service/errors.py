@@ -94,7 +94,8 @@ def install_handlers(app, max_payload_bytes: int) -> None:
             err = ApiError(400, "invalid_json", "the body is not valid JSON")
         elif any(tuple(err.get("loc", ())) == ("body",) and err.get("type") != "value_error" for err in errs):
             # (a value_error at the body itself is a model validator's: a 422 like any field's)
-            err = ApiError(400, "invalid_json", "the body must be a JSON object sent with Content-Type: application/json")
+            err = ApiError(400, "invalid_json",
+                           "the body must be a JSON object sent with Content-Type: application/json")
         else:
             err = ApiError(422, "invalid_request", first_error(e))
         return await api_error(request, err)

@@ -281,7 +281,8 @@ class GenerateAPI(ls.LitAPI):
             metrics().output_tokens.labels(ENDPOINT, job.model).inc(sum(job.tokens))
             event["done"] = {
                 "model": job.model,
-                "choices": [{"index": k, "finish_reason": job.finish[k], "tokens": job.tokens[k]} for k in range(job.n)],
+                "choices": [{"index": k, "finish_reason": job.finish[k], "tokens": job.tokens[k]}
+                            for k in range(job.n)],
                 "usage": {"prompt_tokens": len(job.prompt) - 1, "completion_tokens": sum(job.tokens)},
                 "queue_ms": round((job.started - job.received) * 1000, 2),
             }

@@ -34,7 +34,8 @@ from litserve.loops import BatchedLoop, BatchedStreamingLoop
 from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
 from litserve.server import RegularRequestHandler, StreamingRequestHandler
 from litserve.transport.base import MessageTransport
-from litserve.utils import LitAPIStatus, LoopResponseType, PickleableHTTPException, ResponseBufferItem, WorkerSetupStatus
+from litserve.utils import (LitAPIStatus, LoopResponseType, PickleableHTTPException, ResponseBufferItem,
+                            WorkerSetupStatus)
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .cancel import CancelBoard
