@@ -4,7 +4,10 @@
 #
 #   CPU: docker build -t transerve:cpu .
 #   GPU: docker build -t transerve:gpu --build-arg ORT_EXTRA=gpu \
-#          --build-arg BASE_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04 .
+#          --build-arg BASE_IMAGE=nvidia/cuda:13.0.2-cudnn-runtime-ubuntu24.04 .
+#        CUDA 13 and cuDNN 9 because the locked onnxruntime-gpu's CUDA provider links libcudart.so.13 and
+#        libcublas.so.13 and opens cuDNN 9; any other major and onnxruntime falls back to the CPU
+#        (deploy/docker/onnxruntime-gpu-needs.yaml, checked by tests/test_gpu_image.py).
 #   Model baked in (default: none, mount a package at /models/de-en):
 #        --build-arg MODEL_DIR=models/de-en
 #   Model-only image for the Kubernetes init container (deploy/k8s):
