@@ -7,17 +7,18 @@ the very code the service runs over onnxruntime; only the network differs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from service.shared.search import beam_search, greedy_search, max_lengths
+from service.shared.search import SearchOptions, beam_search, greedy_search, max_lengths
 
 from .batching import pad
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from .transformer import KV, Transformer, causal_mask, padding_mask
+
+GREEDY = SearchOptions(beam_size=1)
 
 
 class TorchDecoder:
@@ -76,19 +77,11 @@ class UncachedTorchDecoder:
         self.prefix, self.memory, self.src_mask = self.prefix[idx], self.memory[idx], self.src_mask[idx]
 
 
-@dataclass
-class DecodeSettings:
-    beam_size: int = 1            # 1 = greedy search
-    length_penalty: float = 1.0   # 0 = off
-    max_length_a: float = 1.5     # output budget: a * source_length + b tokens, at most max_length
-    max_length_b: int = 10
-    max_length: int = 256
-
-
 @torch.no_grad()
 def translate(model: Transformer, tokenizer: Tokenizer, texts: Sequence[str], *, target_lang: str | None = None,
-              settings: DecodeSettings = DecodeSettings(), batch_size: int = 64) -> list[str]:
-    """Translates `texts` (best hypothesis each). Sources are sorted by length so batches pad little."""
+              settings: SearchOptions = GREEDY, batch_size: int = 64) -> list[str]:
+    """Translates `texts` (best hypothesis each) with the served search and its options (beam_size,
+    length_penalty and the length budget are read). Sources are sorted by length so batches pad little."""
     model.eval()
     srcs = [tokenizer.source_ids(t, target_lang)[: model.config.max_len] for t in texts]
     order = sorted(range(len(srcs)), key=lambda i: len(srcs[i]))

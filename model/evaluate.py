@@ -27,9 +27,11 @@ from typing import Callable, Sequence
 import sacrebleu
 import torch
 
+from service.shared.options import SearchOptions
+
 from .checkpoint import load_checkpoint
 from .corpus.tsv import read_pairs
-from .decoding import DecodeSettings, translate
+from .decoding import translate
 from .transformer import Transformer
 
 
@@ -61,7 +63,7 @@ def checkpoint_subject(path: str, device: str, length_penalty: float, batch_size
     def for_direction(direction: str) -> TranslateFn:
         target_lang = direction.split("-")[1] if info.get("tagged") else None
         return lambda srcs, beam: translate(model, tok, srcs, target_lang=target_lang, batch_size=batch_size,
-                                            settings=DecodeSettings(beam_size=beam, length_penalty=length_penalty))
+                                            settings=SearchOptions(beam_size=beam, length_penalty=length_penalty))
 
     return Subject({"checkpoint": info["file"], "step": info.get("step")},
                    f"{info['file']} (step {info.get('step')})", info.get("directions") or ["de-en"], for_direction)

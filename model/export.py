@@ -61,7 +61,6 @@ differ with the batch. The engine widens W in steps of 8 columns (service/engine
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import time
@@ -72,14 +71,14 @@ import torch
 import torch.nn as nn
 
 from .checkpoint import load_checkpoint
-from .quantize import SCHEME as INT8_SCHEME, quantize_int8
+from service.shared.package import CACHE_BY_POSITION, INT8_SCHEME, PACKAGE_FORMAT, file_entries
+
+from .quantize import quantize_int8
 from .tokenizer import Tokenizer
 from .transformer import Transformer, padding_mask
 
-PACKAGE_FORMAT = "transerve-model/1"
 OPSET = 18
 TOP_K_AT_EXPORT = 2          # a placeholder: the exported graph reads k from its `top_k` input
-CACHE_BY_POSITION = "by-position"   # model.json "cache" of a generation package: see LMDecoderGraph
 NEXT_TOKEN_OUTPUTS = ["log_probs", "top_log_probs", "top_ids", "eos_log_probs"]
 
 
@@ -169,14 +168,6 @@ class LMDecoderGraph(nn.Module):
                                                cache_by_position=True)          # (N, T_new, d_model)
         return (*next_token_outputs(self.project(x[:, -1]), self.model.config.eos_id),
                 *(t for kv in present for t in kv))                             # ..., 2L x (N, h, W, d_k)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _export(module: nn.Module, args: tuple, path: Path, input_names, output_names, dynamic_shapes) -> None:
@@ -337,8 +328,7 @@ def write_package(model: Transformer, out: str | Path, *, files: dict[str, Path]
         "export_seconds": round(time.time() - t0, 1),
     }
     meta |= {k: v for k, v in (extra or {}).items() if k not in meta}   # extra adds keys, never replaces
-    meta["files"] = {f.name: {"sha256": _sha256(f), "bytes": f.stat().st_size}
-                     for f in sorted(out.iterdir()) if f.name != "model.json" and f.is_file()}
+    meta["files"] = file_entries(out, [f.name for f in sorted(out.iterdir()) if f.name != "model.json" and f.is_file()])
     path = out / "model.json"
     path.write_text(json.dumps(meta, indent=2) + "\n")
     return path

@@ -26,7 +26,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-SCHEME = "int8-rows"        # model.json "quantization"; the engine serves no other int8 packages
+from service.shared.package import INT8_SCHEME
+
+SCHEME = INT8_SCHEME        # model.json "quantization"; the engine serves no other int8 packages
 _ZERO = 128                 # uint8 zero point of the symmetric activations: q - 128 is in [-127, 127]
 
 

@@ -48,12 +48,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from service.shared.options import SearchOptions
+
 from .batching import (Batch, Example, IdBatch, Prefetcher, TokenArrays, batch_indices, cached_token_arrays,
                        collate_ids, concat_ranges, flatten, select_rows)
 from .checkpoint import (Progress, load_training_checkpoint, restore_training, save_best,
                          save_training_checkpoint)
 from .corpus.tsv import read_pairs
-from .decoding import DecodeSettings, translate
+from .decoding import translate
 from .mono import read_texts
 from .tokenizer import PAD_ID, Tokenizer, train_tokenizer
 from .transformer import PRESETS, Transformer, TransformerConfig, preset
@@ -262,7 +264,7 @@ def evaluate_dev(model: Transformer, tok: Tokenizer, dev: TokenArrays, dev_refs:
     for (s, t), pairs in dev_refs.items():
         pairs = pairs[:n_sentences]
         hyps = translate(model, tok, [p[0] for p in pairs], target_lang=t if tagged else None,
-                         settings=DecodeSettings(beam_size=1))
+                         settings=SearchOptions(beam_size=1))
         out[f"bleu_{s}-{t}"] = round(sacrebleu.corpus_bleu(hyps, [[p[1] for p in pairs]]).score, 2)
     model.train()
     return out

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from model import evaluate
-from model.decoding import DecodeSettings, TorchDecoder, translate
+from model.decoding import TorchDecoder, translate
 from model.export import export_package
 import service.engine as engine_module
 from service.engine import (DeviceError, Engine, OrtDecoder, PackageError, SearchOptions, load_package, probe_device,
@@ -113,7 +113,7 @@ def test_graphs_pass_the_checker_and_have_the_documented_signatures(tiny_package
 def test_engine_translates_exactly_like_the_pytorch_reference(engine, reference, beam):
     model, tok = reference
     assert len(set(PARITY)) >= 100
-    expected = translate(model, tok, PARITY, settings=DecodeSettings(beam_size=beam))
+    expected = translate(model, tok, PARITY, settings=SearchOptions(beam_size=beam))
     got = [t.text for t in engine.translate(PARITY, source_lang="de", target_lang="en", beam_size=beam)]
     assert got == expected
     assert sum(g == r for g, r in zip(got, REFERENCES)) >= 60  # and the outputs are the memorised ones
