@@ -29,11 +29,11 @@ import platform
 import random
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import gevent
@@ -123,8 +123,18 @@ def run_phase(host: str, name: str, users: int, seconds: float, rate: float | No
     phase.seconds = time.monotonic() - phase.start
     return phase
 
+@dataclass
+class LoadRun:
+    """The four phases' answers, the rates they were run at, and the soak's memory samples (s, MB)."""
 
-def main(argv=None) -> None:
+    phases: list[Phase]
+    capacity: float
+    soak_rate: float
+    over_rate: float
+    memory: list[tuple[float, float]]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=str(ROOT / "models" / "de-en"))
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -137,73 +147,99 @@ def main(argv=None) -> None:
     p.add_argument("--overload-seconds", type=float, default=90)
     p.add_argument("--recovery-seconds", type=float, default=60)
     p.add_argument("--out", type=Path)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    """`python -m service` on a free port, in its own process group; -> the process and its base URL."""
     port = free_port()
     cmd = [sys.executable, "-m", "service", "--model", args.model, "--port", str(port), "--threads",
            str(args.threads), "--max-queue", str(args.max_queue)]
     server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
-    host = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 180
-        import urllib.request
-        while True:
-            try:
-                if urllib.request.urlopen(host + "/ready", timeout=2).status == 200:
-                    break
-            except OSError:
-                if time.time() > deadline or server.poll() is not None:
-                    raise SystemExit("the server did not become ready") from None
-                time.sleep(0.5)
-        phases = []
+    return server, f"http://127.0.0.1:{port}"
 
-        cap = run_phase(host, "capacity", args.users, args.capacity_seconds, None)
-        phases.append(cap)
-        capacity = cap.summary()["ok_rps"]
-        print(f"capacity: {capacity:.1f} requests/s", flush=True)
 
-        memory: list[tuple[float, float]] = []
-        t0 = time.monotonic()
-        soak_rate = args.soak_load * capacity
-        users = max(4, int(soak_rate * 2))
-        phases.append(run_phase(host, "soak", users, args.soak_minutes * 60, soak_rate,
-                                sample=lambda: memory.append((time.monotonic() - t0, tree_pss_mb(server.pid)))))
-        over_rate = args.overload * capacity
-        # Enough users that the offered rate holds while each waits out its own request.
-        phases.append(run_phase(host, "overload", max(32, int(over_rate * 4)), args.overload_seconds, over_rate))
-        phases.append(run_phase(host, "recovery", users, args.recovery_seconds, soak_rate))
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
+def wait_ready(host: str, server: subprocess.Popen) -> None:
+    import urllib.request          # here, as locust has monkey-patched ssl by now
 
-    warm = args.soak_minutes * 60 / 10 if args.soak_minutes < 10 else 60.0
+    deadline = time.time() + 180
+    while True:
+        try:
+            if urllib.request.urlopen(host + "/ready", timeout=2).status == 200:
+                break
+        except OSError:
+            if time.time() > deadline or server.poll() is not None:
+                raise SystemExit("the server did not become ready") from None
+            time.sleep(0.5)
+
+
+def run_phases(host: str, server: subprocess.Popen, args: argparse.Namespace) -> LoadRun:
+    """Capacity (closed loop), then soak, overload and recovery at rates relative to it."""
+    cap = run_phase(host, "capacity", args.users, args.capacity_seconds, None)
+    capacity = cap.summary()["ok_rps"]
+    print(f"capacity: {capacity:.1f} requests/s", flush=True)
+
+    memory: list[tuple[float, float]] = []
+    t0 = time.monotonic()
+    soak_rate = args.soak_load * capacity
+    users = max(4, int(soak_rate * 2))
+    soak = run_phase(host, "soak", users, args.soak_minutes * 60, soak_rate,
+                     sample=lambda: memory.append((time.monotonic() - t0, tree_pss_mb(server.pid))))
+    over_rate = args.overload * capacity
+    # Enough users that the offered rate holds while each waits out its own request.
+    overload = run_phase(host, "overload", max(32, int(over_rate * 4)), args.overload_seconds, over_rate)
+    recovery = run_phase(host, "recovery", users, args.recovery_seconds, soak_rate)
+    return LoadRun([cap, soak, overload, recovery], capacity, soak_rate, over_rate, memory)
+
+
+def memory_growth(memory: list[tuple[float, float]], soak_minutes: float) -> tuple[float, int, float]:
+    """-> the warm-up (s), the k samples averaged at each end, and the growth of the last k over the first k."""
+    warm = soak_minutes * 60 / 10 if soak_minutes < 10 else 60.0
     # Mean of the last minute against the first minute after warm-up: single samples jitter by a few %.
     after = [mb for t, mb in memory if t >= warm]
     k = max(1, min(6, len(after) // 2))
     growth = (sum(after[-k:]) / k) / (sum(after[:k]) / k) - 1 if len(after) >= 2 else float("nan")
-    rows = [ph.summary() for ph in phases]
+    return warm, k, growth
+
+
+def report(run: LoadRun, args: argparse.Namespace, argv) -> str:
+    warm, k, growth = memory_growth(run.memory, args.soak_minutes)
+    rows = [ph.summary() for ph in run.phases]
     lines = [f"- command: `python benchmarks/load.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
              f"- date: {datetime.date.today()}; machine: {platform.machine()}, {os.cpu_count()} logical CPUs; "
              f"server: `python -m service --model {args.model} --threads {args.threads} --max-queue {args.max_queue}`",
-             f"- model: {args.model}; one sentence per request, beam 4; capacity {capacity:.1f} requests/s; "
-             f"soak at {soak_rate:.1f}/s, overload at {over_rate:.1f}/s offered", "",
+             f"- model: {args.model}; one sentence per request, beam 4; capacity {run.capacity:.1f} requests/s; "
+             f"soak at {run.soak_rate:.1f}/s, overload at {run.over_rate:.1f}/s offered", "",
              "| phase | s | requests | req/s | answered 200/s | p50 ms | p95 ms | p99 ms | non-200 | statuses |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         lines.append(f"| {r['phase']} | {r['seconds']:.0f} | {r['requests']} | {r['rps']:.1f} | {r['ok_rps']:.1f} | "
                      f"{r['p50']:.0f} | {r['p95']:.0f} | {r['p99']:.0f} | {r['errors']:.1%} | "
                      f"{', '.join(f'{k}: {v}' for k, v in sorted(r['statuses'].items()))} |")
-    over = rows[2]
+    over, recovery, soak = rows[2], rows[3], rows[1]
     lines += ["", f"- overload: {over['shed']} requests refused (429/503), {over['shed_with_retry_after']} of them "
               f"with Retry-After, p99 {over['shed_p99']:.0f} ms to the refusal; other 5xx: {over['other_5xx']}; "
               f"no answer: {over['no_answer']}",
-              f"- recovery: {rows[3]['errors']:.1%} non-200, p50 {rows[3]['p50']:.0f} ms (soak p50 {rows[1]['p50']:.0f} ms)",
-              f"- soak memory (PSS of the server's processes, MB), every ~10 s: "
-              + ", ".join(f"{mb:.0f}" for _, mb in memory),
+              f"- recovery: {recovery['errors']:.1%} non-200, p50 {recovery['p50']:.0f} ms "
+              f"(soak p50 {soak['p50']:.0f} ms)",
+              "- soak memory (PSS of the server's processes, MB), every ~10 s: "
+              + ", ".join(f"{mb:.0f}" for _, mb in run.memory),
               f"- soak memory growth after warm-up ({warm:.0f} s), the mean of the last {k} samples over the "
               f"first {k}: {growth:+.1%}"]
-    text = "\n".join(lines)
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    server, host = start_server(args)
+    try:
+        wait_ready(host, server)
+        run = run_phases(host, server, args)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+    text = report(run, args, argv)
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
