@@ -34,6 +34,7 @@ import platform
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -118,10 +119,12 @@ def profile_steps(model: Transformer, batches, steps: int, warmup: int, label_sm
             "wall_ms": wall * 1000 / steps, "loss": loss_sum.item() / (warmup + steps)}
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="data/de-en", help="directory with train.tsv from model.data")
-    p.add_argument("--tokenizer", default="models/de-en/spm.model", help="a SentencePiece model (with <2xx> tags for --direction both)")
+    p.add_argument("--tokenizer", default="models/de-en/spm.model",
+                   help="a SentencePiece model (with <2xx> tags for --direction both)")
     p.add_argument("--direction", default="both")
     p.add_argument("--max-tokens", type=int, default=25000)
     p.add_argument("--max-positions", type=int, default=200)
@@ -138,45 +141,51 @@ def main(argv=None) -> None:
     p.add_argument("--cache-dir", default=None, help="token cache for the new path (default: a temporary directory, "
                                                      "so that the empty-cache load is measured)")
     p.add_argument("--out", default=None, help="also write the report (markdown) here")
-    args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    torch.manual_seed(args.seed)
+    return p.parse_args(argv)
 
-    data = Path(args.data)
-    tok = Tokenizer(args.tokenizer)
-    langs = ["de", "en"]
-    directions = directions_for(args.direction, langs)
-    tagged = len(directions) > 1
-    train_path = data / "train.tsv"
-    lines: list[str] = []
 
-    def say(line: str = "") -> None:
-        print(line, flush=True)
-        lines.append(line)
+@dataclass
+class Corpus:
+    """The training split, its tokenizer and directions: what every part reads."""
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    train_path: Path
+    tok: Tokenizer
+    directions: list
+    tagged: bool
+
+
+def cpu_model() -> str:
+    if not Path("/proc/cpuinfo").exists():
+        return platform.processor()
+    return next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")), platform.processor())
+
+
+def report_header(say, args: argparse.Namespace, argv, corpus: Corpus) -> None:
     say("# Training input pipeline on the CPU")
     say()
     say(f"- command: `python benchmarks/train_input.py {' '.join(sys.argv[1:] if argv is None else argv)}`")
     say(f"- date: {datetime.date.today()}")
-    say(f"- machine: {cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}; "
+    say(f"- machine: {cpu_model()}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}; "
         f"torch {torch.__version__}, numpy {np.__version__}, 1 torch thread")
-    say(f"- corpus: {train_path} ({args.direction}), tokenizer {args.tokenizer}, --max-tokens {args.max_tokens}")
+    say(f"- corpus: {corpus.train_path} ({args.direction}), tokenizer {args.tokenizer}, --max-tokens {args.max_tokens}")
     say()
 
-    # load ------------------------------------------------------------------------------------------
+
+def measure_load(say, args: argparse.Namespace, corpus: Corpus):
+    """The old per-example load against load_token_arrays, empty cache then filled. -> (examples, arrays)"""
+    c = corpus
     say(f"## Load ({load()})")
     t = time.perf_counter()
-    examples = load_examples(train_path, tok, directions, tagged, args.max_positions)
+    examples = load_examples(c.train_path, c.tok, c.directions, c.tagged, args.max_positions)
     t_old = time.perf_counter() - t
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(args.cache_dir) if args.cache_dir else Path(tmp)
         t = time.perf_counter()
-        arrays, hit_first = load_token_arrays(train_path, tok, directions, tagged, args.max_positions, cache)
+        arrays, hit_first = load_token_arrays(c.train_path, c.tok, c.directions, c.tagged, args.max_positions, cache)
         t_first = time.perf_counter() - t
         t = time.perf_counter()
-        arrays, hit_second = load_token_arrays(train_path, tok, directions, tagged, args.max_positions, cache)
+        arrays, hit_second = load_token_arrays(c.train_path, c.tok, c.directions, c.tagged, args.max_positions, cache)
         t_second = time.perf_counter() - t
     assert hit_second and len(arrays) == len(examples)
     say()
@@ -188,21 +197,28 @@ def main(argv=None) -> None:
     say()
     say(f"{len(examples):,} examples ({load()})")
     say()
+    return examples, arrays
 
-    # batches ---------------------------------------------------------------------------------------
+
+def measure_batch_list(say, args: argparse.Namespace, examples, arrays) -> list:
+    """One epoch's batch list, old token_batches against batch_indices. -> the (old) batches"""
     say(f"## One epoch's batch list ({load()})")
     old_batches = token_batches(examples, args.max_tokens, seed=args.seed)
     new_batches = batch_indices(arrays.src_len, arrays.tgt_len, args.max_tokens, seed=args.seed)
     assert [b.tolist() for b in new_batches] == old_batches, "batch_indices differs from token_batches"
     t_old = best_of(args.repeats, lambda: token_batches(examples, args.max_tokens, seed=args.seed))
-    t_new = best_of(args.repeats, lambda: batch_indices(arrays.src_len, arrays.tgt_len, args.max_tokens, seed=args.seed))
+    t_new = best_of(args.repeats,
+                    lambda: batch_indices(arrays.src_len, arrays.tgt_len, args.max_tokens, seed=args.seed))
     say()
     say(f"{len(old_batches)} batches, the same in both. old `token_batches` {t_old:.2f} s, new `batch_indices` "
         f"{t_new:.2f} s (of which the example shuffle, kept for the same batches, is Python's `random.shuffle`) "
         f"({load()})")
     say()
+    return old_batches
 
-    # input -----------------------------------------------------------------------------------------
+
+def measure_input(say, args: argparse.Namespace, examples, arrays, old_batches: list) -> None:
+    """Target tokens/s building the first --batches batches: old collate against collate_ids."""
     say(f"## Input: target tokens/s on one core ({load()})")
     chosen = old_batches[:args.batches]
     for idx in chosen[:20]:
@@ -211,7 +227,8 @@ def main(argv=None) -> None:
     runs = {
         "old `collate` (ids and masks on the host)": lambda: [collate([examples[i] for i in idx]) for idx in chosen],
         "new `collate_ids` (ids: the host's part on CUDA)": lambda: [collate_ids(arrays, idx) for idx in chosen],
-        "new `collate_ids` + masks on the CPU (a CPU run)": lambda: [collate_ids(arrays, idx).to("cpu") for idx in chosen],
+        "new `collate_ids` + masks on the CPU (a CPU run)":
+            lambda: [collate_ids(arrays, idx).to("cpu") for idx in chosen],
     }
     say()
     say(f"{len(chosen)} batches, {n_tokens:,} target tokens (eos included); best of {args.repeats}")
@@ -227,35 +244,64 @@ def main(argv=None) -> None:
     say(f"({load()})")
     say()
 
-    # profile ---------------------------------------------------------------------------------------
+
+def profile_path(args: argparse.Namespace, preset_name: str, path: str, tok: Tokenizer, examples, arrays,
+                 batches: list) -> dict:
+    """profile_steps on a fresh `preset_name` model, fed by the old path (collate in the step) or the new one
+    (collate_ids in a Prefetcher thread)."""
+    steps = args.profile_warmup + args.profile_steps
+    torch.manual_seed(args.seed)
+    config = preset(preset_name, vocab_size=tok.vocab_size, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID)
+    model = Transformer(config)
+    if path == "old":
+        stream = (collate([examples[i] for i in idx]).to("cpu") for idx in batches[:steps])
+        return profile_steps(model, stream, args.profile_steps, args.profile_warmup, 0.1)
+    with Prefetcher((collate_ids(arrays, idx) for idx in batches[:steps]), depth=3) as stream:
+        return profile_steps(model, (hb.to("cpu") for hb in stream), args.profile_steps, args.profile_warmup, 0.1)
+
+
+def measure_profile(say, args: argparse.Namespace, tok: Tokenizer, examples, arrays) -> None:
+    """A CPU training step loop under torch.profiler, old input path against new, per preset."""
     presets = args.profile_preset or ["tiny", "small"]
     say(f"## CPU training steps under torch.profiler ({load()})")
     say()
-    say(f"{args.profile_steps} steps after {args.profile_warmup} of warm-up, --max-tokens {args.profile_max_tokens}, the same "
-        "batches for both paths. Old: `collate` in the step. New: `collate_ids` in a background thread (`Prefetcher`, "
-        "as model/train.py), the step takes the next batch and builds the masks. ms per step; outside = the share of "
-        "the step not in forward, backward or optimizer, and host = its milliseconds.")
+    say(f"{args.profile_steps} steps after {args.profile_warmup} of warm-up, --max-tokens {args.profile_max_tokens}, "
+        "the same batches for both paths. Old: `collate` in the step. New: `collate_ids` in a background thread "
+        "(`Prefetcher`, as model/train.py), the step takes the next batch and builds the masks. ms per step; "
+        "outside = the share of the step not in forward, backward or optimizer, and host = its milliseconds.")
     say()
     say("| preset | path | step ms | input | forward | backward | optimizer | outside | host ms | mean loss |")
     say("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    old_profile = token_batches(examples, args.profile_max_tokens, seed=args.seed)
-    new_profile = batch_indices(arrays.src_len, arrays.tgt_len, args.profile_max_tokens, seed=args.seed)
-    steps = args.profile_warmup + args.profile_steps
+    batches = {"old": token_batches(examples, args.profile_max_tokens, seed=args.seed),
+               "new": batch_indices(arrays.src_len, arrays.tgt_len, args.profile_max_tokens, seed=args.seed)}
     for name in presets:
         for path in ("old", "new"):
-            torch.manual_seed(args.seed)
-            config = preset(name, vocab_size=tok.vocab_size, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID)
-            model = Transformer(config)
-            if path == "old":
-                batches = (collate([examples[i] for i in idx]).to("cpu") for idx in old_profile[:steps])
-                r = profile_steps(model, batches, args.profile_steps, args.profile_warmup, 0.1)
-            else:
-                with Prefetcher((collate_ids(arrays, idx) for idx in new_profile[:steps]), depth=3) as stream:
-                    r = profile_steps(model, (hb.to("cpu") for hb in stream), args.profile_steps, args.profile_warmup, 0.1)
-            say(f"| {name} | {path} | {r['step']:.1f} | {r['input']:.2f} | {r['forward']:.1f} | {r['backward']:.1f} | "
-                f"{r['optimizer']:.1f} | {r['outside_share']:.2%} | {r['outside_share'] * r['step']:.2f} | {r['loss']:.4f} |")
+            r = profile_path(args, name, path, tok, examples, arrays, batches[path])
+            say(f"| {name} | {path} | {r['step']:.1f} | {r['input']:.2f} | {r['forward']:.1f} | "
+                f"{r['backward']:.1f} | {r['optimizer']:.1f} | {r['outside_share']:.2%} | "
+                f"{r['outside_share'] * r['step']:.2f} | {r['loss']:.4f} |")
     say()
     say(f"({load()})")
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+
+    directions = directions_for(args.direction, ["de", "en"])
+    corpus = Corpus(Path(args.data) / "train.tsv", Tokenizer(args.tokenizer), directions, len(directions) > 1)
+    lines: list[str] = []
+
+    def say(line: str = "") -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    report_header(say, args, argv, corpus)
+    examples, arrays = measure_load(say, args, corpus)
+    old_batches = measure_batch_list(say, args, examples, arrays)
+    measure_input(say, args, examples, arrays, old_batches)
+    measure_profile(say, args, corpus.tok, examples, arrays)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text("\n".join(lines) + "\n")
