@@ -24,10 +24,10 @@ import argparse
 import datetime
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -106,7 +106,7 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}"
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", required=True, help="run directory from model.train")
     p.add_argument("--data", required=True, help="TSV of source sentences (first column, or by --direction)")
@@ -121,14 +121,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--max-length-a", type=float, default=1.5)
     p.add_argument("--max-length-b", type=int, default=10)
     p.add_argument("--out", default=None, help="also write the table, command and machine to this Markdown file")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+@dataclass
+class Inputs:
+    """The checkpoint's model and what the table is measured on."""
+
+    model: object
+    info: dict
+    direction: str
+    sources: list[list[int]]
+    threads: int
+
+
+def load_inputs(args: argparse.Namespace) -> Inputs:
+    """The checkpoint's model on --threads torch threads, and the first --sentences sources as ids."""
     import torch
 
     from model.data import read_pairs
     from model.evaluate import load_checkpoint
-    from model.export import export_package
-    from service.engine import Engine
 
     threads = args.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
@@ -138,60 +150,87 @@ def main(argv: Sequence[str] | None = None) -> None:
     target_lang = direction.split("-")[1] if info.get("tagged") else None
     pairs = read_pairs(args.data, direction=direction)[: args.sentences]
     sources = [tok.source_ids(s, target_lang) for s, _ in pairs]
+    return Inputs(model, info, direction, sources, threads)
+
+
+def load_engines(args: argparse.Namespace, runtimes: list[str], tmp: Path, threads: int) -> dict:
+    """An Engine on a package exported into `tmp` for each ort-* runtime."""
+    from model.export import export_package
+    from service.engine import Engine
+
+    engines = {}
+    for rt in runtimes:
+        if rt.startswith("ort-"):
+            precision = rt[4:]
+            pkg = tmp / precision
+            export_package(args.checkpoint, pkg, quantize="int8" if precision == "int8" else None,
+                           fp16=precision == "fp16")
+            engines[rt] = Engine(pkg, device=args.device, intra_op_threads=threads)
+    return engines
+
+
+TABLE_HEADER = ("| runtime | search | batch | tok/s | p50 ms | p95 ms | ×nocache |\n"
+                "|---|---|---:|---:|---:|---:|---:|")
+
+
+def measure_all(args: argparse.Namespace, inputs: Inputs, runtimes: list[str], engines: dict, beams: list[int],
+                batch_sizes: list[int]) -> list[str]:
+    """Every runtime at each beam and batch size: the table's rows, each printed as it is measured."""
     settings = dict(max_length_a=args.max_length_a, max_length_b=args.max_length_b, max_length=256)
+    rows = []
+    for beam in beams:
+        for bs in batch_sizes:
+            base = None
+            for rt in runtimes:
+                if rt.startswith("torch"):
+                    fn = torch_runtime(inputs.model, cached=rt == "torch-cache", beam=beam, settings=settings)
+                else:
+                    fn = engine_runtime(engines[rt], beam=beam, settings=settings)
+                r = measure(fn, inputs.sources, bs)
+                if rt == "torch-nocache":
+                    base = r["tok_s"]
+                speedup = f"{r['tok_s'] / base:.1f}" if base else "–"
+                search = "greedy" if beam == 1 else f"beam {beam}"
+                line = (f"| {rt} | {search} | {bs} | {r['tok_s']:,.0f} | {r['p50_ms']:,.1f} | "
+                        f"{r['p95_ms']:,.1f} | {speedup} |")
+                rows.append(line)
+                print(line, flush=True)
+    return rows
+
+
+def write_report(args: argparse.Namespace, argv, inputs: Inputs, rows: list[str]) -> None:
+    import onnxruntime
+    import torch
+
+    cmd = "python benchmarks/decode.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    info, model = inputs.info, inputs.model
+    text = (f"# Decoding speed\n\n"
+            f"- command: `{cmd}`\n"
+            f"- date: {datetime.date.today().isoformat()}\n"
+            f"- machine: {machine()}, device {args.device}, {inputs.threads} threads\n"
+            f"- versions: torch {torch.__version__}, onnxruntime {onnxruntime.__version__}\n"
+            f"- model: {info['file']} (step {info.get('step')}), {inputs.direction}, "
+            f"{sum(p.numel() for p in model.parameters()):,} parameters\n"
+            f"- inputs: the first {len(inputs.sources)} sentences of {args.data}, sorted by length into batches; "
+            f"max length {args.max_length_a} × source + {args.max_length_b}\n\n"
+            f"{TABLE_HEADER}\n" + "\n".join(rows) + "\n")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    print(f"wrote {args.out}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    inputs = load_inputs(args)
     runtimes = args.runtimes.split(",")
     beams = [int(b) for b in args.beams.split(",")]
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-
-    engines = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for rt in runtimes:
-            if rt.startswith("ort-"):
-                precision = rt[4:]
-                pkg = Path(tmp) / precision
-                export_package(args.checkpoint, pkg, quantize="int8" if precision == "int8" else None,
-                               fp16=precision == "fp16")
-                engines[rt] = Engine(pkg, device=args.device, intra_op_threads=threads)
-
-        rows = []
-        header = (f"| runtime | search | batch | tok/s | p50 ms | p95 ms | ×nocache |\n"
-                  f"|---|---|---:|---:|---:|---:|---:|")
-        print(header, flush=True)
-        for beam in beams:
-            for bs in batch_sizes:
-                base = None
-                for rt in runtimes:
-                    if rt.startswith("torch"):
-                        fn = torch_runtime(model, cached=rt == "torch-cache", beam=beam, settings=settings)
-                    else:
-                        fn = engine_runtime(engines[rt], beam=beam, settings=settings)
-                    r = measure(fn, sources, bs)
-                    if rt == "torch-nocache":
-                        base = r["tok_s"]
-                    speedup = f"{r['tok_s'] / base:.1f}" if base else "–"
-                    search = "greedy" if beam == 1 else f"beam {beam}"
-                    line = (f"| {rt} | {search} | {bs} | {r['tok_s']:,.0f} | {r['p50_ms']:,.1f} | "
-                            f"{r['p95_ms']:,.1f} | {speedup} |")
-                    rows.append(line)
-                    print(line, flush=True)
-
+        engines = load_engines(args, runtimes, Path(tmp), inputs.threads)
+        print(TABLE_HEADER, flush=True)
+        rows = measure_all(args, inputs, runtimes, engines, beams, batch_sizes)
     if args.out:
-        cmd = "python benchmarks/decode.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        import onnxruntime
-
-        text = (f"# Decoding speed\n\n"
-                f"- command: `{cmd}`\n"
-                f"- date: {datetime.date.today().isoformat()}\n"
-                f"- machine: {machine()}, device {args.device}, {threads} threads\n"
-                f"- versions: torch {torch.__version__}, onnxruntime {onnxruntime.__version__}\n"
-                f"- model: {info['file']} (step {info.get('step')}), {direction}, "
-                f"{sum(p.numel() for p in model.parameters()):,} parameters\n"
-                f"- inputs: the first {len(sources)} sentences of {args.data}, sorted by length into batches; "
-                f"max length {args.max_length_a} × source + {args.max_length_b}\n\n"
-                f"{header}\n" + "\n".join(rows) + "\n")
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
-        print(f"wrote {args.out}")
+        write_report(args, argv, inputs, rows)
 
 
 if __name__ == "__main__":
