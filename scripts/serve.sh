@@ -8,7 +8,8 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   python3 -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q -e ".[serve]"
+# The client extra too, so the README's SDK snippet runs in this environment (httpx; no torch).
+"$VENV/bin/python" -m pip install -q -e ".[serve,client]"
 # Both embedded packages: translation (POST /translate) and generation (POST /generate).
 export TRANSERVE_MODELS=${TRANSERVE_MODELS:-${TRANSERVE_MODEL:-models/de-en,models/lm-small}}
 exec "$VENV/bin/python" -m service "$@"
