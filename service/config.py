@@ -1,7 +1,9 @@
 """Service settings: command-line flags, each with an environment-variable twin for Kubernetes.
 
 Precedence: flag > TRANSERVE_<NAME> environment variable > default. `--model` may be given several
-times; TRANSERVE_MODELS takes a comma-separated list.
+times; TRANSERVE_MODELS takes a comma-separated list. API keys may also come from a file
+(`--api-keys-file`, one key per line), read once at start-up: a Kubernetes Secret mounted as a file
+stays out of the environment, which child processes, crash reports and `/proc/PID/environ` expose.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Settings:
     max_output_tokens: int = 512        # hard cap on tokens written per sentence (and per generation)
     max_prompt_tokens: int = 512        # generation prompt tokens
     api_keys: list[str] = field(default_factory=list)  # empty = no authentication
+    api_keys_file: str = ""             # more keys, one per line (# comments, blank lines ignored)
     log_level: str = "info"
 
     @property
@@ -70,6 +73,8 @@ _HELP = {
     "batch_timeout_ms": "after an inference worker takes a request, how long it waits for more to join the batch "
                         "(0: it takes only those already queued; under load they queue while it is busy)",
     "api_keys": "comma-separated API keys; when set, requests need Authorization: Bearer KEY",
+    "api_keys_file": "file of API keys, one per line (blank lines and # comments ignored), read at start-up and "
+                     "added to --api-keys; a missing, unreadable or keyless file is an error",
 }
 
 
@@ -99,6 +104,21 @@ def _env_value(name: str, default):
     return type(default)(raw)
 
 
+def read_api_keys_file(path: str) -> list[str]:
+    """The keys of an API keys file: one per line, surrounding whitespace stripped, blank lines and
+    lines starting with # skipped. A file that exists but holds no key is refused: a Secret created
+    empty by mistake must not turn authentication off without a word."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read the API keys file {path}: {e}") from None
+    keys = [line.strip() for line in text.splitlines()]
+    keys = [k for k in keys if k and not k.startswith("#")]
+    if not keys:
+        raise ValueError(f"the API keys file {path} holds no key (one per line; # starts a comment)")
+    return keys
+
+
 def parse_settings(argv: list[str] | None = None) -> Settings:
     defaults = Settings()
     p = argparse.ArgumentParser(prog="python -m service", description="Serve model packages over HTTP.")
@@ -121,6 +141,12 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
             if f.name == "api_keys":
                 v = [k for item in v for k in item.split(",") if k]
         values[f.name] = v
+    if values["api_keys_file"]:
+        try:
+            file_keys = read_api_keys_file(values["api_keys_file"])
+        except ValueError as e:
+            p.error(str(e))
+        values["api_keys"] = values["api_keys"] + [k for k in file_keys if k not in values["api_keys"]]
     s = Settings(**values)
     if s.device not in ("auto", "cpu", "cuda"):
         p.error(f"--device must be auto, cpu or cuda, got {s.device!r}")

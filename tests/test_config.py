@@ -1,0 +1,62 @@
+"""Settings from flags and TRANSERVE_* variables: the API keys file (--api-keys-file /
+TRANSERVE_API_KEYS_FILE), which deploy/k8s mounts from a Secret instead of passing keys in the
+environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.config import parse_settings, read_api_keys_file
+
+
+@pytest.fixture(autouse=True)
+def no_key_environment(monkeypatch):
+    for name in ("TRANSERVE_API_KEYS", "TRANSERVE_API_KEYS_FILE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_keys_file_one_key_per_line_skips_blanks_and_comments(tmp_path):
+    f = tmp_path / "keys"
+    f.write_text("# team A\nkey-one\n\n   key-two  \n  # rotated out: old-key\nkey-three\n")
+    assert read_api_keys_file(str(f)) == ["key-one", "key-two", "key-three"]
+    s = parse_settings(["--api-keys-file", str(f)])
+    assert s.api_keys == ["key-one", "key-two", "key-three"]
+    assert s.public()["auth"] is True and "key-one" not in repr(s.public())
+
+
+def test_keys_file_from_the_environment_adds_to_listed_keys(tmp_path, monkeypatch):
+    f = tmp_path / "keys"
+    f.write_text("from-file\nshared\n")
+    monkeypatch.setenv("TRANSERVE_API_KEYS_FILE", str(f))
+    monkeypatch.setenv("TRANSERVE_API_KEYS", "from-env,shared")
+    assert parse_settings([]).api_keys == ["from-env", "shared", "from-file"]
+    # The flag wins over the variable.
+    other = tmp_path / "other"
+    other.write_text("other-key\n")
+    assert parse_settings(["--api-keys-file", str(other)]).api_keys == ["from-env", "shared", "other-key"]
+
+
+def test_keys_file_windows_line_endings(tmp_path):
+    f = tmp_path / "keys"
+    f.write_bytes(b"alpha\r\nbeta\r\n")
+    assert read_api_keys_file(str(f)) == ["alpha", "beta"]
+
+
+@pytest.mark.parametrize("content", ["", "\n\n", "# only a comment\n   \n"])
+def test_keys_file_without_a_key_is_refused(tmp_path, content, capsys):
+    f = tmp_path / "keys"
+    f.write_text(content)
+    with pytest.raises(SystemExit):
+        parse_settings(["--api-keys-file", str(f)])
+    assert "holds no key" in capsys.readouterr().err
+
+
+def test_missing_keys_file_is_refused_not_ignored(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        parse_settings(["--api-keys-file", str(tmp_path / "absent")])
+    assert "cannot read the API keys file" in capsys.readouterr().err
+
+
+def test_no_keys_file_means_no_authentication():
+    s = parse_settings([])
+    assert s.api_keys == [] and s.api_keys_file == "" and s.public()["auth"] is False
