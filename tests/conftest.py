@@ -1,10 +1,19 @@
 """Shared fixtures: a corpus of 64 real Ding sentence pairs (tests/fixtures/pairs64.tsv, from Debian's
-trans-de-en, GPL-2+), a tiny model trained on it until it reproduces them, and its exported package."""
+trans-de-en, GPL-2+), a tiny model trained on it until it reproduces them, and its exported package.
+Shared helpers, defined here once so that no test module imports another: start_server / stop_server /
+server_log run the real service on 127.0.0.1, free_port finds it a port."""
 
 import json
+import os
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 ROOT = Path(__file__).parent.parent
@@ -49,6 +58,54 @@ def descendants(root: int) -> list[int]:
         out += kids
         todo += kids
     return out
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS picks it; a server started next can bind it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(package, *extra, env=None):
+    """`python -m service` on a free port of 127.0.0.1, in a session of its own so that stop_server ends its
+    workers with it; (proc, url) once /ready answers 200."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "service", "--model", str(package), "--host", "127.0.0.1", "--port", str(port),
+           "--threads", "1", *extra]
+    # The log goes to a file: a pipe no one reads fills up (64 KiB of access log) and blocks the server.
+    log = tempfile.NamedTemporaryFile("w+", prefix="transerve-test-", suffix=".log", delete=False)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, **(env or {})), start_new_session=True)
+    proc.log_path = log.name
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{server_log(proc)[-3000:]}")
+        try:
+            if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    stop_server(proc)
+    raise RuntimeError("server did not become ready in 180 s")
+
+
+def server_log(proc) -> str:
+    with open(proc.log_path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def stop_server(proc):
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def pairs64() -> list[tuple[str, str]]:

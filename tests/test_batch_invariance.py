@@ -30,8 +30,7 @@ from model.quantize import SCHEME
 from model.upgrade import main as upgrade_main
 from service.engine import CACHE_BY_POSITION, INT8_SCHEME, Engine, PackageError, SearchOptions
 
-from conftest import ROOT, pairs64
-from test_service import start_server, stop_server
+from conftest import ROOT, pairs64, start_server, stop_server
 
 DE_EN, LM = ROOT / "models" / "de-en", ROOT / "models" / "lm-small"
 PAIRS = pairs64()

@@ -38,7 +38,7 @@ import httpx
 import pytest
 import yaml
 
-from conftest import ROOT, descendants
+from conftest import ROOT, descendants, free_port, start_server, stop_server
 from service.config import Settings
 
 DEPLOY = ROOT / "deploy"
@@ -749,11 +749,6 @@ def adapter_expressions() -> list[tuple[str, str, bool]]:
     return out
 
 
-def free_port() -> int:
-    from test_service import free_port as fp
-    return fp()
-
-
 def operator_relabelings() -> list[dict]:
     """The ServiceMonitor's metricRelabelings, as the Prometheus Operator writes them into Prometheus."""
     sm = docs_of(K8S / "base" / "servicemonitor.yaml")[0]
@@ -769,7 +764,6 @@ def prometheus_with_traffic(package, lm_package, tmp_path_factory):
     prom_bin = shutil.which("prometheus")
     if not prom_bin:
         pytest.skip("no prometheus server: apt-get install prometheus (scripts/test.sh does)")
-    from test_service import start_server, stop_server
 
     tmp = tmp_path_factory.mktemp("e2e-prom")
     # max-queue 1: a burst of concurrent requests is certain to hit "queue full".

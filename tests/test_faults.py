@@ -14,8 +14,7 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import pairs64
-from test_service import start_server, stop_server
+from conftest import pairs64, start_server, stop_server
 
 
 def worker_pids(url: str, model: str) -> set[int]:

@@ -12,8 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.client import AsyncClient, Client
 
-from conftest import pairs64
-from test_service import start_server, stop_server
+from conftest import pairs64, start_server, stop_server
 
 SENTENCES = [s for pair in pairs64() for s in pair]
 HALVES = [" ".join(s.split()[: len(s.split()) // 2]) for s in SENTENCES]

@@ -15,8 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import pairs64
-from test_service import server_log, start_server, stop_server
+from conftest import pairs64, server_log, start_server, stop_server
 
 PAIRS = dict(pairs64())
 DE = list(PAIRS)[:20]

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 import sentencepiece as spm  # noqa: E402
 
-from conftest import pairs64  # noqa: E402
+from conftest import pairs64, start_server, stop_server  # noqa: E402
 from service.engine import Engine, OrtDecoder, SearchOptions  # noqa: E402
 
 TEXTS = [de for de, _ in pairs64()][:50]
@@ -198,8 +198,6 @@ def test_decoder_log_probs_within_1e4_of_transformers(marian_package, hf):
 
 def test_imported_package_is_served(marian_package, hf):
     import httpx
-
-    from test_service import start_server, stop_server
 
     model, tok = hf
     proc, url = start_server(marian_package)

@@ -6,64 +6,17 @@ import concurrent.futures as cf
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT, descendants, pairs64
+from conftest import ROOT, descendants, free_port, pairs64, start_server, stop_server
 
 PAIRS = dict(pairs64())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(package, *extra, env=None):
-    port = free_port()
-    cmd = [sys.executable, "-m", "service", "--model", str(package), "--host", "127.0.0.1", "--port", str(port),
-           "--threads", "1", *extra]
-    # The log goes to a file: a pipe no one reads fills up (64 KiB of access log) and blocks the server.
-    log = tempfile.NamedTemporaryFile("w+", prefix="transerve-test-", suffix=".log", delete=False)
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, **(env or {})), start_new_session=True)
-    proc.log_path = log.name
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{server_log(proc)[-3000:]}")
-        try:
-            if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    stop_server(proc)
-    raise RuntimeError("server did not become ready in 180 s")
-
-
-def server_log(proc) -> str:
-    with open(proc.log_path, encoding="utf-8", errors="replace") as f:
-        return f.read()
-
-
-def stop_server(proc):
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
