@@ -23,13 +23,23 @@ Leaving a stream early (closing it, or the `with` block) closes its connection, 
 generation on the server. Generation options left out take the server's defaults (see
 `GenerateOptions`); only the ones given are sent.
 
-Needs only the `client` extra (httpx, pydantic): importing it loads neither onnxruntime nor litserve. Request building and response parsing live
-in `BaseClient` (and the stream parser `_EventParser`), which do no I/O; the two clients only differ in how they send.
+Needs only the `client` extra (httpx, pydantic): importing it loads neither onnxruntime nor litserve.
+Request building and response parsing live in `BaseClient` (and the stream parser `_EventParser`),
+which do no I/O; the two clients only differ in how they send.
+
+Transport: `transport=` is httpx's own argument, handed to the httpx client underneath: an
+`httpx.BaseTransport` for `Client`, an `httpx.AsyncBaseTransport` for `AsyncClient`. None (the default)
+is httpx's HTTP transport. Pass `httpx.HTTPTransport(proxy=..., limits=..., verify=...)` for connection
+settings, or `httpx.MockTransport(handler)` to answer requests in-process (a test double). The client
+takes a transport rather than a whole httpx client so that its base URL, timeout, headers and retries
+stay its own: a second set on an injected client would compete with them.
+
+    c = Client("http://translate.internal", transport=httpx.HTTPTransport(proxy="http://proxy:3128"))
 
 Exceptions:
 
     TranserveError
-    ├── APIConnectionError            the server could not be reached (retried with backoff), or a stream broke off
+    ├── APIConnectionError            the server was unreachable (retried with backoff), or a stream broke off
     │   └── APITimeoutError           ... or did not answer in time (not retried: it may have run)
     └── APIError                      the server reported an error: .message, .type, .limit, .request_id, .body
         ├── APIStatusError            an error status; .status_code
@@ -50,7 +60,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, Sequence, TypedDict, Union
+from typing import (TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, Sequence, TypedDict,
+                    Union)
 
 import httpx
 
@@ -189,7 +200,8 @@ class _EventParser:
         try:
             event = json.loads(data)
         except ValueError:
-            raise APIStreamError(f"the server sent an event that is not JSON: {data[:200]!r}", request_id=self.request_id,
+            raise APIStreamError(f"the server sent an event that is not JSON: {data[:200]!r}",
+                                 request_id=self.request_id,
                                  body={"error": {"type": "invalid_event", "message": data[:200]}}) from None
         kind = event.get("type") if isinstance(event, dict) else None
         if kind == "token":
@@ -202,7 +214,8 @@ class _EventParser:
             return []
         if kind == "error":
             err = event.get("error") if isinstance(event.get("error"), dict) else {}
-            raise APIStreamError(str(err.get("message") or "the generation failed"), request_id=self.request_id, body=event)
+            raise APIStreamError(str(err.get("message") or "the generation failed"), request_id=self.request_id,
+                                 body=event)
         return []                                     # an event type this client does not know
 
 
@@ -401,9 +414,9 @@ class BaseClient:
         if isinstance(body, dict) and "retry-after" in response.headers:
             body["_retry_after"] = response.headers["retry-after"]
         cls = _STATUS.get(response.status_code, InternalServerError if response.status_code >= 500 else APIStatusError)
-        raise cls(message, status_code=response.status_code,
-                  request_id=response.headers.get("x-request-id") or (body.get("request_id") if isinstance(body, dict) else None),
-                  body=body)
+        request_id = response.headers.get("x-request-id") or (
+            body.get("request_id") if isinstance(body, dict) else None)
+        raise cls(message, status_code=response.status_code, request_id=request_id, body=body)
 
     def _retry_delay(self, error: TranserveError, attempt: int) -> Optional[float]:
         """Seconds to wait before retrying, or None to give up. Overload: the server's Retry-After;
@@ -418,11 +431,13 @@ class BaseClient:
 
 
 class Client(BaseClient):
-    """Blocking client. Use as a context manager, or call close()."""
+    """Blocking client. Use as a context manager, or call close(). transport: see the module docstring."""
 
-    def __init__(self, base_url: str = "http://127.0.0.1:8000", **kwargs):
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", *, transport: Optional[httpx.BaseTransport] = None,
+                 **kwargs):
         super().__init__(base_url, **kwargs)
-        self._http = httpx.Client(base_url=self.base_url, timeout=self.timeout, headers=self._headers())
+        self._http = httpx.Client(base_url=self.base_url, timeout=self.timeout, headers=self._headers(),
+                                  transport=transport)
 
     def _request(self, method: str, path: str, *, stream: bool = False, **kwargs) -> httpx.Response:
         attempt = 0
@@ -501,11 +516,14 @@ class Client(BaseClient):
 
 
 class AsyncClient(BaseClient):
-    """asyncio client, the mirror of Client. Use `async with`, or await aclose()."""
+    """asyncio client, the mirror of Client. Use `async with`, or await aclose(). transport: see the module
+    docstring (an httpx.AsyncBaseTransport here)."""
 
-    def __init__(self, base_url: str = "http://127.0.0.1:8000", **kwargs):
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", *,
+                 transport: Optional[httpx.AsyncBaseTransport] = None, **kwargs):
         super().__init__(base_url, **kwargs)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout, headers=self._headers())
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout, headers=self._headers(),
+                                       transport=transport)
 
     async def _request(self, method: str, path: str, *, stream: bool = False, **kwargs) -> httpx.Response:
         attempt = 0

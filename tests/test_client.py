@@ -1,21 +1,22 @@
-"""The client SDK on its own: what it imports, and how it retries. The server it talks to here is a
-scripted stdlib HTTP server on 127.0.0.1 (the real service cannot be made to answer 503 on cue);
-test_service.py drives the SDK against the real service."""
+"""The client SDK on its own: what it imports, how it retries, how it parses streams. The server it talks to
+here is a script answered in-process through httpx.MockTransport (the SDK's `transport=`): the real service
+cannot be made to answer 503, time out or break a stream on cue. One test sends to a real port on 127.0.0.1
+where nothing listens; test_service.py and test_generate_service.py drive the SDK against the real service."""
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
 import pytest
 
-from conftest import ROOT
-from service.client import (APIConnectionError, APIError, APIStreamError, AsyncClient, AsyncTextStream,
-                            BadRequestError, Client, GenerateResult, InternalServerError, OverloadedError, TextStream)
+from conftest import ROOT, free_port
+from service.client import (APIConnectionError, APIError, APIStreamError, APITimeoutError, AsyncClient,
+                            AsyncTextStream, BadRequestError, Client, GenerateResult, InternalServerError,
+                            OverloadedError, TextStream)
+
+URL = "http://transerve.test"       # never resolved: the mock transport answers
 
 OK = {"translations": [{"text": "That goes too far.", "score": -0.1, "alternatives": [], "input_tokens": 6,
                         "output_tokens": 5}],
@@ -35,66 +36,83 @@ def token(text, index=0):
     return {"type": "token", "index": index, "text": text}
 
 
-class Sse:
-    """A scripted text/event-stream body: each event a `data:` line (bytes are sent as they are). With
-    hold, the server then keeps the connection open until the client closes it (seen in .disconnected)."""
+class Sse(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """A scripted response body, one chunk per event (a dict as an SSE `data:` line, bytes as they are), for
+    Client and AsyncClient alike; unread until the client reads it, as a body off a socket is. fail: raised
+    after the events, as httpx's transport raises a reset connection (httpx.ReadError) or a silent one
+    (httpx.ReadTimeout). hold: reading past the events is a test failure (the client was to close first).
+    .closed says whether the client closed the body, which is what closes the connection under httpx's
+    HTTP transport."""
 
-    def __init__(self, *events, hold=False):
-        self.events, self.hold, self.disconnected = events, hold, threading.Event()
+    def __init__(self, *events, fail=None, hold=False):
+        self.events, self.fail, self.hold, self.closed = events, fail, hold, False
+
+    def _chunks(self):
+        return [e if isinstance(e, bytes) else f"data: {json.dumps(e)}\n\n".encode() for e in self.events]
+
+    def _after(self):
+        if self.fail is not None:
+            raise self.fail
+        if self.hold:
+            raise AssertionError("the client read past the held events instead of closing the stream")
+
+    def __iter__(self):
+        yield from self._chunks()
+        self._after()
+
+    async def __aiter__(self):
+        for chunk in self._chunks():
+            yield chunk
+        self._after()
+
+    def close(self):
+        self.closed = True
+
+    async def aclose(self):
+        self.closed = True
 
 
 class Scripted:
-    """Answers POST /translate with the next (status, body, headers) of a script; records the calls."""
+    """Answers each request with the next (status, body, headers) of a script, or raises the next
+    exception of it as a transport would (httpx.ConnectError, httpx.ReadTimeout); records each call's
+    (path, JSON body, headers). MockTransport serves Client and AsyncClient alike. JSON bodies are streamed
+    too (httpx.Response(json=...) would come already read): a client that forgot to read one would fail."""
 
     def __init__(self, *script):
         self.script, self.calls = list(script), []
-        owner = self
+        self.transport = httpx.MockTransport(self.handle)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("content-length", 0)))
-                owner.calls.append((self.path, json.loads(body), dict(self.headers)))
-                status, payload, headers = owner.script.pop(0) if owner.script else (500, {}, {})
-                if isinstance(payload, Sse):
-                    return self.stream(status, payload, headers)
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        self.calls.append((request.url.path, json.loads(request.content) if request.content else None,
+                           request.headers))
+        step = self.script.pop(0) if self.script else (500, {}, {})
+        if isinstance(step, Exception):
+            raise step
+        status, payload, headers = step
+        if isinstance(payload, Sse):
+            return httpx.Response(status, headers={"content-type": "text/event-stream", **headers}, stream=payload)
+        return httpx.Response(status, headers={"content-type": "application/json", **headers},
+                              stream=Sse(json.dumps(payload).encode()))
 
-            def stream(self, status, sse, headers):
-                self.send_response(status)             # HTTP/1.0: the body ends when the connection does
-                self.send_header("content-type", "text/event-stream")
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                for event in sse.events:
-                    self.wfile.write(event if isinstance(event, bytes) else f"data: {json.dumps(event)}\n\n".encode())
-                    self.wfile.flush()
-                    time.sleep(0.01)
-                if sse.hold:
-                    self.connection.settimeout(10)
-                    try:
-                        while self.connection.recv(1024):
-                            pass
-                        sse.disconnected.set()     # recv() returned b"": the client closed the connection
-                    except OSError:
-                        sse.disconnected.set()
+    def client(self, **kwargs) -> Client:
+        return Client(URL, transport=self.transport, **kwargs)
 
-            def log_message(self, *args):
-                pass
+    def async_client(self, **kwargs) -> AsyncClient:
+        return AsyncClient(URL, transport=self.transport, **kwargs)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+@pytest.fixture
+def sleeps(monkeypatch):
+    """The delays the clients wait between retries, recorded instead of slept: backoff is asserted
+    exactly, and costs no time."""
+    delays = []
+
+    async def asleep(seconds):
+        delays.append(seconds)
+
+    monkeypatch.setattr("service.client.time.sleep", delays.append)
+    monkeypatch.setattr("service.client.asyncio.sleep", asleep)
+    return delays
 
 
 def overloaded(retry_after="0"):
@@ -106,7 +124,8 @@ def test_client_imports_neither_torch_nor_onnxruntime_nor_litserve():
     """The `client` extra is httpx and pydantic: the SDK must import with nothing else there."""
     code = (
         "import sys, importlib.abc\n"
-        "BLOCKED = {'torch', 'onnxruntime', 'litserve', 'numpy', 'sentencepiece', 'prometheus_client', 'fastapi', 'model'}\n"
+        "BLOCKED = {'torch', 'onnxruntime', 'litserve', 'numpy', 'sentencepiece', 'prometheus_client', 'fastapi',"
+        " 'model'}\n"
         "class Block(importlib.abc.MetaPathFinder):\n"
         "    def find_spec(self, name, path, target=None):\n"
         "        if name.split('.')[0] in BLOCKED:\n"
@@ -119,193 +138,232 @@ def test_client_imports_neither_torch_nor_onnxruntime_nor_litserve():
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
-def test_503_is_retried_after_retry_after_then_succeeds():
-    srv = Scripted(overloaded(), overloaded(), (200, OK, {}))
-    try:
-        with Client(srv.url, max_retries=2, api_key="k") as c:
-            r = c.translate("Das geht zu weit.", source_lang="de", target_lang="en", beam_size=2)
-        assert r.translations[0].text == "That goes too far." and r.model == "m"
-        assert len(srv.calls) == 3
-        path, body, headers = srv.calls[-1]
-        assert path == "/translate" and body == {"text": "Das geht zu weit.", "source_lang": "de",
-                                                 "target_lang": "en", "beam_size": 2}
-        assert headers["Authorization"] == "Bearer k"
-    finally:
-        srv.close()
+def test_503_is_retried_after_retry_after_then_succeeds(sleeps):
+    srv = Scripted(overloaded("2"), overloaded("30"), (200, OK, {}))
+    with srv.client(max_retries=2, api_key="k") as c:
+        r = c.translate("Das geht zu weit.", source_lang="de", target_lang="en", beam_size=2)
+    assert r.translations[0].text == "That goes too far." and r.model == "m"
+    assert len(srv.calls) == 3 and sleeps == [2.0, 10.0]       # the server's Retry-After, capped at 10 s
+    path, body, headers = srv.calls[-1]
+    assert path == "/translate" and body == {"text": "Das geht zu weit.", "source_lang": "de",
+                                             "target_lang": "en", "beam_size": 2}
+    assert headers["Authorization"] == "Bearer k"
 
 
-def test_retries_give_up_with_the_status_error_and_its_request_id():
+def test_retries_give_up_with_the_status_error_and_its_request_id(sleeps):
     srv = Scripted(overloaded(), overloaded(), overloaded())
-    try:
-        with Client(srv.url, max_retries=1) as c, pytest.raises(OverloadedError) as e:
-            c.translate("x", source_lang="de", target_lang="en")
-        assert len(srv.calls) == 2
-        assert e.value.status_code == 503 and e.value.request_id == "r1" and e.value.limit == 2
-        assert e.value.retry_after == 0
-    finally:
-        srv.close()
+    with srv.client(max_retries=1) as c, pytest.raises(OverloadedError) as e:
+        c.translate("x", source_lang="de", target_lang="en")
+    assert len(srv.calls) == 2 and sleeps == [0.0]
+    assert e.value.status_code == 503 and e.value.request_id == "r1" and e.value.limit == 2
+    assert e.value.retry_after == 0
 
 
 @pytest.mark.parametrize("status, cls", [(422, BadRequestError), (500, InternalServerError)])
-def test_other_errors_are_not_retried(status, cls):
+def test_other_errors_are_not_retried(status, cls, sleeps):
     srv = Scripted((status, {"error": {"type": "t", "message": "m"}, "request_id": "r9"}, {}))
-    try:
-        with Client(srv.url, max_retries=3) as c, pytest.raises(cls) as e:
-            c.translate("x", source_lang="de", target_lang="en")
-        assert len(srv.calls) == 1 and e.value.status_code == status and e.value.request_id == "r9"
-    finally:
-        srv.close()
-
-
-def test_connection_errors_are_retried_with_backoff():
-    with socket.socket() as s:             # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    t0 = time.monotonic()
-    with Client(f"http://127.0.0.1:{port}", max_retries=2) as c, pytest.raises(APIConnectionError):
+    with srv.client(max_retries=3) as c, pytest.raises(cls) as e:
         c.translate("x", source_lang="de", target_lang="en")
-    assert time.monotonic() - t0 >= 1.5      # 0.5 s + 1 s of backoff
+    assert len(srv.calls) == 1 and e.value.status_code == status and e.value.request_id == "r9" and sleeps == []
+    assert isinstance(e.value, APIError) and e.value.type == "t" and e.value.message == "m"
 
 
-def test_async_client_retries_the_same_way():
-    srv = Scripted(overloaded(), (200, OK, {}))
+def test_connection_errors_are_retried_with_backoff(sleeps):
+    """A real connection to a port on 127.0.0.1 where nothing listens: refused, as a down server is."""
+    with Client(f"http://127.0.0.1:{free_port()}", max_retries=3) as c, pytest.raises(APIConnectionError) as e:
+        c.translate("x", source_lang="de", target_lang="en")
+    assert sleeps == [0.5, 1.0, 2.0] and not isinstance(e.value, APITimeoutError)
+
+
+def test_a_connection_error_then_an_answer_succeeds(sleeps):
+    srv = Scripted(httpx.ConnectError("connection refused"), (200, OK, {}))
+    with srv.client(max_retries=2) as c:
+        assert c.translate("x", source_lang="de", target_lang="en").model == "m"
+    assert len(srv.calls) == 2 and sleeps == [0.5]
+
+
+def test_timeouts_are_not_retried(sleeps):
+    """The server may have run a request it did not answer in time: sending it again could run it twice."""
+    srv = Scripted(httpx.ReadTimeout("timed out"), (200, OK, {}))
+    with srv.client(max_retries=2, timeout=3.0) as c, pytest.raises(APITimeoutError, match="within 3.0 s"):
+        c.translate("x", source_lang="de", target_lang="en")
+    assert len(srv.calls) == 1 and sleeps == []
+
+
+def test_async_client_retries_the_same_way(sleeps):
+    srv = Scripted(overloaded("1"), httpx.ConnectError("refused"), (200, OK, {}))
 
     async def run():
-        async with AsyncClient(srv.url, max_retries=2) as c:
+        async with srv.async_client(max_retries=2) as c:
             return await c.translate(["Das geht zu weit."], source_lang="de", target_lang="en")
 
-    try:
-        r = asyncio.run(run())
-        assert r.translations[0].output_tokens == 5 and len(srv.calls) == 2
-    finally:
-        srv.close()
+    r = asyncio.run(run())
+    assert r.translations[0].output_tokens == 5 and len(srv.calls) == 3 and sleeps == [1.0, 1.0]
+    assert srv.calls[0][1]["text"] == ["Das geht zu weit."]
+
+
+def test_async_timeouts_and_status_errors_are_not_retried(sleeps):
+    srv = Scripted(httpx.ReadTimeout("timed out"),
+                   (422, {"error": {"type": "t", "message": "m"}}, {"X-Request-Id": "r3"}))
+
+    async def run():
+        async with srv.async_client(max_retries=2) as c:
+            with pytest.raises(APITimeoutError):
+                await c.translate("x", source_lang="de", target_lang="en")
+            with pytest.raises(BadRequestError) as e:
+                await c.generate("x")
+            return e.value
+
+    error = asyncio.run(run())
+    assert len(srv.calls) == 2 and sleeps == [] and error.status_code == 422 and error.request_id == "r3"
 
 
 # --- text generation --------------------------------------------------------------------------------
 
 def test_generate_parses_the_result_and_sends_only_the_options_given():
     srv = Scripted((200, GENERATED, {}))
-    try:
-        with Client(srv.url) as c:
-            r = c.generate("Das ist", temperature=0.0, stop=".", max_new_tokens=8, seed=None)
-        assert isinstance(r, GenerateResult) and r.text == " ein Test" and r.model == "g"
-        assert r.choices[0].finish_reason == "stop" and r.choices[0].tokens == 2
-        assert r.usage.prompt_tokens == 3 and r.usage.completion_tokens == 2 and r.timings.first_token_ms == 4.0
-        path, body, headers = srv.calls[0]
-        assert path == "/generate" and body == {"prompt": "Das ist", "temperature": 0.0, "stop": ["."],
-                                                "max_new_tokens": 8, "stream": False}
-        assert headers["Accept"] == "application/json"
-    finally:
-        srv.close()
+    with srv.client() as c:
+        r = c.generate("Das ist", temperature=0.0, stop=".", max_new_tokens=8, seed=None)
+    assert isinstance(r, GenerateResult) and r.text == " ein Test" and r.model == "g"
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].tokens == 2
+    assert r.usage.prompt_tokens == 3 and r.usage.completion_tokens == 2 and r.timings.first_token_ms == 4.0
+    path, body, headers = srv.calls[0]
+    assert path == "/generate" and body == {"prompt": "Das ist", "temperature": 0.0, "stop": ["."],
+                                            "max_new_tokens": 8, "stream": False}
+    assert headers["Accept"] == "application/json"
 
 
 def test_generate_rejects_an_unknown_option_before_sending():
-    with Client("http://127.0.0.1:9") as c, pytest.raises(TypeError, match="max_tokens"):
+    srv = Scripted()
+    with srv.client() as c, pytest.raises(TypeError, match="max_tokens"):
         c.generate("x", max_tokens=3)
+    assert srv.calls == []
 
 
-def test_generate_retries_503_then_succeeds():
+def test_generate_retries_503_then_succeeds(sleeps):
     srv = Scripted(overloaded(), (200, GENERATED, {}))
-    try:
-        with Client(srv.url, max_retries=2) as c:
-            assert c.generate("Das ist").text == " ein Test"
-        assert len(srv.calls) == 2
-    finally:
-        srv.close()
+    with srv.client(max_retries=2) as c:
+        assert c.generate("Das ist").text == " ein Test"
+    assert len(srv.calls) == 2 and sleeps == [0.0]
 
 
 def test_stream_yields_the_pieces_in_order_then_the_done_event_with_the_whole_text():
     events = [b": keep-alive\n\n", token(" ein"), token(" klei"), token("ner"), DONE]
     srv = Scripted((200, Sse(*events), {"X-Request-Id": "r5"}))
-    try:
-        with Client(srv.url) as c:
-            with c.stream("Das ist", max_new_tokens=3) as s:
-                assert isinstance(s, TextStream) and s.result is None
-                pieces = list(s)
-        assert pieces == [" ein", " klei", "ner"]
-        assert s.request_id == "r5" and s.result.text == " ein kleiner" and s.result.model == "g"
-        assert s.result.choices[0].finish_reason == "length" and s.result.choices[0].tokens == 3
-        assert s.result.usage.completion_tokens == 3 and s.result.timings.total_ms == 6.0
-        path, body, headers = srv.calls[0]
-        assert path == "/generate" and body == {"prompt": "Das ist", "max_new_tokens": 3, "stream": True}
-        assert headers["Accept"] == "text/event-stream"
-    finally:
-        srv.close()
+    with srv.client() as c:
+        with c.stream("Das ist", max_new_tokens=3) as s:
+            assert isinstance(s, TextStream) and s.result is None
+            pieces = list(s)
+    assert pieces == [" ein", " klei", "ner"]
+    assert s.request_id == "r5" and s.result.text == " ein kleiner" and s.result.model == "g"
+    assert s.result.choices[0].finish_reason == "length" and s.result.choices[0].tokens == 3
+    assert s.result.usage.completion_tokens == 3 and s.result.timings.total_ms == 6.0
+    path, body, headers = srv.calls[0]
+    assert path == "/generate" and body == {"prompt": "Das ist", "max_new_tokens": 3, "stream": True}
+    assert headers["Accept"] == "text/event-stream"
 
 
-def test_an_error_event_raises_with_the_request_id_and_is_not_retried():
+def test_stream_parses_events_split_across_lines_and_chunks():
+    """A `data:` field over several lines is one event, joined by newlines; an event may arrive in pieces,
+    and the last one may end without its blank line; other sequences' tokens and unknown events are
+    not text of sequence 0."""
+    events = [b'data: {"type": "token",\ndata: "text": " ein"}\n\n', b'data: {"type": "tok', b'en", "text": "e"}\n',
+              b"\n", token(" other", index=1), b'event: x\nid: 1\ndata: {"type": "ping"}\n\n',
+              b"data: " + json.dumps(DONE).encode()]
+    srv = Scripted((200, Sse(*events), {}))
+    with srv.client() as c, c.stream("x") as s:
+        assert list(s) == [" ein", "e"]
+    assert s.result.text == " eine"
+
+
+def test_an_error_event_raises_with_the_request_id_and_is_not_retried(sleeps):
     error = {"type": "error", "error": {"type": "internal_error", "message": "the worker failed"}}
     srv = Scripted((200, Sse(token(" ein"), error), {"X-Request-Id": "r7"}), (200, Sse(token("x"), DONE), {}))
-    try:
-        pieces = []
-        with Client(srv.url, max_retries=2) as c, pytest.raises(APIStreamError) as e:
-            with c.stream("Das ist") as s:
-                for piece in s:
-                    pieces.append(piece)
-        assert pieces == [" ein"] and s.result is None and len(srv.calls) == 1
-        assert isinstance(e.value, APIError) and e.value.status_code is None
-        assert e.value.type == "internal_error" and e.value.message == "the worker failed" and e.value.request_id == "r7"
-    finally:
-        srv.close()
+    pieces = []
+    with srv.client(max_retries=2) as c, pytest.raises(APIStreamError) as e:
+        with c.stream("Das ist") as s:
+            for piece in s:
+                pieces.append(piece)
+    assert pieces == [" ein"] and s.result is None and len(srv.calls) == 1 and sleeps == []
+    assert isinstance(e.value, APIError) and e.value.status_code is None
+    assert e.value.type == "internal_error" and e.value.message == "the worker failed"
+    assert e.value.request_id == "r7"
+
+
+def test_an_event_that_is_not_json_is_a_stream_error():
+    srv = Scripted((200, Sse(token("a"), b"data: {not json\n\n", DONE), {"X-Request-Id": "r6"}))
+    with srv.client() as c, pytest.raises(APIStreamError, match="not JSON") as e:
+        list(c.stream("x"))
+    assert e.value.type == "invalid_event" and e.value.request_id == "r6"
 
 
 def test_a_stream_that_ends_without_its_done_event_is_a_connection_error():
     srv = Scripted((200, Sse(token(" ein")), {}))
-    try:
-        with Client(srv.url) as c, pytest.raises(APIConnectionError, match="done event"):
-            list(c.stream("Das ist"))
-    finally:
-        srv.close()
+    with srv.client() as c, pytest.raises(APIConnectionError, match="done event"):
+        list(c.stream("Das ist"))
 
 
-def test_stream_retries_503_before_it_begins():
+def test_a_stream_that_breaks_off_is_a_connection_error_and_is_not_retried(sleeps):
+    body = Sse(token(" ein"), fail=httpx.ReadError("connection reset by peer"))
+    srv = Scripted((200, body, {}), (200, Sse(token("x"), DONE), {}))
+    pieces = []
+    with srv.client(max_retries=2) as c, pytest.raises(APIConnectionError, match="broke off") as e:
+        for piece in c.stream("Das ist"):
+            pieces.append(piece)
+    assert pieces == [" ein"] and not isinstance(e.value, APITimeoutError)
+    assert len(srv.calls) == 1 and sleeps == [] and body.closed
+
+
+def test_a_stream_that_stops_sending_is_a_timeout():
+    srv = Scripted((200, Sse(token(" ein"), fail=httpx.ReadTimeout("timed out")), {}))
+    with srv.client() as c, c.stream("x") as s:
+        assert next(s) == " ein"
+        with pytest.raises(APITimeoutError, match="no event within the timeout"):
+            next(s)
+
+
+def test_stream_retries_503_before_it_begins(sleeps):
     srv = Scripted(overloaded(), overloaded(), (200, Sse(token("a"), token("b"), DONE), {}))
-    try:
-        with Client(srv.url, max_retries=2) as c, c.stream("x") as s:
-            assert "".join(s) == "ab" and s.result.text == "ab"
-        assert len(srv.calls) == 3
-    finally:
-        srv.close()
+    with srv.client(max_retries=2) as c, c.stream("x") as s:
+        assert "".join(s) == "ab" and s.result.text == "ab"
+    assert len(srv.calls) == 3 and sleeps == [0.0, 0.0]
 
 
-def test_stream_errors_before_it_begins_are_status_errors():
+def test_stream_errors_before_it_begins_are_status_errors(sleeps):
     srv = Scripted((422, {"error": {"type": "invalid_request", "message": "top_p"}, "request_id": "r2"}, {}))
-    try:
-        with Client(srv.url, max_retries=2) as c, pytest.raises(BadRequestError) as e:
-            c.stream("x", top_p=0.0)
-        assert e.value.status_code == 422 and e.value.request_id == "r2" and len(srv.calls) == 1
-    finally:
-        srv.close()
+    with srv.client(max_retries=2) as c, pytest.raises(BadRequestError) as e:
+        c.stream("x", top_p=0.0)
+    assert e.value.status_code == 422 and e.value.request_id == "r2" and e.value.message == "top_p"
+    assert len(srv.calls) == 1 and sleeps == []
 
 
 def test_closing_a_stream_early_closes_the_connection():
     sse = Sse(token(" ein"), token(" Test"), hold=True)
     srv = Scripted((200, sse, {}))
-    try:
-        with Client(srv.url) as c:
-            with c.stream("Das ist") as s:
-                first = next(s)
-            assert first == " ein"
-            assert sse.disconnected.wait(5), "the server did not see the connection close"
-            assert list(s) == [] and s.result is None       # nothing more is read after close
-    finally:
-        srv.close()
+    with srv.client() as c:
+        with c.stream("Das ist") as s:
+            first = next(s)
+        assert first == " ein"
+        assert sse.closed, "the client did not close the response"
+        assert list(s) == [] and s.result is None       # nothing more is read after close
 
 
 def test_stream_refuses_several_sequences_before_sending():
-    with Client("http://127.0.0.1:9") as c, pytest.raises(ValueError, match="generate"):
+    srv = Scripted()
+    with srv.client() as c, pytest.raises(ValueError, match="generate"):
         c.stream("x", num_return_sequences=2)
     with pytest.raises(ValueError, match="generate"):
-        AsyncClient("http://127.0.0.1:9").stream("x", num_return_sequences=2)
+        srv.async_client().stream("x", num_return_sequences=2)
+    assert srv.calls == []
 
 
-def test_async_generate_and_stream():
+def test_async_generate_and_stream(sleeps):
     sse = Sse(token(" ein"), token(" Test"), hold=True)
-    srv = Scripted(overloaded(), (200, GENERATED, {}), overloaded(), (200, Sse(token(" ein"), token(" Test"), DONE), {}),
-                   (200, sse, {}))
+    srv = Scripted(overloaded(), (200, GENERATED, {}), overloaded(),
+                   (200, Sse(token(" ein"), token(" Test"), DONE), {"X-Request-Id": "r4"}), (200, sse, {}))
 
     async def run():
-        async with AsyncClient(srv.url, max_retries=2) as c:
+        async with srv.async_client(max_retries=2) as c:
             r = await c.generate("Das ist", top_k=5)
             pieces = []
             async with c.stream("Das ist") as s:
@@ -317,15 +375,13 @@ def test_async_generate_and_stream():
             await early.aclose()
             return r, pieces, s, first, early
 
-    try:
-        r, pieces, s, first, early = asyncio.run(run())
-        assert r.text == " ein Test" and srv.calls[1][1] == {"prompt": "Das ist", "top_k": 5, "stream": False}
-        assert pieces == [" ein", " Test"] and s.result.text == " ein Test" and s.result.choices[0].tokens == 3
-        assert first == " ein" and early.result is None
-        assert sse.disconnected.wait(5)
-        assert len(srv.calls) == 5
-    finally:
-        srv.close()
+    r, pieces, s, first, early = asyncio.run(run())
+    assert r.text == " ein Test" and srv.calls[1][1] == {"prompt": "Das ist", "top_k": 5, "stream": False}
+    assert pieces == [" ein", " Test"] and s.result.text == " ein Test" and s.result.choices[0].tokens == 3
+    assert s.request_id == "r4" and srv.calls[3][2]["Accept"] == "text/event-stream"
+    assert first == " ein" and early.result is None
+    assert sse.closed, "the client did not close the response"
+    assert len(srv.calls) == 5 and sleeps == [0.0, 0.0]
 
 
 def test_async_stream_error_event_raises():
@@ -333,12 +389,43 @@ def test_async_stream_error_event_raises():
     srv = Scripted((200, Sse(error), {"X-Request-Id": "r8"}))
 
     async def run():
-        async with AsyncClient(srv.url) as c:
+        async with srv.async_client() as c:
             return [p async for p in c.stream("x")]
 
-    try:
-        with pytest.raises(APIStreamError) as e:
-            asyncio.run(run())
-        assert e.value.type == "timeout" and e.value.request_id == "r8" and str(e.value) == "timeout: too slow"
-    finally:
-        srv.close()
+    with pytest.raises(APIStreamError) as e:
+        asyncio.run(run())
+    assert e.value.type == "timeout" and e.value.request_id == "r8" and str(e.value) == "timeout: too slow"
+
+
+def test_async_stream_errors_before_it_begins_are_status_errors(sleeps):
+    srv = Scripted((413, {"error": {"type": "too_large", "message": "prompt", "limit": 9}}, {"X-Request-Id": "r2"}))
+
+    async def run():
+        async with srv.async_client(max_retries=2) as c:
+            with pytest.raises(APIError) as e:
+                await c.stream("x")
+            return e.value
+
+    error = asyncio.run(run())
+    assert error.status_code == 413 and error.limit == 9 and error.request_id == "r2" and error.message == "prompt"
+    assert len(srv.calls) == 1 and sleeps == []
+
+
+@pytest.mark.parametrize("fail, error, match", [
+    (httpx.ReadError("connection reset by peer"), APIConnectionError, "broke off"),
+    (httpx.ReadTimeout("timed out"), APITimeoutError, "no event within the timeout")])
+def test_async_stream_that_breaks_off_or_stalls_is_not_retried(fail, error, match, sleeps):
+    body = Sse(token(" ein"), fail=fail)
+    srv = Scripted((200, body, {}))
+
+    async def run():
+        pieces = []
+        async with srv.async_client(max_retries=2) as c:
+            with pytest.raises(error, match=match) as e:
+                async for piece in c.stream("x"):
+                    pieces.append(piece)
+        return pieces, e.value
+
+    pieces, raised = asyncio.run(run())
+    assert pieces == [" ein"] and len(srv.calls) == 1 and sleeps == [] and body.closed
+    assert isinstance(raised, APITimeoutError) == (error is APITimeoutError)
