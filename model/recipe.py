@@ -12,7 +12,7 @@ Every stage fits in --minutes, counted from the process's start (a job's own `ti
    only where onnxruntime has a CUDA provider (the reason is written where it is skipped);
 4. write MODEL_CARD.md (a draft: command, hardware, wall time per stage, data counts, BLEU/chrF) and
    results.json;
-5. cut the files it produced into pieces of at most --piece-mb MB (a tar, `outputs.tar.part-NNN`) with
+5. cut the files it produced into pieces of at most --piece-mb MB (an xz tar, `outputs.tar.xz.part-NNN`) with
    JOIN.sh, the one command that joins, checks (sha256) and unpacks them: `sh JOIN.sh`.
 
 A SIGTERM stops training with a saved checkpoint (model.train) and, later, the stage under way; the
@@ -30,6 +30,7 @@ import os
 import platform
 import signal
 import sys
+import lzma
 import tarfile
 import time
 from dataclasses import asdict, dataclass
@@ -139,6 +140,7 @@ class PieceWriter(io.RawIOBase):
         super().close()
 
 
+PIECES_STEM = "outputs.tar.xz"
 JOIN_SCRIPT = """#!/bin/sh
 # Joins the pieces written by model.recipe, checks them and unpacks the files beside this script:
 #     sh JOIN.sh
@@ -146,23 +148,27 @@ set -e
 cd "$(dirname "$0")"
 cat {stem}.part-* > {stem}
 echo "{sha256}  {stem}" | sha256sum -c -
-tar -xf {stem}
+tar -xJf {stem}
 rm {stem}
 """
 
 
 def cut_into_pieces(root: Path, files: list[Path], dest: Path, piece_bytes: int) -> list[Path]:
-    """`files` (under `root`) as one tar cut into `dest`/outputs.tar.part-NNN, and dest/JOIN.sh.
-    -> the pieces."""
+    """`files` (under `root`) as one xz-compressed tar cut into `dest`/outputs.tar.xz.part-NNN, and
+    dest/JOIN.sh. -> the pieces.
+
+    xz at its fastest preset: a small checkpoint goes from 58.9 to 49.6 MB in 6 s on two busy cores (fp32
+    weights and fp8/bf16 moments keep little redundancy, so higher presets gain 0.1 MB for 3x the time),
+    which brings a resume job's carry-in (checkpoint, corpus, code) under 64 MB."""
     dest.mkdir(parents=True, exist_ok=True)
-    for old in dest.glob("outputs.tar.part-*"):          # a re-run's fewer pieces must not join stale ones
+    for old in dest.glob("outputs.tar*.part-*"):          # a re-run's fewer pieces must not join stale ones
         old.unlink()
-    writer = PieceWriter(dest, "outputs.tar", piece_bytes)
-    with tarfile.open(fileobj=writer, mode="w|") as tar:
+    writer = PieceWriter(dest, PIECES_STEM, piece_bytes)
+    with lzma.LZMAFile(writer, "w", preset=0) as packed, tarfile.open(fileobj=packed, mode="w|") as tar:
         for f in files:
             tar.add(f, arcname=str(f.relative_to(root)))
     writer.close()
-    (dest / "JOIN.sh").write_text(JOIN_SCRIPT.format(stem="outputs.tar", sha256=writer.sha256.hexdigest()))
+    (dest / "JOIN.sh").write_text(JOIN_SCRIPT.format(stem=PIECES_STEM, sha256=writer.sha256.hexdigest()))
     return writer.pieces
 
 
