@@ -145,6 +145,7 @@ def test_the_optimised_int8_graph_computes_what_the_graph_says():
         assert np.abs(optimised - plain).mean() < 0.02 * np.abs(plain).mean()
 
 
+@pytest.mark.slow
 def test_per_row_int8_stays_close_to_fp32(tiny_run, tmp_path):
     from model.export import export_package
 

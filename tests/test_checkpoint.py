@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -84,6 +85,7 @@ def test_a_resumed_run_continues_the_schedule_and_the_data(data_dir, tmp_path):
     assert abs(a["history"][-1]["dev_loss"] - b["history"][-1]["dev_loss"]) < 0.05 * a["history"][-1]["dev_loss"]
 
 
+@pytest.mark.slow
 def test_the_deadline_counts_from_the_start_and_leaves_time_for_evaluation_and_save(data_dir, tmp_path):
     """A 60 s budget of which 40 s are already spent: training stops by itself, and the final
     evaluation and the save are done inside the 20 s left."""

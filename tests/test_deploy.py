@@ -939,6 +939,7 @@ def image_workdir(tmp_path):
 @pytest.mark.skipif(not IMAGE_TEST, reason="builds the CPU image with buildah (minutes, downloads ~150 MB): "
                                            "bash scripts/test.sh runs it, or set TRANSERVE_IMAGE_TEST=1 (needs root, "
                                            "buildah, debootstrap; see deploy/README.md)")
+@pytest.mark.slow
 def test_cpu_image_builds_runs_and_translates(package, image_workdir):
     tmp_path = image_workdir
     missing = [t for t in ("buildah", "debootstrap") if not shutil.which(t)]

@@ -12,9 +12,13 @@ import threading
 import time
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import pairs64, start_server, stop_server
+
+# Each test starts a server of its own and waits for a killed worker's replacement to load.
+pytestmark = pytest.mark.slow
 
 
 def worker_pids(url: str, model: str) -> set[int]:

@@ -29,6 +29,7 @@ def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_quick_on_a_cpu_runs_the_cpu_parts_and_reports_the_cuda_parts_skipped(tiny_package):
     # On a machine with CUDA the CPU parts are what this test is about: ask for them.
     r = run("--package", str(tiny_package), "--quick", *(["--device", "cpu"] if cuda_here() else []))

@@ -85,6 +85,7 @@ def test_alternatives_are_distinct_and_not_better_than_the_best(server):
     assert all(a["score"] <= r["score"] for a in r["alternatives"])
 
 
+@pytest.mark.slow
 def test_32_concurrent_clients_are_batched_and_answered_as_if_alone(server):
     src = list(PAIRS)
     body = lambda s: {"text": s, "source_lang": "de", "target_lang": "en", "beam_size": 4}  # noqa: E731

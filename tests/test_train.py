@@ -67,6 +67,7 @@ def test_evaluate_rejects_a_direction_the_model_does_not_have(tiny_run, data_dir
         evaluate.main(["--checkpoint", str(tiny_run), "--data", str(data_dir / "test.tsv"), "--direction", "en-de"])
 
 
+@pytest.mark.slow
 def test_torchrun_trains_with_two_processes(data_dir, tmp_path):
     out = tmp_path / "ddp"
     env = dict(os.environ, OMP_NUM_THREADS="1")
