@@ -8,7 +8,6 @@ import subprocess
 import time
 
 import pytest
-import pytest
 import torch
 
 from model import recipe
@@ -20,7 +19,6 @@ def sha256(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_the_recipe_trains_exports_evaluates_and_leaves_joinable_pieces_inside_its_budget(data_dir, tmp_path):
     out, started = tmp_path / "out", time.time()
