@@ -1,0 +1,125 @@
+"""The README's code blocks, as a user pastes them.
+
+- The main command's block (`bash scripts/serve.sh`, then curl) and the SDK snippet run as written, against
+  the server that command starts, in the environment it builds (only the port is changed to a free one).
+- Every other block's commands: each `python -m …` (and each tool) exists, and every option a block gives it
+  is one the command knows (its --help). Running them in full means hours of training: tests/test_train.py,
+  test_recipe.py, test_generation.py and test_marian.py run the same commands on small data.
+"""
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import ROOT, free_port
+
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+BLOCKS = [(m.group(1), m.group(2)) for m in re.finditer(r"```(bash|python)\n(.*?)```", README, re.S)]
+MAIN = next(code for lang, code in BLOCKS if "bash scripts/serve.sh" in code)
+SDK = next(code for lang, code in BLOCKS if lang == "python" and "from service.client import" in code)
+SERVE_VENV = ROOT / ".venv-serve"
+
+
+def commands(code: str) -> list[list[str]]:
+    """A bash block's command lines as argument lists: continuations joined, comments dropped."""
+    out = []
+    for line in code.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        if words[:1] == ["timeout"]:                       # timeout [-k N] SECONDS command ...
+            words = words[next(i for i, w in enumerate(words[1:], 1) if w[0].isdigit() and words[i - 1] != "-k"):][1:]
+        if words:
+            out.append([w.strip("[]") for w in words])
+    return out
+
+
+def options(words: list[str]) -> list[str]:
+    return [w.split("=")[0] for w in words if w.startswith("--") and w != "--"]
+
+
+@lru_cache(maxsize=None)
+def help_text(*command: str) -> str:
+    proc = subprocess.run([*command, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{' '.join(command)} --help: {proc.stderr[-1500:]}"
+    return proc.stdout
+
+
+def checked_commands() -> list[tuple[list[str], list[str]]]:
+    """(command, the options the README gives it) for every command of every block but the main one and the
+    test command (which runs this test)."""
+    out = []
+    for lang, code in BLOCKS:
+        if lang != "bash" or code == MAIN or "scripts/test.sh" in code:
+            continue
+        for words in commands(code):
+            if words[:3] == ["python", "-m", "model.recipe"] and "--" in words:   # recipe -- model.train options
+                cut = words.index("--")
+                out += [(["python", "-m", "model.recipe"], options(words[3:cut])),
+                        (["python", "-m", "model.train"], options(words[cut + 1:]))]
+            elif words[:2] == ["python", "-m"]:
+                out.append((words[:3], options(words[3:])))
+            elif words[0] not in ("pip", "sh", "bash", "curl"):
+                out.append((words[:1], options(words[1:])))
+    return out
+
+
+@pytest.mark.parametrize("command, given", checked_commands(), ids=lambda v: " ".join(v)[:60])
+def test_each_command_of_the_readme_knows_the_options_it_is_given(command, given):
+    executable = [sys.executable, *command[1:]] if command[0] == "python" else \
+        [str(Path(sys.executable).parent / command[0])]
+    text = help_text(*executable)
+    assert [o for o in given if o not in text] == [], text
+
+
+@pytest.fixture(scope="module")
+def main_command():
+    """`bash scripts/serve.sh` as the README gives it, on a free port: the serving-only environment it builds
+    (.venv-serve), both embedded packages."""
+    first = commands(MAIN)[0]
+    assert first == ["bash", "scripts/serve.sh"], first
+    port = free_port()
+    proc = subprocess.Popen([*first, "--port", str(port)], cwd=ROOT, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 900                           # a fresh machine installs the serving environment
+    try:
+        while time.time() < deadline:
+            assert proc.poll() is None, proc.stdout.read()[-4000:]
+            try:
+                if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        else:
+            pytest.fail("scripts/serve.sh did not become ready in 15 minutes")
+        yield port
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def test_the_main_command_block_answers_as_written(main_command):
+    rest = "\n".join(line for line in MAIN.splitlines() if "scripts/serve.sh" not in line)
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", rest.replace(":8000", f":{main_command}")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout)
+    assert answer["translations"][0]["text"] and answer["source_lang"] == "de" and answer["target_lang"] == "en"
+
+
+def test_the_sdk_snippet_runs_in_the_main_commands_environment(main_command):
+    proc = subprocess.run([str(SERVE_VENV / "bin" / "python"), "-c", SDK.replace(":8000", f":{main_command}")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    translated, generated, streamed = proc.stdout.split("\n", 2)
+    assert translated.strip() and generated.strip() and streamed.strip()
