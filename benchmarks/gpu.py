@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -259,7 +260,7 @@ def read_sentences(data: Path | None, n: int) -> list[str]:
     return everything[:n]
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--package", type=Path, required=True, help="a translation package of ours, any precision "
                    "(fp16 and fp32 copies are made from its weights)")
@@ -278,8 +279,33 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer sentences and passes")
     p.add_argument("--no-http", action="store_true", help="skip the served measurement")
     p.add_argument("--out", type=Path, help="also write the report as Markdown here")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+@dataclass
+class Setup:
+    """What every part reads: the device that runs (and why not CUDA), its low precision, this CPU, and the
+    package's model.json, direction and target language."""
+
+    device: str
+    problems: list[str]
+    facts: dict
+    meta: dict
+    direction: str
+    target: str
+
+    @property
+    def gpu(self) -> bool:
+        return self.device == "cuda"
+
+    @property
+    def low(self) -> str:
+        return low_precision(self.device)
+
+
+def prepare(args: argparse.Namespace) -> Setup:
+    """The device (exit status 2 where CUDA is asked for and missing), and the sizes --quick and the device
+    imply for the options left unset."""
     problems = cuda_problems()
     if args.device == "cuda" and problems:
         raise DeviceProblem("--device cuda, but " + "; ".join(problems))
@@ -293,108 +319,163 @@ def main(argv=None) -> int:
         args.max_length = 24
     if args.repeat is None:
         args.repeat = 1 if args.quick else 3
-    low = low_precision(device)
     meta = json.loads((args.package / "model.json").read_text(encoding="utf-8"))
     direction = args.direction or meta["directions"][0]
     source, target = direction.split("-")
-    facts = vs.cpu_facts()
-    report = [f"device: {device}" + (f" ({vs.gpu_name()})" if gpu else f" ({vs.describe_cpu(facts)})")]
+    return Setup(device, problems, vs.cpu_facts(), meta, direction, target)
+
+
+def opening_lines(setup: Setup) -> tuple[list[str], list[str]]:
+    """The device line (the report's first) and, without CUDA, the SKIPPED line; both printed."""
+    facts = setup.facts
+    report = [f"device: {setup.device}" + (f" ({vs.gpu_name()})" if setup.gpu else f" ({vs.describe_cpu(facts)})")]
     skipped = []
-    if not gpu:
-        why = "; ".join(problems) if problems else "--device cpu"
+    if not setup.gpu:
+        why = "; ".join(setup.problems) if setup.problems else "--device cpu"
         skipped = [f"SKIPPED fp16 vs fp32 agreement, fp16 invariance, fp16 speed against CTranslate2 fp16, served "
                    f"fp16 on CUDA, the CUDA provider check: no CUDA here ({why}); int8 on the CPU stands in"]
     for line in report + skipped:
         print(line, flush=True)
+    return report, skipped
 
+
+def lap(took: dict[str, float], name: str, since: float) -> float:
+    """Records the seconds since `since` as part `name`; -> now, the next part's start."""
+    now = time.perf_counter()
+    took[name] = now - since
+    return now
+
+
+def record(result: tuple[list[str], list[str]], report: list[str], failed: list[str]) -> None:
+    """A check's (lines, failed lines) added to the report and the failures, and printed."""
+    lines, bad = result
+    report += lines
+    failed += bad
+    print("\n".join(lines), flush=True)
+
+
+def run_checks(args: argparse.Namespace, setup: Setup, packages: dict, marian: Path, report: list[str],
+               failed: list[str]) -> tuple[list[str], list[list[int]], list[list[str]]]:
+    """The CUDA provider check, agreement and invariance (lines added to `report`, failed goals to `failed`).
+    -> the sentences, our ids and CTranslate2's pieces for them. The engines loaded here are dropped on
+    return: the speed part loads its own, with its thread counts."""
     from transformers import MarianTokenizer
 
+    low = setup.low
+    engines = {precision: load_engine(path, setup.device, precision) for precision, path in packages.items()}
+    if setup.gpu:
+        report.append("CUDA provider check: every session of the fp32 and fp16 packages runs on "
+                      "CUDAExecutionProvider: PASS")
+        print(report[-1], flush=True)
+    texts = read_sentences(args.data, args.sentences)
+    ids = engines["fp32"].source_ids(texts, setup.target)
+    tok = MarianTokenizer.from_pretrained(str(marian))
+    tag = vs.target_tag(args.package, tok, setup.target)
+    pieces = [tok.convert_ids_to_tokens(tag + tok(t).input_ids) for t in texts]
+
+    record(agreement(engines, ids, low, args.max_length, setup.device), report, failed)
+    for precision in (low, "fp32"):
+        record(invariance(engines[precision], ids[:args.invariance], precision, args.max_length), report, failed)
+    engines.clear()
+    return texts, ids, pieces
+
+
+def serve(args: argparse.Namespace, setup: Setup, package: Path, texts: list[str]) -> dict:
+    """The HTTP service on the low-precision package (vs.served); exit status 2 if its /info is not cuda
+    where CUDA runs."""
+    gpu = setup.gpu
+    workers = 1 if gpu else max(1, setup.facts["cores"])
+    clients = 32 if gpu or not args.quick else 8
+    http = vs.served(package, texts * (4 if gpu or not args.quick else 1), workers=workers, threads=1,
+                     max_length=args.max_length, clients=clients, repeat=args.repeat, device=setup.device,
+                     max_batch=LARGE)
+    if gpu and http["device"] != "cuda":
+        raise DeviceProblem(f"the server started with --device cuda reports device {http['device']!r} "
+                            "in /info, not cuda")
+    return http
+
+
+def run_parts(args: argparse.Namespace, setup: Setup, report: list[str], failed: list[str],
+              took: dict[str, float]) -> tuple[list[str], list[dict], dict | None]:
+    """Build, checks, speed and served, in a temporary directory, each part's wall time in `took`.
+    -> the sentences, the speed rows and the served figures (None with --no-http)."""
     work = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
-    failed: list[str] = []
-    took, t0 = {}, time.perf_counter()
-
-    def lap(name: str) -> None:
-        nonlocal t0
-        took[name], t0 = time.perf_counter() - t0, time.perf_counter()
-
+    t0 = time.perf_counter()
     try:
-        packages, marian, ct2 = build(args.package, work, device)
-        lap("build")
-        engines = {precision: load_engine(path, device, precision) for precision, path in packages.items()}
-        if gpu:
-            report.append("CUDA provider check: every session of the fp32 and fp16 packages runs on "
-                          "CUDAExecutionProvider: PASS")
-            print(report[-1], flush=True)
-        texts = read_sentences(args.data, args.sentences)
-        ids = engines["fp32"].source_ids(texts, target)
-        tok = MarianTokenizer.from_pretrained(str(marian))
-        tag = vs.target_tag(args.package, tok, target)
-        pieces = [tok.convert_ids_to_tokens(tag + tok(t).input_ids) for t in texts]
+        packages, marian, ct2 = build(args.package, work, setup.device)
+        t0 = lap(took, "build", t0)
+        texts, ids, pieces = run_checks(args, setup, packages, marian, report, failed)
+        t0 = lap(took, "checks", t0)
 
-        lines, bad = agreement(engines, ids, low, args.max_length, device)
-        report += lines
-        failed += bad
-        print("\n".join(lines), flush=True)
-        for precision in (low, "fp32"):
-            lines, bad = invariance(engines[precision], ids[:args.invariance], precision, args.max_length)
-            report += lines
-            failed += bad
-            print("\n".join(lines), flush=True)
-        engines.clear()                              # the speed part loads its own, with its thread counts
-        lap("checks")
-
-        rows = speed(packages, ct2, ids, pieces, low=low, device=device, max_length=args.max_length,
-                     repeat=args.repeat, facts=facts)
-        lap("speed")
+        rows = speed(packages, ct2, ids, pieces, low=setup.low, device=setup.device, max_length=args.max_length,
+                     repeat=args.repeat, facts=setup.facts)
+        t0 = lap(took, "speed", t0)
         http = None
         if not args.no_http:
-            workers = 1 if gpu else max(1, facts["cores"])
-            clients = 32 if gpu or not args.quick else 8
-            http = vs.served(packages[low], texts * (4 if gpu or not args.quick else 1), workers=workers, threads=1,
-                             max_length=args.max_length, clients=clients, repeat=args.repeat, device=device,
-                             max_batch=LARGE)
-            if gpu and http["device"] != "cuda":
-                raise DeviceProblem(f"the server started with --device cuda reports device {http['device']!r} "
-                                    "in /info, not cuda")
-            lap("served")
+            http = serve(args, setup, packages[setup.low], texts)
+            lap(took, "served", t0)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return texts, rows, http
 
-    import ctranslate2
-    import onnxruntime
 
-    large = next(r for r in rows if r["batch"] == LARGE)
+def speed_table(rows: list[dict]) -> list[str]:
     table = ["| beam 4, batch | ours tok/s | CTranslate2 tok/s | ratio | ours p50 ms | CTranslate2 p50 ms |",
              "|---:|---:|---:|---:|---:|---:|"]
     table += [f"| {r['batch']} | {r['ours']['tok_s']:,.0f} | {r['ct2']['tok_s']:,.0f} | {r['ratio']:.2f} | "
               f"{r['ours']['p50_ms']:,.1f} | {r['ct2']['p50_ms']:,.1f} |" for r in rows]
-    served_ratio = None
-    if http:
-        served_ratio = http["tok_s"] / large["ct2"]["tok_s"]
-        report.append(f"served ({low}, server --device {device}, /info says {http['device']}): {http['tok_s']:,.0f} "
-                      f"tok/s under load ({served_ratio:.2f}x CTranslate2 {low} offline batch {LARGE}), request "
-                      f"p50 {http['p50_ms']:,.1f} ms; one sentence alone p50 {http['alone_p50_ms']:,.1f} ms")
-        print(report[-1], flush=True)
-    else:
-        report.append("served: SKIPPED (--no-http)")
-        print(report[-1], flush=True)
+    return table
+
+
+def served_line(setup: Setup, http: dict | None, served_ratio: float | None) -> str:
+    if not http:
+        return "served: SKIPPED (--no-http)"
+    low = setup.low
+    return (f"served ({low}, server --device {setup.device}, /info says {http['device']}): {http['tok_s']:,.0f} "
+            f"tok/s under load ({served_ratio:.2f}x CTranslate2 {low} offline batch {LARGE}), request "
+            f"p50 {http['p50_ms']:,.1f} ms; one sentence alone p50 {http['alone_p50_ms']:,.1f} ms")
+
+
+def summary_lines(setup: Setup, large: dict, served_ratio: float | None) -> list[str]:
+    """The ratio lines the report ends with: the GPU's, or the CPU's and why the GPU's was skipped."""
     served_text = "n/a" if served_ratio is None else f"{served_ratio:.2f}"
-    if gpu:
-        final = f"ratio_vs_ctranslate2_gpu engine_fp16={large['ratio']:.2f} served={served_text}"
-        summary = [final]
-    else:
-        summary = [f"ratio_vs_ctranslate2_cpu engine_int8={large['ratio']:.2f} served={served_text}",
-                   "ratio_vs_ctranslate2_gpu skipped: no CUDA here (" + ("; ".join(problems) or "--device cpu")
-                   + "), so no GPU ratio was measured"]
+    if setup.gpu:
+        return [f"ratio_vs_ctranslate2_gpu engine_fp16={large['ratio']:.2f} served={served_text}"]
+    return [f"ratio_vs_ctranslate2_cpu engine_int8={large['ratio']:.2f} served={served_text}",
+            "ratio_vs_ctranslate2_gpu skipped: no CUDA here (" + ("; ".join(setup.problems) or "--device cpu")
+            + "), so no GPU ratio was measured"]
+
+
+def header_lines(args: argparse.Namespace, argv, setup: Setup, texts: list[str], took: dict[str, float]) -> list[str]:
+    import ctranslate2
+    import onnxruntime
+
     command = "python benchmarks/gpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    header = [f"- command: `{command.strip()}`", f"- date: {datetime.date.today()}",
-              f"- machine: {vs.describe_cpu(facts)}; {platform.system()} {platform.release()}"
-              + (f"; GPU: {vs.gpu_name()}" if gpu else ""),
-              f"- versions: ctranslate2 {ctranslate2.__version__}, onnxruntime {onnxruntime.__version__}",
-              f"- package: {args.package} ({meta['precision']}), {direction}; {len(texts)} sentences "
-              f"({args.data or 'the tests’ 64 Ding sentences'}); output budget {args.max_length} tokens",
-              f"- speed: the best of {args.repeat} passes, the engines taking turns",
-              "- wall time: " + ", ".join(f"{name} {s:.0f} s" for name, s in took.items())]
+    return [f"- command: `{command.strip()}`", f"- date: {datetime.date.today()}",
+            f"- machine: {vs.describe_cpu(setup.facts)}; {platform.system()} {platform.release()}"
+            + (f"; GPU: {vs.gpu_name()}" if setup.gpu else ""),
+            f"- versions: ctranslate2 {ctranslate2.__version__}, onnxruntime {onnxruntime.__version__}",
+            f"- package: {args.package} ({setup.meta['precision']}), {setup.direction}; {len(texts)} sentences "
+            f"({args.data or 'the tests’ 64 Ding sentences'}); output budget {args.max_length} tokens",
+            f"- speed: the best of {args.repeat} passes, the engines taking turns",
+            "- wall time: " + ", ".join(f"{name} {s:.0f} s" for name, s in took.items())]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    setup = prepare(args)
+    report, skipped = opening_lines(setup)
+    failed: list[str] = []
+    took: dict[str, float] = {}
+    texts, rows, http = run_parts(args, setup, report, failed, took)
+
+    large = next(r for r in rows if r["batch"] == LARGE)
+    table = speed_table(rows)
+    served_ratio = http["tok_s"] / large["ct2"]["tok_s"] if http else None
+    report.append(served_line(setup, http, served_ratio))
+    print(report[-1], flush=True)
+    summary = summary_lines(setup, large, served_ratio)
+    header = header_lines(args, argv, setup, texts, took)
     print()
     print("\n".join(header))
     print()
@@ -404,7 +485,7 @@ def main(argv=None) -> int:
         print(f"{len(failed)} goal(s) failed:\n" + "\n".join(failed), flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(f"# GPU benchmark ({device.upper()})\n\n" + "\n".join(header) + "\n\n"
+        args.out.write_text(f"# GPU benchmark ({setup.device.upper()})\n\n" + "\n".join(header) + "\n\n"
                             + "\n".join(f"- {line}" for line in skipped + report) + "\n\n" + "\n".join(table)
                             + "\n\n" + "\n".join(f"`{line}`" for line in summary) + "\n", encoding="utf-8")
     print("\n".join(summary), flush=True)
