@@ -76,6 +76,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -466,7 +467,7 @@ def stages(results: list[tuple[int, float, dict]]) -> dict[str, float]:
             "HTTP": e2e - handler}
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group()
     src.add_argument("--checkpoint", help="our run directory, exported with model.export_marian")
@@ -491,10 +492,27 @@ def main(argv=None) -> None:
     p.add_argument("--no-http", action="store_true", help="skip the served measurement")
     p.add_argument("--out", type=Path, help="also write the results as Markdown here")
     p.add_argument("--probe-env", type=Path, help=argparse.SUPPRESS)     # choose_ct2_env's child processes
-    args = p.parse_args(argv)
-    if args.probe_env:
-        return probe_env(args.probe_env)
-    facts, load_start = cpu_facts(), os.getloadavg()
+    return p
+
+
+@dataclass
+class Plan:
+    """What the options and this machine decide: whether each engine's settings are chosen by short passes
+    (`tune`), the precisions compared, the large batch of the headline ratios, and the CPU's facts."""
+
+    facts: dict
+    tune: bool
+    precisions: tuple[str, ...]
+    large: int
+
+    @property
+    def low(self) -> str:
+        """int8 on CPU, fp16 on a GPU: what is served."""
+        return self.precisions[-1]
+
+
+def settle_options(p: argparse.ArgumentParser, args: argparse.Namespace, facts: dict) -> Plan:
+    """The defaults that depend on the machine and --quick, and the checks argparse cannot make."""
     tune = args.threads is None and args.device == "cpu"
     if args.threads is None:
         args.threads = 1 if args.device == "cuda" else facts["cores"]
@@ -510,214 +528,321 @@ def main(argv=None) -> None:
     if args.device == "cuda":
         import ctranslate2
         import onnxruntime
-        if not ctranslate2.get_cuda_device_count() or "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        if (not ctranslate2.get_cuda_device_count()
+                or "CUDAExecutionProvider" not in onnxruntime.get_available_providers()):
             p.error("--device cuda needs a GPU that CTranslate2 sees and onnxruntime-gpu "
                     "(pip install -e '.[gpu,bench]'); this machine has "
                     f"{ctranslate2.get_cuda_device_count()} CUDA devices for CTranslate2 and onnxruntime providers "
                     f"{onnxruntime.get_available_providers()}")
     precisions, large = DEVICE_PLAN[args.device]
-    low = precisions[-1]                                   # int8 on CPU, fp16 on a GPU: what is served
+    return Plan(facts, tune, precisions, large)
 
-    from transformers import MarianTokenizer
 
+def marian_weights(args: argparse.Namespace, work: Path) -> tuple[Path, str]:
+    """The Marian directory both engines are built from, and how the report names its weights."""
+    if args.checkpoint:
+        from model.export_marian import export_marian
+        return export_marian(args.checkpoint, work / "marian"), f"{args.checkpoint}, via model.export_marian"
+    if args.package:
+        from model.export_marian import export_package_marian
+        # zero_bos: a learned <s> embedding (packages trained before zero_bos_embedding) would run in
+        # ours but not in CTranslate2, which starts decoders from zeros; both get zeros instead.
+        marian = export_package_marian(args.package, work / "marian", zero_bos=True)
+        return marian, (f"{args.package}, read back out of its graphs by model.upgrade and written by "
+                        "model.export_marian with a zero <s> embedding (CTranslate2 starts decoders from zeros; "
+                        "models trained before zero_bos_embedding learned one)")
+    if args.marian:
+        return Path(args.marian), args.marian
+    marian = build_marian(work / "marian", ROOT / "models" / "de-en" / "spm.model")
+    return marian, "a Marian model built offline: small preset shape over models/de-en's vocabulary, random weights"
+
+
+def convert_models(marian: Path, work: Path, precisions: tuple[str, ...], tag: list[int]) -> None:
+    """work/ct2-{precision} (ct2-transformers-converter) and work/ours-{precision} (model.import_marian)."""
     from model.import_marian import import_marian
+
+    converter = Path(sys.executable).parent / "ct2-transformers-converter"
+    for precision in precisions:
+        subprocess.run([str(converter), "--model", str(marian), "--output_dir", str(work / f"ct2-{precision}"),
+                        *CT2_CONVERT[precision]], check=True, capture_output=True)
+        meta_file = import_marian(marian, work / f"ours-{precision}", source_lang="de", target_lang="en",
+                                  **OURS_IMPORT[precision])
+        if tag:
+            meta = json.loads(Path(meta_file).read_text())
+            Path(meta_file).write_text(json.dumps(meta | {"target_tags": {"en": tag[0]}}, indent=2) + "\n")
+
+
+@dataclass
+class Inputs:
+    """The sentences in --data's order, and sorted by length (`order`) as both engines read them: our ids
+    and CTranslate2's pieces."""
+
+    sentences: list[str]
+    order: list[int]
+    ids: list[list[int]]
+    pieces: list[list[str]]
+
+
+def encode_inputs(args: argparse.Namespace, tok, tag: list[int]) -> Inputs:
+    sentences = read_sentences(args.data, args.sentences)
+    encoded = [tag + tok(s).input_ids for s in sentences]
+    order = sorted(range(len(sentences)), key=lambda i: len(encoded[i]))
+    ids = [encoded[i] for i in order]
+    return Inputs(sentences, order, ids, [tok.convert_ids_to_tokens(i) for i in ids])
+
+
+def make_runner(work: Path, args: argparse.Namespace, engine: str, precision: str, beam: int, intra: int,
+                inter: int):
+    if engine == "ctranslate2":
+        return ct2_runner(work / f"ct2-{precision}", beam=beam, max_length=args.max_length, threads=intra,
+                          inter=inter, device=args.device)
+    return ours_runner(work / f"ours-{precision}", beam=beam, max_length=args.max_length, threads=intra,
+                       device=args.device)
+
+
+def pick_threads(args: argparse.Namespace, plan: Plan, work: Path, engine: str, precision: str, beam: int,
+                 size: int, groups: list[list]) -> tuple[tuple[int, int], dict]:
+    """The engine's (intra, inter) threads for this precision and batch size, and each candidate's tok/s
+    (printed when there was a choice); --threads N leaves none."""
+    candidates = thread_candidates(plan.facts, size, engine) if plan.tune else [(args.threads, 1)]
+    if len(candidates) == 1:
+        return candidates[0], {}
+    pick = choose_threads(lambda i, n: make_runner(work, args, engine, precision, beam, i, n),
+                          groups[:8 if size == 1 else 2], candidates)
+    print(f"{engine:12} {precision} batch {size:2} threads: " + ", ".join(
+        f"{describe_threads(engine, *c)} {t:,.0f} tok/s" for c, t in pick[1].items())
+        + f" -> {describe_threads(engine, *pick[0])}", flush=True)
+    return pick
+
+
+def best_passes(runs: dict, repeat: int) -> dict:
+    """measure() of each (run, groups) in `runs`, the best of `repeat` passes each."""
+    # The engines take turns, and each keeps its best pass: a noisy neighbour on a shared
+    # machine slows a pass down, never speeds one up.
+    best: dict[tuple, dict] = {}
+    for _ in range(repeat):
+        for key, (run, groups) in runs.items():
+            r = measure(run, groups)
+            if key not in best or r["tok_s"] > best[key]["tok_s"]:
+                best[key] = r
+    return best
+
+
+def measure_speed(args: argparse.Namespace, plan: Plan, work: Path, inputs: Inputs) -> list[dict]:
+    """Both engines in each precision at beam 4 and greedy, batch 1 and the large batch: one row each."""
+    rows, chosen = [], {}
+    for beam in (4, 1):
+        for size in (1, plan.large):
+            runs = {}
+            for engine, precision in [(e, p) for p in plan.precisions for e in ("ctranslate2", "ours")]:
+                groups = batches(inputs.pieces if engine == "ctranslate2" else inputs.ids, size)
+                if size == 1:
+                    groups = groups[: max(16, len(groups) // 4)]   # batch 1 is slow; a sample is enough
+                key = engine, precision, size
+                if key not in chosen:            # chosen at beam 4, kept for greedy
+                    chosen[key] = pick_threads(args, plan, work, engine, precision, beam, size, groups)
+                runs[engine, precision] = make_runner(work, args, engine, precision, beam, *chosen[key][0]), groups
+            for (engine, precision), r in best_passes(runs, args.repeat).items():
+                settings = describe_threads(engine, *chosen[engine, precision, size][0])
+                rows.append({"engine": engine, "precision": precision, "beam": beam, "batch": size,
+                             "settings": settings} | r)
+                print(f"{engine:12} {precision} beam {beam} batch {size:2}: {r['tok_s']:8.0f} tok/s  "
+                      f"p50 {r['p50_ms']:8.1f} ms  ({settings})", flush=True)
+    return rows
+
+
+@dataclass
+class Measured:
+    """Everything the report is made of, from one run in a temporary directory."""
+
+    what: str
+    sentences: list[str]
+    env: dict[str, str]
+    env_rows: list[dict]
+    ct2_in_use: dict[str, str]
+    rows: list[dict]
+    bleu: list[dict]
+    http: dict | None
+
+
+def run_all(args: argparse.Namespace, plan: Plan) -> Measured:
+    """The weights, both engines' models in every precision, the inputs, CTranslate2's environment, then
+    speed, quality (where there are references) and the served figures."""
+    from transformers import MarianTokenizer
 
     work = Path(tempfile.mkdtemp(prefix="vs-ct2-"))
     try:
-        if args.checkpoint:
-            from model.export_marian import export_marian
-            marian, what = export_marian(args.checkpoint, work / "marian"), f"{args.checkpoint}, via model.export_marian"
-        elif args.package:
-            from model.export_marian import export_package_marian
-            # zero_bos: a learned <s> embedding (packages trained before zero_bos_embedding) would run in
-            # ours but not in CTranslate2, which starts decoders from zeros; both get zeros instead.
-            marian = export_package_marian(args.package, work / "marian", zero_bos=True)
-            what = (f"{args.package}, read back out of its graphs by model.upgrade and written by "
-                    "model.export_marian with a zero <s> embedding (CTranslate2 starts decoders from zeros; "
-                    "models trained before zero_bos_embedding learned one)")
-        elif args.marian:
-            marian, what = Path(args.marian), args.marian
-        else:
-            marian = build_marian(work / "marian", ROOT / "models" / "de-en" / "spm.model")
-            what = "a Marian model built offline: small preset shape over models/de-en's vocabulary, random weights"
+        marian, what = marian_weights(args, work)
         tok = MarianTokenizer.from_pretrained(str(marian))
         # A multi-directional model of ours reads its target tag (<2en>) first: both engines get it, and
         # the imported packages name it, so the served engine adds it to each request as ours does.
         tag = target_tag(args.package, tok)
-        converter = Path(sys.executable).parent / "ct2-transformers-converter"
-        for precision in precisions:
-            subprocess.run([str(converter), "--model", str(marian), "--output_dir", str(work / f"ct2-{precision}"),
-                            *CT2_CONVERT[precision]], check=True, capture_output=True)
-            meta_file = import_marian(marian, work / f"ours-{precision}", source_lang="de", target_lang="en",
-                                      **OURS_IMPORT[precision])
-            if tag:
-                meta = json.loads(Path(meta_file).read_text())
-                Path(meta_file).write_text(json.dumps(meta | {"target_tags": {"en": tag[0]}}, indent=2) + "\n")
-
-        sentences = read_sentences(args.data, args.sentences)
-        encoded = [tag + tok(s).input_ids for s in sentences]
-        order = sorted(range(len(sentences)), key=lambda i: len(encoded[i]))
-        ids = [encoded[i] for i in order]
-        pieces = [tok.convert_ids_to_tokens(i) for i in ids]
+        convert_models(marian, work, plan.precisions, tag)
+        inputs = encode_inputs(args, tok, tag)
         env, env_rows = {}, []
-        if tune:
+        if plan.tune:
             # Read once when CTranslate2's library loads, so they must be in place before this process's
             # first `import ctranslate2`.
             assert "ctranslate2" not in sys.modules
-            env, env_rows = choose_ct2_env(work / f"ct2-{low}", pieces, batch=large, max_length=args.max_length,
-                                           facts=facts, work=work)
+            env, env_rows = choose_ct2_env(work / f"ct2-{plan.low}", inputs.pieces, batch=plan.large,
+                                           max_length=args.max_length, facts=plan.facts, work=work)
             os.environ.update(env)
-        ct2_in_use = ct2_report(work / f"ct2-{low}", env, args.device)
-
-        def runner(engine, precision, beam, intra, inter):
-            if engine == "ctranslate2":
-                return ct2_runner(work / f"ct2-{precision}", beam=beam, max_length=args.max_length, threads=intra,
-                                  inter=inter, device=args.device)
-            return ours_runner(work / f"ours-{precision}", beam=beam, max_length=args.max_length, threads=intra,
-                               device=args.device)
-
-        rows, chosen = [], {}
-        for beam in (4, 1):
-            for size in (1, large):
-                runs = {}
-                for engine, precision in [(e, p) for p in precisions for e in ("ctranslate2", "ours")]:
-                    groups = batches(pieces if engine == "ctranslate2" else ids, size)
-                    if size == 1:
-                        groups = groups[: max(16, len(groups) // 4)]   # batch 1 is slow; a sample is enough
-                    key = engine, precision, size
-                    if key not in chosen:            # chosen at beam 4, kept for greedy
-                        candidates = thread_candidates(facts, size, engine) if tune else [(args.threads, 1)]
-                        if len(candidates) == 1:
-                            chosen[key] = candidates[0], {}
-                        else:
-                            chosen[key] = choose_threads(lambda i, n: runner(engine, precision, beam, i, n),
-                                                         groups[:8 if size == 1 else 2], candidates)
-                            print(f"{engine:12} {precision} batch {size:2} threads: " + ", ".join(
-                                f"{describe_threads(engine, *c)} {t:,.0f} tok/s" for c, t in chosen[key][1].items())
-                                + f" -> {describe_threads(engine, *chosen[key][0])}", flush=True)
-                    runs[engine, precision] = runner(engine, precision, beam, *chosen[key][0]), groups
-                # The engines take turns, and each keeps its best pass: a noisy neighbour on a shared
-                # machine slows a pass down, never speeds one up.
-                best: dict[tuple, dict] = {}
-                for _ in range(args.repeat):
-                    for key, (run, groups) in runs.items():
-                        r = measure(run, groups)
-                        if key not in best or r["tok_s"] > best[key]["tok_s"]:
-                            best[key] = r
-                for (engine, precision), r in best.items():
-                    settings = describe_threads(engine, *chosen[engine, precision, size][0])
-                    rows.append({"engine": engine, "precision": precision, "beam": beam, "batch": size,
-                                 "settings": settings} | r)
-                    print(f"{engine:12} {precision} beam {beam} batch {size:2}: {r['tok_s']:8.0f} tok/s  "
-                          f"p50 {r['p50_ms']:8.1f} ms  ({settings})", flush=True)
+        ct2_in_use = ct2_report(work / f"ct2-{plan.low}", env, args.device)
+        rows = measure_speed(args, plan, work, inputs)
         references = None if not (args.checkpoint or args.package or args.marian) else read_references(
             args.data, args.sentences)
         bleu = []
         if references is not None:
-            bleu = quality(work, ids=ids, pieces=pieces, references=[references[i] for i in order], tok=tok,
-                           precisions=precisions, batch=large, args=args)
+            bleu = quality(work, ids=inputs.ids, pieces=inputs.pieces,
+                           references=[references[i] for i in inputs.order], tok=tok, precisions=plan.precisions,
+                           batch=plan.large, args=args)
         # 4x the sentences: 32 clients with two requests each would measure mostly ramp-up and tail.
-        http = None if args.no_http else served(work / f"ours-{low}", sentences * 4, workers=args.served_workers,
-                                                threads=args.served_threads, max_length=args.max_length,
-                                                repeat=args.repeat, device=args.device, max_batch=large)
+        http = None if args.no_http else served(
+            work / f"ours-{plan.low}", inputs.sentences * 4, workers=args.served_workers, threads=args.served_threads,
+            max_length=args.max_length, repeat=args.repeat, device=args.device, max_batch=plan.large)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return Measured(what, inputs.sentences, env, env_rows, ct2_in_use, rows, bleu, http)
 
-    by = {(r["engine"], r["precision"], r["beam"], r["batch"]): r for r in rows}
 
-    def tok_s(engine, precision, beam=4, batch=large):
-        return by[engine, precision, beam, batch]["tok_s"]
-
-    ratio = {p: tok_s("ours", p) / tok_s("ctranslate2", p) for p in precisions}
+def speed_table(by: dict, plan: Plan) -> list[str]:
     lines = ["| search | batch | precision | CTranslate2 tok/s | ours tok/s | ratio | CTranslate2 p50 ms | ours p50 ms "
              "| CTranslate2 threads | our threads |", "|---|---:|---|---:|---:|---:|---:|---:|---|---|"]
     for beam in (4, 1):
-        for size in (1, large):
-            for precision in precisions:
+        for size in (1, plan.large):
+            for precision in plan.precisions:
                 c, o = by["ctranslate2", precision, beam, size], by["ours", precision, beam, size]
                 lines.append(f"| {'beam 4' if beam > 1 else 'greedy'} | {size} | {precision} | {c['tok_s']:,.0f} | "
                              f"{o['tok_s']:,.0f} | {o['tok_s'] / c['tok_s']:.2f} | {c['p50_ms']:,.1f} | "
                              f"{o['p50_ms']:,.1f} | {c['settings']} | {o['settings']} |")
-    served_ratio = None
-    if http:
-        served_ratio = http["tok_s"] / tok_s("ctranslate2", low)
-        ct2_one = by["ctranslate2", low, 4, 1]["p50_ms"]
-        lines += ["", f"| served (HTTP, {low}, beam 4, 32 concurrent clients, {4 * len(sentences)} requests, "
-                  f"server --device {args.device} --workers {args.served_workers} --threads {args.served_threads}) "
-                  "| value |", "|---|---:|",
-                  f"| tok/s | {http['tok_s']:,.0f} |",
-                  f"| over CTranslate2 {low} offline beam 4 batch {large} | {served_ratio:.2f} |",
-                  f"| request p50 ms under load | {http['p50_ms']:,.1f} |",
-                  f"| single sentence alone, p50 ms (CTranslate2 {low} batch 1: {ct2_one:,.1f}) | "
-                  f"{http['alone_p50_ms']:,.1f} |"]
-        st, lone = http["stages"], http["alone_stages"]
-        own = (st["response"] + st["HTTP"]) / st["end to end"]
-        lines += ["", "| served, per request | under load: mean ms | share | alone: mean ms | share |",
-                  "|---|---:|---:|---:|---:|"]
-        lines += [f"| {name} | {ms:,.1f} | {ms / st['end to end']:.0%} | {lone[name]:,.1f} | "
-                  f"{lone[name] / lone['end to end']:.0%} |" for name, ms in st.items()]
-        lone_own = lone["response"] + lone["HTTP"]
-        lines += [f"| the service's own overhead (response + HTTP) | {st['response'] + st['HTTP']:,.1f} | {own:.0%} | "
-                  f"{lone_own:,.1f} | {lone_own / lone['end to end']:.0%} |"]
-    if bleu:
-        lines += ["", f"| beam 4, batch {large} | CTranslate2 BLEU / chrF | ours BLEU / chrF | BLEU difference | "
-                  "same translation |", "|---|---:|---:|---:|---:|"]
-        lines += [f"| {b['precision']} | {b['ct2'].score:.2f} / {b['ct2_chrf'].score:.2f} | {b['ours'].score:.2f} / "
-                  f"{b['ours_chrf'].score:.2f} | {b['difference']:+.2f} | "
-                  f"{b['same']} of {b['n']} |" for b in bleu]
-    if env_rows:
-        lines += ["", f"| CTranslate2 environment ({low}, beam 4, best of threads 1 and {facts['cores']}) | "
-                  f"as CTranslate2 reports it | batch 1 p50 ms | batch {large} tok/s | chosen |",
-                  "|---|---|---:|---:|---|"]
-        lines += [f"| {r['label']} | {', '.join(f'{k} {v}' for k, v in r['report'].items())} | "
-                  + (f"{r['one']['p50_ms']:,.1f} (intra {r['one']['intra']}) | {r['many']['tok_s']:,.0f} "
-                     f"(intra {r['many']['intra']}) | " if "one" in r else "refused | refused | ")
-                  + ("yes" if r["env"] == env else "") + " |" for r in env_rows]
-    table = "\n".join(lines)
+    return lines
+
+
+def served_tables(http: dict, served_ratio: float, ct2_one: float, args: argparse.Namespace, plan: Plan,
+                  n_sentences: int) -> list[str]:
+    """The served figures against CTranslate2's offline ones, and where a request's time goes."""
+    low, large = plan.low, plan.large
+    lines = ["", f"| served (HTTP, {low}, beam 4, 32 concurrent clients, {4 * n_sentences} requests, "
+             f"server --device {args.device} --workers {args.served_workers} --threads {args.served_threads}) "
+             "| value |", "|---|---:|",
+             f"| tok/s | {http['tok_s']:,.0f} |",
+             f"| over CTranslate2 {low} offline beam 4 batch {large} | {served_ratio:.2f} |",
+             f"| request p50 ms under load | {http['p50_ms']:,.1f} |",
+             f"| single sentence alone, p50 ms (CTranslate2 {low} batch 1: {ct2_one:,.1f}) | "
+             f"{http['alone_p50_ms']:,.1f} |"]
+    st, lone = http["stages"], http["alone_stages"]
+    own = (st["response"] + st["HTTP"]) / st["end to end"]
+    lines += ["", "| served, per request | under load: mean ms | share | alone: mean ms | share |",
+              "|---|---:|---:|---:|---:|"]
+    lines += [f"| {name} | {ms:,.1f} | {ms / st['end to end']:.0%} | {lone[name]:,.1f} | "
+              f"{lone[name] / lone['end to end']:.0%} |" for name, ms in st.items()]
+    lone_own = lone["response"] + lone["HTTP"]
+    lines += [f"| the service's own overhead (response + HTTP) | {st['response'] + st['HTTP']:,.1f} | {own:.0%} | "
+              f"{lone_own:,.1f} | {lone_own / lone['end to end']:.0%} |"]
+    return lines
+
+
+def bleu_table(bleu: list[dict], large: int) -> list[str]:
+    lines = ["", f"| beam 4, batch {large} | CTranslate2 BLEU / chrF | ours BLEU / chrF | BLEU difference | "
+             "same translation |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {b['precision']} | {b['ct2'].score:.2f} / {b['ct2_chrf'].score:.2f} | {b['ours'].score:.2f} / "
+              f"{b['ours_chrf'].score:.2f} | {b['difference']:+.2f} | "
+              f"{b['same']} of {b['n']} |" for b in bleu]
+    return lines
+
+
+def env_table(env_rows: list[dict], env: dict[str, str], plan: Plan) -> list[str]:
+    lines = ["", f"| CTranslate2 environment ({plan.low}, beam 4, best of threads 1 and {plan.facts['cores']}) | "
+             f"as CTranslate2 reports it | batch 1 p50 ms | batch {plan.large} tok/s | chosen |",
+             "|---|---|---:|---:|---|"]
+    lines += [f"| {r['label']} | {', '.join(f'{k} {v}' for k, v in r['report'].items())} | "
+              + (f"{r['one']['p50_ms']:,.1f} (intra {r['one']['intra']}) | {r['many']['tok_s']:,.0f} "
+                 f"(intra {r['many']['intra']}) | " if "one" in r else "refused | refused | ")
+              + ("yes" if r["env"] == env else "") + " |" for r in env_rows]
+    return lines
+
+
+def header_lines(args: argparse.Namespace, argv, plan: Plan, load_start: tuple, m: Measured) -> list[str]:
+    """The command, date, machine, load, versions and settings the figures were measured with."""
     import ctranslate2
     import onnxruntime
+
+    facts = plan.facts
     command = "python benchmarks/vs_ctranslate2.py " + " ".join(argv if argv is not None else sys.argv[1:])
     load_end = os.getloadavg()
-    in_use = ", ".join(f"{k} {v}" for k, v in ct2_in_use.items())
-    header = [f"- command: `{command.strip()}`", f"- date: {datetime.date.today()}",
-              f"- machine: {describe_cpu(facts)}; {platform.system()} {platform.release()}"
-              + (f"; GPU: {gpu_name()}" if args.device == "cuda" else ""),
-              f"- load average (1 min) at the start and the end: {load_start[0]:.2f}, {load_end[0]:.2f} on "
-              f"{facts['usable']} CPUs" + (" (other processes shared the CPUs: expect noise)"
-                                          if max(load_start[0], load_end[0]) > 0.5 * facts["usable"] else ""),
-              f"- versions: ctranslate2 {ctranslate2.__version__}, onnxruntime {onnxruntime.__version__}",
-              f"- CTranslate2 as measured: {' '.join(f'{k}={v}' for k, v in env.items()) or 'its default environment'}"
-              f" ({in_use}); supported compute types on {args.device}: "
-              f"{', '.join(sorted(ctranslate2.get_supported_compute_types(args.device)))}",
-              "- threads: " + (f"chosen for each engine, precision and batch size at beam 4 (greedy reuses them), "
-                               f"the most tok/s of 2 short passes each over 1 thread, the {facts['cores']} usable "
-                               f"physical cores and the {facts['logical_usable']} usable logical CPUs "
-                               f"(CTranslate2 also 1 thread × {facts['cores']} workers over sub-batches); ours "
-                               "sleep between operators (the engine's default)" if tune
-                               else f"{args.threads} intra-op threads for each engine (--threads)"),
-              f"- weights: {what}",
-              f"- inputs: {len(sentences)} sentences ({args.data or 'the tests’ 64 Ding sentences, repeated'}), "
-              f"sorted by length; output budget {args.max_length} tokens; length penalty 1.0",
-              f"- each engine figure: the best of {args.repeat} passes, the engines taking turns"
-              + ("" if args.no_http else f"; served: the best of {args.repeat} passes on one server")]
+    in_use = ", ".join(f"{k} {v}" for k, v in m.ct2_in_use.items())
+    return [f"- command: `{command.strip()}`", f"- date: {datetime.date.today()}",
+            f"- machine: {describe_cpu(facts)}; {platform.system()} {platform.release()}"
+            + (f"; GPU: {gpu_name()}" if args.device == "cuda" else ""),
+            f"- load average (1 min) at the start and the end: {load_start[0]:.2f}, {load_end[0]:.2f} on "
+            f"{facts['usable']} CPUs" + (" (other processes shared the CPUs: expect noise)"
+                                        if max(load_start[0], load_end[0]) > 0.5 * facts["usable"] else ""),
+            f"- versions: ctranslate2 {ctranslate2.__version__}, onnxruntime {onnxruntime.__version__}",
+            f"- CTranslate2 as measured: {' '.join(f'{k}={v}' for k, v in m.env.items()) or 'its default environment'}"
+            f" ({in_use}); supported compute types on {args.device}: "
+            f"{', '.join(sorted(ctranslate2.get_supported_compute_types(args.device)))}",
+            "- threads: " + (f"chosen for each engine, precision and batch size at beam 4 (greedy reuses them), "
+                             f"the most tok/s of 2 short passes each over 1 thread, the {facts['cores']} usable "
+                             f"physical cores and the {facts['logical_usable']} usable logical CPUs "
+                             f"(CTranslate2 also 1 thread × {facts['cores']} workers over sub-batches); ours "
+                             "sleep between operators (the engine's default)" if plan.tune
+                             else f"{args.threads} intra-op threads for each engine (--threads)"),
+            f"- weights: {m.what}",
+            f"- inputs: {len(m.sentences)} sentences ({args.data or 'the tests’ 64 Ding sentences, repeated'}), "
+            f"sorted by length; output budget {args.max_length} tokens; length penalty 1.0",
+            f"- each engine figure: the best of {args.repeat} passes, the engines taking turns"
+            + ("" if args.no_http else f"; served: the best of {args.repeat} passes on one server")]
+
+
+def report(args: argparse.Namespace, argv, plan: Plan, load_start: tuple, m: Measured) -> None:
+    """Prints the header, the tables and the ratio lines; with --out, writes them as Markdown too."""
+    by = {(r["engine"], r["precision"], r["beam"], r["batch"]): r for r in m.rows}
+
+    def tok_s(engine, precision, beam=4, batch=plan.large):
+        return by[engine, precision, beam, batch]["tok_s"]
+
+    ratio = {p: tok_s("ours", p) / tok_s("ctranslate2", p) for p in plan.precisions}
+    lines = speed_table(by, plan)
+    served_ratio = None
+    if m.http:
+        served_ratio = m.http["tok_s"] / tok_s("ctranslate2", plan.low)
+        lines += served_tables(m.http, served_ratio, by["ctranslate2", plan.low, 4, 1]["p50_ms"], args, plan,
+                               len(m.sentences))
+    if m.bleu:
+        lines += bleu_table(m.bleu, plan.large)
+    if m.env_rows:
+        lines += env_table(m.env_rows, m.env, plan)
+    table = "\n".join(lines)
+    header = header_lines(args, argv, plan, load_start, m)
     print()
     print("\n".join(header))
     print()
     print(table)
-    bleu_line = ("bleu_minus_ctranslate2 " + " ".join(f"{b['precision']}={b['difference']:+.2f}" for b in bleu)
-                 if bleu else None)
+    bleu_line = ("bleu_minus_ctranslate2 " + " ".join(f"{b['precision']}={b['difference']:+.2f}" for b in m.bleu)
+                 if m.bleu else None)
     if bleu_line:
         print(bleu_line)
-    final = ("ratio_vs_ctranslate2 " + " ".join(f"engine_{p}={ratio[p]:.2f}" for p in precisions)
+    final = ("ratio_vs_ctranslate2 " + " ".join(f"engine_{p}={ratio[p]:.2f}" for p in plan.precisions)
              + f" served={'n/a' if served_ratio is None else f'{served_ratio:.2f}'}")
     if args.device == "cuda":   # the GPU goal for one sentence: ms per decoded token, beam 4, batch 1
-        final += f" batch1_ms_per_token={1000 / tok_s('ours', low, batch=1):.2f}"
+        final += f" batch1_ms_per_token={1000 / tok_s('ours', plan.low, batch=1):.2f}"
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(f"# Our engine against CTranslate2 ({args.device.upper()})\n\n" + "\n".join(header)
                             + "\n\n" + table + (f"\n\n`{bleu_line}`" if bleu_line else "") + f"\n\n`{final}`\n",
                             encoding="utf-8")
     print(final)
+
+
+def main(argv=None) -> None:
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.probe_env:
+        return probe_env(args.probe_env)
+    facts, load_start = cpu_facts(), os.getloadavg()
+    plan = settle_options(p, args, facts)
+    measured = run_all(args, plan)
+    report(args, argv, plan, load_start, measured)
 
 
 if __name__ == "__main__":
