@@ -72,7 +72,8 @@ class Phase:
     def summary(self) -> dict:
         ok = sorted(s for st, s, _ in self.rows if st == 200)
         shed = [(s, r) for st, s, r in self.rows if st in (429, 503)]
-        q = (lambda xs, p: xs[min(len(xs) - 1, int(p * len(xs)))] * 1000 if xs else float("nan"))
+        def q(xs, p):
+            return xs[min(len(xs) - 1, int(p * len(xs)))] * 1000 if xs else float("nan")
         n = len(self.rows)
         return {"phase": self.name, "seconds": self.seconds, "requests": n, "rps": n / self.seconds,
                 "ok_rps": len(ok) / self.seconds, "p50": q(ok, 0.5), "p95": q(ok, 0.95), "p99": q(ok, 0.99),

@@ -80,7 +80,8 @@ def test_the_committed_int8_package_translates_the_same_alone_and_batched(de_en,
 
 
 @pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
-                    reason="fp16 is served on a GPU: this onnxruntime has no CUDA provider (checked on the first GPU job)")
+                    reason="fp16 is served on a GPU: this onnxruntime has no CUDA provider "
+                           "(checked on the first GPU job)")
 @pytest.mark.parametrize("beam", [1, 4])
 def test_an_fp16_package_on_a_gpu_translates_the_same_alone_and_batched(tmp_path_factory, beam):
     """models/de-en's weights in fp16 (model.upgrade --precision fp16), served on CUDA."""
@@ -213,7 +214,8 @@ def test_answers_over_http_are_the_same_alone_and_with_32_concurrent_clients(com
         if route == "/generate":
             return [c["text"] for c in data["choices"]], []
         (t,) = data["translations"]
-        return [t["text"]] + [a["text"] for a in t["alternatives"]], [t["score"]] + [a["score"] for a in t["alternatives"]]
+        texts = [t["text"]] + [a["text"] for a in t["alternatives"]]
+        return texts, [t["score"]] + [a["score"] for a in t["alternatives"]]
 
     texts = TEXTS["de"]
     alone = [ask(t) for t in texts]

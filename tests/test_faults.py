@@ -187,7 +187,8 @@ def test_translate_clients_that_go_away_free_their_place_in_the_batch(tiny_packa
         with cf.ThreadPoolExecutor(4) as pool:
             assert list(pool.map(impatient, range(4))) == ["gone"] * 4
         deadline = time.time() + 10
-        while metric_sum(url, "transerve_requests_cancelled_total", endpoint="translate") < 4 and time.time() < deadline:
+        while (metric_sum(url, "transerve_requests_cancelled_total", endpoint="translate") < 4
+               and time.time() < deadline):
             time.sleep(0.2)
         assert metric_sum(url, "transerve_requests_cancelled_total", endpoint="translate") == 4
         time.sleep(2.5)                          # past the batch window: the batch has been taken

@@ -87,7 +87,8 @@ def test_monolingual_command_splits_by_document(tmp_path):
     man = tmp_path / "man"
     for i in range(40):
         for sub, lang_text in (("man1", "This is page {i}; it is read by the tool and the text of the page is kept."),
-                               ("de/man1", "Dies ist die Seite {i}, die von dem Werkzeug gelesen und nicht verworfen wird.")):
+                               ("de/man1",
+                                "Dies ist die Seite {i}, die von dem Werkzeug gelesen und nicht verworfen wird.")):
             (man / sub).mkdir(parents=True, exist_ok=True)
             page = f".TH P{i} 1\n.SH DESCRIPTION\n{lang_text.format(i=i)}\n.PP\nA second paragraph of page {i} " \
                    f"is also in the same split as the first one of it.\n"

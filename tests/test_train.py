@@ -6,7 +6,6 @@ import os
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +20,8 @@ from conftest import FIXTURES, ROOT, TINY
 
 
 def test_tokenizer_has_fixed_special_ids_and_language_tags(tmp_path):
-    texts = [line for row in (FIXTURES / "pairs64.tsv").read_text(encoding="utf-8").splitlines() for line in row.split("\t")]
+    rows = (FIXTURES / "pairs64.tsv").read_text(encoding="utf-8").splitlines()
+    texts = [line for row in rows for line in row.split("\t")]
     tok = train_tokenizer(texts, tmp_path / "spm", vocab_size=200, languages=["de", "en"])
     sp = tok.sp
     assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
@@ -32,7 +32,8 @@ def test_tokenizer_has_fixed_special_ids_and_language_tags(tmp_path):
     ids = tok.source_ids("Das geht zu weit.", "en")
     assert ids[0] == tok.lang_id("en") and ids[-1] == EOS_ID
     assert tok.decode(ids) == "Das geht zu weit."
-    assert Tokenizer(tmp_path / "spm.model").encode("Daran wirst du nicht sterben.") == tok.encode("Daran wirst du nicht sterben.")
+    sentence = "Daran wirst du nicht sterben."
+    assert Tokenizer(tmp_path / "spm.model").encode(sentence) == tok.encode(sentence)
 
 
 def test_tiny_model_overfits_64_pairs_to_bleu_90(tiny_run, data_dir, capsys):

@@ -35,7 +35,8 @@ def test_masks_have_the_documented_shapes_and_values():
     m = padding_mask(ids, 0)
     assert m.shape == (2, 1, 1, 3) and m[0, 0, 0].tolist() == [True, True, False]
     c = causal_mask(3)
-    assert c.shape == (1, 1, 3, 3) and c[0, 0].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    assert c.shape == (1, 1, 3, 3)
+    assert c[0, 0].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
 
 
 def test_sentence_alone_equals_sentence_padded_in_a_batch():
