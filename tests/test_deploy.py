@@ -1,10 +1,12 @@
 """The deployment deliverables (Dockerfile, deploy/), checked with the real tools, offline.
 
-- Kubernetes: both overlays are rendered by deploy/render.py (which must agree with `kubectl
-  kustomize` where kubectl exists), then `kubernetes-validate --strict` checks every built-in object
-  and prometheus-operator's models (cloudcoil) check ServiceMonitor and PrometheusRule, rejecting
-  unknown fields. Cross-object wiring (ports, selectors, probes, grace period, volumes, HPA metric
-  names) is asserted directly, because no schema sees it.
+- Kubernetes: every kustomization (both overlays, the custom metrics adapter, the Ingress example,
+  the dashboard) is rendered by `kubectl kustomize` (skipped, with the reason, where kubectl is
+  missing), then `kubernetes-validate --strict` checks every built-in object and prometheus-operator's
+  models (cloudcoil) check ServiceMonitor and PrometheusRule, rejecting unknown fields. Cross-object
+  wiring (ports, selectors, probes, grace period, volumes, the API keys file, the NetworkPolicy, the
+  custom metrics API's registration and HPA metric names) is asserted directly, because no schema
+  sees it.
 - yamllint, hadolint, `promtool check rules/config` and `promtool test rules`.
 - End to end: the service (tiny translation and generation models) and a real Prometheus scraping it
   every second, labelled as the Prometheus Operator labels pods; after real traffic (translation,
@@ -38,7 +40,7 @@ import httpx
 import pytest
 import yaml
 
-from conftest import ROOT, descendants, free_port, start_server, stop_server
+from conftest import ROOT, descendants
 from service.config import Settings
 
 DEPLOY = ROOT / "deploy"
@@ -46,7 +48,8 @@ K8S = DEPLOY / "k8s"
 PROM = DEPLOY / "prometheus"
 GRAFANA = DEPLOY / "grafana"
 DASHBOARD = GRAFANA / "transerve-dashboard.json"
-ADAPTER = K8S / "prometheus-adapter" / "adapter-config.yaml"
+ADAPTER_DIR = K8S / "prometheus-adapter"
+ADAPTER_RULES = ADAPTER_DIR / "rules.yaml"
 OVERLAYS = ("cpu", "gpu")
 # The oldest Kubernetes minor still supported upstream when this was written.
 K8S_VERSION = "1.30"
@@ -54,16 +57,6 @@ CRD_GROUPS = ("monitoring.coreos.com/",)
 # Metrics the dashboard may name although the service does not export them (documented in
 # deploy/README.md). Only panels whose description starts with "External:" may use them.
 EXTERNAL_METRICS = {"DCGM_FI_DEV_FB_USED": "NVIDIA DCGM exporter: GPU framebuffer memory used, MiB"}
-
-
-def _load_render():
-    spec = importlib.util.spec_from_file_location("deploy_render", DEPLOY / "render.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-render = _load_render()
 
 
 def executable(name: str) -> str | None:
@@ -102,9 +95,31 @@ def lm_package(request) -> Path:
     return Path(given) if given else request.getfixturevalue("tiny_lm_package")
 
 
+KUBECTL = shutil.which("kubectl")
+
+
+def kustomize(directory: Path) -> list[dict]:
+    """`kubectl kustomize DIR`: the objects kubectl apply -k would send."""
+    if not KUBECTL:
+        pytest.skip("kubectl missing: the manifests are rendered with `kubectl kustomize` (kubectl 1.27+ ships "
+                    "kustomize v5); install kubectl to run the Kubernetes checks")
+    r = run([KUBECTL, "kustomize", directory])
+    assert r.returncode == 0, r.stderr
+    return [d for d in yaml.safe_load_all(r.stdout) if d]
+
+
+def dump(objs: list[dict]) -> str:
+    return yaml.safe_dump_all(objs, sort_keys=False)
+
+
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict]]:
-    return {o: render.render(K8S / "overlays" / o) for o in OVERLAYS}
+    return {o: kustomize(K8S / "overlays" / o) for o in OVERLAYS}
+
+
+@pytest.fixture(scope="module")
+def adapter() -> list[dict]:
+    return kustomize(ADAPTER_DIR)
 
 
 # --- every file says what it creates -------------------------------------------------------------
@@ -157,30 +172,41 @@ def test_yamllint_fails_on_a_broken_copy(tmp_path):
     assert r.returncode != 0 and "key-duplicates" in r.stdout and "trailing-spaces" in r.stdout, r.stdout
 
 
-# --- rendering -------------------------------------------------------------------------------------
-KUSTOMIZATIONS = [K8S / "overlays" / "cpu", K8S / "overlays" / "gpu", K8S / "prometheus-adapter", GRAFANA]
+# --- rendering: kubectl kustomize, then kubernetes-validate --strict -------------------------------
+KUSTOMIZATIONS = [K8S / "overlays" / "cpu", K8S / "overlays" / "gpu", ADAPTER_DIR, K8S / "ingress", GRAFANA]
+# Built-in objects each kustomization renders (CRDs aside): a missing or extra object fails too.
+BUILTIN_KINDS = {
+    "overlays/cpu": ["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "NetworkPolicy", "PodDisruptionBudget",
+                     "Service"],
+    "prometheus-adapter": ["APIService", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
+                           "ClusterRoleBinding", "ConfigMap", "Deployment", "NetworkPolicy", "RoleBinding", "Service",
+                           "ServiceAccount"],
+    "ingress": ["Ingress"],
+    "grafana": ["ConfigMap"],
+}
+BUILTIN_KINDS["overlays/gpu"] = BUILTIN_KINDS["overlays/cpu"]
 
 
-@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda p: str(p.relative_to(DEPLOY)))
-def test_render_py_agrees_with_kubectl_kustomize(directory):
-    kubectl = shutil.which("kubectl")
-    if not kubectl:
-        pytest.skip("no kubectl here: render.py output is validated on its own")
-    r = run([kubectl, "kustomize", directory])
-    assert r.returncode == 0, r.stderr
-    assert render.render(directory) == [d for d in yaml.safe_load_all(r.stdout) if d]
+def kustomization_id(p: Path) -> str:
+    return str(p.relative_to(K8S if K8S in p.parents else DEPLOY))
 
 
-def test_render_py_refuses_what_it_does_not_implement(tmp_path):
-    (tmp_path / "kustomization.yaml").write_text("resources: []\nnamePrefix: x-\n")
-    with pytest.raises(render.RenderError, match="namePrefix"):
-        render.render(tmp_path)
+def load_prometheusrule_script():
+    spec = importlib.util.spec_from_file_location("prometheusrule", PROM / "prometheusrule.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_prometheusrule_is_generated_from_alerts_yaml():
-    committed = docs_of(K8S / "base" / "prometheusrule.yaml")[0]
-    assert committed == render.prometheus_rule(), \
-        "run: python deploy/render.py --prometheus-rule > deploy/k8s/base/prometheusrule.yaml"
+    committed = (K8S / "base" / "prometheusrule.yaml").read_text()
+    r = run([sys.executable, PROM / "prometheusrule.py"])
+    assert r.returncode == 0, r.stderr
+    assert committed == r.stdout, \
+        "run: python deploy/prometheus/prometheusrule.py > deploy/k8s/base/prometheusrule.yaml"
+    assert docs_of(K8S / "base" / "prometheusrule.yaml")[0]["spec"]["groups"] == \
+        yaml.safe_load((PROM / "alerts.yaml").read_text())["groups"]
+    assert load_prometheusrule_script().prometheus_rule()["metadata"]["name"] == "transerve"
 
 
 # --- kubernetes-validate --strict ----------------------------------------------------------------
@@ -189,26 +215,20 @@ def kube_validate(path: Path) -> subprocess.CompletedProcess:
     return run([sys.executable, "-m", "kubernetes_validate", "--strict", "-k", K8S_VERSION, path])
 
 
-def write_builtin(objs: list[dict], path: Path) -> int:
+def write_builtin(objs: list[dict], path: Path) -> list[str]:
     builtin = [o for o in objs if not o["apiVersion"].startswith(CRD_GROUPS)]
-    path.write_text(render.dump(builtin))
-    return len(builtin)
+    path.write_text(dump(builtin))
+    return sorted(o["kind"] for o in builtin)
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_overlay_passes_kubernetes_validate_strict(overlay, rendered, tmp_path):
-    out = tmp_path / f"{overlay}.yaml"
-    n = write_builtin(rendered[overlay], out)
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=kustomization_id)
+def test_kustomization_renders_and_passes_kubernetes_validate_strict(directory, tmp_path):
+    out = tmp_path / "rendered.yaml"
+    kinds = write_builtin(kustomize(directory), out)
+    assert kinds == BUILTIN_KINDS[kustomization_id(directory)]
     r = kube_validate(out)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert (r.stdout + r.stderr).count("passed for resource") == n == 5, r.stdout + r.stderr
-
-
-def test_adapter_and_dashboard_configmaps_pass_kubernetes_validate_strict(tmp_path):
-    out = tmp_path / "extra.yaml"
-    n = write_builtin(render.render(K8S / "prometheus-adapter") + render.render(GRAFANA), out)
-    r = kube_validate(out)
-    assert r.returncode == 0 and (r.stdout + r.stderr).count("passed for resource") == n == 2, r.stdout + r.stderr
+    assert (r.stdout + r.stderr).count("passed for resource") == len(kinds), r.stdout + r.stderr
 
 
 def test_kubernetes_validate_fails_on_a_broken_copy(rendered, tmp_path):
@@ -216,9 +236,26 @@ def test_kubernetes_validate_fails_on_a_broken_copy(rendered, tmp_path):
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     container["readinesProbe"] = container.pop("readinessProbe")  # a typo only strict mode sees
     out = tmp_path / "broken.yaml"
-    out.write_text(render.dump([deployment]))
+    out.write_text(dump([deployment]))
     r = kube_validate(out)
     assert r.returncode != 0 and "readinesProbe" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def overlay_on(base: Path, tmp_path: Path, **kustomization) -> Path:
+    """A kustomization in tmp_path on top of base (kustomize accepts relative paths only)."""
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(
+        {"resources": [os.path.relpath(base, tmp_path)], **kustomization}))
+    return tmp_path
+
+
+def test_kubectl_kustomize_fails_on_a_broken_copy(tmp_path):
+    if not KUBECTL:
+        pytest.skip("kubectl missing: nothing renders the manifests here")
+    # A patch for a Deployment that does not exist (a misspelt name) must not be dropped silently.
+    (tmp_path / "patch.yaml").write_text("apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: transerv\n"
+                                        "spec:\n  minReadySeconds: 5\n")
+    r = run([KUBECTL, "kustomize", overlay_on(K8S / "overlays" / "cpu", tmp_path, patches=[{"path": "patch.yaml"}])])
+    assert r.returncode != 0 and "transerv" in r.stderr, r.stdout[-500:] + r.stderr
 
 
 # --- ServiceMonitor / PrometheusRule (CRDs) --------------------------------------------------------
@@ -378,7 +415,7 @@ def test_deployment_probes_ports_and_shutdown_are_consistent(overlay, rendered):
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_settings_are_ones_the_server_knows_and_accepts(overlay, rendered, monkeypatch):
+def test_settings_are_ones_the_server_knows_and_accepts(overlay, rendered, monkeypatch, tmp_path):
     # The server ignores unknown TRANSERVE_* variables: a misspelt setting would silently not apply.
     from dataclasses import fields
 
@@ -393,8 +430,13 @@ def test_settings_are_ones_the_server_knows_and_accepts(overlay, rendered, monke
         monkeypatch.delenv(k, raising=False)
     for k, v in settings.items():
         monkeypatch.setenv(k, v)
+    # The keys file the pod gets from its Secret, here a stand-in (parse_settings reads it).
+    keys = tmp_path / "keys"
+    keys.write_text("a-key\n")
+    monkeypatch.setenv("TRANSERVE_API_KEYS_FILE", str(keys))
     parsed = parse_settings([])
     assert parsed.models == [settings["TRANSERVE_MODELS"]] and parsed.device == settings["TRANSERVE_DEVICE"]
+    assert parsed.api_keys == ["a-key"]
 
 
 def test_boolean_settings_read_flags_and_environment(monkeypatch):
@@ -486,8 +528,90 @@ def test_service_monitor_pdb_and_hpa_select_the_pods(overlay, rendered):
     assert hpa["spec"]["minReplicas"] >= 2, "with maxUnavailable 1, one replica would go down on every drain"
 
 
-def adapter_rules() -> list[dict]:
-    return yaml.safe_load(docs_of(ADAPTER)[0]["data"]["config.yaml"])["rules"]
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_api_keys_come_from_a_mounted_secret_file_not_the_environment(overlay, rendered):
+    objs = rendered[overlay]
+    spec, c, settings = pod_spec(objs), server_container(objs), settings_of(objs)
+    assert "TRANSERVE_API_KEYS" not in settings and "TRANSERVE_API_KEYS" not in {e["name"] for e in c["env"]}
+    assert not any("secretKeyRef" in e.get("valueFrom", {}) for e in c["env"])
+    keys_file = Path(settings["TRANSERVE_API_KEYS_FILE"])
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    (mount,) = [m for m in c["volumeMounts"] if keys_file.is_relative_to(m["mountPath"])]
+    secret = volumes[mount["name"]]["secret"]
+    assert mount["readOnly"] is True and secret["secretName"] == "transerve-api-keys"
+    assert [i["path"] for i in secret["items"]] == [str(keys_file.relative_to(mount["mountPath"]))]
+    # Not optional: a missing Secret keeps the pod from starting instead of serving without keys.
+    assert secret["optional"] is False
+    assert secret["defaultMode"] & 0o007 == 0, "other users must not read the keys"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policy_admits_only_the_http_port_and_nothing_out(overlay, rendered):
+    objs = rendered[overlay]
+    policy, c = one(objs, "NetworkPolicy"), server_container(objs)
+    pod_labels = one(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert sorted(policy["spec"]["policyTypes"]) == ["Egress", "Ingress"] and policy["spec"]["egress"] == []
+    for rule in policy["spec"]["ingress"]:
+        assert rule["from"], "a rule without sources admits everyone"
+        assert [p["port"] for p in rule["ports"]] == [p["name"] for p in c["ports"]] == ["http"]
+    sources = [f.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name")
+               for r in policy["spec"]["ingress"] for f in r["from"]]
+    assert {"monitoring", "ingress-nginx"} <= set(sources)
+
+
+def test_ingress_example_serves_tls_to_the_service(rendered):
+    ingress = one(kustomize(K8S / "ingress"), "Ingress")
+    svc = one(rendered["cpu"], "Service")
+    (tls,) = ingress["spec"]["tls"]
+    (rule,) = ingress["spec"]["rules"]
+    assert tls["hosts"] == [rule["host"]] and tls["secretName"]
+    (path,) = rule["http"]["paths"]
+    backend = path["backend"]["service"]
+    assert backend["name"] == svc["metadata"]["name"]
+    assert backend["port"]["name"] in {p["name"] for p in svc["spec"]["ports"]}
+    notes = ingress["metadata"]["annotations"]
+    assert notes["nginx.ingress.kubernetes.io/force-ssl-redirect"] == "true"
+    # The edge refuses what the server would refuse anyway (TRANSERVE_MAX_PAYLOAD_BYTES).
+    assert notes["nginx.ingress.kubernetes.io/proxy-body-size"] == f"{Settings().max_payload_bytes // 10**6}m"
+
+
+def container_images(objs: list[dict]) -> list[str]:
+    pods = [o["spec"]["template"]["spec"] for o in objs if o["kind"] == "Deployment"]
+    return [c["image"] for pod in pods for c in pod.get("initContainers", []) + pod["containers"] if "image" in c]
+
+
+def test_images_are_set_only_through_kustomize_images(rendered, adapter):
+    # In the manifests every image is a bare name, which one `images:` entry turns into a reference.
+    entries = {}
+    for k in sorted(K8S.rglob("kustomization.yaml")):
+        for entry in yaml.safe_load(k.read_text()).get("images", []):
+            entries.setdefault(entry["name"], []).append(k.relative_to(K8S))
+            assert entry.get("newName") and (entry.get("newTag") or entry.get("digest")), (k, entry)
+    for path in sorted(K8S.rglob("*.yaml")):
+        for doc in docs_of(path):
+            if doc.get("kind") == "Deployment":
+                for image in container_images([doc]):
+                    assert image in entries and "/" not in image and ":" not in image, (path, image)
+    # One entry per image; the server image has one per overlay (CPU and GPU builds differ).
+    assert {n: len(ks) for n, ks in entries.items()} == {"transerve-model": 1, "transerve": 2, "prometheus-adapter": 1}
+    for objs in [*rendered.values(), adapter]:
+        assert all("/" in i and ":" in i for i in container_images(objs)), container_images(objs)
+
+
+def test_an_images_entry_pins_by_digest(tmp_path):
+    digest = "sha256:" + "0123456789abcdef" * 4
+    objs = kustomize(overlay_on(K8S / "overlays" / "cpu", tmp_path,
+                                images=[{"name": "registry.example.com/transerve", "digest": digest}]))
+    assert server_container(objs)["image"] == f"registry.example.com/transerve@{digest}"
+
+
+# --- custom metrics: transerve's own prometheus-adapter ------------------------------------------
+def adapter_rules(objs: list[dict] | None = None) -> list[dict]:
+    """The adapter's rules: rules.yaml, or as rendered into its ConfigMap."""
+    if objs is None:
+        return yaml.safe_load(ADAPTER_RULES.read_text())["rules"]
+    return yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"])["rules"]
 
 
 def adapter_metric_name(rule: dict) -> str:
@@ -496,14 +620,84 @@ def adapter_metric_name(rule: dict) -> str:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_hpa_scales_on_a_custom_metric_the_adapter_serves_with_cpu_as_fallback(overlay, rendered):
+def test_hpa_scales_on_a_custom_metric_the_adapter_serves_with_cpu_as_fallback(overlay, rendered, adapter):
     metrics = one(rendered[overlay], "HorizontalPodAutoscaler")["spec"]["metrics"]
-    served = {adapter_metric_name(r) for r in adapter_rules()}
+    # The rules as the adapter reads them: the rendered ConfigMap, which is rules.yaml.
+    assert adapter_rules(adapter) == adapter_rules()
+    served = {adapter_metric_name(r) for r in adapter_rules(adapter)}
     pods = [m["pods"]["metric"]["name"] for m in metrics if m["type"] == "Pods"]
     assert pods and set(pods) <= served, (pods, served)
     assert any(m["type"] == "Resource" and m["resource"]["name"] == "cpu" for m in metrics)
     for rule in adapter_rules():
         assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
+
+
+def test_custom_metrics_api_is_registered_to_the_adapters_service(adapter):
+    api, svc, deployment = (one(adapter, k) for k in ("APIService", "Service", "Deployment"))
+    spec = api["spec"]
+    assert (spec["group"], spec["version"]) == ("custom.metrics.k8s.io", "v1beta1")
+    assert api["metadata"]["name"] == f"{spec['version']}.{spec['group']}"
+    assert (spec["service"]["name"], spec["service"]["namespace"]) == (svc["metadata"]["name"],
+                                                                       svc["metadata"]["namespace"])
+    (port,) = svc["spec"]["ports"]
+    assert spec["service"]["port"] == port["port"]
+    pod = deployment["spec"]["template"]
+    assert deployment["metadata"]["namespace"] == svc["metadata"]["namespace"]
+    assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    (c,) = pod["spec"]["containers"]
+    assert port["targetPort"] in {p["name"] for p in c["ports"]}
+    container_port = next(p["containerPort"] for p in c["ports"] if p["name"] == port["targetPort"])
+    assert f"--secure-port={container_port}" in c["args"]
+    # It reads the rendered ConfigMap (the hash-suffixed name) at the path --config names.
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    config = Path(next(a for a in c["args"] if a.startswith("--config=")).removeprefix("--config="))
+    (mount,) = [m for m in c["volumeMounts"] if config.is_relative_to(m["mountPath"])]
+    cm = one(adapter, "ConfigMap")
+    assert volumes[mount["name"]]["configMap"]["name"] == cm["metadata"]["name"]
+    assert config.name in cm["data"]
+    # Who may do what: the adapter delegates authentication, the HPA controller reads the API.
+    bindings = [o for o in adapter if o["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    sa = pod["spec"]["serviceAccountName"]
+    granted = {(b["roleRef"]["name"], b["metadata"].get("namespace")) for b in bindings
+               if {"kind": "ServiceAccount", "name": sa, "namespace": deployment["metadata"]["namespace"]}
+               in b["subjects"]}
+    assert {("system:auth-delegator", None), ("extension-apiserver-authentication-reader", "kube-system")} <= granted
+    (hpa_binding,) = [b for b in bindings if {"kind": "ServiceAccount", "name": "horizontal-pod-autoscaler",
+                                               "namespace": "kube-system"} in b["subjects"]]
+    role = next(o for o in adapter if o["kind"] == "ClusterRole"
+                and o["metadata"]["name"] == hpa_binding["roleRef"]["name"])
+    assert role["rules"] == [{"apiGroups": ["custom.metrics.k8s.io"], "resources": ["*"],
+                              "verbs": ["get", "list", "watch"]}]
+
+
+# What kube-prometheus installs for its own adapter (the resource metrics behind kubectl top and
+# CPU-based HPAs): applying deploy/ must replace none of it.
+KUBE_PROMETHEUS_ADAPTER = {
+    ("ConfigMap", "monitoring", "adapter-config"), ("Deployment", "monitoring", "prometheus-adapter"),
+    ("Service", "monitoring", "prometheus-adapter"), ("ServiceAccount", "monitoring", "prometheus-adapter"),
+    ("NetworkPolicy", "monitoring", "prometheus-adapter"), ("PodDisruptionBudget", "monitoring", "prometheus-adapter"),
+    ("APIService", None, "v1beta1.metrics.k8s.io"), ("ClusterRole", None, "prometheus-adapter"),
+    ("ClusterRole", None, "system:aggregated-metrics-reader"),
+    ("ClusterRole", None, "resource-metrics-server-resources"), ("ClusterRoleBinding", None, "prometheus-adapter"),
+    ("ClusterRoleBinding", None, "resource-metrics:system:auth-delegator"),
+    ("RoleBinding", "kube-system", "resource-metrics-auth-reader"),
+}
+
+
+def test_the_adapter_replaces_nothing_of_a_clusters_monitoring_stack(adapter):
+    ours = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in adapter}
+    assert not ours & KUBE_PROMETHEUS_ADAPTER
+    # Every name is ours, except the APIService's, which the API it registers fixes.
+    assert all(name.startswith("transerve") for kind, _, name in ours if kind != "APIService"), ours
+    config = yaml.safe_load(one(adapter, "ConfigMap")["data"]["config.yaml"])
+    assert set(config) == {"rules"}, "custom metrics only: resourceRules belong to the cluster's adapter"
+    # kube-prometheus's adapter Service and NetworkPolicy select these labels: ours must not match them.
+    pod_labels = one(adapter, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    theirs = {"app.kubernetes.io/component": "metrics-adapter", "app.kubernetes.io/name": "prometheus-adapter",
+              "app.kubernetes.io/part-of": "kube-prometheus"}
+    assert not theirs.items() <= pod_labels.items()
+    # ... but kube-prometheus's NetworkPolicy for Prometheus admits pods named prometheus-adapter.
+    assert pod_labels["app.kubernetes.io/name"] == "prometheus-adapter"
 
 
 # --- dashboard ------------------------------------------------------------------------------------
@@ -528,9 +722,34 @@ def test_dashboard_panels_have_units_in_titles_and_cover_the_issue():
         assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
         assert p["fieldConfig"]["defaults"]["unit"]
         assert len({t["refId"] for t in p["targets"]}) == len(p["targets"])
-    # The provisioning ConfigMap carries this very file.
-    (cm,) = render.render(GRAFANA)
-    assert json.loads(cm["data"]["transerve.json"]) == d and cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+def test_dashboard_panels_show_zero_count_pods_and_cover_every_service_metric():
+    panels = {p["title"]: p for p in graph_panels()}
+    # No 5xx series yet is 0%, not "No data".
+    (ratio,) = panels["Server error ratio (%)"]["targets"]
+    assert re.match(r"\(sum\(rate\(transerve_requests_total\{[^}]*status=~\"5\.\.\"\}[^)]*\)\) or vector\(0\)\) / ",
+                    ratio["expr"]), ratio["expr"]
+    # Every worker process of a pod reports model_info: one per pod before counting.
+    (models,) = panels["Models loaded (pods)"]["targets"]
+    assert re.match(r"count by \((model, directions, precision, provider)\) \(max by \(namespace, instance, \1\) "
+                    r"\(transerve_model_info\{", models["expr"]), models["expr"]
+    # Every metric the service exports is on a panel.
+    from service.metrics import metrics
+
+    exported = {m._name + ("_total" if m._type == "counter" else "") for m in vars(metrics()).values()}
+    shown = " ".join(t["expr"] for p in graph_panels() for t in p["targets"])
+    assert not {m for m in exported if m not in shown}, "not on any panel"
+    # The README names the dashboard's variables as the dashboard does.
+    variables = [v["name"] for v in dashboard()["templating"]["list"]]
+    readme = (DEPLOY / "README.md").read_text()
+    assert f"Variables: {', '.join(variables)}." in " ".join(readme.split()), variables
+
+
+def test_dashboard_configmap_carries_the_dashboard():
+    (cm,) = kustomize(GRAFANA)
+    assert json.loads(cm["data"]["transerve.json"]) == dashboard()
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
 
 
 def test_dashboard_layout_has_no_overlaps_and_rows_hold_their_panels():
@@ -749,6 +968,11 @@ def adapter_expressions() -> list[tuple[str, str, bool]]:
     return out
 
 
+def free_port() -> int:
+    from test_service import free_port as fp
+    return fp()
+
+
 def operator_relabelings() -> list[dict]:
     """The ServiceMonitor's metricRelabelings, as the Prometheus Operator writes them into Prometheus."""
     sm = docs_of(K8S / "base" / "servicemonitor.yaml")[0]
@@ -764,6 +988,7 @@ def prometheus_with_traffic(package, lm_package, tmp_path_factory):
     prom_bin = shutil.which("prometheus")
     if not prom_bin:
         pytest.skip("no prometheus server: apt-get install prometheus (scripts/test.sh does)")
+    from test_service import start_server, stop_server
 
     tmp = tmp_path_factory.mktemp("e2e-prom")
     # max-queue 1: a burst of concurrent requests is certain to hit "queue full".
@@ -830,8 +1055,24 @@ def prometheus_with_traffic(package, lm_package, tmp_path_factory):
             assert 503 in statuses and 200 in statuses, statuses
 
         burst()
+
+        # A client that gives up before its answer (the 50 ms batch window outlasts its 10 ms):
+        # counted in transerve_requests_cancelled_total.
+        def impatient() -> None:
+            body = {**good, "text": [good["text"]] * 8}
+            try:
+                httpx.post(url + "/translate", json=body, timeout=0.01, trust_env=False)
+            except httpx.TimeoutException:
+                pass
+
+        deadline = time.time() + 30
+        while "transerve_requests_cancelled_total" not in httpx.get(url + "/metrics", trust_env=False).text:
+            assert time.time() < deadline, "no request counted as cancelled"
+            impatient()
+            time.sleep(0.2)
         # Wait until a scrape after the traffic has landed (every family present).
         wanted = {"transerve_requests_rejected_total", "transerve_errors_total", "transerve_requests_total",
+                  "transerve_requests_cancelled_total",
                   "transerve_model_info", "transerve_time_to_first_token_seconds_bucket",
                   "transerve_time_per_output_token_seconds_bucket", "transerve_generated_tokens_total"}
         deadline = time.time() + 30
