@@ -4,6 +4,7 @@
     POST /generate                  text generation with a decoder-only package; "stream": true for
                                     server-sent events
     POST /libretranslate/translate  LibreTranslate's API, feeding the same queue and batches
+    POST /libretranslate/detect     LibreTranslate's language detection (service/langid.py)
     GET  /languages, /libretranslate/languages
     GET  /health                    liveness: the HTTP process answers
     GET  /ready                     readiness: every inference worker loaded and warmed up (LitServe's check)
@@ -29,7 +30,7 @@ import litserve as ls
 from fastapi import Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
-from . import __version__, libretranslate
+from . import __version__, langid, libretranslate
 from .admission import Admission
 from .auth import check_key
 from .cancel import CancelBoard
@@ -40,8 +41,9 @@ from .generate_api import ENDPOINT as GENERATE, GenerateAPI
 from .litserve_bridge import Workers, until_disconnected
 from .metrics import metrics, render
 from .middleware import request_context
-from .shared.schemas import (ErrorResponse, GenerateRequest, GenerateResponse, Language, LibreTranslateError,
-                      LibreTranslateRequest, LibreTranslateResponse, TranslateRequest, TranslateResponse)
+from .shared.schemas import (AUTO, DetectedLanguage, ErrorResponse, GenerateRequest, GenerateResponse, Language,
+                             LibreTranslateDetectRequest, LibreTranslateError, LibreTranslateRequest,
+                             LibreTranslateResponse, TranslateRequest, TranslateResponse)
 from .translate_api import ENDPOINT, TranslateAPI, check_packages
 
 log = logging.getLogger("transerve")
@@ -123,6 +125,8 @@ class Gateway:
         """Our answer to a translation request (POST /translate's, or LibreTranslate's as `endpoint`); None
         when the client went away first (its request is then dropped from the worker's queue and from the
         engine batches not yet run)."""
+        if body.source_lang == AUTO:
+            return await self.translate_detected(endpoint, body, request)
         texts = [body.text] if isinstance(body.text, str) else list(body.text)
         self.check_limits(texts)
         self.check_pair(body.source_lang, body.target_lang)
@@ -142,6 +146,55 @@ class Gateway:
         metrics().queue_wait.labels(endpoint).observe(out["timings"]["queue_ms"] / 1000)
         out["timings"]["total_ms"] = round((time.monotonic() - received) * 1000, 2)
         return out
+
+    # --- language detection -----------------------------------------------------------------------
+    async def detect(self, texts: list[str]) -> list[list[tuple[str, float]]]:
+        """Each text's served languages with their confidence, best first (service/langid.py), in a thread:
+        the first call loads the model, which must not stall the other requests on this event loop."""
+        langs = sorted({c for pair in self.pairs for c in pair})   # what /languages lists: each is a source
+        if not langs:
+            raise ApiError(400, "no_translation_model", "no translation model is loaded; start the service with "
+                           "--model <a translation package>")
+        ranked = await asyncio.to_thread(langid.detect, texts, langs)
+        if not ranked[0]:
+            raise ApiError(422, "undetectable_languages", f"the language detector knows none of the served "
+                           f"languages ({', '.join(langs)}); name the source language")
+        return ranked
+
+    async def translate_detected(self, endpoint: str, body: TranslateRequest, request: Request) -> dict | None:
+        """source_lang "auto": each text's language detected, each language's texts translated as one request
+        (concurrently), the items put back in order with what was detected. A detected language that no model
+        takes to target_lang is a 422 (the schema cannot say which texts those are), before any translating."""
+        texts = [body.text] if isinstance(body.text, str) else list(body.text)
+        self.check_limits(texts)
+        if not any(body.target_lang in pair for pair in self.pairs):
+            self.check_pair(AUTO, body.target_lang)   # the 400 of an unserved target, whatever is detected
+        found = [r[0] for r in await self.detect(texts)]
+        groups: dict[str, list[int]] = {}
+        for i, (lang, _) in enumerate(found):
+            groups.setdefault(lang, []).append(i)
+        for lang, idx in groups.items():
+            if (lang, body.target_lang) not in self.pairs and lang != body.target_lang:
+                where = "text" if isinstance(body.text, str) else f"text[{idx[0]}]"
+                valid = ", ".join(f"{a}-{b}" for a, b in self.pairs)
+                raise ApiError(422, "unsupported_detected_language",
+                               f"{where} was detected as {lang} (confidence {found[idx[0]][1]}), and no model "
+                               f"translates {lang}-{body.target_lang}; available pairs: {valid}; name source_lang "
+                               "to translate it from another language")
+        received = time.monotonic()
+        outs = await asyncio.gather(*(self.translate_texts(
+            endpoint, body.model_copy(update={"text": [texts[i] for i in idx], "source_lang": lang}), request)
+            for lang, idx in groups.items()))
+        if any(out is None for out in outs):
+            return None
+        items: list[dict] = [{}] * len(texts)
+        for (lang, idx), out in zip(groups.items(), outs):
+            for i, item in zip(idx, out["translations"]):
+                items[i] = item | {"detected_lang": {"language": lang, "confidence": found[i][1]}}
+        timings = {k: max(out["timings"][k] for out in outs) for k in ("queue_ms", "inference_ms")}
+        return {"translations": items, "model": "+".join(dict.fromkeys(out["model"] for out in outs)),
+                "source_lang": next(iter(groups)) if len(groups) == 1 else AUTO, "target_lang": body.target_lang,
+                "timings": timings | {"total_ms": round((time.monotonic() - received) * 1000, 2)}}
 
     # --- generation -------------------------------------------------------------------------------
     async def generate(self, body: GenerateRequest, request: Request):
@@ -206,6 +259,9 @@ class Gateway:
     async def libre_translate(self, request: Request) -> Response:
         return await libretranslate.translate(self, request)
 
+    async def libre_detect(self, request: Request) -> Response:
+        return await libretranslate.detect(self, request)
+
     # --- operations -------------------------------------------------------------------------------
     def ready(self) -> PlainTextResponse:
         if self.admission.draining.is_set():
@@ -245,6 +301,7 @@ class Gateway:
         app.title, app.version = "transerve", __version__
         errors = {c: {"model": ErrorResponse} for c in (400, 401, 403, 413, 422, 503, 504)}
         app.add_api_route("/translate", self.translate, methods=["POST"], response_model=TranslateResponse,
+                          response_model_exclude_none=True,   # detected_lang only with source_lang "auto"
                           responses=errors, summary="Translate one text or a list of texts", tags=["translation"])
         app.add_api_route("/generate", self.generate, methods=["POST"], response_model=GenerateResponse,
                           responses=errors | {200: {"content": {"text/event-stream": {}},
@@ -255,10 +312,18 @@ class Gateway:
         body = {"schema": LibreTranslateRequest.model_json_schema()}
         app.add_api_route("/libretranslate/translate", self.libre_translate, methods=["POST"],
                           response_model=LibreTranslateResponse, response_model_exclude_none=True,
-                          responses={c: {"model": LibreTranslateError} for c in (400, 401, 403, 413, 503, 504)},
+                          responses={c: {"model": LibreTranslateError} for c in (400, 401, 403, 413, 422, 503, 504)},
                           openapi_extra={"requestBody": {"required": True, "content": {
                               "application/json": body, "application/x-www-form-urlencoded": body}}},
                           summary="LibreTranslate-compatible translate", tags=["libretranslate"])
+        detect = {"schema": LibreTranslateDetectRequest.model_json_schema()}
+        app.add_api_route("/libretranslate/detect", self.libre_detect, methods=["POST"],
+                          response_model=list[DetectedLanguage],
+                          responses={c: {"model": LibreTranslateError} for c in (400, 401, 403, 413, 422)},
+                          openapi_extra={"requestBody": {"required": True, "content": {
+                              "application/json": detect, "application/x-www-form-urlencoded": detect}}},
+                          summary="LibreTranslate-compatible language detection, among the served languages",
+                          tags=["libretranslate"])
         app.add_api_route("/libretranslate/languages", self.languages, methods=["GET"],
                           response_model=list[Language], tags=["libretranslate"])
         text = {"content": {"text/plain": {"schema": {"type": "string"}}}}
@@ -296,12 +361,20 @@ class Gateway:
                     if not langs:                # no translation package: nothing to name (an empty anyOf is invalid)
                         break
                     props = body["properties"]
-                    props[src]["enum"] = props[tgt]["enum"] = langs
-                    # Exactly the served pairs, and each language into itself (returned unchanged).
+                    props[src]["enum"], props[tgt]["enum"] = [*langs, AUTO], langs
+                    # Exactly the served pairs, and each language into itself (returned unchanged); "auto" into
+                    # any of them (a detected language with no model to the target is a 422, see
+                    # translate_detected: which texts those are, no schema can say).
                     body["anyOf"] = [{"properties": {src: {"const": a}, tgt: {"enum": sorted(
                         {b for x, b in self.pairs if x == a} | {a})}}} for a in langs]
+                    body["anyOf"].append({"properties": {src: {"const": AUTO}, tgt: {"enum": langs}}})
                     for one in (props.get("text") or props["q"])["anyOf"]:
                         one.update(text if one["type"] == "string" else texts)
+                detect = schema["paths"]["/libretranslate/detect"]["post"]["requestBody"]["content"]
+                for one in (q for b in detect.values() for q in b["schema"]["properties"]["q"]["anyOf"]):
+                    one.update({"maxLength": s.max_text_chars} if one["type"] == "string" else
+                               {"maxItems": s.max_texts, "items": {"type": "string", "minLength": 1,
+                                                                    "maxLength": s.max_text_chars}})
                 gen = models["GenerateRequest"]["properties"]
                 gen["prompt"]["maxLength"] = s.max_text_chars
                 if self.generators:

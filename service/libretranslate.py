@@ -1,6 +1,7 @@
-"""LibreTranslate's API on top of ours: POST /libretranslate/translate (JSON or form) and its languages,
-for LibreTranslate's clients (libretranslatepy, its web UI, integrations) unchanged. Errors in its shape,
-`{"error": "..."}`; the requests feed the same queue and batches as POST /translate."""
+"""LibreTranslate's API on top of ours: POST /libretranslate/translate (JSON or form), /libretranslate/detect
+and its languages, for LibreTranslate's clients (libretranslatepy, its web UI, integrations) unchanged. Errors
+in its shape, `{"error": "..."}`; the requests feed the same queue and batches as POST /translate, and
+source=auto is detected as there (Gateway.translate_detected)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from .errors import ApiError, first_error, parse_error
-from .shared.schemas import TranslateRequest
+from .shared.schemas import AUTO, TranslateRequest
 
 if TYPE_CHECKING:
     from .app import Gateway
@@ -48,7 +49,7 @@ def alternatives_of(data: dict, form: bool) -> int:
     return alternatives
 
 
-def to_request(data: dict, form: bool, sources: list[str]) -> TranslateRequest:
+def to_request(data: dict, form: bool) -> TranslateRequest:
     """LibreTranslate's fields as our TranslateRequest, or a 400 naming the first problem."""
     q, source, target = data.get("q"), data.get("source"), data.get("target")
     for name, value in (("q", q), ("source", source), ("target", target)):
@@ -58,9 +59,6 @@ def to_request(data: dict, form: bool, sources: list[str]) -> TranslateRequest:
     if fmt not in ("text", "html"):
         raise ApiError(400, "invalid_request", f"format must be text or html, got {fmt!r}")
     alternatives = alternatives_of(data, form)
-    if source == "auto":
-        raise ApiError(400, "invalid_request", "language detection (source=auto) is not supported; "
-                       f"name the source language, one of {', '.join(sources)}")
     try:
         return TranslateRequest(text=q, source_lang=source, target_lang=target, beam_size=max(4, alternatives + 1),
                                 num_alternatives=alternatives)
@@ -68,30 +66,62 @@ def to_request(data: dict, form: bool, sources: list[str]) -> TranslateRequest:
         raise ApiError(400, "invalid_request", first_error(e)) from None
 
 
-def to_response(out: dict, listed: bool, alternatives: int) -> dict:
+def to_response(out: dict, listed: bool, alternatives: int, detected: bool) -> dict:
+    """LibreTranslate's answer: one text or a list, with alternatives and, for source=auto, detectedLanguage
+    (an object, or a list of them for a list of texts, as LibreTranslate answers)."""
     items = out["translations"]
     if listed:
         body: dict = {"translatedText": [i["text"] for i in items]}
         if alternatives:
             body["alternatives"] = [[a["text"] for a in i["alternatives"]] for i in items]
+        if detected:
+            body["detectedLanguage"] = [i["detected_lang"] for i in items]
         return body
     body = {"translatedText": items[0]["text"]}
     if alternatives:
         body["alternatives"] = [a["text"] for a in items[0]["alternatives"]]
+    if detected:
+        body["detectedLanguage"] = items[0]["detected_lang"]
     return body
+
+
+def check_api_key(gateway: Gateway, request: Request, data: dict) -> None:
+    if data.get("api_key") is not None and not isinstance(data["api_key"], str):
+        raise ApiError(400, "invalid_request", "api_key must be a string")
+    gateway.check_key(request, data.get("api_key"))
 
 
 async def translate(gateway: Gateway, request: Request) -> Response:
     """LibreTranslate's POST /translate."""
     try:
         data, form = await read_fields(request)
-        if data.get("api_key") is not None and not isinstance(data["api_key"], str):
-            raise ApiError(400, "invalid_request", "api_key must be a string")
-        gateway.check_key(request, data.get("api_key"))
-        req = to_request(data, form, sorted({s for s, _ in gateway.pairs}))
+        check_api_key(gateway, request, data)
+        req = to_request(data, form)
         out = await gateway.translate_texts(ENDPOINT, req, request)
     except ApiError as e:
         return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
     if out is None:
         return Response(status_code=499)
-    return JSONResponse(to_response(out, isinstance(data["q"], list), req.num_alternatives))
+    return JSONResponse(to_response(out, isinstance(data["q"], list), req.num_alternatives, req.source_lang == AUTO))
+
+
+async def detect(gateway: Gateway, request: Request) -> Response:
+    """LibreTranslate's POST /detect: `[{"language": "de", "confidence": 97.0}, ...]`, best first, over the
+    languages the server translates from. A list q is detected as one text (its texts joined), as
+    LibreTranslate detects it."""
+    try:
+        data, _ = await read_fields(request)
+        check_api_key(gateway, request, data)
+        q = data.get("q")
+        if q is None or q == "" or q == []:
+            raise ApiError(400, "invalid_request", "Invalid request: missing q parameter")
+        texts = q if isinstance(q, list) else [q]
+        if not all(isinstance(t, str) for t in texts):
+            raise ApiError(400, "invalid_request", "q must be a string or a list of strings")
+        if "" in texts:   # in a form, [""] and "" are the same field: both are no text
+            raise ApiError(400, "invalid_request", f"Invalid request: q[{texts.index('')}] is empty")
+        gateway.check_limits(texts)
+        ranked = (await gateway.detect(["\n".join(texts)]))[0]
+    except ApiError as e:
+        return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
+    return JSONResponse([{"language": lang, "confidence": conf} for lang, conf in ranked])

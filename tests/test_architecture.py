@@ -19,7 +19,7 @@ ALLOWED = {
     "model": {"model", "service.shared", "torch", "numpy", "sentencepiece", "onnx", "onnxruntime", "tqdm",
               "sacrebleu", "transformers", "ctranslate2", "yaml", "polib", "huggingface_hub"},
     "service": {"service", "numpy", "onnxruntime", "sentencepiece", "litserve", "fastapi", "starlette", "pydantic",
-                "prometheus_client", "uvicorn", "httpx"},
+                "prometheus_client", "uvicorn", "httpx", "py3langid"},
 }
 # Evaluating a package runs it on the served engine, so BLEU is measured on what is served.
 EXCEPTIONS = {("model.evaluate", "service.engine")}

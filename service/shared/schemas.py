@@ -16,6 +16,10 @@ from .options import DEFAULTS
 
 LangCode = Annotated[str, Field(min_length=2, max_length=8, pattern=r"^[a-z]{2,3}(-[A-Za-z]{2,4})?$",
                                 examples=["de"])]
+# A source language, or "auto": detected per text among the languages the server translates from.
+SourceLang = Annotated[str, Field(min_length=2, max_length=8, pattern=r"^(auto|[a-z]{2,3}(-[A-Za-z]{2,4})?)$",
+                                  examples=["de", "auto"])]
+AUTO = "auto"
 StopSequence = Annotated[str, Field(min_length=1, max_length=64)]
 
 
@@ -48,7 +52,9 @@ class TranslateRequest(BaseModel):
     text: Union[str, list[str]] = Field(..., description="A text, or a list of texts translated independently. "
                                          "Long texts are split into sentences and joined back.",
                                          examples=["Das geht zu weit."])
-    source_lang: LangCode = Field(..., description="Language of the text, e.g. de")
+    source_lang: SourceLang = Field(..., description="Language of the text, e.g. de; \"auto\" detects each text's "
+                                    "language among the served ones (each item then says what was detected; a "
+                                    "detected language with no model to target_lang gets 422)")
     target_lang: LangCode = Field(..., description="Language to translate into, e.g. en; the source language "
                                   "itself returns each text unchanged (score 0.0, no tokens, model \"identity\")")
     beam_size: int = Field(DEFAULTS.beam_size, ge=1, le=16, description="1 = greedy search")
@@ -83,6 +89,13 @@ class TranslateRequest(BaseModel):
         return self
 
 
+class DetectedLanguage(BaseModel):
+    """LibreTranslate's shape for a detection, here as in its /detect and detectedLanguage."""
+    language: str = Field(..., examples=["de"])
+    confidence: float = Field(..., ge=0, le=100, description="Probability among the served languages, in percent",
+                              examples=[97.0])
+
+
 class Alternative(BaseModel):
     text: str
     score: float
@@ -93,6 +106,8 @@ class TranslationItem(BaseModel):
     score: float = Field(..., description="Length-normalised log-probability of the best hypothesis "
                          "(averaged over sentences for split texts)")
     alternatives: list[Alternative] = Field(default_factory=list)
+    detected_lang: Optional[DetectedLanguage] = Field(None, description="With source_lang \"auto\": the language "
+                                                      "this text was detected in and translated from")
     input_tokens: int
     output_tokens: int
 
@@ -107,7 +122,8 @@ class TranslateResponse(BaseModel):
     translations: list[TranslationItem] = Field(..., description="One per input text, in order")
     model: str = Field(..., description="Model package id that translated (\"identity\" when source_lang == "
                        "target_lang)")
-    source_lang: str
+    source_lang: str = Field(..., description="As sent, or with \"auto\" the detected language (\"auto\" still "
+                             "where the texts were detected in more than one: see each item's detected_lang)")
     target_lang: str
     timings: Timings
 
@@ -127,7 +143,8 @@ class LibreTranslateRequest(BaseModel):
     """LibreTranslate's POST /translate body, JSON or form, for the OpenAPI schema: the route parses the body
     itself, to answer in LibreTranslate's error shape."""
     q: Union[str, list[str]] = Field(..., description="A text or a list of texts")
-    source: str = Field(..., description="Language of q (no detection: \"auto\" is refused)")
+    source: str = Field(..., description="Language of q, or \"auto\" to detect it (each text's) among the served "
+                        "languages; the response then has detectedLanguage")
     target: str = Field(..., description="Language to translate into")
     format: Literal["text", "html"] = "text"
     alternatives: int = Field(0, ge=0, le=3, description="Extra translations per text")
@@ -137,6 +154,16 @@ class LibreTranslateRequest(BaseModel):
 class LibreTranslateResponse(BaseModel):
     translatedText: Union[str, list[str]]
     alternatives: Optional[Union[list[str], list[list[str]]]] = None
+    detectedLanguage: Optional[Union[DetectedLanguage, list[DetectedLanguage]]] = Field(
+        None, description="With source \"auto\": the detection, one per text when q is a list")
+
+
+class LibreTranslateDetectRequest(BaseModel):
+    """LibreTranslate's POST /detect body, JSON or form (the route parses it itself, as for translate)."""
+    q: Union[Annotated[str, Field(min_length=1)], Annotated[list[Annotated[str, Field(min_length=1)]], Field(
+        min_length=1)]] = Field(
+        ..., description="The text; a list is detected as one text, as LibreTranslate does")
+    api_key: Optional[str] = Field(None, description="The API key, when the server has keys")
 
 
 class LibreTranslateError(BaseModel):
