@@ -44,15 +44,14 @@ def per_tensor_copy(fp32: Path, out: Path) -> Path:
     """fp32 package -> the same through onnxruntime's dynamic per-tensor int8 (see the docstring)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from model.export import _sha256
+    from service.shared.package import file_entries
 
     shutil.copytree(fp32, out)
     for graph in out.glob("*.onnx"):
         quantize_dynamic(str(fp32 / graph.name), str(graph), weight_type=QuantType.QInt8,
                          op_types_to_quantize=["MatMul", "Gemm"])
     meta = json.loads((out / "model.json").read_text())
-    meta["files"] = {f.name: {"sha256": _sha256(f), "bytes": f.stat().st_size}
-                     for f in sorted(out.iterdir()) if f.name != "model.json"}
+    meta["files"] = file_entries(out, [f.name for f in sorted(out.iterdir()) if f.name != "model.json"])
     (out / "model.json").write_text(json.dumps(meta, indent=2))
     return out
 

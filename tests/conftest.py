@@ -79,18 +79,41 @@ def start_server(package, *extra, env=None):
                             env=dict(os.environ, **(env or {})), start_new_session=True)
     proc.log_path = log.name
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
+    if wait_ready(url, proc, 180):
+        return proc, url
+    stop_server(proc)
+    raise RuntimeError("server did not become ready in 180 s")
+
+
+def wait_ready(url: str, proc, seconds: float) -> bool:
+    """Polls url/ready until it answers 200 (True), `proc` exits (RuntimeError with its log) or `seconds`
+    pass (False)."""
+    deadline = time.time() + seconds
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{server_log(proc)[-3000:]}")
+            log = server_log(proc) if hasattr(proc, "log_path") else (proc.stdout.read() if proc.stdout else "")
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log[-3000:]}")
         try:
             if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                return proc, url
+                return True
         except httpx.TransportError:
             pass
         time.sleep(0.5)
-    stop_server(proc)
-    raise RuntimeError("server did not become ready in 180 s")
+    return False
+
+
+def torch_reference(run):
+    """(model, tokenizer) of a run's checkpoint in PyTorch, for a module-scoped fixture to yield from: on one
+    thread, since two threads on a loaded 2-core machine are slower."""
+    import torch
+
+    from model.checkpoint import load_checkpoint
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model, tok, _ = load_checkpoint(run)
+    yield model, tok
+    torch.set_num_threads(threads)
 
 
 def server_log(proc) -> str:

@@ -162,7 +162,7 @@ def test_per_row_int8_stays_close_to_fp32(tiny_run, tmp_path):
 def test_a_per_tensor_int8_package_is_refused_then_upgraded(tiny_package, tmp_path):
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from model.export import _sha256
+    from service.shared.package import file_entries
 
     old = tmp_path / "per-tensor"
     shutil.copytree(tiny_package, old)
@@ -171,8 +171,7 @@ def test_a_per_tensor_int8_package_is_refused_then_upgraded(tiny_package, tmp_pa
                          op_types_to_quantize=["MatMul", "Gemm"])     # as model.export did before per-row int8
     meta = json.loads((old / "model.json").read_text())
     meta["precision"] = "int8"
-    meta["files"] = {f.name: {"sha256": _sha256(f), "bytes": f.stat().st_size}
-                     for f in old.iterdir() if f.name != "model.json"}
+    meta["files"] = file_entries(old, [f.name for f in old.iterdir() if f.name != "model.json"])
     (old / "model.json").write_text(json.dumps(meta))
     with pytest.raises(PackageError, match=rf"per tensor.*python -m model.upgrade {old} --out NEW_DIR"):
         Engine(old, device="cpu")

@@ -24,7 +24,7 @@ import service.engine as engine_module
 from service.engine import (DeviceError, Engine, OrtDecoder, PackageError, SearchOptions, load_package, probe_device,
                             source_groups)
 
-from conftest import ROOT, pairs64
+from conftest import ROOT, pairs64, torch_reference
 
 PAIRS = pairs64()
 SOURCES = [de for de, _ in PAIRS]
@@ -42,12 +42,7 @@ def engine(tiny_package) -> Engine:
 
 @pytest.fixture(scope="module")
 def reference(tiny_run):
-    """(model, tokenizer) in PyTorch, on one thread: two threads on a loaded 2-core machine are slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model, tok, _ = evaluate.load_checkpoint(tiny_run)
-    yield model, tok
-    torch.set_num_threads(threads)
+    yield from torch_reference(tiny_run)
 
 
 @pytest.fixture(scope="module")

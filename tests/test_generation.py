@@ -26,7 +26,7 @@ from model.transformer import causal_mask
 from service.engine import Engine, PackageError, SearchOptions
 from service.shared.search import beam_search, finish, greedy_search, sample
 
-from conftest import ROOT, pairs64
+from conftest import ROOT, pairs64, torch_reference
 
 SENTENCES = [s for pair in pairs64() for s in pair]
 # Prompts of every length: a word, half a sentence, a whole sentence, and text the model never saw.
@@ -35,17 +35,13 @@ PROMPTS = ([" ".join(s.split()[:1]) for s in SENTENCES[:16]] + [" ".join(s.split
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_lm_package) -> Engine:
-    return Engine(tiny_lm_package, device="cpu", intra_op_threads=1)
+def reference(tiny_lm_run):
+    yield from torch_reference(tiny_lm_run)
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_lm_run):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model, tok, _ = evaluate.load_checkpoint(tiny_lm_run)
-    yield model, tok
-    torch.set_num_threads(threads)
+def engine(tiny_lm_package) -> Engine:
+    return Engine(tiny_lm_package, device="cpu", intra_op_threads=1)
 
 
 # --- data ------------------------------------------------------------------------------------------

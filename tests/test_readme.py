@@ -14,14 +14,12 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from functools import lru_cache
 from pathlib import Path
 
-import httpx
 import pytest
 
-from conftest import ROOT, free_port
+from conftest import ROOT, free_port, wait_ready
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 BLOCKS = [(m.group(1), m.group(2)) for m in re.finditer(r"```(bash|python)\n(.*?)```", README, re.S)]
@@ -89,18 +87,8 @@ def main_command():
     port = free_port()
     proc = subprocess.Popen([*first, "--port", str(port)], cwd=ROOT, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 900                           # a fresh machine installs the serving environment
-    try:
-        while time.time() < deadline:
-            assert proc.poll() is None, proc.stdout.read()[-4000:]
-            try:
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        else:
+    try:                                                   # a fresh machine installs the environment first
+        if not wait_ready(f"http://127.0.0.1:{port}", proc, 900):
             pytest.fail("scripts/serve.sh did not become ready in 15 minutes")
         yield port
     finally:
