@@ -133,6 +133,12 @@ def test_the_tree_keeps_the_allowed_imports():
     assert violations(sources()) == []
 
 
+def test_no_function_of_the_benchmarks_or_deploy_scripts_is_over_60_lines():
+    files = sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "deploy").rglob("*.py"))
+    assert files
+    assert [v for f in files for v in long_functions(str(f.relative_to(ROOT)), ast.parse(f.read_text()))] == []
+
+
 @pytest.mark.parametrize("module, line, expected", [
     ("service.shared.options", "import torch", "service.shared.options:1 imports torch"),
     ("service.shared.schemas", "from service.engine import Engine", "imports service.engine"),
@@ -152,3 +158,13 @@ def test_a_planted_violation_is_found(module, line, expected):
     mods[module] = line + "\n" + mods[module]
     found = violations(mods)
     assert any(expected in v for v in found), found
+
+
+def test_ruff_finds_nothing():
+    """The linter configured in pyproject.toml ([tool.ruff]) over the whole tree."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

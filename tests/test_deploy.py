@@ -40,7 +40,7 @@ import httpx
 import pytest
 import yaml
 
-from conftest import ROOT, descendants
+from conftest import ROOT, descendants, free_port, start_server, stop_server
 from service.config import Settings
 
 DEPLOY = ROOT / "deploy"
@@ -802,7 +802,8 @@ def test_compose_mounts_files_that_exist():
 KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan", "atan2"}
 LABEL_LISTS = {"by", "without", "on", "ignoring", "group_left", "group_right"}
 IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
-NUMBER = re.compile(r"0[xX][0-9a-fA-F]+|(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?(?:(?:ms|[smhdwy])(?:\d+(?:ms|[smhdwy]))*)?")
+NUMBER = re.compile(r"0[xX][0-9a-fA-F]+|(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
+                    r"(?:(?:ms|[smhdwy])(?:\d+(?:ms|[smhdwy]))*)?")
 MATCHER = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)\s*(\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*')")
 
 
@@ -968,11 +969,6 @@ def adapter_expressions() -> list[tuple[str, str, bool]]:
     return out
 
 
-def free_port() -> int:
-    from test_service import free_port as fp
-    return fp()
-
-
 def operator_relabelings() -> list[dict]:
     """The ServiceMonitor's metricRelabelings, as the Prometheus Operator writes them into Prometheus."""
     sm = docs_of(K8S / "base" / "servicemonitor.yaml")[0]
@@ -988,7 +984,6 @@ def prometheus_with_traffic(package, lm_package, tmp_path_factory):
     prom_bin = shutil.which("prometheus")
     if not prom_bin:
         pytest.skip("no prometheus server: apt-get install prometheus (scripts/test.sh does)")
-    from test_service import start_server, stop_server
 
     tmp = tmp_path_factory.mktemp("e2e-prom")
     # max-queue 1: a burst of concurrent requests is certain to hit "queue full".
@@ -1025,7 +1020,8 @@ def prometheus_with_traffic(package, lm_package, tmp_path_factory):
             except httpx.TransportError:
                 pass
             if prom.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"prometheus did not start:\n{prom.stdout.read()[-3000:] if prom.poll() is not None else ''}")
+                tail = prom.stdout.read()[-3000:] if prom.poll() is not None else ""
+                raise RuntimeError(f"prometheus did not start:\n{tail}")
             time.sleep(0.2)
 
         good = {"text": "Das geht zu weit.", "source_lang": "de", "target_lang": "en"}
@@ -1218,7 +1214,8 @@ def test_cpu_image_builds_runs_and_translates(package, image_workdir):
     # Behind a TLS-intercepting proxy pip needs the host's CA bundle: mounted for the RUN steps
     # only (with a pip.conf pointing at it), so nothing of this machine ends up in the image.
     mounts = []
-    host_ca = os.environ.get("PIP_CERT") or run([sys.executable, "-m", "pip", "config", "get", "global.cert"]).stdout.strip()
+    host_ca = (os.environ.get("PIP_CERT")
+               or run([sys.executable, "-m", "pip", "config", "get", "global.cert"]).stdout.strip())
     if host_ca and Path(host_ca).is_file():
         (tmp_path / "pip.conf").write_text("[global]\ncert = /etc/ssl/certs/build-host-ca.pem\n")
         mounts = ["--volume", f"{host_ca}:/etc/ssl/certs/build-host-ca.pem:ro",
@@ -1226,7 +1223,8 @@ def test_cpu_image_builds_runs_and_translates(package, image_workdir):
     buildah("bud", "--isolation", "chroot", "--format", "docker", "--layers=false", *mounts,
             "--build-arg", "BASE_IMAGE=localhost/debootstrap-bookworm:test",
             "--build-arg", "MODEL_BASE_IMAGE=localhost/debootstrap-bookworm:test",
-            "--build-arg", "MODEL_DIR=models/de-en", "-t", "localhost/transerve:cpu-test", "-f", ctx / "Dockerfile", ctx)
+            "--build-arg", "MODEL_DIR=models/de-en", "-t", "localhost/transerve:cpu-test",
+            "-f", ctx / "Dockerfile", ctx)
 
     config = json.loads(buildah("inspect", "--type", "image", "localhost/transerve:cpu-test"))
     docker = config["Docker"]["config"]
