@@ -32,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
             raise KeyboardInterrupt
         threading.Thread(target=gateway.drain_and_stop, args=(settings.drain_timeout_s,), daemon=True).start()
 
+    if settings.metrics_port:
+        from .metrics import serve_metrics
+
+        serve_metrics(settings.host, settings.metrics_port)
     signal.signal(signal.SIGTERM, on_sigterm)
     server.run(host=settings.host, port=settings.port, num_api_servers=settings.api_servers,
                log_level=settings.log_level, generate_client_file=False, http=JsonErrorHTTPProtocol)

@@ -32,7 +32,7 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from . import __version__, langid, libretranslate
 from .admission import Admission
-from .auth import check_key
+from .auth import check_key, guarded_paths
 from .cancel import CancelBoard
 from .config import Settings
 from .engine import probe_device
@@ -334,12 +334,16 @@ class Gateway:
                           responses={200: text, 503: text | {"description": "Not ready, or draining"}},
                           summary="Readiness: every inference worker loaded and warmed up, not draining")
         app.add_api_route("/info", self.info, methods=["GET"], tags=["ops"])
-        app.add_api_route("/metrics", _metrics, methods=["GET"], tags=["ops"], include_in_schema=False)
+        if not self.settings.metrics_port:   # else on its own port (metrics.serve_metrics, __main__)
+            app.add_api_route("/metrics", _metrics, methods=["GET"], tags=["ops"], include_in_schema=False)
         self._describe_served_values(app)
         install_handlers(app, self.settings.max_payload_bytes)
         endpoints = {"/translate": ENDPOINT, "/libretranslate/translate": libretranslate.ENDPOINT,
                      "/generate": GENERATE}
-        app.add_middleware(request_context, endpoints=endpoints, max_payload_bytes=self.settings.max_payload_bytes)
+        guarded = guarded_paths(metrics_on_main_port=not self.settings.metrics_port,
+                                public_docs=self.settings.public_docs)
+        app.add_middleware(request_context, endpoints=endpoints, max_payload_bytes=self.settings.max_payload_bytes,
+                           api_keys=tuple(self.settings.api_keys), guarded=frozenset(guarded))
 
     def _describe_served_values(self, app) -> None:
         """/openapi.json names what this server serves: its languages and generation models as enums, its

@@ -48,6 +48,10 @@ class Settings:
     max_prompt_tokens: int = 512        # generation prompt tokens
     api_keys: list[str] = field(default_factory=list)  # empty = no authentication
     api_keys_file: str = ""             # more keys, one per line (# comments, blank lines ignored)
+    # What a key protects (README, "API keys"): everything but the probes. /metrics goes to its own port
+    # for the cluster's scraper when metrics_port is set (0: on the main port, behind the key).
+    metrics_port: int = 0
+    public_docs: bool = False           # True: /docs, /openapi.json and /info open to all even with keys
     log_level: str = "info"
 
     @property
@@ -75,6 +79,9 @@ _HELP = {
     "api_keys": "comma-separated API keys; when set, requests need Authorization: Bearer KEY",
     "api_keys_file": "file of API keys, one per line (blank lines and # comments ignored), read at start-up and "
                      "added to --api-keys; a missing, unreadable or keyless file is an error",
+    "metrics_port": "serve /metrics on this port instead, with no key (for the cluster's scraper; keep the "
+                    "port inside the cluster); 0 = /metrics on the main port, behind the API key when there is one",
+    "public_docs": "with API keys set, leave /docs, /openapi.json and /info open (the probes always are)",
 }
 
 
@@ -150,6 +157,8 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
     s = Settings(**values)
     if s.device not in ("auto", "cpu", "cuda"):
         p.error(f"--device must be auto, cpu or cuda, got {s.device!r}")
+    if s.metrics_port and s.metrics_port == s.port:
+        p.error(f"--metrics-port must differ from --port ({s.port}), or be 0 for /metrics on the main port")
     if not 0 <= s.worker_nice <= 19:
         p.error(f"--worker-nice must be between 0 and 19, got {s.worker_nice}")
     for name in ("workers", "api_servers", "max_batch_size", "max_texts", "max_queue"):

@@ -91,6 +91,32 @@ def render() -> tuple[bytes, str]:
     return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
+def serve_metrics(host: str, port: int) -> None:
+    """GET /metrics on a port of its own, from a thread of the calling process (the server's main one,
+    which lives as long as the server): for a scraper that holds no API key, on a port kept inside the
+    cluster (deploy/k8s: the Service's `metrics` port, the NetworkPolicy)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path.split("?")[0] != "/metrics":
+                self.send_error(404, "only /metrics here")
+                return
+            body, ctype = render()
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):   # scrapes every few seconds: not worth a log line each
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+
+
 def mark_process_dead(pid: int) -> None:
     """Drops a dead worker's live gauges (its counters stay, as Prometheus expects)."""
     from prometheus_client import multiprocess

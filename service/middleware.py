@@ -15,14 +15,18 @@ import uuid
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .auth import check_headers
 from .errors import ERROR_KIND, ApiError, error_response, too_large
 from .metrics import metrics
 
 log = logging.getLogger("transerve")
 
 
-def request_context(app, endpoints: dict[str, str], max_payload_bytes: int):
-    """`app` wrapped; `endpoints` maps the paths whose requests are counted to their metrics label."""
+def request_context(app, endpoints: dict[str, str], max_payload_bytes: int, api_keys=(),
+                    guarded: frozenset = frozenset()):
+    """`app` wrapped; `endpoints` maps the paths whose requests are counted to their metrics label; the
+    `guarded` paths (docs, info, metrics: auth.guarded_paths) need one of `api_keys` (the endpoints check
+    their own, LibreTranslate's may come in the body)."""
 
     async def wrapped(scope, receive, send):
         if scope["type"] != "http":
@@ -45,7 +49,9 @@ def request_context(app, endpoints: dict[str, str], max_payload_bytes: int):
 
         limited = limited_receive(scope, receive, max_payload_bytes)
         try:
-            if limited is None:
+            if api_keys and scope["path"] in guarded and (refused := key_error(api_keys, scope)):
+                await error_response(scope["path"], rid, refused)(scope, receive, send_with_id)
+            elif limited is None:
                 await error_response(scope["path"], rid, too_large(max_payload_bytes))(scope, receive, send_with_id)
             else:
                 await app(scope, limited, send_with_id)
@@ -59,6 +65,15 @@ def request_context(app, endpoints: dict[str, str], max_payload_bytes: int):
             count(endpoint, started["status"], None if started["stream"] else time.perf_counter() - t0)
 
     return wrapped
+
+
+def key_error(api_keys, scope) -> ApiError | None:
+    headers = {k: v.decode("latin-1") for k, v in scope["headers"] if k in (b"authorization", b"x-api-key")}
+    try:
+        check_headers(api_keys, headers.get(b"authorization", ""), headers.get(b"x-api-key"))
+    except ApiError as e:
+        return e
+    return None
 
 
 def count(endpoint: str, status: int, seconds: float | None) -> None:

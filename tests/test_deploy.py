@@ -399,7 +399,7 @@ def test_deployment_probes_ports_and_shutdown_are_consistent(overlay, rendered):
     objs = rendered[overlay]
     spec, c, settings = pod_spec(objs), server_container(objs), settings_of(objs)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"http": int(settings["TRANSERVE_PORT"])}
+    assert ports == {"http": int(settings["TRANSERVE_PORT"]), "metrics": int(settings["TRANSERVE_METRICS_PORT"])}
     assert settings["TRANSERVE_HOST"] == "0.0.0.0"
     assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
     assert c["startupProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
@@ -546,18 +546,20 @@ def test_api_keys_come_from_a_mounted_secret_file_not_the_environment(overlay, r
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_network_policy_admits_only_the_http_port_and_nothing_out(overlay, rendered):
+def test_network_policy_admits_the_http_port_and_metrics_only_from_monitoring_and_nothing_out(overlay, rendered):
     objs = rendered[overlay]
     policy, c = one(objs, "NetworkPolicy"), server_container(objs)
     pod_labels = one(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
     assert sorted(policy["spec"]["policyTypes"]) == ["Egress", "Ingress"] and policy["spec"]["egress"] == []
+    sources = {}
     for rule in policy["spec"]["ingress"]:
         assert rule["from"], "a rule without sources admits everyone"
-        assert [p["port"] for p in rule["ports"]] == [p["name"] for p in c["ports"]] == ["http"]
-    sources = [f.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name")
-               for r in policy["spec"]["ingress"] for f in r["from"]]
-    assert {"monitoring", "ingress-nginx"} <= set(sources)
+        for p in rule["ports"]:
+            sources[p["port"]] = {f.get("namespaceSelector", {}).get("matchLabels", {})
+                                  .get("kubernetes.io/metadata.name") for f in rule["from"]}
+    assert sorted(sources) == sorted(p["name"] for p in c["ports"]) == ["http", "metrics"]
+    assert "ingress-nginx" in sources["http"] and sources["metrics"] == {"monitoring"}   # no key on metrics
 
 
 def test_ingress_example_serves_tls_to_the_service(rendered):
@@ -987,20 +989,22 @@ def prometheus_with_traffic(package, lm_package, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("e2e-prom")
     # max-queue 1: a burst of concurrent requests is certain to hit "queue full".
+    metrics_port = free_port()   # as in deploy/k8s: scraped on its own port
     proc, url = start_server(package, "--model", str(lm_package), "--max-queue", "1", "--batch-timeout-ms", "50",
+                             "--metrics-port", str(metrics_port),
                              env={"PROMETHEUS_MULTIPROC_DIR": str(tmp / "multiproc")})
     prom = None
     try:
-        target = url.removeprefix("http://")
+        target = f"127.0.0.1:{metrics_port}"
         shutil.copy(PROM / "alerts.yaml", tmp / "alerts.yaml")
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": ["alerts.yaml"],
             "scrape_configs": [{
                 "job_name": "transerve",
-                # endpoint="http" is what the operator adds (the Service port name): it collides with
+                # endpoint="metrics" is what the operator adds (the Service port name): it collides with
                 # the service's own endpoint label, as it will in a cluster.
-                "static_configs": [{"targets": [target], "labels": {**E2E_POD, "endpoint": "http",
+                "static_configs": [{"targets": [target], "labels": {**E2E_POD, "endpoint": "metrics",
                                                                     "service": "transerve"}}],
                 "metric_relabel_configs": operator_relabelings(),
             }],
@@ -1062,7 +1066,8 @@ def prometheus_with_traffic(package, lm_package, tmp_path_factory):
                 pass
 
         deadline = time.time() + 30
-        while "transerve_requests_cancelled_total" not in httpx.get(url + "/metrics", trust_env=False).text:
+        scrape = f"http://{target}/metrics"
+        while "transerve_requests_cancelled_total" not in httpx.get(scrape, trust_env=False).text:
             assert time.time() < deadline, "no request counted as cancelled"
             impatient()
             time.sleep(0.2)
