@@ -50,6 +50,16 @@ from model.transformer import Transformer, preset  # noqa: E402
 
 # --- measuring ---------------------------------------------------------------------------------------
 
+@dataclass
+class Corpus:
+    """The training split, its tokenizer and directions: what every part reads."""
+
+    train_path: Path
+    tok: Tokenizer
+    directions: list
+    tagged: bool
+
+
 def load() -> str:
     return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
@@ -142,16 +152,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                      "so that the empty-cache load is measured)")
     p.add_argument("--out", default=None, help="also write the report (markdown) here")
     return p.parse_args(argv)
-
-
-@dataclass
-class Corpus:
-    """The training split, its tokenizer and directions: what every part reads."""
-
-    train_path: Path
-    tok: Tokenizer
-    directions: list
-    tagged: bool
 
 
 def cpu_model() -> str:
