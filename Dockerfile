@@ -1,19 +1,21 @@
-# transerve serving image, CPU or GPU from one recipe: the two differ only in BASE_IMAGE and
-# ORT_EXTRA, so what CI builds and tests on CPU is what runs on the GPU nodes. No torch in either
-# (the build fails if anything pulls it in). See deploy/README.md.
+# transerve serving image, CPU or GPU from one recipe on one base: the two differ only in ORT_EXTRA, so
+# what CI builds and tests on CPU is what runs on the GPU nodes. No torch in either (the build fails if
+# anything pulls it in). See deploy/README.md.
 #
 #   CPU: docker build -t transerve:cpu .
-#   GPU: docker build -t transerve:gpu --build-arg ORT_EXTRA=gpu \
-#          --build-arg BASE_IMAGE=nvidia/cuda:13.0.2-cudnn-runtime-ubuntu24.04 .
-#        CUDA 13 and cuDNN 9 because the locked onnxruntime-gpu's CUDA provider links libcudart.so.13 and
-#        libcublas.so.13 and opens cuDNN 9; any other major and onnxruntime falls back to the CPU
-#        (deploy/docker/onnxruntime-gpu-needs.yaml, checked by tests/test_gpu_image.py).
+#   GPU: docker build -t transerve:gpu --build-arg ORT_EXTRA=gpu .
+#        CUDA 13 and cuDNN 9 come from PyPI as nvidia-* wheels, which onnxruntime-gpu's own cuda and cudnn
+#        extras name, pinned with hashes in the GPU lock like every other dependency; onnxruntime's
+#        preload_dlls() (service/engine.py) loads them from the venv. No nvidia/cuda base image: the driver
+#        (libcuda.so.1) is the host's, mounted by the NVIDIA container toolkit, and a CUDA base would only
+#        add a second copy of the libraries. tests/test_gpu_image.py holds the lock's nvidia-* pins to
+#        what the locked onnxruntime-gpu's CUDA provider needs (deploy/docker/onnxruntime-gpu-needs.yaml).
 #   Model baked in (default: none, mount a package at /models/de-en):
 #        --build-arg MODEL_DIR=models/de-en
 #   Model-only image for the Kubernetes init container (deploy/k8s):
 #        docker build --target model --build-arg MODEL_DIR=models/de-en -t transerve-model:de-en-1 .
 
-# Same Ubuntu release as the CUDA image, so both variants install the same Python and packages.
+# Ubuntu 24.04's CPython 3.12 is the Python the locks are compiled for (scripts/lock.sh).
 ARG BASE_IMAGE=ubuntu:24.04
 # The model image only needs `sh` and `cp` for the init container.
 ARG MODEL_BASE_IMAGE=busybox:1.36.1
@@ -32,7 +34,8 @@ RUN apt-get update \
 
 # --- build: the virtual environment with transerve and its serving dependencies ---------------------
 FROM os AS build
-# serve = onnxruntime (CPU), gpu = onnxruntime-gpu; every other dependency is the same.
+# serve = onnxruntime (CPU), gpu = onnxruntime-gpu with CUDA and cuDNN (nvidia-* wheels, ~3 GB unpacked);
+# every other dependency is the same.
 ARG ORT_EXTRA=serve
 RUN python3 -m venv /opt/venv
 WORKDIR /src
@@ -60,13 +63,18 @@ ARG MODEL_DIR
 # Settings as TRANSERVE_* variables rather than flags in CMD: flags win over the environment, so
 # flags here would make Kubernetes ConfigMaps and `docker run -e` unable to change them.
 # PROMETHEUS_MULTIPROC_DIR under /tmp: the one place a read-only-root pod can write (an emptyDir).
+# NVIDIA_DRIVER_CAPABILITIES: the container toolkit mounts the driver's CUDA library (libcuda.so.1) only
+# for "compute", and defaults to "utility" alone where the image does not ask (nvidia/cuda images set
+# it; this base does not). Inert without the toolkit, so the CPU image carries it too. GPUs are chosen by
+# the runtime (--gpus, the device plugin's NVIDIA_VISIBLE_DEVICES), never by the image.
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     TRANSERVE_HOST=0.0.0.0 \
     TRANSERVE_PORT=8000 \
     TRANSERVE_MODELS=/models/de-en \
-    PROMETHEUS_MULTIPROC_DIR=/tmp/transerve-metrics
+    PROMETHEUS_MULTIPROC_DIR=/tmp/transerve-metrics \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
 # A fixed numeric uid/gid, so Kubernetes' runAsNonRoot can verify it and runAsUser can match it.
 RUN groupadd --system --gid 10001 transerve \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
