@@ -34,6 +34,7 @@ import platform
 import sys
 import tempfile
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,7 +257,7 @@ def profile_path(args: argparse.Namespace, preset_name: str, path: str, tok: Tok
     if path == "old":
         stream = (collate([examples[i] for i in idx]).to("cpu") for idx in batches[:steps])
         return profile_steps(model, stream, args.profile_steps, args.profile_warmup, 0.1)
-    with Prefetcher((collate_ids(arrays, idx) for idx in batches[:steps]), depth=3) as stream:
+    with closing(Prefetcher((collate_ids(arrays, idx) for idx in batches[:steps]), depth=3)) as stream:
         return profile_steps(model, (hb.to("cpu") for hb in stream), args.profile_steps, args.profile_warmup, 0.1)
 
 

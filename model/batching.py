@@ -351,7 +351,7 @@ _DONE = object()
 class Prefetcher:
     """Runs an iterator in a background thread, `depth` items ahead of its consumer. An exception
     in the producer (SystemExit included) is raised in the consumer at the item where it happened.
-    `close()` (or leaving a `with` block) stops the producer."""
+    `close()` stops the producer (`with contextlib.closing(Prefetcher(...)) as stream:`)."""
 
     def __init__(self, items: Iterable, depth: int = 2):
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
@@ -398,9 +398,3 @@ class Prefetcher:
         self._finished = True
         self._stop.set()
         self._thread.join()
-
-    def __enter__(self) -> "Prefetcher":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

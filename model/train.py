@@ -37,6 +37,7 @@ import shutil
 import signal
 import sys
 import time
+from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
@@ -558,7 +559,8 @@ class Trainer:
         s, p, c = self.settings, self.progress, self.cluster
         self.net.train()
         bar = ProgressBar(s.max_steps or None, p.step, c.is_main, c.device)
-        with Prefetcher(self.host_batches(p.epoch, p.batch_pos), depth=3) as stream:   # next batches built meanwhile
+        batches = Prefetcher(self.host_batches(p.epoch, p.batch_pos), depth=3)   # next batches built meanwhile
+        with closing(batches) as stream:
             for epoch, bi, host_batch in stream:
                 p.epoch = epoch
                 loss = self.train_step(host_batch.to(c.device), bi)   # one non-blocking copy; masks built there

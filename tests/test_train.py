@@ -6,6 +6,7 @@ import os
 import random
 import subprocess
 import sys
+from contextlib import closing
 
 import numpy as np
 import pytest
@@ -196,7 +197,7 @@ def test_token_cache_is_reused_and_rebuilt_when_the_corpus_tokenizer_or_settings
 
 
 def test_prefetcher_hands_over_items_in_order_and_the_producers_error():
-    with Prefetcher(iter(range(50)), depth=2) as stream:
+    with closing(Prefetcher(iter(range(50)), depth=2)) as stream:
         assert list(stream) == list(range(50))
 
     def failing():
