@@ -17,6 +17,8 @@
 - Each checker is also shown to fail on a deliberately broken copy, so a pass means something.
 - Opt-in (TRANSERVE_IMAGE_TEST=1, root, buildah, debootstrap; 3 min on a fast link): build the CPU
   image with buildah on a debootstrap-made Debian base, run it, translate through it, stop it.
+  TRANSERVE_GPU_IMAGE_TEST=1 builds the GPU image the same way and checks its CUDA libraries and its
+  CPU serving, without a GPU (never in CI: 3 GB).
 """
 
 from __future__ import annotations
@@ -1153,10 +1155,14 @@ def test_prometheus_loaded_the_alerts_and_the_rejections_alert_is_pending(promet
 
 
 # --- the image, built and run for real ------------------------------------------------------------
-# scripts/test.sh (so CI) sets TRANSERVE_IMAGE_TEST=1 and runs this beside the rest of the suite; a
-# plain `pytest` skips it, as it needs root, buildah, debootstrap and minutes of downloads.
+# scripts/test.sh (so CI) sets TRANSERVE_IMAGE_TEST=1 and runs the CPU image's test beside the rest of the
+# suite; a plain `pytest` skips it, as it needs root, buildah, debootstrap and minutes of downloads. The
+# GPU image (3 GB of CUDA wheels) is built only where TRANSERVE_GPU_IMAGE_TEST=1 asks, never by CI.
 IMAGE_TEST = os.environ.get("TRANSERVE_IMAGE_TEST") == "1"
+GPU_IMAGE_TEST = os.environ.get("TRANSERVE_GPU_IMAGE_TEST") == "1"
 DEBIAN_MIRROR = os.environ.get("TRANSERVE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+# vfs works in any container; overlay (where the kernel allows it) saves copying gigabytes per layer.
+BUILDAH_DRIVER = os.environ.get("TRANSERVE_BUILDAH_DRIVER", "vfs")
 
 
 def cmdline(pid: int) -> list[str]:
@@ -1178,61 +1184,118 @@ def image_workdir(tmp_path):
             path.unlink()
 
 
+class Buildah:
+    """buildah on storage of its own under a test's directory, its containers run with chroot isolation
+    (which shares the host's network: a server inside is reachable on 127.0.0.1)."""
+
+    def __init__(self, workdir: Path):
+        missing = [t for t in ("buildah", "debootstrap") if not shutil.which(t)]
+        if missing or os.geteuid() != 0:
+            pytest.skip(f"needs root and {missing or 'buildah, debootstrap'}: apt-get install buildah debootstrap")
+        self.workdir = workdir
+        self.storage = ["--storage-driver", BUILDAH_DRIVER, "--root", str(workdir / "storage"),
+                        "--runroot", str(workdir / "run")]
+
+    def __call__(self, *args, timeout=1800, check=True) -> str:
+        r = subprocess.run(["buildah", *self.storage, *map(str, args)], capture_output=True, text=True,
+                           timeout=timeout)
+        if check:
+            assert r.returncode == 0, f"buildah {args[0]}: {r.stderr[-4000:]}"
+        return r.stdout.strip()
+
+    def run_in(self, ctr: str, *cmd, env=(), timeout=120) -> subprocess.CompletedProcess:
+        envs = [a for k in env for a in ("--env", k)]
+        return subprocess.run(["buildah", *self.storage, "run", "--isolation", "chroot", *envs, ctr, "--",
+                               *map(str, cmd)], capture_output=True, text=True, timeout=timeout)
+
+    def debian_base(self) -> str:
+        """A Debian base made here (no registry needed), imported as a local image."""
+        rootfs = self.workdir / "rootfs"
+        r = subprocess.run(["debootstrap", "--variant=minbase", "bookworm", rootfs, DEBIAN_MIRROR],
+                           capture_output=True, text=True, timeout=1800)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        subprocess.run(["rm", "-rf", rootfs / "var/cache/apt/archives", rootfs / "var/lib/apt/lists"], check=True)
+        tarball = self.workdir / "rootfs.tar"
+        subprocess.run(["tar", "-C", rootfs, "-cf", tarball, "."], check=True)
+        ctr = self("from", "scratch")
+        self("add", ctr, tarball, "/")
+        self("config", "--cmd", "/bin/bash", ctr)
+        self("commit", "--rm", ctr, "localhost/debootstrap-bookworm:test")
+        return "localhost/debootstrap-bookworm:test"
+
+    def build(self, package: Path, tag: str, *build_args: str) -> dict:
+        """The Dockerfile built on debian_base() with `package` baked in; the image's Docker config."""
+        base = self.debian_base()
+        # The build context: only what the Dockerfile copies, the package as the baked-in model.
+        ctx = self.workdir / "ctx"
+        ctx.mkdir()
+        for f in ("Dockerfile", "pyproject.toml", "README.md"):
+            shutil.copy(ROOT / f, ctx / f)
+        shutil.copytree(ROOT / "service", ctx / "service", ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(DEPLOY / "docker", ctx / "deploy" / "docker")
+        shutil.copytree(package, ctx / "models" / "de-en")
+        # Behind a TLS-intercepting proxy pip needs the host's CA bundle: mounted for the RUN steps
+        # only (with a pip.conf pointing at it), so nothing of this machine ends up in the image.
+        mounts = []
+        host_ca = (os.environ.get("PIP_CERT")
+                   or run([sys.executable, "-m", "pip", "config", "get", "global.cert"]).stdout.strip())
+        if host_ca and Path(host_ca).is_file():
+            (self.workdir / "pip.conf").write_text("[global]\ncert = /etc/ssl/certs/build-host-ca.pem\n")
+            mounts = ["--volume", f"{host_ca}:/etc/ssl/certs/build-host-ca.pem:ro",
+                      "--volume", f"{self.workdir / 'pip.conf'}:/etc/pip.conf:ro"]
+        self("bud", "--isolation", "chroot", "--format", "docker", "--layers=false", *mounts,
+             "--build-arg", f"BASE_IMAGE={base}", "--build-arg", f"MODEL_BASE_IMAGE={base}",
+             "--build-arg", "MODEL_DIR=models/de-en", *build_args, "-t", tag, "-f", ctx / "Dockerfile", ctx)
+        return json.loads(self("inspect", "--type", "image", tag))["Docker"]["config"]
+
+    def serve(self, ctr: str, docker: dict, *env: str) -> tuple[subprocess.Popen, str]:
+        """The image's entrypoint and command running in `ctr` on a free port, once /ready answers 200."""
+        port = free_port()
+        self("config", "--env", f"TRANSERVE_PORT={port}", "--env", "TRANSERVE_THREADS=1",
+             *[a for e in env for a in ("--env", e)], ctr)
+        cmd = docker["Entrypoint"] + docker["Cmd"]
+        server = subprocess.Popen(["buildah", *self.storage, "run", "--isolation", "chroot", ctr, "--", *cmd],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        url, deadline = f"http://127.0.0.1:{port}", time.time() + 300
+        while True:
+            if server.poll() is not None:
+                raise AssertionError(server.stdout.read()[-4000:])
+            try:
+                if httpx.get(url + "/ready", timeout=2, trust_env=False).status_code == 200:
+                    return server, url
+            except httpx.TransportError:
+                pass
+            if time.time() > deadline:
+                stop(server)
+                raise AssertionError("the server in the image did not become ready")
+            time.sleep(1)
+
+
+def stop(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+def translates_as_the_engine(url: str, package: Path) -> dict:
+    r = httpx.post(url + "/translate", json={"text": "Das geht zu weit.", "source_lang": "de",
+                                             "target_lang": "en"}, timeout=60, trust_env=False)
+    assert r.status_code == 200, r.text
+    # What the image serves is what the engine computes outside it (the service's default: beam 4).
+    from service.engine import Engine
+    expected = Engine(package, device="cpu").translate(["Das geht zu weit."], source_lang="de",
+                                                        target_lang="en", beam_size=4)[0].text
+    assert r.json()["translations"][0]["text"] == expected
+    return r.json()
+
+
 @pytest.mark.skipif(not IMAGE_TEST, reason="builds the CPU image with buildah (minutes, downloads ~150 MB): "
                                            "bash scripts/test.sh runs it, or set TRANSERVE_IMAGE_TEST=1 (needs root, "
                                            "buildah, debootstrap; see deploy/README.md)")
 @pytest.mark.slow
 def test_cpu_image_builds_runs_and_translates(package, image_workdir):
-    tmp_path = image_workdir
-    missing = [t for t in ("buildah", "debootstrap") if not shutil.which(t)]
-    if missing or os.geteuid() != 0:
-        pytest.skip(f"needs root and {missing or 'buildah, debootstrap'}: apt-get install buildah debootstrap")
-    storage = ["--storage-driver", "vfs", "--root", str(tmp_path / "storage"), "--runroot", str(tmp_path / "run")]
-
-    def buildah(*args, timeout=1800, check=True) -> str:
-        r = subprocess.run(["buildah", *storage, *map(str, args)], capture_output=True, text=True, timeout=timeout)
-        if check:
-            assert r.returncode == 0, f"buildah {args[0]}: {r.stderr[-4000:]}"
-        return r.stdout.strip()
-
-    # A Debian base made here (no registry needed), imported as a local image.
-    rootfs = tmp_path / "rootfs"
-    r = subprocess.run(["debootstrap", "--variant=minbase", "bookworm", rootfs, DEBIAN_MIRROR],
-                       capture_output=True, text=True, timeout=1800)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    subprocess.run(["rm", "-rf", rootfs / "var/cache/apt/archives", rootfs / "var/lib/apt/lists"], check=True)
-    tarball = tmp_path / "rootfs.tar"
-    subprocess.run(["tar", "-C", rootfs, "-cf", tarball, "."], check=True)
-    ctr = buildah("from", "scratch")
-    buildah("add", ctr, tarball, "/")
-    buildah("config", "--cmd", "/bin/bash", ctr)
-    buildah("commit", "--rm", ctr, "localhost/debootstrap-bookworm:test")
-
-    # The build context: only what the Dockerfile copies, the tiny model as the baked-in package.
-    ctx = tmp_path / "ctx"
-    ctx.mkdir()
-    for f in ("Dockerfile", "pyproject.toml", "README.md"):
-        shutil.copy(ROOT / f, ctx / f)
-    shutil.copytree(ROOT / "service", ctx / "service", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(DEPLOY / "docker", ctx / "deploy" / "docker")
-    shutil.copytree(package, ctx / "models" / "de-en")
-    # Behind a TLS-intercepting proxy pip needs the host's CA bundle: mounted for the RUN steps
-    # only (with a pip.conf pointing at it), so nothing of this machine ends up in the image.
-    mounts = []
-    host_ca = (os.environ.get("PIP_CERT")
-               or run([sys.executable, "-m", "pip", "config", "get", "global.cert"]).stdout.strip())
-    if host_ca and Path(host_ca).is_file():
-        (tmp_path / "pip.conf").write_text("[global]\ncert = /etc/ssl/certs/build-host-ca.pem\n")
-        mounts = ["--volume", f"{host_ca}:/etc/ssl/certs/build-host-ca.pem:ro",
-                  "--volume", f"{tmp_path / 'pip.conf'}:/etc/pip.conf:ro"]
-    buildah("bud", "--isolation", "chroot", "--format", "docker", "--layers=false", *mounts,
-            "--build-arg", "BASE_IMAGE=localhost/debootstrap-bookworm:test",
-            "--build-arg", "MODEL_BASE_IMAGE=localhost/debootstrap-bookworm:test",
-            "--build-arg", "MODEL_DIR=models/de-en", "-t", "localhost/transerve:cpu-test",
-            "-f", ctx / "Dockerfile", ctx)
-
-    config = json.loads(buildah("inspect", "--type", "image", "localhost/transerve:cpu-test"))
-    docker = config["Docker"]["config"]
+    buildah = Buildah(image_workdir)
+    docker = buildah.build(package, "localhost/transerve:cpu-test")
     assert docker["User"] == "10001:10001" and docker["Entrypoint"] == ["/usr/bin/tini", "--"]
     assert docker["Healthcheck"]["Test"][0] == "CMD"
     assert "8000/tcp" in docker["ExposedPorts"]
@@ -1240,34 +1303,11 @@ def test_cpu_image_builds_runs_and_translates(package, image_workdir):
     ctr = buildah("from", "localhost/transerve:cpu-test")
     try:
         assert buildah("run", "--isolation", "chroot", ctr, "--", "id", "-u") == "10001"
-        r = subprocess.run(["buildah", *storage, "run", "--isolation", "chroot", ctr, "--", "python3", "-c",
-                            "import torch"], capture_output=True, text=True, timeout=120)
+        r = buildah.run_in(ctr, "python3", "-c", "import torch")
         assert r.returncode != 0 and "No module named 'torch'" in r.stderr
-        port = free_port()
-        # chroot isolation shares the host's network: the server is reachable on 127.0.0.1.
-        buildah("config", "--env", f"TRANSERVE_PORT={port}", "--env", "TRANSERVE_THREADS=1", ctr)
-        cmd = docker["Entrypoint"] + docker["Cmd"]
-        server = subprocess.Popen(["buildah", *storage, "run", "--isolation", "chroot", ctr, "--", *cmd],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        server, url = buildah.serve(ctr, docker)
         try:
-            url, deadline = f"http://127.0.0.1:{port}", time.time() + 300
-            while True:
-                assert server.poll() is None, server.stdout.read()[-4000:]
-                try:
-                    if httpx.get(url + "/ready", timeout=2, trust_env=False).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.time() < deadline, "the server in the image did not become ready"
-                time.sleep(1)
-            r = httpx.post(url + "/translate", json={"text": "Das geht zu weit.", "source_lang": "de",
-                                                     "target_lang": "en"}, timeout=60, trust_env=False)
-            assert r.status_code == 200, r.text
-            # What the image serves is what the engine computes outside it (the service's default: beam 4).
-            from service.engine import Engine
-            expected = Engine(package, device="cpu").translate(["Das geht zu weit."], source_lang="de",
-                                                                target_lang="en", beam_size=4)[0].text
-            assert r.json()["translations"][0]["text"] == expected
+            translates_as_the_engine(url, package)
             # The image's own health check command passes against the running server.
             check = docker["Healthcheck"]["Test"][1:]
             buildah("run", "--isolation", "chroot", ctr, "--", *check)  # asserts exit status 0
@@ -1277,8 +1317,55 @@ def test_cpu_image_builds_runs_and_translates(package, image_workdir):
             os.kill(tini, signal.SIGTERM)
             assert server.wait(timeout=60) == 0, server.stdout.read()[-3000:]
         finally:
-            if server.poll() is None:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait()
+            stop(server)
+    finally:
+        buildah("rm", ctr, check=False)
+
+
+# Run inside the GPU image: what can be known of its CUDA without a GPU or a driver.
+GPU_PROBE = """
+import json, os, subprocess, onnxruntime as ort
+site = os.path.dirname(os.path.dirname(ort.__file__))
+provider = os.path.join(ort.__file__.rsplit("/", 1)[0], "capi", "libonnxruntime_providers_cuda.so")
+libs = sorted(os.path.relpath(os.path.join(d, f), site) for d, _, fs in os.walk(os.path.join(site, "nvidia"))
+              for f in fs if f.startswith("lib") and ".so" in f)
+path = ":".join(os.path.join(site, "nvidia", d, "lib") for d in ("cu13", "cudnn"))
+ldd = subprocess.run(["ldd", provider], capture_output=True, text=True, env={"LD_LIBRARY_PATH": path}).stdout
+ort.preload_dlls()
+loaded = sorted({line.split()[-1].rsplit("/", 1)[-1] for line in open("/proc/self/maps") if "/nvidia/" in line})
+print(json.dumps({"providers": ort.get_available_providers(), "libs": libs, "loaded": loaded,
+                  "not_found": [line.split()[0] for line in ldd.splitlines() if "not found" in line]}))
+"""
+
+
+@pytest.mark.skipif(not GPU_IMAGE_TEST, reason="builds the GPU image with buildah (minutes, downloads ~1.5 GB of "
+                                               "CUDA wheels, 3 GB image): set TRANSERVE_GPU_IMAGE_TEST=1 (needs root, "
+                                               "buildah, debootstrap; see deploy/README.md, GPU image)")
+@pytest.mark.slow
+def test_gpu_image_builds_and_serves_on_cpu(package, image_workdir):
+    """No GPU needed: the CUDA provider is there, its libraries are the locked wheels', found where
+    preload_dlls() looks and loadable without a driver, the linker misses only the driver's libcuda.so.1,
+    and the image serves on the CPU."""
+    from test_gpu_image import DRIVER, PROVIDES
+
+    buildah = Buildah(image_workdir)
+    docker = buildah.build(package, "localhost/transerve:gpu-test", "--build-arg", "ORT_EXTRA=gpu")
+    assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in docker["Env"]
+    ctr = buildah("from", "localhost/transerve:gpu-test")
+    try:
+        r = buildah.run_in(ctr, "python3", "-c", GPU_PROBE)
+        assert r.returncode == 0, r.stderr[-3000:]
+        probe = json.loads(r.stdout.strip().splitlines()[-1])
+        assert "CUDAExecutionProvider" in probe["providers"], probe["providers"]
+        assert {f"{folder}/{soname}" for soname, (_, folder) in PROVIDES.items()} <= set(probe["libs"]), probe["libs"]
+        assert set(PROVIDES) <= set(probe["loaded"]), probe["loaded"]
+        assert probe["not_found"] == [DRIVER], probe["not_found"]
+        server, url = buildah.serve(ctr, docker, "TRANSERVE_DEVICE=cpu")
+        try:
+            translates_as_the_engine(url, package)
+            info = httpx.get(url + "/info", timeout=10, trust_env=False).json()
+            assert info["device"] == "cpu" and "CUDAExecutionProvider" in info["providers"], info
+        finally:
+            stop(server)
     finally:
         buildah("rm", ctr, check=False)
