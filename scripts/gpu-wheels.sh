@@ -309,7 +309,7 @@ record)
   out=deploy/docker/onnxruntime-gpu-needs.yaml
   {
     echo "# What onnxruntime-gpu's CUDA provider needs from the GPU image, read from the wheel the GPU lock"
-    echo "# pins, so tests/test_gpu_image.py can hold the Dockerfile's GPU base to it without a 255 MB download."
+    echo "# pins, so tests/test_gpu_image.py can hold the GPU lock's nvidia-* wheels to it without a 255 MB download."
     echo "# Rewritten by: bash scripts/gpu-wheels.sh record"
     echo "package: onnxruntime-gpu"
     echo "version: \"$version\""

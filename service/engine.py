@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -112,11 +113,16 @@ def preload_cuda_libraries() -> None:
 
 
 def missing_cuda_libraries() -> list[str]:
-    """The libraries onnxruntime's CUDA provider links that the loader cannot find (ldd's "not found")."""
+    """The libraries onnxruntime's CUDA provider links that the loader cannot find (ldd's "not found"), the
+    nvidia-* wheels' folders included, where preload_cuda_libraries found them (ldd runs in a process of its
+    own, which sees only LD_LIBRARY_PATH)."""
     provider = Path(ort.__file__).parent / "capi" / "libonnxruntime_providers_cuda.so"
     if not provider.exists() or shutil.which("ldd") is None:
         return []
-    out = subprocess.run(["ldd", str(provider)], capture_output=True, text=True, timeout=30).stdout
+    wheels = sorted(str(d) for d in (Path(ort.__file__).parent.parent / "nvidia").glob("*/lib"))
+    path = ":".join(wheels + [p for p in [os.environ.get("LD_LIBRARY_PATH", "")] if p])
+    out = subprocess.run(["ldd", str(provider)], capture_output=True, text=True, timeout=30,
+                         env=dict(os.environ, LD_LIBRARY_PATH=path)).stdout
     return [line.split()[0] for line in out.splitlines() if "not found" in line]
 
 
