@@ -11,7 +11,7 @@ over every held-out paragraph (cut into the training windows), overall and per l
 `--checkpoint` decodes in PyTorch: the reference the ONNX engine must match. `--package` decodes
 an exported model package through `service.engine.Engine`, exactly as the service does, so the
 score of what is deployed (int8 or fp16 included) is measured rather than assumed. Both run the
-same search code (`service.search`) and are scored and printed by the same functions.
+same search code (`service.shared.search`) and are scored and printed by the same functions.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ The decoder step (translation):
     present_key_i, present_value_i float (N, h, T+1, d_k)
 
 A search that needs no more than the best few tokens of each row reads top_* and eos_log_probs,
-so (N, V) values never reach the host (service/search.py). Each layer's cache is its own tensor:
+so (N, V) values never reach the host (service/shared/search.py). Each layer's cache is its own tensor:
 a stacked (L, 2, N, h, T, d_k) cache, the older layout, is split into layers and stacked again
 every step, which copies it twice more. The older layout also takes `cross_rows` (N,), one source
 per row, instead of `sources`. The engine refuses the older layouts;
