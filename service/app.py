@@ -84,9 +84,11 @@ class Gateway:
     def check_pair(self, source: str, target: str) -> None:
         """Served pairs, and a served language into itself (identity: see identity())."""
         if (source, target) not in self.pairs and not (source == target and any(source in p for p in self.pairs)):
-            valid = ", ".join(f"{a}-{b}" for a, b in self.pairs)
             raise ApiError(400, "unsupported_language_pair",
-                           f"no model translates {source}-{target}; available pairs: {valid}")
+                           f"no model translates {source}-{target}; {self.pairs_text()}")
+
+    def pairs_text(self) -> str:
+        return "available pairs: " + ", ".join(f"{a}-{b}" for a, b in self.pairs)
 
     def check_generation(self, body: GenerateRequest) -> None:
         if not self.generators:
@@ -133,8 +135,7 @@ class Gateway:
         if body.source_lang == body.target_lang:
             return self.identity(texts, body.source_lang)
         if not self.workers.serves(ENDPOINT):
-            raise ApiError(400, "no_translation_model", "no translation model is loaded; start the service with "
-                           "--model <a translation package>")
+            raise no_translation_model()
         received = time.monotonic()
         payload = body.model_dump(exclude={"text"}) | {"texts": texts, "received": received,
                                                        "request_id": request.state.request_id,
@@ -153,8 +154,7 @@ class Gateway:
         the first call loads the model, which must not stall the other requests on this event loop."""
         langs = sorted({c for pair in self.pairs for c in pair})   # what /languages lists: each is a source
         if not langs:
-            raise ApiError(400, "no_translation_model", "no translation model is loaded; start the service with "
-                           "--model <a translation package>")
+            raise no_translation_model()
         ranked = await asyncio.to_thread(langid.detect, texts, langs)
         if not ranked[0]:
             raise ApiError(422, "undetectable_languages", f"the language detector knows none of the served "
@@ -176,10 +176,9 @@ class Gateway:
         for lang, idx in groups.items():
             if (lang, body.target_lang) not in self.pairs and lang != body.target_lang:
                 where = "text" if isinstance(body.text, str) else f"text[{idx[0]}]"
-                valid = ", ".join(f"{a}-{b}" for a, b in self.pairs)
                 raise ApiError(422, "unsupported_detected_language",
                                f"{where} was detected as {lang} (confidence {found[idx[0]][1]}), and no model "
-                               f"translates {lang}-{body.target_lang}; available pairs: {valid}; name source_lang "
+                               f"translates {lang}-{body.target_lang}; {self.pairs_text()}; name source_lang "
                                "to translate it from another language")
         received = time.monotonic()
         outs = await asyncio.gather(*(self.translate_texts(
@@ -217,8 +216,8 @@ class Gateway:
     async def _generation_json(self, run: Generation, first: dict, events: AsyncIterator[dict], request: Request):
         watcher = asyncio.ensure_future(until_disconnected(request))
         try:
-            event = first
-            while run.take(event) is not None and run.done is None:
+            run.take(first)
+            while run.done is None:   # until the worker's closing event
                 reader = asyncio.ensure_future(anext(events))
                 await asyncio.wait({reader, watcher}, return_when=asyncio.FIRST_COMPLETED)
                 if not reader.done():  # disconnected
@@ -226,7 +225,7 @@ class Gateway:
                     await asyncio.wait({reader})  # the generator must stop running before aclose()
                     self.board.cancel(run.number)  # free its rows in the batch
                     return Response(status_code=499)
-                event = reader.result()
+                run.take(reader.result())
         finally:
             watcher.cancel()
         return run.response(run.timings())
@@ -426,6 +425,11 @@ class Generation:
     def response(self, timings: dict) -> dict:
         return {"model": self.done["model"], "usage": self.done["usage"], "timings": timings,
                 "choices": [c | {"text": self.texts.get(c["index"], "")} for c in self.done["choices"]]}
+
+
+def no_translation_model() -> ApiError:
+    return ApiError(400, "no_translation_model", "no translation model is loaded; start the service with "
+                    "--model <a translation package>")
 
 
 def sse(event: dict) -> str:

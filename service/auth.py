@@ -14,7 +14,6 @@ from fastapi import Request
 
 from .errors import ApiError
 
-OPEN_PATHS = {"/health", "/ready", "/languages", "/libretranslate/languages"}
 DOC_PATHS = {"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/info"}
 
 

@@ -3,7 +3,7 @@ the HTTP API's schemas and the SDK all read them from here. No numpy, so the SDK
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass, replace
+from dataclasses import dataclass
 
 
 @dataclass
@@ -27,7 +27,7 @@ class SearchOptions:
     def batch_key(self) -> tuple:
         """What the rows of one engine batch must share: every option but the seed (each row samples with
         its own generator)."""
-        return astuple(replace(self, seed=None))
+        return tuple(value for name, value in vars(self).items() if name != "seed")
 
 
 DEFAULTS = SearchOptions()   # the one place the defaults are written; the API's schemas show these
