@@ -6,6 +6,7 @@
 * the Ding dictionary (Debian package ``trans-de-en``, ``German :: English`` per line),
 * gettext catalogs (``.po``/``.mo``) of locally installed programs, optionally of Debian
   packages downloaded (never installed) with ``--fetch-deb``,
+* LibreOffice's help pages in German and English (``--libreoffice-help``, model.corpus.lohelp),
 * user corpora given as TSV (``--tsv``) or Moses-style line-aligned files (``--moses``).
 
 ``--monolingual`` writes monolingual text instead (:mod:`model.mono`). The sources, cleaning and
@@ -67,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--fetch-deb", action="append", default=[], metavar="NAME",
         help="download (not install) a Debian package and use its German catalogs (repeatable)",
     )
+    p.add_argument("--libreoffice-help", action="store_true",
+                   help="download (not install) libreoffice-help-de and -en-us and use their aligned help "
+                   "pages: about 60k sentence pairs of software documentation (MPL-2.0)")
     p.add_argument("--tsv", type=Path, action="append", default=[], metavar="PATH",
                    help="user corpus, source<TAB>target per line (repeatable)")
     p.add_argument("--tsv-direction", choices=DIRECTIONS, default="de-en",
@@ -75,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="user corpus PREFIX.de + PREFIX.en (repeatable)")
     p.add_argument("--test-size", type=int, default=1000, help="test sentences (default 1000)")
     p.add_argument("--dev-size", type=int, default=1000, help="dev sentences (default 1000)")
+    p.add_argument("--software-test-size", type=int, default=1000,
+                   help="software-text sentences (gettext, LibreOffice's help) held out as test-software.tsv "
+                   "(default 1000; 0: none)")
     p.add_argument("--seed", type=int, default=1234, help="seed of the train shuffle")
     p.add_argument("--max-chars", type=int, default=MAX_CHARS, help="max characters per side")
     p.add_argument("--max-ratio", type=float, default=MAX_RATIO, help="max length ratio")
@@ -85,6 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+
+
+# Each source's licence, as the packages' copyright files give it (catalogs: their own package's).
+LICENCES = {
+    "ding": "GPL-2+ (Debian trans-de-en)",
+    "lohelp": "MPL-2.0 (Debian libreoffice-help-de, libreoffice-help-en-us)",
+    "gettext": "each catalog's package (/usr/share/doc/PACKAGE/copyright)",
+    "deb": "the package's own (its /usr/share/doc/PACKAGE/copyright)",
+}
 
 
 def format_table(stats: dict[str, Counter], splits: dict[str, list[Pair]], leaks: int) -> str:
@@ -120,6 +136,8 @@ def write_meta(out: Path, pairs: list[Pair], stats: dict[str, Counter], splits: 
         "splits": {name: len(v) for name, v in splits.items()},
         "leaks_removed": leaks,
         "sentences_in_train": sum(p.sentence for p in splits["train"]),
+        "licences": {name: LICENCES.get(name.split(":")[0], "see the source's own terms")
+                     for name in stats},
         "seed": seed,
         "sources": sources,
         "created_by": "python -m model.data " + shlex.join(argv),
@@ -144,7 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except CorpusError as exc:
         parser.exit(2, f"error: {exc}\n")
-    splits, leaks = split_corpus(pairs, args.test_size, args.dev_size, args.seed)
+    splits, leaks = split_corpus(pairs, args.test_size, args.dev_size, args.seed, args.software_test_size)
+    if not splits.get("test-software", True):
+        del splits["test-software"]          # no software text in this corpus
 
     args.out.mkdir(parents=True, exist_ok=True)
     for name, split_pairs in splits.items():

@@ -473,3 +473,63 @@ def test_main_end_to_end(tmp_path: Path, capsys) -> None:
     before = {n: (out / f"{n}.tsv").read_bytes() for n in ("train", "dev", "test")}
     assert main(argv) == 0
     assert before == {n: (out / f"{n}.tsv").read_bytes() for n in ("train", "dev", "test")}
+
+
+# --------------------------------------------------------------------------------------------
+# LibreOffice's help pages, and the software-text test split
+# --------------------------------------------------------------------------------------------
+
+HELP_PAGE = """<!DOCTYPE html><html lang="{lang}"><body><div id="DisplayArea">
+<h1 id="hd_id3147291" dir="auto">{title}</h1>
+<p id="par_id3146957" class="paragraph"><a name="x"></a><span class="avis">{first}</span></p>
+<p id="par_id3150443" class="paragraph">{choose} <span id="swln1" class="switchinline"><span hidden="true"
+ id="MACtext1" class="MAC"><span class="emph">{mac}</span></span><span hidden="true" id="defaulttext1"><span
+ class="emph">{default}</span></span></span>.</p>
+<p id="par_id3150444" class="paragraph">{two}</p>
+<p id="par_id999" class="paragraph">{only}</p>
+</div></body></html>"""
+
+
+def write_help(root: Path, lang_dir: str, lang: str, **text: str) -> None:
+    page = root / "usr/share/libreoffice/help" / lang_dir / "text/shared/optionen/01020000.html"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(HELP_PAGE.format(lang=lang, **text), encoding="utf-8")
+
+
+def test_libreoffice_help_pages_align_by_paragraph_id_and_split_into_sentences(tmp_path: Path) -> None:
+    from model.corpus.lohelp import read_libreoffice_help
+
+    write_help(tmp_path / "de", "de", "de", title="Optionen Laden/Speichern",
+               first="Hier legen Sie allgemeine Einstellungen für das Laden fest.", choose="Wählen Sie",
+               mac="LibreOffice – Einstellungen", default="Extras – Optionen",
+               two="Das ist der erste Satz hier. Und das ist der zweite Satz.", only="Nur auf Deutsch.")
+    write_help(tmp_path / "en", "en-US", "en", title="Load/Save Options",
+               first="Here you can define general settings for loading.", choose="Choose",
+               mac="LibreOffice - Preferences", default="Tools - Options",
+               two="This is the first sentence here. And this is the second sentence.", only="")
+    pairs = list(read_libreoffice_help(tmp_path / "de", tmp_path / "en"))
+    got = [(p.de, p.en, p.sentence) for p in pairs]
+    assert got == [
+        ("Optionen Laden/Speichern", "Load/Save Options", False),
+        ("Hier legen Sie allgemeine Einstellungen für das Laden fest.",
+         "Here you can define general settings for loading.", True),
+        ("Wählen Sie Extras – Optionen.", "Choose Tools - Options.", True),   # the default variant only
+        ("Das ist der erste Satz hier.", "This is the first sentence here.", True),
+        ("Und das ist der zweite Satz.", "And this is the second sentence.", True),
+    ]
+    assert {p.origin for p in pairs} == {"lohelp:shared/optionen/01020000"}
+
+
+def test_software_sentences_make_a_second_held_out_split() -> None:
+    pairs = synthetic_corpus()
+    software = [Pair(f"Die Datei Nummer {i} wird jetzt gespeichert.", f"The file number {i} is now saved.",
+                     f"lohelp:page{i}", True) for i in range(30)]
+    software.append(Pair("Geben Sie %s hier jetzt ein.", "Enter %s here right now.", "gettext:x", True))
+    splits, leaks = split_corpus(pairs + software, test_size=10, dev_size=7, seed=3, software_test_size=12)
+    assert len(splits["test-software"]) == 12
+    assert all(p.origin.startswith("lohelp:") for p in splits["test-software"])      # placeholders stay out
+    held = {p.en for p in splits["test-software"]}
+    assert not held & {p.en for p in splits["train"]}
+    assert len(splits["train"]) + 10 + 7 + 12 + leaks == len(pairs) + len(software)
+    without, _ = split_corpus(pairs, test_size=10, dev_size=7, seed=3)
+    assert "test-software" not in without and without["test"] == splits["test"]

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from .ding import is_sentence
 from .text import CorpusError, Pair
 
 LOCALE_DIR = Path("/usr/share/locale/de/LC_MESSAGES")
@@ -129,7 +130,7 @@ def read_gettext(path: Path, origin: str | None = None) -> Iterator[Pair]:
         for msgid, msgstr in candidates:
             cleaned = gettext_pair(msgid, msgstr)
             if cleaned is not None:
-                yield Pair(de=cleaned[1], en=cleaned[0], origin=origin)
+                yield Pair(de=cleaned[1], en=cleaned[0], origin=origin, sentence=is_sentence(cleaned[1], cleaned[0]))
 
 
 def _is_german_catalog(path: Path) -> bool:

@@ -37,10 +37,11 @@ def clean_pair(
 
 
 def source_name(origin: str) -> str:
-    """Group origins for the summary: all ``gettext:*`` catalogs count as one source."""
+    """Group origins for the summary: all ``gettext:*`` catalogs count as one source, and all
+    ``lohelp:*`` pages."""
     kind, _, rest = origin.partition(":")
-    if kind == "gettext":
-        return "gettext"
+    if kind in ("gettext", "lohelp"):
+        return kind
     if kind == "deb":
         return "deb:" + rest.split(":", 1)[0]
     return origin

@@ -6,10 +6,17 @@ from __future__ import annotations
 import glob
 import subprocess
 from pathlib import Path
+from urllib.parse import unquote
 
 from .text import CorpusError
 
 DEFAULT_CACHE = Path("~/.cache/transerve/debs")
+
+
+def deb_version(name: str, cache: Path) -> str | None:
+    """The version of the package ``fetch_deb`` downloaded into ``cache`` (from its file name), if any."""
+    debs = sorted(cache.expanduser().glob(f"{glob.escape(name)}_*.deb"))
+    return unquote(debs[-1].name.split("_")[1]) if debs else None
 
 
 def fetch_deb(name: str, cache: Path) -> Path:

@@ -46,41 +46,62 @@ def is_eval_candidate(pair: Pair) -> bool:
     return not any(bad in side for side in (pair.de, pair.en) for bad in ("/", "…", "..."))
 
 
+def is_software_candidate(pair: Pair) -> bool:
+    """Sentence pairs of software text (gettext catalogs, LibreOffice's help) without placeholders,
+    markup, paths or ellipses: the second held-out test split, ``test-software``."""
+    if not pair.sentence or pair.origin == "ding":
+        return False
+    return not any(bad in side for side in (pair.de, pair.en) for bad in ("/", "…", "...", "%", "{", "<", "$"))
+
+
+def _groups(pairs: Sequence[Pair], candidate) -> tuple[dict[str, list[Pair]], list[str]]:
+    """Candidate pairs grouped by German side, and the groups' keys in split-hash order."""
+    groups: dict[str, list[Pair]] = defaultdict(list)
+    for pair in pairs:
+        if candidate(pair):
+            groups[normalize_text(pair.de).casefold()].append(pair)
+    return groups, sorted(groups, key=lambda k: (split_key(k), k))
+
+
 def split_corpus(
-    pairs: Sequence[Pair], test_size: int = 1000, dev_size: int = 1000, seed: int = 1234
+    pairs: Sequence[Pair], test_size: int = 1000, dev_size: int = 1000, seed: int = 1234,
+    software_test_size: int = 0,
 ) -> tuple[dict[str, list[Pair]], int]:
-    """Split into train/dev/test; returns the splits and the number of pairs removed as leaks.
+    """Split into train/dev/test (and test-software); returns the splits and the number of pairs
+    removed as leaks.
 
     Dev/test candidates (:func:`is_eval_candidate`) are Ding sentence pairs, grouped by German
     side (all translations of one German sentence stay together) and ordered by
-    :func:`split_key`; the first groups fill test, the next ones dev.  A dev group sharing a
-    side with test is dropped.  Any other pair whose German or English side matches a dev/test
-    side (case-insensitive, ignoring final punctuation; German and English sides are pooled)
-    leaves train, so neither a repeated sentence nor its translation leaks.  Train is sorted,
-    then shuffled with ``seed``.
+    :func:`split_key`; the first groups fill test, the next ones dev.  ``software_test_size``
+    groups of software-text sentences (:func:`is_software_candidate`) fill ``test-software``
+    the same way (the split is there only when asked for).  A group sharing a side with an
+    earlier held-out split is dropped.  Any other pair whose German or English side matches a
+    held-out side (case-insensitive, ignoring final punctuation; German and English sides are
+    pooled) leaves train, so neither a repeated sentence nor its translation leaks.  Train is
+    sorted, then shuffled with ``seed``.
     """
-    groups: dict[str, list[Pair]] = defaultdict(list)
-    for pair in pairs:
-        if is_eval_candidate(pair):
-            groups[normalize_text(pair.de).casefold()].append(pair)
-    ordered = sorted(groups, key=lambda k: (split_key(k), k))
-
+    ding = _groups(pairs, is_eval_candidate)
+    plan = [("test", test_size, ding), ("dev", dev_size, ding)]
+    if software_test_size:
+        plan.append(("test-software", software_test_size, _groups(pairs, is_software_candidate)))
     held: set[str] = set()
-    splits: dict[str, list[Pair]] = {"train": [], "dev": [], "test": []}
+    splits: dict[str, list[Pair]] = {"train": [], **{name: [] for name, _, _ in plan}}
     chosen: set[tuple[str, str]] = set()
     leaks = 0
-    pos = 0
-    for name, size in (("test", test_size), ("dev", dev_size)):
+    positions = {id(ding): 0}
+    for name, size, (groups, ordered) in plan:
+        pos = positions.get(id(groups), 0)
         while pos < len(ordered) and len(splits[name]) < size:
             group = groups[ordered[pos]]
             pos += 1
             chosen.update((p.de, p.en) for p in group)
             if {_match_key(s) for p in group for s in (p.de, p.en)} & held:
-                leaks += len(group)  # shares a side with test: usable for neither split
+                leaks += len(group)  # shares a side with an earlier split: usable for neither
                 continue
             splits[name].extend(group)
+        positions[id(groups)] = pos
         held |= {_match_key(s) for p in splits[name] for s in (p.de, p.en)}
-    for name, size in (("test", test_size), ("dev", dev_size)):
+    for name, size, _ in plan:
         if len(splits[name]) < size:
             print(
                 f"warning: only {len(splits[name])} sentence pairs for {name} "

@@ -22,8 +22,9 @@ class CorpusError(ValueError):
 class Pair:
     """One aligned segment pair.
 
-    ``sentence`` is only meaningful for Ding pairs: it marks the example sentences that dev and
-    test are drawn from.
+    ``sentence`` marks pairs whose sides both look like sentences (``ding.is_sentence``): Ding's
+    are what dev and test are drawn from, the software texts' (gettext, LibreOffice's help) what
+    the second test split, ``test-software``, is drawn from.
     """
 
     de: str
