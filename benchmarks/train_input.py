@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from model.batching import Batch, Prefetcher, batch_indices, collate, collate_ids, token_batches  # noqa: E402
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer  # noqa: E402
-from model.train import directions_for, load_examples, load_token_arrays, lr_at  # noqa: E402
+from model.train import TrainConfig, directions_for, load_examples, load_token_arrays, lr_at  # noqa: E402
 from model.transformer import Transformer, preset  # noqa: E402
 
 
@@ -103,7 +103,7 @@ def profile_steps(model: Transformer, batches, steps: int, warmup: int, label_sm
                 b = next(batches)
             step += 1
             for g in optimizer.param_groups:
-                g["lr"] = lr_at(step, model.config.d_model, 4000, 2.0)
+                g["lr"] = lr_at(step, TrainConfig.lr, TrainConfig.warmup)
             with record_function("forward"):
                 logits = model(b.src, b.tgt_in, b.src_mask, b.tgt_mask)
                 loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), b.tgt_out.view(-1),

@@ -100,6 +100,7 @@ class Progress:
     # slot for both, so that resuming and the "best.pt" rule work alike).
     best_score: float = -math.inf
     history: list[dict] = field(default_factory=list)   # every dev evaluation's metrics, in order
+    target_tokens: int = 0          # target tokens trained on so far (all processes), for learning curves
 
 
 def save_training_checkpoint(path: Path, model: Transformer, optimizer: torch.optim.Optimizer,
@@ -108,7 +109,7 @@ def save_training_checkpoint(path: Path, model: Transformer, optimizer: torch.op
     (tagged, directions, langs), written atomically."""
     save_atomically({"model": model.state_dict(), "optimizer": compact_optimizer_state(optimizer.state_dict()),
                      "config": model.config.to_dict(), "step": progress.step, "epoch": progress.epoch,
-                     "batch_pos": progress.batch_pos,
+                     "batch_pos": progress.batch_pos, "target_tokens": progress.target_tokens,
                      # The key keeps its first name so that every checkpoint written so far resumes.
                      "best_bleu": progress.best_score, "history": progress.history,
                      "metrics": progress.history[-1] if progress.history else None, **labels}, path)
@@ -132,7 +133,8 @@ def restore_training(state: dict, model: Transformer, optimizer: torch.optim.Opt
     for g in state["optimizer"]["param_groups"]:   # this device's implementation, whichever saved it
         g["fused"], g["foreach"] = fused, None
     optimizer.load_state_dict(expand_optimizer_state(state["optimizer"]))
-    return Progress(state["step"], state["epoch"], state["batch_pos"], state["best_bleu"], state["history"])
+    return Progress(state["step"], state["epoch"], state["batch_pos"], state["best_bleu"], state["history"],
+                    state.get("target_tokens", 0))
 
 
 def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[Transformer, Tokenizer, dict]:

@@ -14,8 +14,11 @@ on monolingual text from `model.data --monolingual`: paragraphs cut into windows
   from pinned memory without blocking, masks built on the device; no host sync per step (the loss is
   read only when the progress bar is redrawn)
 - label-smoothed cross-entropy (0.1), Adam(0.9, 0.98, eps 1e-9; fused on CUDA) with the paper's schedule
-  lr = factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), gradient clipping
-- mixed precision on CUDA (bf16 where supported, else fp16 with loss scaling)
+  by its peak: lr = peak · min(step / warmup, sqrt(warmup / step)), gradient clipping
+- short pairs (dictionary entries, UI labels) sampled at --short-weight per epoch, so sentences are not
+  drowned by them
+- mixed precision (--precision auto): bf16 autocast on CUDA and on CPUs with AVX-512 BF16 or AMX, fp16 with
+  loss scaling on older GPUs, fp32 elsewhere
 - `checkpoint.pt` (everything needed to resume: fp32 weights, Adam's moments compacted to fp8/bf16 by
   model.checkpoint, 59 MB for the small preset) every few minutes and at the end; `best.pt` (weights
   only) whenever dev BLEU improves; a run directory is resumed when it already holds one
@@ -65,12 +68,20 @@ from .transformer import PRESETS, Transformer, TransformerConfig, preset
 @dataclass
 class TrainConfig:
     max_tokens: int = 6000          # padded tokens per batch (per process)
-    lr_factor: float = 2.0          # scales the paper's schedule (the paper uses 1.0 at 25k tokens/batch)
-    warmup: int = 4000              # steps of linear warm-up
+    # The paper's schedule (linear warm-up, then 1/sqrt(step) decay) by its peak: 4,000 warm-up steps
+    # never ended inside a CPU or spot-GPU run; the peak and warm-up were picked by benchmarks/learning.py.
+    lr: float = 1e-3                # peak learning rate, reached at step `warmup`
+    warmup: int = 400               # steps of linear warm-up
+    # Dictionary entries and UI labels (targets under `short_pieces` pieces) are most of the corpus's
+    # pairs but teach little about sentences: each epoch keeps this random share of them (1 = all).
+    short_weight: float = 0.25
+    short_pieces: int = 6
+    precision: str = "auto"         # fp32 or bf16 (autocast); auto: bf16 on CUDA and on CPUs with bf16 instructions
     label_smoothing: float = 0.1
     clip_norm: float = 1.0
     epochs: int = 1000              # an upper bound; --max-minutes / --max-steps usually stop first
     max_steps: int = 0              # 0 = no step limit
+    max_target_tokens: int = 0      # stop once this many target tokens were trained on (0 = no limit)
     max_minutes: float = 0.0        # minutes of the training loop alone, after loading (0 = no limit)
     deadline_minutes: float = 0.0   # the whole run's wall clock from the process's start (0 = no deadline)
     eval_every: int = 1000          # steps between dev evaluations (0 = only at the end)
@@ -130,9 +141,42 @@ class SigtermFlag:
             signal.signal(signal.SIGTERM, self._previous)
 
 
-def lr_at(step: int, d_model: int, warmup: int, factor: float) -> float:
+def lr_at(step: int, peak: float, warmup: int) -> float:
+    """The paper's schedule, factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), by its peak value."""
     step = max(step, 1)
-    return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+    return peak * min(step / warmup, (warmup / step) ** 0.5)
+
+
+def cpu_has_bf16() -> bool:
+    """Does this CPU multiply bf16 in hardware (AVX-512 BF16 or AMX)? Elsewhere autocast would emulate it,
+    slower than fp32."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """--precision as the autocast dtype (None: plain fp32). auto: bf16 where the device computes it
+    natively (fp16 with loss scaling on an older GPU), else fp32."""
+    if precision not in ("auto", "fp32", "bf16"):
+        raise SystemExit(f"--precision {precision}: use auto, fp32 or bf16")
+    if precision == "fp32":
+        return None
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() or precision == "bf16" else torch.float16
+    return torch.bfloat16 if precision == "bf16" or cpu_has_bf16() else None
+
+
+def epoch_sample(tgt_len: np.ndarray, short_pieces: int, weight: float, seed: int) -> np.ndarray | None:
+    """The examples an epoch trains on: every one whose target has at least `short_pieces` pieces, and a
+    random `weight` share of the shorter ones (another share each epoch). None: all of them."""
+    if weight >= 1.0:
+        return None
+    short = tgt_len < short_pieces
+    rng = np.random.default_rng(seed)
+    return np.flatnonzero(~short | (rng.random(len(tgt_len)) < weight))
 
 
 def directions_for(arg: str, langs: list[str]) -> list[tuple[str, str]]:
@@ -527,9 +571,9 @@ class Trainer:
         self.model, self.net, self.optimizer, self.progress = model, net, optimizer, progress
         self.settings, self.corpus, self.tok, self.data, self.cluster = settings, corpus, tok, data, cluster
         self.out, self.ckpt_path, self.deadline, self.sigterm = out, out / "checkpoint.pt", deadline, sigterm
-        self.use_amp = cluster.device.type == "cuda"     # mixed precision on CUDA: bf16 where supported
-        self.amp_dtype = torch.bfloat16 if self.use_amp and torch.cuda.is_bf16_supported() else torch.float16
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.use_amp and self.amp_dtype == torch.float16)
+        self.amp_dtype = autocast_dtype(settings.precision, cluster.device)
+        self.use_amp = self.amp_dtype is not None
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
         self.save_seconds = self.eval_seconds = None     # measured: what the deadline keeps back for the end
         self.elapsed_before = progress.history[-1]["minutes"] * 60 if progress.history else 0.0
         self.t_start = self.last_save = time.time()
@@ -544,7 +588,12 @@ class Trainer:
         if pin and c.device.index is not None:
             torch.cuda.set_device(c.device)                # pinned buffers in this process's device context
         while epoch < s.epochs:
-            batches = batch_indices(train.src_len, train.tgt_len, s.max_tokens, seed=s.seed + epoch)
+            keep = epoch_sample(train.tgt_len, s.short_pieces, s.short_weight, seed=s.seed + epoch)
+            if keep is None:
+                batches = batch_indices(train.src_len, train.tgt_len, s.max_tokens, seed=s.seed + epoch)
+            else:
+                batches = [keep[b] for b in batch_indices(train.src_len[keep], train.tgt_len[keep], s.max_tokens,
+                                                          seed=s.seed + epoch)]
             batches = batches[: len(batches) - len(batches) % c.world]  # every rank takes the same number of steps
             if not batches:
                 raise SystemExit(f"{len(train)} examples make fewer batches than {c.world} processes; "
@@ -565,6 +614,7 @@ class Trainer:
                 p.epoch = epoch
                 loss = self.train_step(host_batch.to(c.device), bi)   # one non-blocking copy; masks built there
                 bar.add(loss, host_batch.n_tokens * c.world)
+                p.target_tokens += host_batch.n_tokens * c.world
                 now = time.time()
                 bar.update(now, self.optimizer.param_groups[0]["lr"], p.epoch, min(self.deadline, self.loop_deadline))
                 stop = self.should_stop(now)
@@ -586,8 +636,8 @@ class Trainer:
         s, p, c = self.settings, self.progress, self.cluster
         p.step += 1
         for g in self.optimizer.param_groups:
-            g["lr"] = lr_at(p.step, self.model.config.d_model, s.warmup, s.lr_factor)
-        with torch.autocast(c.device.type, dtype=self.amp_dtype, enabled=self.use_amp):
+            g["lr"] = lr_at(p.step, s.lr, s.warmup)
+        with torch.autocast(c.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.use_amp):
             logits = self.net(b.src, b.tgt_in, b.src_mask, b.tgt_mask)                     # (B, T, V)
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), b.tgt_out.view(-1),
                                    ignore_index=PAD_ID, label_smoothing=s.label_smoothing,
@@ -605,7 +655,8 @@ class Trainer:
         """--max-steps reached, a SIGTERM, or out of time. Several processes agree every STOP_CHECK_EVERY
         steps (an all-reduce that waits for the device, so not every step)."""
         s, p, c = self.settings, self.progress, self.cluster
-        stop = bool(s.max_steps and p.step >= s.max_steps)
+        stop = bool((s.max_steps and p.step >= s.max_steps)
+                    or (s.max_target_tokens and p.target_tokens >= s.max_target_tokens))
         if not c.distributed:
             return stop or self.sigterm.raised or self.out_of_time(now)
         if p.step % STOP_CHECK_EVERY == 0:
@@ -634,7 +685,8 @@ class Trainer:
             metrics = evaluate_dev(self.model, self.tok, data.dev, data.dev_refs, self.corpus.tagged, s.max_tokens,
                                    s.eval_sentences, device)
             score = sum(v for k, v in metrics.items() if k.startswith("bleu")) / max(1, len(data.dev_refs))
-        metrics.update(step=p.step, minutes=round((time.time() - self.t_start + self.elapsed_before) / 60, 1))
+        minutes = round((time.time() - self.t_start + self.elapsed_before) / 60, 1)
+        metrics.update(step=p.step, target_tokens=p.target_tokens, minutes=minutes)
         p.history.append(metrics)
         tqdm.write(json.dumps(metrics))
         if score > p.best_score:

@@ -76,7 +76,7 @@ def test_a_resumed_run_continues_the_schedule_and_the_data(data_dir, tmp_path):
     a, b = (torch.load(d / "checkpoint.pt", weights_only=False) for d in (straight, split))
     assert (a["step"], a["epoch"], a["batch_pos"]) == (b["step"], b["epoch"], b["batch_pos"]) and b["step"] == 12
     config = json.loads((split / "config.json").read_text())
-    want_lr = train.lr_at(12, config["model"]["d_model"], config["train"]["warmup"], config["train"]["lr_factor"])
+    want_lr = train.lr_at(12, config["train"]["lr"], config["train"]["warmup"])
     assert b["optimizer"]["param_groups"][0]["lr"] == a["optimizer"]["param_groups"][0]["lr"] == want_lr
     assert all(float(s["step"]) == 12 for s in b["optimizer"]["state"].values())
     moved = sum((b["model"][k] - halfway["model"][k]).norm() for k in a["model"])

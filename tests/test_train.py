@@ -231,3 +231,49 @@ def test_a_short_tiny_run_learns_and_caches_its_tokens(data_dir, tmp_path, capsy
     train.main(["--data", str(data_dir), "--out", str(tmp_path / "again"), "--direction", "de-en", "--max-steps", "2",
                 "--eval-every", "0", "--eval-sentences", "4", *TINY, "--threads", "1"])
     assert f"to load from {data_dir / '.token-cache'})" in capsys.readouterr().out
+
+
+def test_the_schedule_peaks_at_its_peak_after_warmup_and_decays_as_the_papers():
+    assert train.lr_at(100, 1e-3, 400) == pytest.approx(2.5e-4)                    # linear warm-up
+    assert train.lr_at(400, 1e-3, 400) == pytest.approx(1e-3)                      # the peak
+    assert train.lr_at(1600, 1e-3, 400) == pytest.approx(5e-4)                     # 1/sqrt(step)
+    d_model, warmup, factor = 256, 4000, 2.0                                       # the paper's form, same values
+    peak = factor * d_model ** -0.5 * warmup ** -0.5
+    for step in (1, 50, 3999, 4000, 9000):
+        paper = factor * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+        assert train.lr_at(step, peak, warmup) == pytest.approx(paper, rel=1e-12)
+
+
+def test_each_epoch_keeps_every_long_pair_and_a_share_of_the_short_ones():
+    tgt_len = np.array([2, 3, 8, 12, 1, 6, 5] * 2000)
+    keep = train.epoch_sample(tgt_len, short_pieces=6, weight=0.25, seed=1)
+    long_rows = np.flatnonzero(tgt_len >= 6)
+    assert np.isin(long_rows, keep).all()
+    short_share = (tgt_len[keep] < 6).sum() / (tgt_len < 6).sum()
+    assert 0.22 < short_share < 0.28
+    other = train.epoch_sample(tgt_len, short_pieces=6, weight=0.25, seed=2)
+    assert not np.array_equal(keep, other)                                         # another share each epoch
+    assert train.epoch_sample(tgt_len, 6, 1.0, seed=1) is None                     # every pair
+    assert set(train.epoch_sample(tgt_len, 6, 0.0, seed=1)) == set(long_rows)      # sentences only
+
+
+def test_precision_auto_is_bf16_only_where_the_cpu_has_bf16_instructions(monkeypatch):
+    cpu = torch.device("cpu")
+    assert train.autocast_dtype("fp32", cpu) is None
+    assert train.autocast_dtype("bf16", cpu) == torch.bfloat16
+    monkeypatch.setattr(train, "cpu_has_bf16", lambda: False)
+    assert train.autocast_dtype("auto", cpu) is None
+    monkeypatch.setattr(train, "cpu_has_bf16", lambda: True)
+    assert train.autocast_dtype("auto", cpu) == torch.bfloat16
+    with pytest.raises(SystemExit, match="use auto, fp32 or bf16"):
+        train.autocast_dtype("fp16", cpu)
+
+
+def test_a_run_stops_at_its_target_token_budget_and_logs_tokens(data_dir, tmp_path):
+    out = tmp_path / "budget"
+    train.main(["--data", str(data_dir), "--out", str(out), "--direction", "de-en", "--eval-sentences", "4", *TINY,
+                "--max-tokens", "300", "--threads", "1", "--max-target-tokens", "1000", "--eval-every", "0",
+                "--precision", "bf16"])
+    last = json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])
+    assert 1000 <= last["target_tokens"] < 1300 and last["step"] > 1
+    assert torch.load(out / "checkpoint.pt", weights_only=False)["target_tokens"] == last["target_tokens"]
