@@ -62,7 +62,7 @@ from .corpus.tsv import read_pairs
 from .decoding import translate
 from .mono import read_texts
 from .tokenizer import PAD_ID, Tokenizer, train_tokenizer
-from .transformer import PRESETS, Transformer, TransformerConfig, preset
+from .transformer import PRESETS, Transformer, TransformerConfig, fairseq_init, preset
 
 
 @dataclass
@@ -326,6 +326,9 @@ def parse_args(argv) -> tuple[argparse.Namespace, TrainConfig]:
                    help="encoder-decoder (translation, parallel data) or decoder (language model, monolingual data)")
     p.add_argument("--data", required=True, help="directory with train.tsv and dev.tsv from model.data")
     p.add_argument("--out", required=True, help="run directory (resumed if it holds checkpoint.pt)")
+    p.add_argument("--init", default="xavier", choices=["xavier", "fairseq"],
+                   help="a fresh model's initialisation: xavier (each matrix on its own, nn.Linear's biases) or "
+                        "fairseq (q/k/v as one matrix, zero biases; model.transformer.fairseq_init)")
     p.add_argument("--direction", default="both", help="de-en, en-de, or both (one model with a <2xx> target tag)")
     p.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when available)")
     p.add_argument("--vocab-size", type=int, default=8000)
@@ -441,7 +444,10 @@ def build_model(args: argparse.Namespace, corpus: CorpusInfo, tok: Tokenizer, st
                      bos_id=tok.special.bos, eos_id=tok.special.eos,
                      # A zero <s> is for Marian/CTranslate2 export of translators; a language model keeps it.
                      zero_bos_embedding=not corpus.lm))
-    model = Transformer(config).to(device)
+    model = Transformer(config)
+    if not state and args.init == "fairseq":
+        fairseq_init(model)
+    model = model.to(device)
     # Fused Adam on CUDA (one kernel for all parameters); on the CPU the default for-loop Adam.
     fused = True if device.type == "cuda" else None
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9, fused=fused)

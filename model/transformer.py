@@ -245,6 +245,19 @@ class DecoderLayer(nn.Module):
         return x, (k, v)
 
 
+def fairseq_init(model: nn.Module) -> None:
+    """fairseq's (and PyTorch nn.Transformer's) initialisation instead of ours: the query, key and value
+    projections Xavier-initialised as one (3·d_model, d_model) matrix (gain 1/sqrt(2) each, √2 smaller than
+    on their own) and every linear bias zero. Ours (Xavier per matrix, nn.Linear's uniform biases) stays
+    the default for a model built from its config; model.train --init fairseq applies this to a fresh one."""
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            for projection in (module.w_q, module.w_k, module.w_v):
+                nn.init.xavier_uniform_(projection.weight, gain=2 ** -0.5)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+
 class Transformer(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()

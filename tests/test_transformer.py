@@ -147,3 +147,20 @@ def test_beam_search_scores_are_the_models_log_probs():
     total = sum(lp[i, t].item() for i, t in enumerate(hyp.tokens)) + lp[len(hyp.tokens), 3].item()
     assert hyp.log_prob == pytest.approx(total, abs=1e-4)
     assert hyp.score == pytest.approx(total / (len(hyp.tokens) + 1), abs=1e-4)
+
+
+def test_fairseq_init_draws_qkv_as_one_matrix_and_zeroes_the_biases():
+    from model.transformer import MultiHeadAttention, fairseq_init
+
+    torch.manual_seed(0)
+    model = Transformer(preset("small", vocab_size=300))
+    fairseq_init(model)
+    d = model.config.d_model
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            for projection in (module.w_q, module.w_k, module.w_v):
+                bound = (6 / (4 * d)) ** 0.5                     # xavier over (3d, d)
+                assert projection.weight.abs().max() <= bound and projection.weight.abs().max() > 0.9 * bound
+            assert module.w_o.weight.abs().max() > 0.9 * (6 / (2 * d)) ** 0.5   # w_o keeps its own
+        if isinstance(module, torch.nn.Linear) and module.bias is not None:
+            assert not module.bias.any()
