@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     from .app import build_server
     from .engine import DeviceError, PackageError
     from .litserve_bridge import serving
-    from .uvicorn_bridge import JsonErrorHTTPProtocol
+    from .uvicorn_bridge import uvicorn_options
 
     try:
         server, gateway = build_server(settings)
@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         serve_metrics(settings.host, settings.metrics_port)
     signal.signal(signal.SIGTERM, on_sigterm)
     server.run(host=settings.host, port=settings.port, num_api_servers=settings.api_servers,
-               log_level=settings.log_level, generate_client_file=False, http=JsonErrorHTTPProtocol)
+               log_level=settings.log_level, generate_client_file=False,
+               **uvicorn_options(settings.header_timeout_s, settings.keep_alive_timeout_s, settings.max_connections))
     return 0
 
 

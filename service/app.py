@@ -342,7 +342,8 @@ class Gateway:
         guarded = guarded_paths(metrics_on_main_port=not self.settings.metrics_port,
                                 public_docs=self.settings.public_docs)
         app.add_middleware(request_context, endpoints=endpoints, max_payload_bytes=self.settings.max_payload_bytes,
-                           api_keys=tuple(self.settings.api_keys), guarded=frozenset(guarded))
+                           api_keys=tuple(self.settings.api_keys), guarded=frozenset(guarded),
+                           body_timeout_s=self.settings.body_timeout_s)
 
     def _describe_served_values(self, app) -> None:
         """/openapi.json names what this server serves: its languages and generation models as enums, its

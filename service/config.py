@@ -44,6 +44,11 @@ class Settings:
     request_timeout_s: float = 60.0     # longest a request may wait in the queue; then 504
     drain_timeout_s: float = 30.0       # on SIGTERM: how long admitted requests may take to finish
     max_payload_bytes: int = 1_000_000  # request body size; beyond: 413
+    # Every connection bounded at the server (README, "Slow clients"; service/uvicorn_bridge.py).
+    header_timeout_s: float = 10.0      # request line and headers, from the first byte; then 408 and close
+    body_timeout_s: float = 30.0        # the whole body, from the end of the headers; then 408 and close
+    keep_alive_timeout_s: float = 5.0   # an idle connection between requests is closed after this
+    max_connections: int = 1024         # open connections per HTTP process; beyond: the longest waiting closed
     max_output_tokens: int = 512        # hard cap on tokens written per sentence (and per generation)
     max_prompt_tokens: int = 512        # generation prompt tokens
     api_keys: list[str] = field(default_factory=list)  # empty = no authentication
@@ -82,6 +87,13 @@ _HELP = {
     "metrics_port": "serve /metrics on this port instead, with no key (for the cluster's scraper; keep the "
                     "port inside the cluster); 0 = /metrics on the main port, behind the API key when there is one",
     "public_docs": "with API keys set, leave /docs, /openapi.json and /info open (the probes always are)",
+    "header_timeout_s": "seconds a request's line and headers may take, from the connection's opening or the "
+                        "first byte after the previous answer; then 408 and the connection closes",
+    "body_timeout_s": "seconds a request's whole body may take after its headers; then 408 and the connection closes",
+    "keep_alive_timeout_s": "seconds an idle connection is kept open between requests (behind a proxy that "
+                            "reuses connections, set it above the proxy's idle timeout)",
+    "max_connections": "open connections per HTTP process (lowered to fit the file-descriptor limit); a new one "
+                       "beyond it closes the one waiting longest on its client, so probes are still answered",
 }
 
 
@@ -161,7 +173,10 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         p.error(f"--metrics-port must differ from --port ({s.port}), or be 0 for /metrics on the main port")
     if not 0 <= s.worker_nice <= 19:
         p.error(f"--worker-nice must be between 0 and 19, got {s.worker_nice}")
-    for name in ("workers", "api_servers", "max_batch_size", "max_texts", "max_queue"):
+    for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
+        if not getattr(s, name) > 0:
+            p.error(f"--{name.replace('_', '-')} must be more than 0, got {getattr(s, name)}")
+    for name in ("workers", "api_servers", "max_batch_size", "max_texts", "max_queue", "max_connections"):
         if getattr(s, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(s, name)}")
     return s

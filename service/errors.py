@@ -17,8 +17,8 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 # The `kind` label of transerve_errors_total for each status; anything else counts as "internal".
-ERROR_KIND = {400: "validation", 401: "auth", 403: "auth", 413: "limit", 422: "validation", 429: "overload",
-              503: "overload", 504: "timeout"}
+ERROR_KIND = {400: "validation", 401: "auth", 403: "auth", 408: "limit", 413: "limit", 422: "validation",
+              429: "overload", 503: "overload", 504: "timeout"}
 
 
 class ApiError(Exception):
@@ -102,7 +102,7 @@ def install_handlers(app, max_payload_bytes: int) -> None:
 
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
         kinds = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
-                 504: "timeout"}
+                 408: "timeout", 504: "timeout"}
         kind, limit = kinds.get(e.status_code, "error"), None
         message = str(e.detail) if e.status_code < 500 else "internal error"
         if e.status_code == 400 and e.__cause__ is not None:  # FastAPI's "There was an error parsing the body"

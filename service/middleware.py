@@ -8,6 +8,7 @@ benchmarks/results/vs-ctranslate2-cpu.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -21,12 +22,19 @@ from .metrics import metrics
 
 log = logging.getLogger("transerve")
 
+# The most of a refused body (over --max-payload-bytes) read and dropped before the 413, so that a client
+# that writes its whole body before reading (urllib, most scripts) reads the answer: closing with the body
+# unread resets the connection under it (a broken pipe, the 413 lost). A body declared larger is refused
+# at once, unread, as is one whose client waits for "100 Continue".
+DRAIN_BYTES = 16 * 2**20
+
 
 def request_context(app, endpoints: dict[str, str], max_payload_bytes: int, api_keys=(),
-                    guarded: frozenset = frozenset()):
+                    guarded: frozenset = frozenset(), body_timeout_s: float = 30.0):
     """`app` wrapped; `endpoints` maps the paths whose requests are counted to their metrics label; the
     `guarded` paths (docs, info, metrics: auth.guarded_paths) need one of `api_keys` (the endpoints check
-    their own, LibreTranslate's may come in the body)."""
+    their own, LibreTranslate's may come in the body). A body must arrive within `body_timeout_s` of the
+    headers (then 408 and the connection closes)."""
 
     async def wrapped(scope, receive, send):
         if scope["type"] != "http":
@@ -47,11 +55,12 @@ def request_context(app, endpoints: dict[str, str], max_payload_bytes: int, api_
                                         for k, v in headers)
             await send(message)
 
-        limited = limited_receive(scope, receive, max_payload_bytes)
+        limited = limited_receive(scope, receive, max_payload_bytes, body_timeout_s)
         try:
             if api_keys and scope["path"] in guarded and (refused := key_error(api_keys, scope)):
                 await error_response(scope["path"], rid, refused)(scope, receive, send_with_id)
             elif limited is None:
+                await drain_declared(scope, receive, body_timeout_s)
                 await error_response(scope["path"], rid, too_large(max_payload_bytes))(scope, receive, send_with_id)
             else:
                 await app(scope, limited, send_with_id)
@@ -84,23 +93,61 @@ def count(endpoint: str, status: int, seconds: float | None) -> None:
         metrics().errors.labels(endpoint, ERROR_KIND.get(status, "internal")).inc()
 
 
-def limited_receive(scope, receive, limit: int):
-    """`receive` counting the body as the app reads it: past `limit` it raises a 413 (an HTTPException,
-    which FastAPI's body parsing passes on to the error handlers), and the connection closes. None when
-    the declared Content-Length is over the limit: that body is never read, and the 413 goes out at once;
-    waiting for a body that never comes would hold the connection open, since nothing in uvicorn times
-    out a body read (LitServe's max_payload_size only counted)."""
+def limited_receive(scope, receive, limit: int, timeout_s: float = 30.0):
+    """`receive` counting the body as the app reads it: past `limit` it reads and drops the rest (see
+    DRAIN_BYTES) and raises a 413 (an HTTPException, which FastAPI's body parsing passes on to the error
+    handlers), and the connection closes. The whole body must arrive within `timeout_s` (uvicorn times out
+    no body read): then a 408, and the connection closes. None when the declared Content-Length is over
+    the limit: that body is refused without being parsed (drain_declared, then the 413)."""
     declared = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
     if declared.isdigit() and int(declared) > limit:
         return None
-    seen = 0
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    seen, done = 0, False
 
     async def limited():
-        nonlocal seen
-        message = await receive()
+        nonlocal seen, done
+        if done:   # the body is in: later receives wait for the disconnect, as long as the answer takes
+            return await receive()
+        message = await body_part(receive, deadline, timeout_s)
         seen += len(message.get("body", b""))
+        done = not message.get("more_body", False)   # the last part, or a disconnect
         if seen > limit:
+            if not done:
+                await drain(receive, deadline, DRAIN_BYTES)
             raise StarletteHTTPException(413, headers={"Connection": "close"})
         return message
 
     return limited
+
+
+async def body_part(receive, deadline: float, timeout_s: float) -> dict:
+    """The next part of a request's body, or a 408 once `deadline` (the loop's clock) has passed."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            return await receive()
+    except TimeoutError:
+        raise StarletteHTTPException(408, f"the body did not arrive within {timeout_s:g} s of the headers "
+                                     "(--body-timeout-s)", headers={"Connection": "close"}) from None
+
+
+async def drain(receive, deadline: float, budget: int) -> None:
+    """Reads and drops a body's rest: until its end, `budget` bytes or `deadline`, whichever comes first."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            while budget > 0:
+                message = await receive()
+                budget -= len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return
+    except TimeoutError:
+        return
+
+
+async def drain_declared(scope, receive, timeout_s: float) -> None:
+    """Before the 413 of a body declared over the limit: the body read and dropped if it is at most
+    DRAIN_BYTES and its client is sending it (no `Expect: 100-continue`), within `timeout_s`."""
+    headers = dict(scope["headers"])
+    if int(headers.get(b"content-length", b"0")) <= DRAIN_BYTES and headers.get(b"expect", b"").lower() != \
+            b"100-continue":
+        await drain(receive, asyncio.get_running_loop().time() + timeout_s, DRAIN_BYTES)

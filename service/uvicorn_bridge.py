@@ -1,32 +1,184 @@
-"""uvicorn's HTTP protocol, answering the requests it cannot parse in the service's JSON error shape.
+"""uvicorn's HTTP protocol, with the service's JSON errors and a bound on every connection.
 
 uvicorn refuses a request it cannot parse (a negative or non-numeric Content-Length, a malformed
 request line or header) before any ASGI app sees it, with a plain-text 400 written by the protocol's
 `send_400_response` (uvicorn 0.54, the same method in its h11 and httptools protocols; no setting
 changes it). Every other error of the service is JSON, `{"error": {"type", "message"}, "request_id"}`,
 so this subclass of whichever protocol uvicorn's "auto" picks (httptools where installed, as in the
-image; else h11) overrides that one method and nothing else. LitServe passes `http=` through to
-uvicorn.Config (service/__main__.py).
+image; else h11) overrides that method. LitServe passes `http=` and the other uvicorn options through
+to uvicorn.Config (service/__main__.py, uvicorn_options).
+
+uvicorn bounds only the idle time between requests (`timeout_keep_alive`). A client that sends its
+headers a byte at a time, or opens a connection and sends nothing, holds it for ever; enough of them
+use every file descriptor and the probes get no answer (issue 27). GuardedHTTPProtocol adds:
+
+- a deadline for a request's line and headers (`--header-timeout-s`), from the connection's opening or
+  from the first byte after the previous response: then 408 (when part of a request came) and close;
+- a cap on open connections per HTTP process (`--max-connections`, kept below the file-descriptor
+  limit, which start-up raises to its hard limit): a connection opened over the cap closes those that
+  have waited longest on their clients (for headers, a body or a next request), so a new one, a
+  probe's, is taken. A connection is safe for its first GRACE_S (its request is read by then), so a
+  burst may pass the cap for that long, up to what the descriptors allow; past that ceiling, with none
+  to close, a new connection is refused (503).
+
+The body's deadline (`--body-timeout-s`) is the ASGI middleware's (service/middleware.py), which can
+answer it in the request's own error shape. uvicorn's `limit_concurrency` is not used: it counts open
+connections, slow ones included, and answers every request over it 503, the probes' too.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import resource
 import uuid
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+log = logging.getLogger("transerve")
+
+FD_HEADROOM = 128   # descriptors kept for everything but connections: model files, pipes, the metrics port
+# How long a new connection is safe from the cap: time for its client's request to arrive and be read. A
+# probe opened in a burst of slow connections is then answered, not closed by the burst's own newcomers.
+GRACE_S = 1.0
+
+
+def write_error(protocol, status: bytes, type_: str, message: str, extra: list[bytes] = ()) -> None:
+    """A JSON error written straight to the connection, which is then closed (no request was parsed, or
+    its app never sees this answer: the parser's state no longer matters)."""
+    rid = uuid.uuid4().hex   # no request was parsed, so none came with one
+    body = json.dumps({"error": {"type": type_, "message": message}, "request_id": rid}).encode()
+    head = [b"HTTP/1.1 " + status]
+    head += [name + b": " + value for name, value in protocol.server_state.default_headers]
+    head += [b"content-type: application/json", b"content-length: %d" % len(body), b"connection: close",
+             b"x-request-id: " + rid.encode(), *extra]
+    protocol.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+    protocol.transport.close()
+
 
 class JsonErrorHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
     def send_400_response(self, msg: str) -> None:
-        rid = uuid.uuid4().hex   # no request was parsed, so none came with one
-        body = json.dumps({"error": {"type": "invalid_http", "message": f"{msg} (malformed request line or "
-                                     "headers, e.g. a Content-Length that is not a non-negative integer)"},
-                           "request_id": rid}).encode()
-        head = [b"HTTP/1.1 400 Bad Request"]
-        head += [name + b": " + value for name, value in self.server_state.default_headers]
-        head += [b"content-type: application/json", b"content-length: %d" % len(body), b"connection: close",
-                 b"x-request-id: " + rid.encode()]
-        # Written whole and the connection closed, as uvicorn does: the parser's state no longer matters.
-        self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
-        self.transport.close()
+        write_error(self, b"400 Bad Request", "invalid_http", f"{msg} (malformed request line or headers, e.g. "
+                    "a Content-Length that is not a non-negative integer)")
+
+
+class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
+    """JsonErrorHTTPProtocol with a header deadline and a connection cap (see the module's docstring);
+    `guarded_protocol` makes one with the settings."""
+
+    header_timeout_s = 10.0
+    max_connections = 1024
+    ceiling = 1024
+    recheck = None      # the pending make_room of this process (see make_room)
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.head_timer = None
+        self.head_started = False       # some bytes of the awaited request arrived
+        self.seen_cycle = None          # the request whose headers were complete last
+        self.waiting_since = self.loop.time()
+        self.await_head()
+        if len(self.connections) > self.max_connections:
+            self.make_room()
+
+    def connection_lost(self, exc) -> None:
+        self.stop_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.head_timer is None and self.between_requests():
+            self.waiting_since = self.loop.time()   # the next request (or the rest of an unread body) begins
+            self.await_head()
+        self.head_started = True
+        super().data_received(data)
+        if self.cycle is not None and self.cycle is not self.seen_cycle:   # a request's headers are complete
+            self.seen_cycle = self.cycle
+            self.stop_head_timer()
+            self.head_started = False
+            self.waiting_since = self.loop.time()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self.waiting_since = self.loop.time()   # uvicorn's keep-alive timer now bounds the idle wait
+
+    # --- the header deadline ---------------------------------------------------------------------
+    def between_requests(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def await_head(self) -> None:
+        self.head_timer = self.loop.call_later(self.header_timeout_s, self.head_timed_out)
+
+    def stop_head_timer(self) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+
+    def head_timed_out(self) -> None:
+        self.head_timer = None
+        if self.transport.is_closing():
+            return
+        if not self.head_started:   # nothing sent at all (a preconnect, or a silent client): just closed
+            self.transport.close()
+            return
+        write_error(self, b"408 Request Timeout", "timeout", f"the request line and headers did not arrive "
+                    f"within {self.header_timeout_s:g} s (--header-timeout-s)")
+
+    # --- the connection cap ----------------------------------------------------------------------
+    def waiting_on_client(self, now: float) -> bool:
+        """Whether this connection has waited GRACE_S or more on its client: for a request's headers or
+        body, or idle between requests (nothing of its answer is being computed or sent)."""
+        if self.transport.is_closing() or now - getattr(self, "waiting_since", now) < GRACE_S:
+            return False
+        cycle = self.cycle
+        return cycle is None or cycle.response_complete or (cycle.more_body and not cycle.response_started)
+
+    def make_room(self, new: bool = True) -> None:
+        """Over the cap: the connections that have waited longest on their clients (GRACE_S at least) closed
+        until it holds; while there are too few of those (a burst of new connections), a check again in
+        GRACE_S, and past the ceiling this `new` connection refused (503)."""
+        cls, now = type(self), self.loop.time()
+        over = len(self.connections) - self.max_connections
+        waiting = sorted((p for p in self.connections if isinstance(p, GuardedHTTPProtocol)
+                          and p.waiting_on_client(now)), key=lambda p: p.waiting_since)
+        for p in waiting[:over]:
+            p.stop_head_timer()
+            p.transport.close()
+        if over > len(waiting) and cls.recheck is None:
+            cls.recheck = self.loop.call_later(GRACE_S, self.check_again)
+        if new and len(self.connections) - min(over, len(waiting)) > self.ceiling:
+            log.warning("%d connections open, none waiting on its client for %g s: a new one refused",
+                        len(self.connections), GRACE_S)
+            write_error(self, b"503 Service Unavailable", "overloaded", f"{len(self.connections) - 1} connections "
+                        "are open (--max-connections, the file-descriptor limit); retry", [b"retry-after: 1"])
+
+    def check_again(self) -> None:
+        type(self).recheck = None
+        if len(self.connections) > self.max_connections:
+            self.make_room(new=False)
+
+
+def connection_limits(wanted: int) -> tuple[int, int]:
+    """(cap, ceiling): `wanted` connections, or fewer where the file-descriptor limit is lower even once
+    its soft limit is raised to the hard one, and the most a burst may open for a moment (GRACE_S) above
+    the cap: what the descriptors allow. Where the soft limit is 1,024 (a common default), a flood of
+    connections would otherwise end in failing accept()s, which pause the listener, probes included."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    fds = 1 << 20 if soft == resource.RLIM_INFINITY else soft
+    ceiling = max(1, fds - FD_HEADROOM)
+    if ceiling < wanted:
+        log.warning("--max-connections %d lowered to %d: the file-descriptor limit is %d", wanted, ceiling, soft)
+    return min(wanted, ceiling), ceiling
+
+
+def uvicorn_options(header_timeout_s: float, keep_alive_timeout_s: float, max_connections: int) -> dict:
+    """The keyword arguments for LitServer.run (passed on to uvicorn.Config)."""
+    cap, ceiling = connection_limits(max_connections)
+    protocol = type("GuardedHTTPProtocol", (GuardedHTTPProtocol,),
+                    {"header_timeout_s": header_timeout_s, "max_connections": cap, "ceiling": ceiling})
+    return {"http": protocol, "timeout_keep_alive": keep_alive_timeout_s}
