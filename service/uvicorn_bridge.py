@@ -28,6 +28,7 @@ connections, slow ones included, and answers every request over it 503, the prob
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import resource
@@ -134,18 +135,22 @@ class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
 
     def make_room(self, new: bool = True) -> None:
         """Over the cap: the connections that have waited longest on their clients (GRACE_S at least) closed
-        until it holds; while there are too few of those (a burst of new connections), a check again in
-        GRACE_S, and past the ceiling this `new` connection refused (503)."""
+        until it holds; while there are too few of those (a burst of new connections), one look again a
+        quarter of GRACE_S later (the connections opened meanwhile cost nothing), and past the ceiling this
+        `new` connection refused (503)."""
         cls, now = type(self), self.loop.time()
+        beyond = len(self.connections) > self.ceiling
+        if cls.recheck is not None and new and not beyond:
+            return
         over = len(self.connections) - self.max_connections
-        waiting = sorted((p for p in self.connections if isinstance(p, GuardedHTTPProtocol)
-                          and p.waiting_on_client(now)), key=lambda p: p.waiting_since)
-        for p in waiting[:over]:
+        waiting = heapq.nsmallest(over, (p for p in self.connections if isinstance(p, GuardedHTTPProtocol)
+                                         and p.waiting_on_client(now)), key=lambda p: p.waiting_since)
+        for p in waiting:
             p.stop_head_timer()
             p.transport.close()
         if over > len(waiting) and cls.recheck is None:
-            cls.recheck = self.loop.call_later(GRACE_S, self.check_again)
-        if new and len(self.connections) - min(over, len(waiting)) > self.ceiling:
+            cls.recheck = self.loop.call_later(GRACE_S / 4, self.check_again)
+        if new and beyond and len(self.connections) - len(waiting) > self.ceiling:
             log.warning("%d connections open, none waiting on its client for %g s: a new one refused",
                         len(self.connections), GRACE_S)
             write_error(self, b"503 Service Unavailable", "overloaded", f"{len(self.connections) - 1} connections "

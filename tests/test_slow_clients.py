@@ -167,8 +167,9 @@ def test_probes_answer_while_slow_clients_hold_connections(server, n):
     if n < CAP:   # none closed early: each ran into its timeout
         assert early == 0 and all(s >= (BODY_S if k == "body" else HEADER_S) - 0.2 for k, s, _ in clients)
         assert all(bool(got) == (k != "silent") for k, _, got in clients)
-    else:         # those over the cap closed once they had waited a second (uvicorn_bridge.GRACE_S)
-        assert n - CAP - 20 <= early <= n - CAP + 20, early
+    else:   # the cap closed some, once they had waited a second (uvicorn_bridge.GRACE_S): a header-trickling
+        # connection closed by its timeout gets a 408, one closed by the cap nothing
+        assert sum(k == "headers" and not got for k, _, got in clients) >= 10 and early <= n - CAP + 20
 
 
 def test_an_oversized_body_written_whole_still_reads_its_413(server):
