@@ -32,7 +32,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Generator, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -41,8 +41,8 @@ import sentencepiece as spm
 from .device_memory import BlockPool, KVCache, Tensors
 from .onnxruntime_bridge import Binder
 from .shared.package import CACHE_BY_POSITION, INT8_SCHEME, ModelPackage, PackageError, load_package
-from .shared.search import (Hypothesis, SearchOptions, Steps, beam_search, finish, greedy_search, greedy_steps,
-                            max_lengths, sample, sample_steps)
+from .shared.search import (Hypothesis, SearchOptions, Steps, beam_search, beam_steps, finish, greedy_steps,
+                            max_lengths, sample_steps)
 
 __all__ = ["Engine", "SearchOptions", "PackageError", "DeviceError", "ModelPackage", "load_package", "probe_device",
            "Translation", "Generation", "OrtDecoder", "OrtLmDecoder", "session_options", "COLUMNS_STEP"]
@@ -460,6 +460,14 @@ class Engine:
     def search(self, src_ids: Sequence[Sequence[int]], options: SearchOptions,
                seeds: Sequence[int | None] | None = None) -> list[list[Hypothesis]]:
         """Decodes one padded batch; for each source its hypotheses, best first."""
+        return finish(self.search_steps(src_ids, options, seeds))
+
+    def search_steps(self, src_ids: Sequence[Sequence[int]], options: SearchOptions,
+                     seeds: Sequence[int | None] | None = None) -> Generator[object, None, list[list[Hypothesis]]]:
+        """search() one decoder call at a time: the encoder runs at the first next(), then each next()
+        runs one decoder step; the return value is search()'s. The caller may run other searches between
+        the steps (the translate worker does, so a small request need not wait for a large one's batch):
+        each search has its own cache, so its answer is the same. Closing it early hands its blocks back."""
         # Checked here, not only in beam_search: greedy search and sampling would silently return one.
         most = 1 if options.sampling else options.beam_size
         if not 1 <= options.num_hypotheses <= most:
@@ -476,23 +484,26 @@ class Engine:
         decoder = OrtDecoder(self, self.encode(src), src != self.pad_id, max_positions=int(max(limits)) + 1,
                              max_rows=B * (1 if options.sampling else options.beam_size))
         try:
-            return self._search(decoder, B, limits, options, seeds)
+            return (yield from self._search(decoder, B, limits, options, seeds))
         finally:
             decoder.close()
 
     def _search(self, decoder: OrtDecoder, B: int, limits: np.ndarray, options: SearchOptions,
-                seeds: Sequence[int | None] | None) -> list[list[Hypothesis]]:
+                seeds: Sequence[int | None] | None) -> Generator[object, None, list[list[Hypothesis]]]:
         common = dict(bos_id=self.bos_id, eos_id=self.eos_id, max_length=limits, min_length=options.min_length,
                       no_repeat_ngram_size=options.no_repeat_ngram_size,
                       repetition_penalty=options.repetition_penalty, banned_ids=self.banned_ids)
         if options.sampling:
             seeds = list(seeds) if seeds is not None else [options.seed] * B
-            return [[h] for h in sample(decoder, B, seeds=seeds, temperature=options.temperature,
-                                        top_k=options.top_k, top_p=options.top_p, **common)]
-        if options.beam_size == 1:
-            return [[h] for h in greedy_search(decoder, B, **common)]
-        return beam_search(decoder, B, beam_size=options.beam_size, length_penalty=options.length_penalty,
-                           num_hypotheses=options.num_hypotheses, **common)
+            steps = sample_steps(decoder, B, seeds=seeds, temperature=options.temperature, top_k=options.top_k,
+                                 top_p=options.top_p, **common)
+        elif options.beam_size == 1:
+            steps = greedy_steps(decoder, B, **common)
+        else:
+            return (yield from beam_steps(decoder, B, beam_size=options.beam_size,
+                                          length_penalty=options.length_penalty,
+                                          num_hypotheses=options.num_hypotheses, **common))
+        return [[h] for h in (yield from steps)]    # its Steps are yielded too: the caller ignores them
 
     # --- generation (decoder-only packages) -------------------------------------------------------------
     def prompt_ids(self, texts: Sequence[str]) -> list[list[int]]:

@@ -156,9 +156,11 @@ class Step:
 
 # A generator of Steps whose return value is the list of Hypotheses, one per input.
 Steps = Generator[Step, None, list[Hypothesis]]
+# beam_steps: nothing per step (beams are not streamed); returns each input's hypotheses.
+BeamSteps = Generator[None, None, list[list[Hypothesis]]]
 
 
-def finish(steps: Steps) -> list[Hypothesis]:
+def finish(steps: Steps | BeamSteps) -> list:
     """Runs a step generator to the end; returns its hypotheses."""
     while True:
         try:
@@ -226,13 +228,20 @@ def _paths(decoder: IncrementalDecoder, batch_size: int, pick: Callable | None, 
     return results  # type: ignore[return-value]
 
 
-def beam_search(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eos_id: int,
-                beam_size: int = DEFAULTS.beam_size, max_length: Sequence[int] | np.ndarray,
-                length_penalty: float = DEFAULTS.length_penalty, num_hypotheses: int = DEFAULTS.num_hypotheses,
-                min_length: int = DEFAULTS.min_length, no_repeat_ngram_size: int = DEFAULTS.no_repeat_ngram_size,
-                repetition_penalty: float = DEFAULTS.repetition_penalty, banned_ids: Sequence[int] = (),
-                start_tokens: np.ndarray | None = None) -> list[list[Hypothesis]]:
-    """Batched beam search; for each input sentence its `num_hypotheses` best hypotheses, best first.
+def beam_search(decoder: IncrementalDecoder, batch_size: int, **kw) -> list[list[Hypothesis]]:
+    """Batched beam search; for each input sentence its `num_hypotheses` best hypotheses, best first
+    (the options: beam_steps)."""
+    return finish(beam_steps(decoder, batch_size, **kw))
+
+
+def beam_steps(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eos_id: int,
+               beam_size: int = DEFAULTS.beam_size, max_length: Sequence[int] | np.ndarray,
+               length_penalty: float = DEFAULTS.length_penalty, num_hypotheses: int = DEFAULTS.num_hypotheses,
+               min_length: int = DEFAULTS.min_length, no_repeat_ngram_size: int = DEFAULTS.no_repeat_ngram_size,
+               repetition_penalty: float = DEFAULTS.repetition_penalty, banned_ids: Sequence[int] = (),
+               start_tokens: np.ndarray | None = None) -> BeamSteps:
+    """beam_search, yielding None after every decoder call (so a caller can run other work between the
+    steps: the translate worker's fairness) and returning what beam_search returns.
 
     length_penalty: a finished hypothesis scores sum(log p) / length ** length_penalty (0 = off,
     1.0 = average log-prob). min_length: 0 = off. no_repeat_ngram_size: 0 = off.
@@ -280,6 +289,7 @@ def beam_search(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eo
         beam_scores = np.asarray([score for _, _, score in picked], dtype=np.float64).reshape(len(active), K)
         tokens = np.asarray([tok for _, tok, _ in picked], dtype=np.int64)
         step += 1
+        yield None
     return [sorted(f, key=lambda h: -h.score)[:num_hypotheses] for f in finished]
 
 
