@@ -40,6 +40,9 @@ class Settings:
     max_text_chars: int = 10_000        # characters per text
     max_sentence_tokens: int = 256      # source tokens per sentence after splitting
     max_request_tokens: int = 8192      # source tokens per request
+    # Source tokens x beam_size per request (/generate: (prompt + max_new_tokens) x rows); beyond: 413.
+    # 8192 tokens at the default beam 4; the issue's 64 x 341 characters at beam 16 cost 130,432.
+    max_request_cost: int = 32768
     max_queue: int = 256                # requests waiting or running, over all HTTP processes; beyond: 503
     request_timeout_s: float = 60.0     # longest a request may wait in the queue; then 504
     drain_timeout_s: float = 30.0       # on SIGTERM: how long admitted requests may take to finish
@@ -81,6 +84,8 @@ _HELP = {
     "worker_nice": "how much lower the inference workers' CPU priority is than the HTTP process's (0-19; 0 = the same)",
     "batch_timeout_ms": "after an inference worker takes a request, how long it waits for more to join the batch "
                         "(0: it takes only those already queued; under load they queue while it is busy)",
+    "max_request_cost": "a request's cost at most: source tokens x beam_size for /translate, (prompt tokens + "
+                        "max_new_tokens) x beams or sequences for /generate; beyond: 413 naming the limit",
     "api_keys": "comma-separated API keys; when set, requests need Authorization: Bearer KEY",
     "api_keys_file": "file of API keys, one per line (blank lines and # comments ignored), read at start-up and "
                      "added to --api-keys; a missing, unreadable or keyless file is an error",
@@ -176,7 +181,8 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
     for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
         if not getattr(s, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be more than 0, got {getattr(s, name)}")
-    for name in ("workers", "api_servers", "max_batch_size", "max_texts", "max_queue", "max_connections"):
+    for name in ("workers", "api_servers", "max_batch_size", "max_texts", "max_queue", "max_connections",
+                 "max_request_cost"):
         if getattr(s, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(s, name)}")
     return s

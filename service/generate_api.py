@@ -141,6 +141,13 @@ class GenerateAPI(ls.LitAPI):
         if n > 1 and not sampling and n > beam:
             return Failure(422, "invalid_request", f"num_return_sequences={n} needs sampling (temperature > 0) or "
                            f"beam_size >= {n}; greedy search returns one text")
+        rows = beam if beam > 1 else n
+        cost = (len(prompt) - 1 + max_new) * rows
+        if cost > s.max_request_cost:
+            return Failure(413, "request_too_costly", f"the request costs {cost} ((prompt tokens {len(prompt) - 1} + "
+                           f"max_new_tokens {max_new}) x {rows} {'beams' if beam > 1 else 'sequences'}); the limit is "
+                           f"{s.max_request_cost} (send a shorter prompt, fewer max_new_tokens, beams or sequences)",
+                           s.max_request_cost)
         options = SearchOptions(beam_size=beam, num_hypotheses=n if beam > 1 else 1, max_length=max_new + 1,
                                 min_length=min(request.get("min_new_tokens", 0), max_new),
                                 repetition_penalty=request.get("repetition_penalty", 1.0), sampling=sampling,

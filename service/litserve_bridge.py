@@ -45,15 +45,65 @@ from .metrics import metrics
 log = logging.getLogger("transerve")
 
 IDLE_WAKE_S = 1.0   # an idle worker still returns to its loop this often
+POLL_S = 0.005      # a busy translation worker looks for new requests this often at most (between steps)
 
 
 # --- the worker side -----------------------------------------------------------------------------
 class PromptBatchedLoop(BatchedLoop):
-    """LitServe's batched loop (decode_request, batch, predict, unbatch, encode_response) with the
-    collector described above."""
+    """LitServe's batched loop with the collector described above, and requests served side by side: the
+    LitAPI's plan (TranslateAPI: batch, admit, advance, take_finished) runs one decoder step at a time;
+    between steps (every POLL_S at most) requests that arrived join it, and each request is answered as
+    soon as it is done, so a one-word request does not wait for the large ones taken before it."""
 
     def get_batch_requests(self, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport):
         return collect(self, lit_api, request_queue, transport)
+
+    def run_batched_loop(self, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport,
+                         callback_runner: CallbackRunner, lit_spec=None) -> None:
+        while True:
+            try:
+                payloads, timed_out = collect(self, lit_api, request_queue, transport)
+            except _StopLoopError:
+                return
+            self._time_out(transport, timed_out)
+            if payloads and not self._serve(lit_api, request_queue, transport, payloads):
+                return
+
+    def _time_out(self, transport: MessageTransport, timed_out: list) -> None:
+        for response_queue_id, uid in timed_out:
+            self.put_response(transport, response_queue_id, uid, HTTPException(504, "Request timed out"),
+                              LitAPIStatus.ERROR, LoopResponseType.REGULAR)
+
+    def _serve(self, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport, payloads: list) -> bool:
+        """Runs a plan until every request in it, those that joined included, is answered; False when the
+        server is stopping (the plan is finished first)."""
+        regular, more, polled = LoopResponseType.REGULAR, True, time.monotonic()
+        plan = lit_api.batch([lit_api.decode_request(p) for _, _, p in payloads])
+        who = {j: (q, uid) for j, (q, uid, _) in zip(sorted(plan.jobs), payloads)}
+        try:
+            while True:
+                for j in lit_api.take_finished(plan):
+                    q, uid = who.pop(j)
+                    self.put_response(transport, q, uid, lit_api.encode_response(plan.jobs.pop(j)),
+                                      LitAPIStatus.OK, regular)
+                if not plan.batches:
+                    return more
+                if more and time.monotonic() - polled >= POLL_S:
+                    try:
+                        payloads, timed_out = collect(self, lit_api, request_queue, transport, wait=False)
+                    except _StopLoopError:
+                        payloads, timed_out, more = [], [], False
+                    self._time_out(transport, timed_out)
+                    if payloads:
+                        keys = lit_api.admit(plan, [lit_api.decode_request(p) for _, _, p in payloads])
+                        who.update({j: (q, uid) for j, (q, uid, _) in zip(keys, payloads)})
+                    polled = time.monotonic()
+                lit_api.advance(plan)
+        except Exception as e:
+            log.exception("the translation worker's plan failed; its %d unanswered requests fail", len(who))
+            for q, uid in who.values():
+                self.put_error_response(transport, q, uid, e, regular)
+            return more
 
 
 class PromptBatchedStreamingLoop(BatchedStreamingLoop):
@@ -101,10 +151,11 @@ class PromptBatchedStreamingLoop(BatchedStreamingLoop):
 
 
 def collect(loop: BatchedLoop | BatchedStreamingLoop, lit_api: LitAPI, request_queue: Queue,
-            transport: MessageTransport) -> tuple[list, list]:
+            transport: MessageTransport, wait: bool = True) -> tuple[list, list]:
     """(payloads, timed_out): up to `max_batch_size` requests as `(response_queue_id, uid, payload)`,
     and `(response_queue_id, uid)` of those that waited longer than `request_timeout` (LitServe
-    answers them 504). Both empty when nothing arrived within IDLE_WAKE_S."""
+    answers them 504). Both empty when nothing arrived within IDLE_WAKE_S (wait=False: only what is
+    already queued, no window)."""
     payloads: list = []
     timed_out: list = []
     check_age = lit_api.request_timeout not in (-1, False)
@@ -127,10 +178,10 @@ def collect(loop: BatchedLoop | BatchedStreamingLoop, lit_api: LitAPI, request_q
             payloads.append((response_queue_id, uid, payload))
 
     try:
-        take(request_queue.get(timeout=IDLE_WAKE_S))
+        take(request_queue.get(timeout=IDLE_WAKE_S if wait else 0.0))
     except Empty:
         return payloads, timed_out
-    window_ends = time.monotonic() + lit_api.batch_timeout
+    window_ends = time.monotonic() + (lit_api.batch_timeout if wait else 0.0)
     while len(payloads) < lit_api.max_batch_size:
         try:  # a timeout of 0 takes only what is already queued
             take(request_queue.get(timeout=max(0.0, window_ends - time.monotonic())))

@@ -2,10 +2,18 @@
 queue): runs in each inference worker process.
 
     decode_request  validate against the loaded models, split texts into sentences, tokenize
-    batch           every sentence of every request in the batch: grouped by model and search
-                    options, sorted by length, cut into token-budget engine batches
+    batch           every sentence of every request in the batch: grouped by model, search options
+                    and cost tier, sorted by length, cut into token-budget engine batches
     predict         arrays only: Engine.search per engine batch
     encode_response one JSON-ready dict per request
+
+Fairness: the worker's loop (litserve_bridge.PromptBatchedLoop) does not call predict. It runs the
+plan one decoder step at a time (`advance`), lets requests that arrive meanwhile join it (`admit`), and
+answers each request as soon as its last sentence is done (`take_finished`). Engine batches run in
+order of their requests' cost tier (source tokens x beam, each tier twice the one before), so the
+sentences of a one-word request start at the next decoder step, before the rest of a large request's
+engine batch; a large request's paused search keeps its cache and goes on after. A sentence's answer
+does not depend on its batch-mates or on what runs between its steps (tests/test_batch_invariance.py).
 
 No hook raises for a single request: LitServe would fail the whole batch. A request that cannot
 be served becomes a `Failure` value and travels to `encode_response`, which returns it as an error
@@ -16,9 +24,11 @@ exception in `decode_request` or `encode_response` becomes such a Failure too (5
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Generator
 
 import litserve as ls
 import numpy as np
@@ -34,6 +44,19 @@ from .text import join_sentences, split_sentences
 
 log = logging.getLogger("transerve")
 ENDPOINT = "translate"
+# Cost tiers: a request costing up to this (source tokens x beam: a few short sentences) is in tier 0,
+# up to twice that in tier 1, and so on; engine batches of a lower tier run first (see the docstring).
+TIER_COST = 256
+
+
+def request_cost(source_tokens: int, beam_size: int) -> int:
+    """What --max-request-cost bounds and the scheduler weighs: source tokens x beam size (the rows a
+    search decodes, each for about as many steps as its source has tokens)."""
+    return source_tokens * max(1, beam_size)
+
+
+def cost_tier(cost: int) -> int:
+    return max(0, math.ceil(math.log2(max(1, cost) / TIER_COST)))
 
 
 @dataclass
@@ -78,9 +101,11 @@ class Job:
     separators: list[list[str]]           # per text: what stood between its sentences
     received: float                       # time.monotonic() when the HTTP process got it
     number: int = 0                       # CancelBoard number (0: never cancelled)
+    cost: int = 0                         # request_cost(): its engine batches' tier
     hyps: list[list[Hypothesis] | None] = field(default_factory=list)
+    left: int = 0                         # sentences not answered yet
     failure: Failure | None = None
-    started: float = 0.0                  # batch start and end, time.monotonic()
+    started: float = 0.0                  # when its plan took it, when its last sentence was done (monotonic)
     finished: float = 0.0
 
 
@@ -88,15 +113,20 @@ class Job:
 class EngineBatch:
     model: str
     options: SearchOptions
-    rows: list[tuple[int, int]]           # (job index, sentence index)
+    rows: list[tuple[int, int]]           # (job key, sentence index)
     src_ids: list[list[int]]
+    tier: int = 0                         # cost_tier of its requests
+    steps: Generator | None = None        # its search, once started (Engine.search_steps)
+    t0: float = 0.0                       # when it started (perf_counter)
 
 
 @dataclass
 class Plan:
-    jobs: list[Job | Failure]
-    batches: list[EngineBatch]
+    jobs: dict[int, Job | Failure]        # by key; the worker's loop forgets a job once it is answered
+    batches: list[EngineBatch]            # not finished yet, in the order they run (lowest tier first)
     started: float
+    fresh: set[int] = field(default_factory=set)     # keys that may have become answerable
+    next_key: int = 0
 
 
 class TranslateAPI(ls.LitAPI):
@@ -172,77 +202,139 @@ class TranslateAPI(ls.LitAPI):
         if total > s.max_request_tokens:
             return Failure(413, "too_many_tokens", f"the request has {total} source tokens; the limit is "
                            f"{s.max_request_tokens} (send fewer or shorter texts)", s.max_request_tokens)
+        cost = request_cost(total, beam)
+        if cost > s.max_request_cost:
+            return Failure(413, "request_too_costly", f"the request costs {cost} (source tokens {total} x beam_size "
+                           f"{beam}); the limit is {s.max_request_cost} (send fewer or shorter texts, or a smaller "
+                           "beam_size)", s.max_request_cost)
         return Job(request.get("request_id", ""), name, pair[0], pair[1], options, ids, spans, seps,
-                   request.get("received", time.monotonic()), request.get("number", 0))
+                   request.get("received", time.monotonic()), request.get("number", 0), cost)
 
     def batch(self, jobs: list[Job | Failure]) -> Plan:
-        """All sentences of all requests, grouped by (model, options), sorted by length, cut by token budget."""
-        started = time.monotonic()
+        """A plan for these requests: their engine batches, lowest cost tier first."""
+        plan = Plan({}, [], time.monotonic())
+        self.admit(plan, jobs)
+        return plan
+
+    def admit(self, plan: Plan, jobs: list[Job | Failure]) -> list[int]:
+        """Adds requests to a plan, also one under way (between two decoder steps); their keys in
+        plan.jobs. Their sentences join the engine batches not started yet (cut again, so requests that
+        arrive while a batch runs are batched together), which go before any of a higher cost tier,
+        started or not."""
         metrics().batch_requests.labels(ENDPOINT).observe(len(jobs))
-        groups: dict[tuple, list[tuple[int, int]]] = {}
-        for j, job in enumerate(jobs):
+        keys = list(range(plan.next_key, plan.next_key + len(jobs)))
+        plan.next_key += len(jobs)
+        plan.jobs.update(zip(keys, jobs))
+        plan.fresh.update(keys)
+        now = time.monotonic()
+        rows = [r for eb in plan.batches if eb.steps is None for r in eb.rows if r[0] in plan.jobs]
+        for j, job in zip(keys, jobs):
             if isinstance(job, Job):
-                job.hyps = [None] * len(job.sentences)
-                for k in range(len(job.sentences)):
-                    groups.setdefault((job.model, job.options.batch_key()), []).append((j, k))
+                job.hyps, job.left, job.started = [None] * len(job.sentences), len(job.sentences), now
+                rows += [(j, k) for k in range(len(job.sentences))]
+        plan.batches = [eb for eb in plan.batches if eb.steps is not None] + self._engine_batches(plan, rows)
+        plan.batches.sort(key=lambda eb: eb.tier)    # stable: within a tier, first come first served
+        return keys
+
+    def _engine_batches(self, plan: Plan, all_rows: list[tuple[int, int]]) -> list[EngineBatch]:
+        """Sentences (job key, index) grouped by (model, options, cost tier), sorted by length, cut by token
+        budget."""
+        jobs = plan.jobs
+        groups: dict[tuple, list[tuple[int, int]]] = {}
+        for j, k in all_rows:
+            job = jobs[j]
+            groups.setdefault((job.model, job.options.batch_key(), cost_tier(job.cost)), []).append((j, k))
         batches = []
-        for (model, _), rows in groups.items():
+        for (model, _, tier), rows in groups.items():
             options = jobs[rows[0][0]].options
             rows.sort(key=lambda r: len(jobs[r[0]].sentences[r[1]]))
             budget = max(1, self.settings.max_batch_tokens // max(1, options.beam_size))
-            chunk: list[tuple[int, int]] = []
+            chunks: list[list[tuple[int, int]]] = [[]]
             for r in rows:
                 width = len(jobs[r[0]].sentences[r[1]])  # sorted: the newest row is the widest
-                if chunk and width * (len(chunk) + 1) > budget:
-                    batches.append(EngineBatch(model, options, chunk, [jobs[a].sentences[b] for a, b in chunk]))
-                    chunk = []
-                chunk.append(r)
-            if chunk:
-                batches.append(EngineBatch(model, options, chunk, [jobs[a].sentences[b] for a, b in chunk]))
-        return Plan(list(jobs), batches, started)
+                if chunks[-1] and width * (len(chunks[-1]) + 1) > budget:
+                    chunks.append([])
+                chunks[-1].append(r)
+            batches += [EngineBatch(model, options, c, [jobs[a].sentences[b] for a, b in c], tier) for c in chunks]
+        return batches
 
     def _drop_cancelled(self, plan: Plan, eb: EngineBatch) -> EngineBatch:
-        """eb without the sentences of requests whose client has gone (they get a 499 no one reads)."""
-        jobs = sorted({j for j, _ in eb.rows})
+        """eb without the sentences of requests whose client has gone (they get a 499 no one reads), or
+        that are already answered (failed)."""
+        jobs = sorted({j for j, _ in eb.rows if j in plan.jobs and plan.jobs[j].failure is None})
         gone = {j for j, g in zip(jobs, self.board.cancelled(np.array([plan.jobs[j].number for j in jobs])))
                 if g and plan.jobs[j].number}
-        if not gone:
-            return eb
         for j in gone:
             plan.jobs[j].failure = Failure(499, "client_closed_request", "the client went away")
-        keep = [i for i, (j, _) in enumerate(eb.rows) if j not in gone]
-        return EngineBatch(eb.model, eb.options, [eb.rows[i] for i in keep], [eb.src_ids[i] for i in keep])
+            plan.fresh.add(j)
+        keep = [i for i, (j, _) in enumerate(eb.rows) if j in plan.jobs and j not in gone
+                and plan.jobs[j].failure is None]
+        if len(keep) == len(eb.rows):
+            return eb
+        return EngineBatch(eb.model, eb.options, [eb.rows[i] for i in keep], [eb.src_ids[i] for i in keep], eb.tier)
+
+    def advance(self, plan: Plan) -> None:
+        """One step of the plan's first engine batch: its encoder and first decoder step when it has not
+        started (its cancelled requests dropped first), else its next decoder step. Call while
+        plan.batches; take_finished() then says which requests can be answered."""
+        eb = plan.batches[0]
+        if eb.steps is None:
+            eb = plan.batches[0] = self._drop_cancelled(plan, eb)
+            if not eb.rows:
+                plan.batches.pop(0)
+                return
+            eb.t0 = time.perf_counter()
+        try:
+            if eb.steps is None:
+                eb.steps = self.engines[eb.model].search_steps(eb.src_ids, eb.options)
+            next(eb.steps)
+            return
+        except StopIteration as done:
+            results = done.value
+        except Exception:  # one bad engine batch must not take its requests' batch-mates down
+            log.exception("engine batch of %d sentences failed; retrying one by one", len(eb.rows))
+            results = self._one_by_one(eb)
+        plan.batches.pop(0)
+        metrics().inference.labels(ENDPOINT, eb.model).observe(time.perf_counter() - eb.t0)
+        metrics().batch_sentences.labels(ENDPOINT, eb.model).observe(len(eb.rows))
+        for (j, k), hyps in zip(eb.rows, results):
+            job = plan.jobs.get(j)
+            if job is None:        # answered already (failed in another engine batch)
+                continue
+            if hyps is None and job.failure is None:
+                job.failure = Failure(500, "internal_error", "the engine failed on this text")
+            job.hyps[k] = hyps
+            job.left -= 1
+            plan.fresh.add(j)
+
+    def _one_by_one(self, eb: EngineBatch) -> list[list[Hypothesis] | None]:
+        engine, results = self.engines[eb.model], []
+        for src in eb.src_ids:
+            try:
+                results.append(engine.search([src], eb.options)[0])
+            except Exception:
+                log.exception("sentence failed")
+                results.append(None)
+        return results
+
+    def take_finished(self, plan: Plan) -> list[int]:
+        """Keys of the requests that can be answered now (every sentence done, or failed), each once."""
+        out = []
+        for j in sorted(plan.fresh):
+            job = plan.jobs[j]
+            if isinstance(job, Failure) or job.failure is not None or job.left == 0:
+                if isinstance(job, Job):
+                    job.finished = time.monotonic()
+                out.append(j)
+        plan.fresh.clear()     # the others come back when their next sentence is done
+        return out
 
     def predict(self, plan: Plan) -> list[Job | Failure]:
-        for eb in plan.batches:
-            eb = self._drop_cancelled(plan, eb)
-            if not eb.rows:
-                continue
-            engine = self.engines[eb.model]
-            t0 = time.perf_counter()
-            try:
-                results = engine.search(eb.src_ids, eb.options)
-            except Exception:  # one bad engine batch must not take its requests' batch-mates down
-                log.exception("engine batch of %d sentences failed; retrying one by one", len(eb.rows))
-                results = []
-                for src in eb.src_ids:
-                    try:
-                        results.append(engine.search([src], eb.options)[0])
-                    except Exception:
-                        log.exception("sentence failed")
-                        results.append(None)
-            metrics().inference.labels(ENDPOINT, eb.model).observe(time.perf_counter() - t0)
-            metrics().batch_sentences.labels(ENDPOINT, eb.model).observe(len(eb.rows))
-            for (j, k), hyps in zip(eb.rows, results):
-                job = plan.jobs[j]
-                if hyps is None and job.failure is None:
-                    job.failure = Failure(500, "internal_error", "the engine failed on this text")
-                job.hyps[k] = hyps
-        finished = time.monotonic()
-        for job in plan.jobs:
-            if isinstance(job, Job):
-                job.started, job.finished = plan.started, finished
-        return plan.jobs
+        """The whole plan at once (the worker's loop runs it step by step instead; see the docstring)."""
+        while plan.batches:
+            self.advance(plan)
+        self.take_finished(plan)
+        return list(plan.jobs.values())
 
     def unbatch(self, output: list[Job | Failure]) -> list[Job | Failure]:
         return output
