@@ -1,16 +1,39 @@
 #!/usr/bin/env bash
-# Sets up a virtual environment with everything the tests need (CPU torch pinned, so pip never pulls
-# CUDA wheels) and runs the test suite.
+# Sets up a virtual environment with everything the tests need (the CPU build of torch, so pip never pulls
+# CUDA wheels) and runs the test suite; arguments go to pytest.
+# pip runs only when the environment is new or when pyproject.toml or the install lines below changed (a
+# stamp in the environment holds their hash): a second run needs no package index.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-if [[ ! -x "$VENV/bin/python" ]]; then
-  python3 -m venv "$VENV"
-fi
 PY="$VENV/bin/python"
-"$PY" -m pip install -q --upgrade pip
-"$PY" -m pip install -q torch==2.13.0
-"$PY" -m pip install -q -e ".[dev]"
+install() {
+  "$PY" -m pip install --progress-bar off --upgrade pip || return
+  # torch from PyTorch's CPU index: PyPI's torch==2.13.0 is the CUDA build with gigabytes of nvidia-*
+  # packages. PyPI stays an index (torch's dependencies; torch itself where the PyTorch index cannot be
+  # reached, as on our CI machines, which have a local CPU wheel). Where both are found pip takes
+  # 2.13.0+cpu: a local version sorts after the bare one. --retries 2 --timeout 15: an unreachable index
+  # costs seconds per install instead of pip's 5 retries per page (measured in README.md's Install).
+  "$PY" -m pip install --progress-bar off torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
+    --extra-index-url https://pypi.org/simple --retries 2 --timeout 15 || return
+  "$PY" -m pip install --progress-bar off -e ".[dev]" || return
+}
+STAMP="$VENV/.transerve-install"
+want=$({ sha256sum <pyproject.toml; declare -f install; } | sha256sum | cut -d' ' -f1)
+if [[ ! -x $PY || $(cat "$STAMP" 2>/dev/null) != "$want" ]]; then
+  [[ -x $PY ]] || python3 -m venv "$VENV"
+  echo "test.sh: installing into $VENV (pip's output: $VENV/install.log)" >&2
+  if ! install >"$VENV/install.log" 2>&1; then
+    tail -n 30 "$VENV/install.log" >&2
+    echo "test.sh: the install failed; pip's whole output is in $VENV/install.log" >&2
+    exit 1
+  fi
+  if grep -q "Retrying.*/whl/cpu/" "$VENV/install.log"; then
+    echo "test.sh: https://download.pytorch.org/whl/cpu could not be reached; torch came from the other indexes" >&2
+  fi
+  echo "test.sh: $("$PY" -c 'import torch; print("torch", torch.__version__)')" >&2
+  echo "$want" >"$STAMP"
+fi
 # promtool (Debian's prometheus package) checks the /metrics exposition; without it that test skips.
 if ! command -v promtool >/dev/null && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
   (apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \

@@ -111,3 +111,31 @@ def test_the_sdk_snippet_runs_in_the_main_commands_environment(main_command):
     assert proc.returncode == 0, proc.stderr[-3000:]
     translated, generated, streamed = proc.stdout.split("\n", 2)
     assert translated.strip() and generated.strip() and streamed.strip()
+
+
+def test_the_main_command_starts_again_without_a_package_index(main_command):
+    """Once `bash scripts/serve.sh` has set up .venv-serve (the fixture), it starts again with no index:
+    pip runs only when pyproject.toml or the script's install lines change."""
+    port = free_port()
+    proc = subprocess.Popen([*commands(MAIN)[0], "--port", str(port)], cwd=ROOT, start_new_session=True,
+                            env=dict(os.environ, PIP_NO_INDEX="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        assert wait_ready(f"http://127.0.0.1:{port}", proc, 300)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        out = proc.communicate(timeout=60)[0]
+    assert "serve.sh: installing" not in out, out[-3000:]
+
+
+def test_the_readme_installs_torch_as_the_test_script_does():
+    """The Install block's torch command is scripts/test.sh's: the CPU build from PyTorch's own index, PyPI
+    beside it, few retries (an unreachable index costs seconds)."""
+    install = next(code for lang, code in BLOCKS if lang == "bash" and "pip install torch" in code)
+    readme = next(words for words in commands(install) if words[:3] == ["pip", "install", "torch==2.13.0"])
+    script = (ROOT / "scripts" / "test.sh").read_text(encoding="utf-8").replace("\\\n", " ")
+    line = next(line for line in script.splitlines() if "pip install" in line and "torch==" in line)
+    words = shlex.split(line.replace('"$PY" -m pip', "pip").replace("|| return", ""))
+    assert [w for w in words if w not in ("--progress-bar", "off")] == readme
+    assert readme[readme.index("--index-url") + 1] == "https://download.pytorch.org/whl/cpu"
+    assert readme[readme.index("--extra-index-url") + 1] == "https://pypi.org/simple"
