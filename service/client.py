@@ -401,6 +401,18 @@ class BaseClient:
     _STREAM_HEADERS = {"Accept": "text/event-stream"}
 
     @staticmethod
+    def _json(body: dict, headers: Optional[dict[str, str]] = None) -> dict:
+        """httpx's arguments sending `body` as JSON, in UTF-8 as httpx's `json=` sends it; but a text with a
+        lone UTF-16 surrogate, which has no UTF-8 (httpx would raise UnicodeEncodeError), goes escaped as
+        "\\ud800", as a JavaScript client sends it, so that the server's 422 names the text
+        (BadRequestError)."""
+        try:
+            content = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        except UnicodeEncodeError:
+            content = json.dumps(body, separators=(",", ":"), allow_nan=False).encode("ascii")
+        return {"content": content, "headers": {"Content-Type": "application/json", **(headers or {})}}
+
+    @staticmethod
     def _check(response: httpx.Response) -> httpx.Response:
         """The response itself when it succeeded; otherwise the matching APIStatusError."""
         if response.status_code < 400:
@@ -477,18 +489,19 @@ class Client(BaseClient):
         body = self._translate_body(text, source_lang, target_lang, dict(
             beam_size=beam_size, num_alternatives=num_alternatives, length_penalty=length_penalty,
             max_length=max_length, no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty))
-        return TranslateResponse.model_validate(self._request("POST", "/translate", json=body).json())
+        return TranslateResponse.model_validate(self._request("POST", "/translate", **self._json(body)).json())
 
     def generate(self, prompt: str, **options: Unpack[GenerateOptions]) -> GenerateResult:
         """Continues the prompt (POST /generate); options not given take the server's defaults."""
         body = self._generate_body(prompt, dict(options), stream=False)
-        return GenerateResult.model_validate(self._request("POST", "/generate", json=body).json())
+        return GenerateResult.model_validate(self._request("POST", "/generate", **self._json(body)).json())
 
     def stream(self, prompt: str, **options: Unpack[GenerateOptions]) -> TextStream:
         """Like generate(), streamed: sends the request now (retrying until the stream begins) and returns
         the TextStream to iterate, best in a `with` block. num_return_sequences > 1 is a ValueError."""
         body = self._generate_body(prompt, dict(options), stream=True)
-        return TextStream(self._request("POST", "/generate", stream=True, json=body, headers=self._STREAM_HEADERS))
+        return TextStream(self._request("POST", "/generate", stream=True,
+                                        **self._json(body, self._STREAM_HEADERS)))
 
     def languages(self) -> list[Language]:
         return [Language.model_validate(x) for x in self._request("GET", "/languages").json()]
@@ -561,18 +574,18 @@ class AsyncClient(BaseClient):
         body = self._translate_body(text, source_lang, target_lang, dict(
             beam_size=beam_size, num_alternatives=num_alternatives, length_penalty=length_penalty,
             max_length=max_length, no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty))
-        return TranslateResponse.model_validate((await self._request("POST", "/translate", json=body)).json())
+        return TranslateResponse.model_validate((await self._request("POST", "/translate", **self._json(body))).json())
 
     async def generate(self, prompt: str, **options: Unpack[GenerateOptions]) -> GenerateResult:
         body = self._generate_body(prompt, dict(options), stream=False)
-        return GenerateResult.model_validate((await self._request("POST", "/generate", json=body)).json())
+        return GenerateResult.model_validate((await self._request("POST", "/generate", **self._json(body))).json())
 
     def stream(self, prompt: str, **options: Unpack[GenerateOptions]) -> AsyncTextStream:
         """Not a coroutine: returns the AsyncTextStream at once (num_return_sequences > 1 is a ValueError
         here); the request goes out on `async with`, `await`, or the first `async for` step."""
         body = self._generate_body(prompt, dict(options), stream=True)
-        return AsyncTextStream(lambda: self._request("POST", "/generate", stream=True, json=body,
-                                                     headers=self._STREAM_HEADERS))
+        return AsyncTextStream(lambda: self._request("POST", "/generate", stream=True,
+                                                     **self._json(body, self._STREAM_HEADERS)))
 
     async def languages(self) -> list[Language]:
         return [Language.model_validate(x) for x in (await self._request("GET", "/languages")).json()]

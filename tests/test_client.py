@@ -233,6 +233,29 @@ def test_generate_parses_the_result_and_sends_only_the_options_given():
     assert headers["Accept"] == "application/json"
 
 
+def test_text_goes_as_utf8_and_a_lone_surrogate_escaped_for_the_server_to_refuse():
+    """httpx's json= raises UnicodeEncodeError for a lone surrogate; the SDK sends it escaped, as a JavaScript
+    client does, and the server's 422 is the SDK's BadRequestError (test_hostile.py: against the real server).
+    Other text goes as UTF-8, as compact as before."""
+    sent = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        sent.append((request.content, request.headers["content-type"], request.headers["accept"]))
+        return httpx.Response(422, json={"error": {"type": "invalid_request", "message": "lone surrogate"},
+                                         "request_id": "r9"})
+
+    with Client(URL, transport=httpx.MockTransport(handle)) as c:
+        for text in ("Grüße", "Hal\ud800lo"):
+            with pytest.raises(BadRequestError, match="lone surrogate"):
+                c.translate(text, source_lang="de", target_lang="en")
+        with pytest.raises(BadRequestError, match="lone surrogate"):
+            c.stream("Hal\ud800lo")
+    assert sent[0][0] == '{"text":"Grüße","source_lang":"de","target_lang":"en"}'.encode()
+    assert sent[1][0] == b'{"text":"Hal\\ud800lo","source_lang":"de","target_lang":"en"}'
+    assert sent[2][0] == b'{"prompt":"Hal\\ud800lo","stream":true}' and sent[2][2] == "text/event-stream"
+    assert [ctype for _, ctype, _ in sent] == ["application/json"] * 3
+
+
 def test_generate_rejects_an_unknown_option_before_sending():
     srv = Scripted()
     with srv.client() as c, pytest.raises(TypeError, match="max_tokens"):
