@@ -16,9 +16,10 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-# The `kind` label of transerve_errors_total for each status; anything else counts as "internal".
-ERROR_KIND = {400: "validation", 401: "auth", 403: "auth", 408: "limit", 413: "limit", 422: "validation",
-              429: "overload", 503: "overload", 504: "timeout"}
+# The `kind` label of transerve_errors_total for each status; anything else counts as "internal". A request
+# the routes cannot take (404, 405) is wrong as a malformed one is: "validation", not a bug of ours.
+ERROR_KIND = {400: "validation", 401: "auth", 403: "auth", 404: "validation", 405: "validation", 408: "limit",
+              413: "limit", 422: "validation", 429: "overload", 503: "overload", 504: "timeout"}
 
 
 class ApiError(Exception):
@@ -92,6 +93,10 @@ def install_handlers(app, max_payload_bytes: int) -> None:
         errs = e.errors()
         if any(err.get("type") == "json_invalid" for err in errs):
             err = ApiError(400, "invalid_json", "the body is not valid JSON")
+        elif bad := next((err for err in errs if err.get("type") == "string_unicode"), None):
+            # pydantic's error for a lone surrogate in a key (the values' are the schemas' own 422s)
+            err = ApiError(422, "invalid_request", f"a field name has a lone UTF-16 surrogate "
+                           f"({repr(bad.get('input'))[:40]}), which is not Unicode text; send its pair or drop it")
         elif any(tuple(err.get("loc", ())) == ("body",) and err.get("type") != "value_error" for err in errs):
             # (a value_error at the body itself is a model validator's: a 422 like any field's)
             err = ApiError(400, "invalid_json",
