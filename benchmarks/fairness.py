@@ -161,6 +161,8 @@ def main() -> None:
     ap.add_argument("--beam", type=int, default=16, help="the large requests' beam size")
     ap.add_argument("--texts", type=int, default=0, help="the large requests' texts (0: 64, or as many as the "
                     "server's cost bound accepts); set it to compare servers on the same requests")
+    ap.add_argument("--beside", action=argparse.BooleanOptionalAction, default=True,
+                    help="--no-beside: the alone phase only (to compare two servers' one-word latency quickly)")
     ap.add_argument("--server-arg", action="append", default=[], help="passed to python -m service (repeatable)")
     ap.add_argument("--out", help="also write the JSON summary here")
     args = ap.parse_args()
@@ -170,18 +172,22 @@ def main() -> None:
     try:
         small_latencies(url, 3, (0.0, 0.0))                               # warm-up
         alone = small_latencies(url, args.tries, (0.2, 1.0))
-        large = (maximal_request(url, args.beam) if not args.texts else
-                 {"text": large_texts(args.texts), "source_lang": "de", "target_lang": "en", "beam_size": args.beam})
-        small, large_times = beside(url, large, args.tries)
+        large = {"text": large_texts(args.texts or 64), "beam_size": args.beam}
+        small, large_times = [], []
+        if args.beside:
+            large = (maximal_request(url, args.beam) if not args.texts else
+                     large | {"source_lang": "de", "target_lang": "en"})
+            small, large_times = beside(url, large, args.tries)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
     result = {"cpu": cpu_name(), "cores": os.cpu_count(), "command": " ".join([Path(sys.executable).name] + sys.argv),
               "large_request": {"texts": len(large["text"]), "chars_per_text": len(large["text"][0]),
                                 "beam_size": args.beam},
-              "alone": quantiles(alone), "beside_two_large": quantiles(small),
+              "alone": quantiles(alone), "beside_two_large": quantiles(small) if small else None,
               "large_request_latency": quantiles(large_times) if large_times else None}
-    result["ratio_p50"] = result["beside_two_large"]["p50_ms"] / result["alone"]["p50_ms"]
+    if small:
+        result["ratio_p50"] = result["beside_two_large"]["p50_ms"] / result["alone"]["p50_ms"]
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

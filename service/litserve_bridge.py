@@ -52,8 +52,10 @@ POLL_S = 0.005      # a busy translation worker looks for new requests this ofte
 class PromptBatchedLoop(BatchedLoop):
     """LitServe's batched loop with the collector described above, and requests served side by side: the
     LitAPI's plan (TranslateAPI: batch, admit, advance, take_finished) runs one decoder step at a time;
-    between steps (every POLL_S at most) requests that arrived join it, and each request is answered as
-    soon as it is done, so a one-word request does not wait for the large ones taken before it."""
+    between steps (every POLL_S at most, while the plan holds work a new request would overtake: a
+    look at the queue is a round trip to LitServe's manager process) requests that arrived join it, and
+    each request is answered as soon as it is done, so a one-word request does not wait for the large
+    ones taken before it."""
 
     def get_batch_requests(self, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport):
         return collect(self, lit_api, request_queue, transport)
@@ -88,7 +90,7 @@ class PromptBatchedLoop(BatchedLoop):
                                       LitAPIStatus.OK, regular)
                 if not plan.batches:
                     return more
-                if more and time.monotonic() - polled >= POLL_S:
+                if more and lit_api.overtakable(plan) and time.monotonic() - polled >= POLL_S:
                     try:
                         payloads, timed_out = collect(self, lit_api, request_queue, transport, wait=False)
                     except _StopLoopError:

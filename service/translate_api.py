@@ -47,6 +47,10 @@ ENDPOINT = "translate"
 # Cost tiers: a request costing up to this (source tokens x beam: a few short sentences) is in tier 0,
 # up to twice that in tier 1, and so on; engine batches of a lower tier run first (see the docstring).
 TIER_COST = 256
+# A started engine batch paused for lower-tier ones gets a step back whenever they have run this many
+# seconds more than it since it was paused: bursts of small requests go first, a steady stream of them
+# shares the worker half and half with the large request instead of holding it back until its timeout.
+LEND_S = 0.5
 
 
 def request_cost(source_tokens: int, beam_size: int) -> int:
@@ -126,6 +130,7 @@ class Plan:
     batches: list[EngineBatch]            # not finished yet, in the order they run (lowest tier first)
     started: float
     fresh: set[int] = field(default_factory=set)     # keys that may have become answerable
+    lent: float = 0.0                     # seconds the first batch ran while a started one waited (LEND_S)
     next_key: int = 0
 
 
@@ -274,16 +279,19 @@ class TranslateAPI(ls.LitAPI):
         return EngineBatch(eb.model, eb.options, [eb.rows[i] for i in keep], [eb.src_ids[i] for i in keep], eb.tier)
 
     def advance(self, plan: Plan) -> None:
-        """One step of the plan's first engine batch: its encoder and first decoder step when it has not
-        started (its cancelled requests dropped first), else its next decoder step. Call while
-        plan.batches; take_finished() then says which requests can be answered."""
-        eb = plan.batches[0]
+        """One step of the plan's first engine batch (or of a batch it preempts that is owed time, see
+        LEND_S): its encoder and first decoder step when it has not started (its cancelled requests
+        dropped first), else its next decoder step. Call while plan.batches; take_finished() then says
+        which requests can be answered."""
+        i, lending = self._next_batch(plan)
+        eb = plan.batches[i]
         if eb.steps is None:
-            eb = plan.batches[0] = self._drop_cancelled(plan, eb)
+            eb = plan.batches[i] = self._drop_cancelled(plan, eb)
             if not eb.rows:
-                plan.batches.pop(0)
+                plan.batches.pop(i)
                 return
             eb.t0 = time.perf_counter()
+        t0 = time.perf_counter()
         try:
             if eb.steps is None:
                 eb.steps = self.engines[eb.model].search_steps(eb.src_ids, eb.options)
@@ -294,7 +302,9 @@ class TranslateAPI(ls.LitAPI):
         except Exception:  # one bad engine batch must not take its requests' batch-mates down
             log.exception("engine batch of %d sentences failed; retrying one by one", len(eb.rows))
             results = self._one_by_one(eb)
-        plan.batches.pop(0)
+        finally:
+            plan.lent += (time.perf_counter() - t0) * (-1 if i else int(lending))
+        plan.batches.pop(i)
         metrics().inference.labels(ENDPOINT, eb.model).observe(time.perf_counter() - eb.t0)
         metrics().batch_sentences.labels(ENDPOINT, eb.model).observe(len(eb.rows))
         for (j, k), hyps in zip(eb.rows, results):
@@ -306,6 +316,23 @@ class TranslateAPI(ls.LitAPI):
             job.hyps[k] = hyps
             job.left -= 1
             plan.fresh.add(j)
+
+    @staticmethod
+    def overtakable(plan: Plan) -> bool:
+        """Whether a one-word request arriving now would run before some of the plan (a batch above tier 0):
+        only then does the worker's loop look for new requests between steps."""
+        return any(eb.tier for eb in plan.batches)
+
+    @staticmethod
+    def _next_batch(plan: Plan) -> tuple[int, bool]:
+        """(0, whether the first batch runs while a started one waits behind it), or (i, False) for a
+        started batch behind it once the batches ahead have run LEND_S more than it since it was paused:
+        then they share the worker, so a stream of small requests cannot hold a large one back for ever."""
+        paused = next((i for i, eb in enumerate(plan.batches[1:], 1) if eb.steps is not None), None)
+        if paused is None:
+            plan.lent = 0.0
+            return 0, False
+        return (paused, False) if plan.lent > LEND_S else (0, True)
 
     def _one_by_one(self, eb: EngineBatch) -> list[list[Hypothesis] | None]:
         engine, results = self.engines[eb.model], []

@@ -18,6 +18,7 @@ from service.cancel import CancelBoard
 from service.config import Settings, parse_settings
 from service.engine import Engine
 from service.litserve_bridge import PromptBatchedLoop
+from service import translate_api
 from service.translate_api import Job, TranslateAPI, cost_tier, request_cost
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -163,3 +164,20 @@ def test_the_worker_loop_answers_a_small_request_before_the_large_ones_taken_bef
     assert [uid for uid, _ in answers] == ["small", "large-a", "large-b"] or \
         [uid for uid, _ in answers] == ["small", "large-b", "large-a"], [uid for uid, _ in answers]
     assert all("translations" in body for _, body in answers)
+
+
+def test_a_paused_large_batch_gets_steps_back_under_a_steady_stream_of_small_ones(engine):
+    """Bursts of small requests go first; once they have run LEND_S more than the large batch they paused,
+    it gets a step between theirs (it would otherwise wait for its timeout under a steady stream)."""
+    api = make_api(engine)
+    plan = api.batch([api.decode_request(large(2, 8, "a"))])
+    api.advance(plan)
+    paused = plan.batches[0]
+    api.admit(plan, [api.decode_request(SMALL | {"request_id": f"s{i}"}) for i in range(3)])
+    small = plan.batches[0]
+    api.advance(plan)
+    assert small.steps is not None and plan.batches[1] is paused and 0 < plan.lent < translate_api.LEND_S
+    plan.lent = translate_api.LEND_S + 0.01      # as after half a second of small requests
+    before = plan.lent
+    api.advance(plan)                             # the large batch's step: it pays back
+    assert plan.lent < before and plan.batches[0] is small
