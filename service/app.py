@@ -32,7 +32,7 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from . import __version__, langid, libretranslate
 from .admission import Admission
-from .auth import check_key, guarded_paths
+from .auth import check_key, open_paths
 from .cancel import CancelBoard
 from .config import Settings
 from .engine import probe_device
@@ -117,7 +117,6 @@ class Gateway:
 
     # --- translation ------------------------------------------------------------------------------
     async def translate(self, body: TranslateRequest, request: Request) -> TranslateResponse:
-        self.check_key(request)
         out = await self.translate_texts(ENDPOINT, body, request)
         if out is None:
             return Response(status_code=499)  # nginx's "client closed request": no one reads it
@@ -197,7 +196,6 @@ class Gateway:
 
     # --- generation -------------------------------------------------------------------------------
     async def generate(self, body: GenerateRequest, request: Request):
-        self.check_key(request)
         self.check_generation(body)
         run = Generation(time.monotonic(), self.board.new_number())
         payload = body.model_dump() | {"received": run.received, "request_id": request.state.request_id,
@@ -339,10 +337,9 @@ class Gateway:
         install_handlers(app, self.settings.max_payload_bytes)
         endpoints = {"/translate": ENDPOINT, "/libretranslate/translate": libretranslate.ENDPOINT,
                      "/generate": GENERATE}
-        guarded = guarded_paths(metrics_on_main_port=not self.settings.metrics_port,
-                                public_docs=self.settings.public_docs)
         app.add_middleware(request_context, endpoints=endpoints, max_payload_bytes=self.settings.max_payload_bytes,
-                           api_keys=tuple(self.settings.api_keys), guarded=frozenset(guarded),
+                           api_keys=tuple(self.settings.api_keys),
+                           open_paths=open_paths(public_docs=self.settings.public_docs),
                            body_timeout_s=self.settings.body_timeout_s)
 
     def _describe_served_values(self, app) -> None:

@@ -1,9 +1,12 @@
 """API keys: what a request must carry when the service has any (Settings.api_keys).
 
-What a key protects (README, "API keys"): every route but the liveness and readiness probes, /docs,
-/openapi.json and /info included unless --public-docs, /metrics too unless it has its own port
-(--metrics-port, for a scraper that holds no key). LibreTranslate's /languages stays open, as in
-LibreTranslate, whose clients ask for it without a key.
+What a key protects (README, "API keys"): every route but the liveness and readiness probes and the language
+lists, unknown paths included (401 rather than 404, 405 or 413: a client without a key learns nothing of the
+routes), /docs, /openapi.json and /info too unless --public-docs, /metrics on the main port. The middleware
+checks it before anything reads the body (middleware.key_refusal). LibreTranslate's POST routes take the key
+in their `api_key` field too: one without a key in its headers goes on to the route, which reads the body
+only to find that field and answers 401/403 before it looks at any other (libretranslate.authorized_fields).
+LibreTranslate's /languages stays open, as in LibreTranslate, whose clients ask for it without a key.
 """
 
 from __future__ import annotations
@@ -14,7 +17,11 @@ from fastapi import Request
 
 from .errors import ApiError
 
-DOC_PATHS = {"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/info"}
+OPEN_PATHS = frozenset({"/health", "/ready", "/languages", "/libretranslate/languages"})
+DOC_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/info"})
+BODY_KEY_PATHS = frozenset({"/libretranslate/translate", "/libretranslate/detect"})   # LibreTranslate's api_key
+# Sent with every 401 (RFC 9110 section 11.6.1): the scheme a client is to answer with.
+CHALLENGE = {"WWW-Authenticate": 'Bearer realm="transerve"'}
 
 
 def check_key(api_keys: list[str] | tuple[str, ...], request: Request, body_key: str | None = None) -> None:
@@ -23,21 +30,26 @@ def check_key(api_keys: list[str] | tuple[str, ...], request: Request, body_key:
     check_headers(api_keys, request.headers.get("authorization", ""), request.headers.get("x-api-key"), body_key)
 
 
+def given_key(authorization: str, x_api_key: str | None, body_key: str | None = None) -> str:
+    """The key a request gives: its bearer token, else X-API-Key, else LibreTranslate's api_key field; "" for none."""
+    return authorization[7:] if authorization.lower().startswith("bearer ") else x_api_key or body_key or ""
+
+
 def check_headers(api_keys, authorization: str, x_api_key: str | None, body_key: str | None = None) -> None:
     if not api_keys:
         return
-    auth = authorization
-    given = auth[7:] if auth.lower().startswith("bearer ") else x_api_key or body_key or ""
+    given = given_key(authorization, x_api_key, body_key)
     # Compare against every key in constant time, so timing says nothing about a near miss.
     ok = False
     for key in api_keys:
         ok |= hmac.compare_digest(given.encode("utf-8", "surrogatepass"), key.encode())
+    if not ok and not given:
+        raise ApiError(401, "unauthorized", "missing API key: send Authorization: Bearer <key> or X-API-Key: <key>",
+                       headers=CHALLENGE)
     if not ok:
-        raise ApiError(401 if not given else 403, "unauthorized",
-                       "missing API key: send Authorization: Bearer <key>" if not given else "invalid API key")
+        raise ApiError(403, "unauthorized", "invalid API key")
 
 
-def guarded_paths(*, metrics_on_main_port: bool, public_docs: bool) -> set[str]:
-    """The routes outside the endpoints' own checks that a key must open: docs and info (unless public),
-    /metrics where it is served on the main port."""
-    return (set() if public_docs else DOC_PATHS) | ({"/metrics"} if metrics_on_main_port else set())
+def open_paths(*, public_docs: bool) -> frozenset[str]:
+    """The paths that need no key: the probes, the language lists, and the docs with --public-docs."""
+    return OPEN_PATHS | (DOC_PATHS if public_docs else frozenset())

@@ -5,11 +5,14 @@ source=auto is detected as there (Gateway.translate_detected)."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .errors import ApiError, first_error, parse_error
 from .shared.schemas import AUTO, TranslateRequest
@@ -18,16 +21,21 @@ if TYPE_CHECKING:
     from .app import Gateway
 
 ENDPOINT = "libretranslate"   # the metrics' endpoint label; the work goes to the translate workers
+MAX_FIELDS = 1000             # a form's fields at most (Starlette's default for the forms it parses)
+# Our field names where our checks (TranslateRequest, Gateway) name a field in a message: LibreTranslate's
+# clients sent q, source, target.
+OUR_NAMES = re.compile(r"\b(text|source_lang|target_lang)(?=[\[.:]| (?:is|has|was|must) )")
+LIBRE_NAMES = {"text": "q", "source_lang": "source", "target_lang": "target"}
 
 
 async def read_fields(request: Request) -> tuple[dict, bool]:
     """The request's fields and whether they came as a form (every value then text)."""
     ctype = request.headers.get("content-type", "")
     if ctype.startswith(("application/x-www-form-urlencoded", "multipart/form-data")):
-        fields = await request.form()
-        data: dict = {k: fields.get(k) for k in fields.keys()}
-        if len(fields.getlist("q")) > 1:
-            data["q"] = fields.getlist("q")
+        pairs = await read_form(request, ctype)
+        data: dict = dict(pairs)              # a field given twice: its last value, as Starlette's forms
+        if len(qs := [v for k, v in pairs if k == "q"]) > 1:
+            data["q"] = qs
         return data, True
     try:
         data = await request.json()
@@ -36,6 +44,53 @@ async def read_fields(request: Request) -> tuple[dict, bool]:
     if not isinstance(data, dict):
         raise ApiError(400, "invalid_request", "the body must be a JSON object")
     return data, False
+
+
+async def read_form(request: Request, ctype: str) -> list[tuple[str, str]]:
+    """A form's (name, value) pairs, or a 400 for one that is not UTF-8, as a JSON body must be: in its bytes,
+    or once its %-escapes are decoded (%ED%A0%80, an encoded lone surrogate, included). Starlette's parser
+    would read such bytes as Latin-1 or U+FFFD and translate that."""
+    try:
+        text = (await request.body()).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ApiError(400, "invalid_request", f"the form is not valid UTF-8 (byte {e.start}); send it encoded "
+                       "as UTF-8") from None
+    if ctype.startswith("multipart/form-data"):   # its parts are cut from the UTF-8 checked above
+        return await multipart_pairs(request)
+    try:
+        return parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict", max_num_fields=MAX_FIELDS)
+    except UnicodeDecodeError:
+        raise ApiError(400, "invalid_request", "a %-escaped form field is not valid UTF-8 (an encoded lone "
+                       "surrogate, or bytes that are no UTF-8); send it encoded as UTF-8") from None
+    except ValueError:   # parse_qsl's "Max number of fields exceeded"
+        raise ApiError(400, "invalid_request", f"the form has more than {MAX_FIELDS} fields") from None
+
+
+async def multipart_pairs(request: Request) -> list[tuple[str, str]]:
+    """A multipart form's text fields (files are no field of LibreTranslate's), or a 400 for a malformed one."""
+    try:
+        fields = await request.form(max_fields=MAX_FIELDS)
+    except StarletteHTTPException as e:   # Starlette's 400 for a malformed multipart body
+        raise ApiError(400, "invalid_request", f"the form cannot be parsed: {e.detail}") from None
+    return [(k, v) for k, v in fields.multi_items() if isinstance(v, str)]
+
+
+async def lenient_key(request: Request) -> str | None:
+    """The api_key field of a form that read_fields refused (bytes not UTF-8 in another field), read leniently,
+    so that the key given there decides 401/403 before the 400 is told; None where none can be read (a body
+    that is not JSON, a form that cannot be parsed)."""
+    ctype = request.headers.get("content-type", "")
+    try:
+        if ctype.startswith("multipart/form-data"):
+            pairs = await multipart_pairs(request)
+        elif ctype.startswith("application/x-www-form-urlencoded"):
+            pairs = parse_qsl((await request.body()).decode("utf-8", "replace"), keep_blank_values=True,
+                              errors="replace", max_num_fields=MAX_FIELDS)
+        else:
+            return None
+    except (ApiError, ValueError):
+        return None
+    return dict(pairs).get("api_key")
 
 
 def alternatives_of(data: dict, form: bool) -> int:
@@ -85,21 +140,37 @@ def to_response(out: dict, listed: bool, alternatives: int, detected: bool) -> d
     return body
 
 
-def check_api_key(gateway: Gateway, request: Request, data: dict) -> None:
-    if data.get("api_key") is not None and not isinstance(data["api_key"], str):
+async def authorized_fields(gateway: Gateway, request: Request) -> tuple[dict, bool]:
+    """read_fields once the request's key is checked (auth.py), before any other field is looked at. A request
+    with a key in its headers had it checked by the middleware; one without, on a keyed server, has its body
+    read only to find the api_key field: a body that cannot be read holds none (401, not the 400 it would get
+    with a key), and an api_key that is not a string is none either."""
+    try:
+        data, form = await read_fields(request)
+    except ApiError:
+        gateway.check_key(request, await lenient_key(request))
+        raise
+    key = data.get("api_key")
+    gateway.check_key(request, key if isinstance(key, str) else None)
+    if key is not None and not isinstance(key, str):
         raise ApiError(400, "invalid_request", "api_key must be a string")
-    gateway.check_key(request, data.get("api_key"))
+    return data, form
+
+
+def libre_error(e: ApiError) -> JSONResponse:
+    """LibreTranslate's error shape, its field names in the message where ours would be."""
+    message = OUR_NAMES.sub(lambda m: LIBRE_NAMES[m.group(1)], e.message)
+    return JSONResponse({"error": message}, status_code=e.status, headers=e.headers)
 
 
 async def translate(gateway: Gateway, request: Request) -> Response:
     """LibreTranslate's POST /translate."""
     try:
-        data, form = await read_fields(request)
-        check_api_key(gateway, request, data)
+        data, form = await authorized_fields(gateway, request)
         req = to_request(data, form)
         out = await gateway.translate_texts(ENDPOINT, req, request)
     except ApiError as e:
-        return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
+        return libre_error(e)
     if out is None:
         return Response(status_code=499)
     return JSONResponse(to_response(out, isinstance(data["q"], list), req.num_alternatives, req.source_lang == AUTO))
@@ -110,18 +181,30 @@ async def detect(gateway: Gateway, request: Request) -> Response:
     languages the server translates from. A list q is detected as one text (its texts joined), as
     LibreTranslate detects it."""
     try:
-        data, _ = await read_fields(request)
-        check_api_key(gateway, request, data)
-        q = data.get("q")
-        if q is None or q == "" or q == []:
-            raise ApiError(400, "invalid_request", "Invalid request: missing q parameter")
-        texts = q if isinstance(q, list) else [q]
-        if not all(isinstance(t, str) for t in texts):
-            raise ApiError(400, "invalid_request", "q must be a string or a list of strings")
-        if "" in texts:   # in a form, [""] and "" are the same field: both are no text
-            raise ApiError(400, "invalid_request", f"Invalid request: q[{texts.index('')}] is empty")
+        data, _ = await authorized_fields(gateway, request)
+        texts = detect_texts(data.get("q"))
         gateway.check_limits(texts)
         ranked = (await gateway.detect(["\n".join(texts)]))[0]
     except ApiError as e:
-        return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
+        return libre_error(e)
     return JSONResponse([{"language": lang, "confidence": conf} for lang, conf in ranked])
+
+
+def detect_texts(q) -> list[str]:
+    """/detect's q as a list of texts, or a 400: missing, empty, not text, or with a lone UTF-16 surrogate
+    (JSON "\\ud800" without its pair: not Unicode text, as /translate answers it)."""
+    if q is None or q == "" or q == []:
+        raise ApiError(400, "invalid_request", "Invalid request: missing q parameter")
+    texts = q if isinstance(q, list) else [q]
+    if not all(isinstance(t, str) for t in texts):
+        raise ApiError(400, "invalid_request", "q must be a string or a list of strings")
+    if "" in texts:   # in a form, [""] and "" are the same field: both are no text
+        raise ApiError(400, "invalid_request", f"Invalid request: q[{texts.index('')}] is empty")
+    for i, t in enumerate(texts):
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as e:
+            where = "q" if isinstance(q, str) else f"q[{i}]"
+            raise ApiError(400, "invalid_request", f"{where} has a lone UTF-16 surrogate ({t[e.start]!r} at "
+                           f"character {e.start}), which is not Unicode text; send its pair or drop it") from None
+    return texts

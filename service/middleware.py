@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .auth import check_headers
+from .auth import BODY_KEY_PATHS, check_headers, given_key
 from .errors import ERROR_KIND, ApiError, error_response, too_large
 from .metrics import metrics
 
 log = logging.getLogger("transerve")
+
+REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")   # an X-Request-ID taken from the client (request_id)
 
 # The most of a refused body (over --max-payload-bytes) read and dropped before the 413, so that a client
 # that writes its whole body before reading (urllib, most scripts) reads the answer: closing with the body
@@ -30,17 +33,16 @@ DRAIN_BYTES = 16 * 2**20
 
 
 def request_context(app, endpoints: dict[str, str], max_payload_bytes: int, api_keys=(),
-                    guarded: frozenset = frozenset(), body_timeout_s: float = 30.0):
+                    open_paths: frozenset = frozenset(), body_timeout_s: float = 30.0):
     """`app` wrapped; `endpoints` maps the paths whose requests are counted to their metrics label; the
-    `guarded` paths (docs, info, metrics: auth.guarded_paths) need one of `api_keys` (the endpoints check
-    their own, LibreTranslate's may come in the body). A body must arrive within `body_timeout_s` of the
-    headers (then 408 and the connection closes)."""
+    paths but `open_paths` (probes, language lists: auth.open_paths) need one of `api_keys`, checked before
+    the body is read (key_refusal). A body must arrive within `body_timeout_s` of the headers (then 408 and
+    the connection closes)."""
 
     async def wrapped(scope, receive, send):
         if scope["type"] != "http":
             return await app(scope, receive, send)
-        rid = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), "")[:64] \
-            or uuid.uuid4().hex
+        rid = request_id(scope)
         scope.setdefault("state", {})["request_id"] = rid
         t0 = time.perf_counter()
         started: dict = {}
@@ -57,7 +59,7 @@ def request_context(app, endpoints: dict[str, str], max_payload_bytes: int, api_
 
         limited = limited_receive(scope, receive, max_payload_bytes, body_timeout_s)
         try:
-            if api_keys and scope["path"] in guarded and (refused := key_error(api_keys, scope)):
+            if api_keys and scope["path"] not in open_paths and (refused := key_refusal(api_keys, scope)):
                 await error_response(scope["path"], rid, refused)(scope, receive, send_with_id)
             elif limited is None:
                 await drain_declared(scope, receive, body_timeout_s)
@@ -76,8 +78,21 @@ def request_context(app, endpoints: dict[str, str], max_payload_bytes: int, api_
     return wrapped
 
 
-def key_error(api_keys, scope) -> ApiError | None:
+def request_id(scope) -> str:
+    """The client's X-Request-ID when it is 1 to 128 printable ASCII characters (no spaces), else a new
+    one: the id is echoed in the answer and its error body and written to the log."""
+    given = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"")
+    return given.decode("ascii") if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+
+
+def key_refusal(api_keys, scope) -> ApiError | None:
+    """The 401/403 of a request to a path that needs a key, from its headers alone, before anything reads
+    its body; None when its key is good, or when it is a POST to a LibreTranslate route with no key in its
+    headers: the route reads the key from the body first (libretranslate.authorized_fields)."""
     headers = {k: v.decode("latin-1") for k, v in scope["headers"] if k in (b"authorization", b"x-api-key")}
+    if scope["path"] in BODY_KEY_PATHS and scope["method"] == "POST" and \
+            not given_key(headers.get(b"authorization", ""), headers.get(b"x-api-key")):
+        return None
     try:
         check_headers(api_keys, headers.get(b"authorization", ""), headers.get(b"x-api-key"))
     except ApiError as e:

@@ -1,7 +1,8 @@
 """What an API key protects (service/auth.py, README "API keys"): every route but the probes and the
-language lists; /docs, /openapi.json and /info too unless --public-docs; /metrics on the main port too,
-or on its own port with no key (--metrics-port, for the cluster's scraper). LitServe's own routes are
-not served."""
+language lists, unknown ones included, whatever the body (401 with WWW-Authenticate before the body is
+read; LibreTranslate's routes read theirs only for its api_key field); /docs, /openapi.json and /info too
+unless --public-docs; /metrics on the main port too, or on its own port with no key (--metrics-port, for
+the cluster's scraper). LitServe's own routes are not served."""
 
 import httpx
 import pytest
@@ -10,12 +11,18 @@ from conftest import free_port, start_server, stop_server
 
 KEY = {"Authorization": "Bearer s3cret"}
 GUARDED = ("/docs", "/openapi.json", "/info")
+CHALLENGE = 'Bearer realm="transerve"'
+LIMIT = 20_000          # --max-payload-bytes of the keyed server
+TRANSLATE = {"text": "Guten Morgen.", "source_lang": "de", "target_lang": "en"}
+LIBRE = {"q": "Guten Morgen.", "source": "de", "target": "en"}
+FORM = "application/x-www-form-urlencoded"
 
 
 @pytest.fixture(scope="module")
 def keyed(tiny_package):
     metrics_port = free_port()
-    proc, url = start_server(tiny_package, "--api-keys", "s3cret", "--metrics-port", str(metrics_port))
+    proc, url = start_server(tiny_package, "--api-keys", "s3cret", "--metrics-port", str(metrics_port),
+                             "--max-payload-bytes", str(LIMIT))
     yield url, f"http://127.0.0.1:{metrics_port}"
     stop_server(proc)
 
@@ -30,6 +37,58 @@ def test_probes_and_language_lists_stay_open_and_the_rest_needs_the_key(keyed):
         assert httpx.get(url + path, headers={"Authorization": "Bearer wrong"}).status_code == 403, path
         assert httpx.get(url + path, headers=KEY).status_code == 200, path
     assert httpx.get(url + "/info", headers={"X-API-Key": "s3cret"}).json()["settings"]["auth"] is True
+
+
+# Without a key, each of these gets 401, where a keyed request gets the status after the colon: the key is
+# checked before the body is validated, the method or the path looked up, or the size counted.
+UNKEYED = [
+    ("POST", "/translate", {"json": {"text": 5}}),                                          # 422
+    ("POST", "/translate", {"content": b'{"text": ', "headers": {"content-type": "application/json"}}),  # 400
+    ("POST", "/translate", {"json": TRANSLATE | {"text": "a" * LIMIT}}),                    # 413
+    ("POST", "/generate", {"json": {"prompt": 5}}),                                         # 422
+    ("GET", "/translate", {}),                                                              # 405
+    ("GET", "/no/such/route", {}),                                                          # 404
+    ("POST", "/libretranslate/translate", {"json": {"q": 5}}),                              # 400
+    ("POST", "/libretranslate/translate", {"content": b"{", "headers": {"content-type": "application/json"}}),
+    ("POST", "/libretranslate/translate", {"content": b"q=Hal\xfflo&source=de&target=en", "headers": {
+        "content-type": FORM}}),                                                            # 400 (not UTF-8)
+    ("POST", "/libretranslate/translate", {"json": LIBRE | {"api_key": 5}}),                # no key: a number
+    ("POST", "/libretranslate/detect", {"json": {"q": 5}}),                                 # 400
+    ("GET", "/libretranslate/translate", {}),                                               # 405
+]
+
+
+@pytest.mark.parametrize("method,path,kwargs", UNKEYED, ids=[f"{m} {p} {i}" for i, (m, p, _) in enumerate(UNKEYED)])
+def test_an_unkeyed_request_gets_401_with_a_challenge_whatever_its_body(keyed, method, path, kwargs):
+    url, _ = keyed
+    r = httpx.request(method, url + path, **kwargs)
+    assert r.status_code == 401 and r.headers["www-authenticate"] == CHALLENGE, (r.status_code, r.text)
+    if path.startswith("/libretranslate/"):
+        assert list(r.json()) == ["error"] and "API key" in r.json()["error"], r.text   # LibreTranslate's shape
+    else:
+        assert r.json()["error"]["type"] == "unauthorized" and r.json()["request_id"] == r.headers["x-request-id"]
+    keyed_kwargs = kwargs | {"headers": kwargs.get("headers", {}) | KEY}
+    wrong_kwargs = kwargs | {"headers": kwargs.get("headers", {}) | {"X-API-Key": "wrong"}}
+    assert httpx.request(method, url + path, **wrong_kwargs).status_code == 403
+    keyed_status = httpx.request(method, url + path, **keyed_kwargs).status_code
+    assert keyed_status in (400, 404, 405, 413, 422), keyed_status   # what the key opens: the request's own error
+
+
+def test_a_libretranslate_key_in_the_body_is_checked_before_any_other_field(keyed):
+    url, _ = keyed
+    r = httpx.post(url + "/libretranslate/translate", json={"q": 5, "api_key": "wrong"})
+    assert r.status_code == 403 and r.json() == {"error": "invalid API key"} and "www-authenticate" not in r.headers
+    r = httpx.post(url + "/libretranslate/translate", json=LIBRE | {"q": 5, "api_key": "s3cret"})
+    assert r.status_code == 400 and r.json()["error"].startswith("q"), r.text     # now the fields: q is no text
+    r = httpx.post(url + "/libretranslate/translate", data=LIBRE | {"api_key": "s3cret"})
+    assert r.status_code == 200 and r.json()["translatedText"], r.text
+    # A form not UTF-8 elsewhere: its api_key still decides 401/403 before the 400 names the form.
+    for key, status in (("s3cret", 400), ("wrong", 403)):
+        r = httpx.post(url + "/libretranslate/detect", content=f"q=Hal%FFlo&api_key={key}".encode(),
+                       headers={"content-type": FORM})
+        assert r.status_code == status, r.text
+    r = httpx.post(url + "/libretranslate/detect", json={"q": "Guten Morgen, wie geht es dir?"}, headers=KEY)
+    assert r.status_code == 200 and r.json()[0]["language"] == "de"
 
 
 def test_metrics_have_their_own_port_without_a_key_and_leave_the_main_one(keyed):
@@ -53,7 +112,7 @@ def test_public_docs_open_docs_and_info_and_metrics_on_the_main_port_need_the_ke
             assert httpx.get(url + path).status_code == 200, path
         assert httpx.get(url + "/metrics").status_code == 401
         assert "transerve_model_info" in httpx.get(url + "/metrics", headers=KEY).text
-        r = httpx.post(url + "/translate", json={"text": "Guten Morgen.", "source_lang": "de", "target_lang": "en"})
-        assert r.status_code == 401
+        r = httpx.post(url + "/translate", json=TRANSLATE)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == CHALLENGE
     finally:
         stop_server(proc)

@@ -4,6 +4,7 @@ come back to idle; bodies over the limit are refused before they are read; every
 the stack under it produces has the documented JSON shape. And, without a server, a worker hook that
 raises for one request fails that request alone."""
 
+import asyncio
 import concurrent.futures as cf
 import json
 import socket
@@ -16,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import pairs64, server_log, start_server, stop_server
+from service.client import AsyncClient, BadRequestError, Client
 
 PAIRS = dict(pairs64())
 DE = list(PAIRS)[:20]
@@ -252,6 +254,33 @@ def test_405_keeps_its_allow_header(server):
     assert r.status_code == 405 and r.headers["allow"] == "GET" and r.json()["error"]["message"]
 
 
+def test_405_and_404_count_as_validation_errors_not_internal_ones(server):
+    """transerve_errors_total{kind="internal"} is what the dashboard calls a bug: a wrong method is not one."""
+    before = errors(server.url, "translate")
+    for _ in range(3):
+        assert httpx.get(server.url + "/translate").status_code == 405
+    after = errors(server.url, "translate")
+    assert after["validation"] - before["validation"] == 3 and after["internal"] == before["internal"]
+
+
+def test_a_lone_surrogate_in_a_key_gets_the_surrogate_message(server):
+    for path, body in (("/translate", {"text": "Hallo", "source_lang": "de", "target_lang": "en"}),
+                       ("/generate", {"prompt": "Das"})):
+        status, _, err = post_raw(server.url, path, body | {"Hal\ud800lo": 1})
+        assert status == 422 and err["error"]["type"] == "invalid_request", err
+        assert "lone UTF-16 surrogate" in err["error"]["message"] and "field name" in err["error"]["message"], err
+
+
+@pytest.mark.parametrize("given,echoed", [("req-1_a.b:c/d", True), ("x" * 128, True), ("x" * 129, False),
+                                          ("two words", False), ("caf\u00e9", False), ("", False)])
+def test_x_request_id_is_echoed_only_when_short_and_printable(server, given, echoed):
+    r = httpx.post(server.url + "/translate", json={"text": 5}, headers={"X-Request-ID": given.encode()})
+    rid = r.headers["x-request-id"]
+    assert r.json()["request_id"] == rid and (rid == given) == echoed, rid
+    if not echoed:
+        assert len(rid) == 32 and int(rid, 16) >= 0   # a new id (uuid4 hex)
+
+
 def test_a_request_uvicorn_cannot_parse_gets_400_json(server):
     status, headers, body, _ = raw_exchange(server.url, request_head("/translate", "Content-Length: -1") + b"{}")
     assert status == 400 and headers["content-type"] == "application/json"
@@ -266,6 +295,100 @@ def test_litserve_info_is_gone(server):
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
     assert httpx.get(server.url + "/info").status_code == 200
     assert "/litserve/info" not in httpx.get(server.url + "/openapi.json").json()["paths"]
+
+
+# --- LibreTranslate's routes: its field names, UTF-8 forms, no lone surrogate -----------------------------
+
+def libre(url: str, path: str, **kwargs) -> tuple[int, str]:
+    """(status, the error's message, or the answer's text). json= is sent escaped (a lone surrogate as \\ud800)."""
+    if "json" in kwargs:
+        kwargs = {"content": json.dumps(kwargs.pop("json")).encode(), "headers": {"content-type": "application/json"}}
+    r = httpx.post(url + path, timeout=60, **kwargs)
+    if r.status_code < 400:
+        return r.status_code, r.text
+    assert list(r.json()) == ["error"], r.text   # LibreTranslate's shape
+    return r.status_code, r.json()["error"]
+
+
+@pytest.mark.parametrize("form", [
+    b"q=Hal\xff\xfelo&source=de&target=en",           # bytes that are no UTF-8
+    b"q=Hal%FF%FElo&source=de&target=en",               # ... %-escaped
+    b"q=Hal%ED%A0%80lo&source=de&target=en",            # a lone surrogate (U+D800), UTF-8-encoded and %-escaped
+    b"q=Hal\xed\xa0\x80lo&source=de&target=en",        # ... as raw bytes
+])
+def test_a_libretranslate_form_that_is_not_utf8_gets_400_as_json_does(server, form):
+    status, err = libre(server.url, "/libretranslate/translate", content=form,
+                        headers={"content-type": "application/x-www-form-urlencoded"})
+    assert status == 400 and "UTF-8" in err, err
+    status, err = libre(server.url, "/libretranslate/detect", content=form,
+                        headers={"content-type": "application/x-www-form-urlencoded"})
+    assert status == 400 and "UTF-8" in err, err
+    multipart = {"q": (None, form.split(b"&")[0][2:]), "source": (None, b"de"), "target": (None, b"en")}
+    if b"%" not in form:
+        status, err = libre(server.url, "/libretranslate/translate", files=multipart)
+        assert status == 400 and "UTF-8" in err, err
+    json_body = b'{"q": "' + form.split(b"&")[0][2:] + b'", "source": "de", "target": "en"}'
+    if b"%" not in form:
+        assert libre(server.url, "/libretranslate/translate", content=json_body,
+                     headers={"content-type": "application/json"})[0] == 400
+
+
+def test_a_libretranslate_form_in_utf8_is_translated_as_its_json(server):
+    text = "Grüße aus Köln."
+    want = libre(server.url, "/libretranslate/translate", json={"q": text, "source": "de", "target": "en"})
+    assert want[0] == 200
+    for form in (f"q={text}&source=de&target=en".encode(), b"q=Gr%C3%BC%C3%9Fe+aus+K%C3%B6ln.&source=de&target=en"):
+        got = libre(server.url, "/libretranslate/translate", content=form,
+                    headers={"content-type": "application/x-www-form-urlencoded"})
+        assert got == want, (got, want)
+    got = libre(server.url, "/libretranslate/translate", files={"q": (None, text), "source": (None, "de"),
+                                                               "target": (None, "en")})
+    assert got == want, (got, want)
+
+
+def test_libretranslate_detect_refuses_a_lone_surrogate(server):
+    for q, where in ((SURROGATE, "q has"), (["Guten Morgen.", SURROGATE], "q[1] has")):
+        status, err = libre(server.url, "/libretranslate/detect", json={"q": q})
+        assert status == 400 and where in err and "lone UTF-16 surrogate" in err, err
+    assert libre(server.url, "/libretranslate/detect", json={"q": "Guten Morgen, wie geht es dir?"})[0] == 200
+
+
+@pytest.mark.parametrize("body,named", [
+    ({"q": ["Das geht.", "  "]}, "q[1] is empty"),
+    ({"q": SURROGATE}, "q has a lone UTF-16 surrogate"),
+    ({"q": 5}, "q."),
+    ({"q": ["Das geht.", "x" * 10_001]}, "q[1] has 10001 characters"),
+    ({"source": "d!"}, "source:"),
+    ({"target": "E"}, "target:"),
+])
+def test_libretranslate_errors_name_its_fields(server, body, named):
+    status, err = libre(server.url, "/libretranslate/translate", json={"q": "Das", "source": "de", "target": "en"}
+                        | body)
+    assert status in (400, 413) and named in err, err
+    assert not any(ours in err.replace("Unicode text", "") for ours in ("text", "source_lang", "target_lang")), err
+
+
+# --- the SDK: a lone surrogate is the server's 422, raised as the SDK's own error ---------------------------
+
+def test_the_sdk_raises_its_own_error_for_a_lone_surrogate(server):
+    with Client(server.url) as c:
+        assert c.translate("Grüße.", source_lang="de", target_lang="en").translations[0].text   # UTF-8 as before
+        with pytest.raises(BadRequestError, match="text\\[1\\] has a lone UTF-16 surrogate") as e:
+            c.translate(["Das geht.", SURROGATE], source_lang="de", target_lang="en")
+        assert e.value.status_code == 422 and e.value.request_id
+        with pytest.raises(BadRequestError, match="prompt has a lone UTF-16 surrogate"):
+            c.generate(SURROGATE, max_new_tokens=4)
+        with pytest.raises(BadRequestError, match="surrogate"):
+            c.stream(SURROGATE, max_new_tokens=4)
+
+    async def run():
+        async with AsyncClient(server.url) as c:
+            with pytest.raises(BadRequestError, match="text has a lone UTF-16 surrogate"):
+                await c.translate(SURROGATE, source_lang="de", target_lang="en")
+            with pytest.raises(BadRequestError, match="surrogate"):
+                async with c.stream(SURROGATE, max_new_tokens=4):
+                    pass
+    asyncio.run(run())
 
 
 # --- the schema says what is accepted ---------------------------------------------------------------------
