@@ -30,6 +30,16 @@ def worker_pids(url: str, model: str) -> set[int]:
     return pids
 
 
+def engine_translation(package, text: str) -> str:
+    """What the service should answer for text (its default, beam 4): the package's engine in this process.
+    Not the memorised pair itself, which the tiny model may get slightly wrong on another processor."""
+    from service.engine import Engine
+
+    (t,) = Engine(package, device="cpu", intra_op_threads=1).translate([text], source_lang="de", target_lang="en",
+                                                                        beam_size=4)
+    return t.text
+
+
 def test_a_killed_worker_is_replaced_and_in_flight_requests_get_an_answer(tiny_package):
     proc, url = start_server(tiny_package, "--request-timeout-s", "60")
     try:
@@ -69,9 +79,9 @@ def test_a_killed_worker_is_replaced_and_in_flight_requests_get_an_answer(tiny_p
             if httpx.get(url + "/ready").status_code == 200 and worker_pids(url, tiny_package.name) - {pid}:
                 break
             time.sleep(1)
-        de, en = pairs64()[0]
+        de = pairs64()[0][0]
         r = httpx.post(url + "/translate", json={"text": de, "source_lang": "de", "target_lang": "en"}, timeout=60)
-        assert r.status_code == 200 and r.json()["translations"][0]["text"] == en
+        assert r.status_code == 200 and r.json()["translations"][0]["text"] == engine_translation(tiny_package, de)
         assert worker_pids(url, tiny_package.name) - {pid}   # a new process serves
     finally:
         stop_server(proc)
@@ -194,9 +204,9 @@ def test_translate_clients_that_go_away_free_their_place_in_the_batch(tiny_packa
         time.sleep(2.5)                          # past the batch window: the batch has been taken
         assert metric_sum(url, "transerve_inference_duration_seconds_count", endpoint="translate") == runs_before
         assert metric_sum(url, "transerve_requests_total", endpoint="translate", status="499") == 4
-        de, en = pairs64()[0]
+        de = pairs64()[0][0]
         r = httpx.post(url + "/translate", json={"text": de, "source_lang": "de", "target_lang": "en"}, timeout=30)
-        assert r.status_code == 200 and r.json()["translations"][0]["text"] == en
+        assert r.status_code == 200 and r.json()["translations"][0]["text"] == engine_translation(tiny_package, de)
         assert metric_sum(url, "transerve_inference_duration_seconds_count", endpoint="translate") == runs_before + 1
     finally:
         stop_server(proc)

@@ -1,5 +1,12 @@
 """The HTTP service, for real: `python -m service` on 127.0.0.1 serving the tiny package (which has
-memorised 64 Ding sentence pairs, so correct translations are known), driven over HTTP."""
+memorised 64 Ding sentence pairs), driven over HTTP.
+
+What a request should get is what the same engine computes: the package loaded in this process, or the
+server's answer for each text sent alone (batching changes no translation: tests/test_batch_invariance.py).
+Never a memorised sentence itself: which few of the 64 the tiny model gets slightly wrong at beam 4 depends
+on the processor it was trained on (torch's AVX-512 and AVX2 kernels train it to other weights; one such
+model translated "Please don't get up!" as "Please don't up!"). Only counts of memorised pairs, with a
+margin, check that the model learnt them."""
 
 import asyncio
 import concurrent.futures as cf
@@ -41,6 +48,26 @@ def post(url, path, body, **kw):
     return httpx.post(url + path, json=body, timeout=60, **kw)
 
 
+def alone(url, texts, headers=None, **options) -> list[str]:
+    """The server's translation of each text, sent in a request of its own with nothing else in flight: the
+    reference for the same texts batched, split out of a longer text, or asked through another API."""
+    out = []
+    for text in texts:
+        r = post(url, "/translate", {"text": text, "source_lang": "de", "target_lang": "en", **options},
+                 headers=headers)
+        assert r.status_code == 200, r.text
+        out.append(r.json()["translations"][0]["text"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_package):
+    """The package loaded in this process, on one thread as the servers here run it."""
+    from service.engine import Engine
+
+    return Engine(tiny_package, device="cpu", intra_op_threads=1)
+
+
 def test_health_ready_info_languages(server):
     assert httpx.get(server + "/health").text == "ok"
     assert httpx.get(server + "/ready").status_code == 200
@@ -51,11 +78,13 @@ def test_health_ready_info_languages(server):
                                                        {"code": "en", "name": "English", "targets": []}]
 
 
-def test_translate_one_text_returns_the_memorised_translation(server):
+def test_translate_one_text_returns_what_the_engine_computes(server, engine):
     r = post(server, "/translate", {"text": "Das geht zu weit.", "source_lang": "de", "target_lang": "en"})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["translations"][0]["text"] == PAIRS["Das geht zu weit."]
+    (expected,) = engine.translate(["Das geht zu weit."], source_lang="de", target_lang="en", beam_size=4)
+    assert body["translations"][0]["text"] == expected.text      # beam 4: the service's default
+    assert body["translations"][0]["score"] == pytest.approx(expected.score, abs=1e-4)
     assert body["model"] == "tiny-de-en" and body["target_lang"] == "en"
     t = body["timings"]
     assert t["total_ms"] >= t["inference_ms"] > 0 and t["queue_ms"] >= 0
@@ -63,17 +92,29 @@ def test_translate_one_text_returns_the_memorised_translation(server):
     assert r.headers["x-request-id"]
 
 
+def test_the_served_model_has_memorised_the_pairs(server):
+    """Greedy search, all 64 in one request: the tiny model learnt them (the bar of
+    tests/test_batch_invariance.py; which few it misses, if any, depends on the processor)."""
+    r = post(server, "/translate", {"text": list(PAIRS), "source_lang": "de", "target_lang": "en", "beam_size": 1})
+    assert r.status_code == 200, r.text
+    got = [t["text"] for t in r.json()["translations"]]
+    assert sum(text == en for text, en in zip(got, PAIRS.values())) >= 56, got
+
+
 def test_translate_many_texts_keeps_order(server):
     src = list(PAIRS)[:20]
+    expected = alone(server, src, beam_size=1)
+    assert len(set(expected)) == len(src)        # 20 different answers: a shuffle could not go unnoticed
     r = post(server, "/translate", {"text": src, "source_lang": "de", "target_lang": "en", "beam_size": 1})
-    assert [t["text"] for t in r.json()["translations"]] == [PAIRS[s] for s in src]
+    assert [t["text"] for t in r.json()["translations"]] == expected
 
 
 def test_long_text_is_split_into_sentences_and_joined_back(server):
     src = list(PAIRS)[:3]
+    a, b, c = alone(server, src)
     text = f"{src[0]} {src[1]}\n\n{src[2]}"
     r = post(server, "/translate", {"text": text, "source_lang": "de", "target_lang": "en"})
-    assert r.json()["translations"][0]["text"] == f"{PAIRS[src[0]]} {PAIRS[src[1]]}\n\n{PAIRS[src[2]]}"
+    assert r.json()["translations"][0]["text"] == f"{a} {b}\n\n{c}"
 
 
 def test_alternatives_are_distinct_and_not_better_than_the_best(server):
@@ -112,6 +153,7 @@ def test_without_a_batch_window_requests_queued_behind_a_running_batch_go_togeth
     proc, url = start_server(tiny_package, "--workers", "1")
     try:
         de = list(PAIRS)
+        expected = alone(url, de[:8])            # each short one with the worker otherwise idle
         long_body = {"text": [" ".join(de[i:i + 4]) for i in range(64)], "source_lang": "de", "target_lang": "en",
                      "beam_size": 16}
         short = lambda s: post(url, "/translate", {"text": s, "source_lang": "de", "target_lang": "en"})  # noqa: E731
@@ -126,7 +168,7 @@ def test_without_a_batch_window_requests_queued_behind_a_running_batch_go_togeth
             results = list(ex.map(short, de[:8]))
             assert long_one.result().status_code == 200
         assert all(r.status_code == 200 for r in results)
-        assert [r.json()["translations"][0]["text"] for r in results] == [PAIRS[s] for s in de[:8]]
+        assert [r.json()["translations"][0]["text"] for r in results] == expected
         batches = _metric(url, "transerve_batch_size_requests_count", endpoint="translate") - batches0
         assert batches == 2, f"{batches:g} batches for the long request and the 8 queued behind it"
     finally:
@@ -180,12 +222,13 @@ def test_a_failing_request_does_not_fail_its_batch_mates(strict_server):
     good = {"text": "Das geht zu weit.", "source_lang": "de", "target_lang": "en"}
     bad = {"text": "Das ist ein sehr langer Satz mit vielen vielen Wörtern darin", "source_lang": "de",
            "target_lang": "en"}
+    (expected,) = alone(strict_server, [good["text"]], headers=auth)
     with cf.ThreadPoolExecutor(2) as ex:  # within one 300 ms batch window, inside max_queue=2
         fg, fb = ex.submit(post, strict_server, "/translate", good, headers=auth), \
             ex.submit(post, strict_server, "/translate", bad, headers=auth)
         rg, rb = fg.result(), fb.result()
     assert rb.status_code == 413
-    assert rg.status_code == 200 and rg.json()["translations"][0]["text"] == PAIRS["Das geht zu weit."]
+    assert rg.status_code == 200 and rg.json()["translations"][0]["text"] == expected
 
 
 def test_full_queue_answers_503_with_retry_after(strict_server):
@@ -214,18 +257,22 @@ def test_libretranslate_api_with_a_real_client(server):
     from libretranslatepy import LibreTranslateAPI
 
     lt = LibreTranslateAPI(server + "/libretranslate/")
-    assert lt.translate("Das geht zu weit.", "de", "en") == PAIRS["Das geht zu weit."]
+    assert lt.translate("Das geht zu weit.", "de", "en") == alone(server, ["Das geht zu weit."])[0]
     assert {"code": "de", "name": "German", "targets": ["en"]} in lt.languages()
 
 
 def test_libretranslate_json_shapes_and_errors(server):
     src = list(PAIRS)[:2]
+    # The same texts through our own API: LibreTranslate's alternatives=2 is beam 4 with 2 alternatives.
+    ours = post(server, "/translate", {"text": src, "source_lang": "de", "target_lang": "en", "beam_size": 4,
+                                       "num_alternatives": 2}).json()["translations"]
     r = post(server, "/libretranslate/translate", {"q": src, "source": "de", "target": "en", "alternatives": 2})
     body = r.json()
-    assert body["translatedText"] == [PAIRS[s] for s in src]
+    assert body["translatedText"] == [t["text"] for t in ours]
+    assert body["alternatives"] == [[a["text"] for a in t["alternatives"]] for t in ours]
     assert len(body["alternatives"]) == 2 and all(len(a) == 2 for a in body["alternatives"])
     r = post(server, "/libretranslate/translate", {"q": src[0], "source": "de", "target": "en", "format": "text"})
-    assert r.json() == {"translatedText": PAIRS[src[0]]}
+    assert r.json() == {"translatedText": ours[0]["text"]}
     r = post(server, "/libretranslate/translate", {"q": "Hallo", "source": "de"})
     assert r.status_code == 400 and r.json() == {"error": "Invalid request: missing target parameter"}
     r = post(server, "/libretranslate/translate", {"q": "Hallo", "source": "xx", "target": "en"})
@@ -272,9 +319,13 @@ def test_openapi_schema_documents_translate(server):
 def test_python_sdk_sync_and_async(server):
     from service.client import AsyncClient, BadRequestError, Client
 
+    src = list(PAIRS)[:5]
+    over_http = post(server, "/translate", {"text": ["Das geht zu weit."], "source_lang": "de", "target_lang": "en",
+                                            "beam_size": 2}).json()["translations"][0]
     with Client(server) as c:
         r = c.translate(["Das geht zu weit."], source_lang="de", target_lang="en", beam_size=2)
-        assert r.translations[0].text == PAIRS["Das geht zu weit."]
+        assert r.translations[0].text == over_http["text"]
+        assert r.translations[0].score == pytest.approx(over_http["score"], abs=1e-4)
         assert [lang.code for lang in c.languages()] == ["de", "en"]
         with pytest.raises(BadRequestError) as e:
             c.translate("Hallo", source_lang="fr", target_lang="en")
@@ -282,11 +333,11 @@ def test_python_sdk_sync_and_async(server):
 
     async def run():
         async with AsyncClient(server) as ac:
-            rs = await asyncio.gather(*(ac.translate(s, source_lang="de", target_lang="en") for s in list(PAIRS)[:5]))
+            rs = await asyncio.gather(*(ac.translate(s, source_lang="de", target_lang="en") for s in src))
             return [r.translations[0].text for r in rs], await ac.ready()
 
     texts, ready = asyncio.run(run())
-    assert texts == [PAIRS[s] for s in list(PAIRS)[:5]] and ready
+    assert texts == alone(server, src) and ready
 
 
 def test_broken_package_stops_the_server_with_the_file_named(tiny_package, tmp_path):
