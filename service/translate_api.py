@@ -51,6 +51,10 @@ TIER_COST = 256
 # seconds more than it since it was paused: bursts of small requests go first, a steady stream of them
 # shares the worker half and half with the large request instead of holding it back until its timeout.
 LEND_S = 0.5
+# On CPU an engine batch holds at most this many rows (sentences x beams): a decoder step, what a request
+# that overtakes may wait for, then stays short. 2 cores, beam 16, 64 short sentences: 256 rows a call
+# took 13.0 s in all, 180 ms a step; 1024 rows 13.6 s, 700 ms a step (benchmarks/results/fairness.md).
+CPU_BATCH_ROWS = 256
 
 
 def request_cost(source_tokens: int, beam_size: int) -> int:
@@ -254,10 +258,12 @@ class TranslateAPI(ls.LitAPI):
             options = jobs[rows[0][0]].options
             rows.sort(key=lambda r: len(jobs[r[0]].sentences[r[1]]))
             budget = max(1, self.settings.max_batch_tokens // max(1, options.beam_size))
+            on_cpu = getattr(self.engines.get(model), "device_type", "cpu") == "cpu"
+            most = max(1, CPU_BATCH_ROWS // max(1, options.beam_size)) if on_cpu else len(rows)
             chunks: list[list[tuple[int, int]]] = [[]]
             for r in rows:
                 width = len(jobs[r[0]].sentences[r[1]])  # sorted: the newest row is the widest
-                if chunks[-1] and width * (len(chunks[-1]) + 1) > budget:
+                if chunks[-1] and (width * (len(chunks[-1]) + 1) > budget or len(chunks[-1]) == most):
                     chunks.append([])
                 chunks[-1].append(r)
             batches += [EngineBatch(model, options, c, [jobs[a].sentences[b] for a, b in c], tier) for c in chunks]

@@ -181,3 +181,11 @@ def test_a_paused_large_batch_gets_steps_back_under_a_steady_stream_of_small_one
     before = plan.lent
     api.advance(plan)                             # the large batch's step: it pays back
     assert plan.lent < before and plan.batches[0] is small
+
+
+def test_on_cpu_an_engine_batch_holds_at_most_cpu_batch_rows(engine):
+    """A decoder step, what an overtaking request may wait for, stays short: rows = sentences x beams."""
+    api = make_api(engine)
+    plan = api.batch([api.decode_request(large(8, 16, "a"))])
+    rows = [len(eb.rows) * 16 for eb in plan.batches]
+    assert max(rows) <= translate_api.CPU_BATCH_ROWS and sum(rows) == 16 * len(plan.jobs[0].sentences)
