@@ -1,10 +1,12 @@
 """LibreTranslate's API on top of ours: POST /libretranslate/translate (JSON or form), /libretranslate/detect
 and its languages, for LibreTranslate's clients (libretranslatepy, its web UI, integrations) unchanged. Errors
 in its shape, `{"error": "..."}`; the requests feed the same queue and batches as POST /translate, and
-source=auto is detected as there (Gateway.translate_detected)."""
+source=auto is detected as there (Gateway.translate_detected). format=html translates an HTML fragment's text
+and keeps its markup (translate_html, service/html_text.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
@@ -14,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from . import html_text
 from .errors import ApiError, first_error, parse_error
 from .shared.schemas import AUTO, TranslateRequest
 
@@ -168,12 +171,67 @@ async def translate(gateway: Gateway, request: Request) -> Response:
     try:
         data, form = await authorized_fields(gateway, request)
         req = to_request(data, form)
-        out = await gateway.translate_texts(ENDPOINT, req, request)
+        listed = isinstance(data["q"], list)
+        if data.get("format") == "html":
+            body = await translate_html(gateway, request, req, listed)
+        else:
+            out = await gateway.translate_texts(ENDPOINT, req, request)
+            body = None if out is None else to_response(out, listed, req.num_alternatives, req.source_lang == AUTO)
     except ApiError as e:
         return libre_error(e)
-    if out is None:
+    if body is None:
         return Response(status_code=499)
-    return JSONResponse(to_response(out, isinstance(data["q"], list), req.num_alternatives, req.source_lang == AUTO))
+    return JSONResponse(body)
+
+
+async def translate_html(gateway: Gateway, request: Request, req: TranslateRequest, listed: bool) -> dict | None:
+    """format=html: each fragment's runs of text (service/html_text.py: a paragraph's sentence whole, its inline
+    tags put back into the translation) translated as the texts of ONE request, through the same queue,
+    limits and batches as any other; its markup, entities and kept elements (script, style, code, pre,
+    translate="no") as written. Alternatives are not made for HTML: [] as LibreTranslate answers. A 400/413
+    for hostile markup (too deep, too many elements, unclosed markup too costly to parse)."""
+    fragments = [req.text] if isinstance(req.text, str) else list(req.text)
+    gateway.check_limits(fragments)          # the markup counts: a text's limit is on what was sent
+    try:
+        docs = await asyncio.to_thread(html_text.parse_all, fragments)
+    except html_text.MarkupError as e:
+        raise ApiError(e.status, "invalid_html" if e.status == 400 else "html_too_large", e.message) from None
+    runs, limit = html_text.texts(docs, leaves=False), gateway.settings.max_texts
+    if len(runs) > limit:
+        raise ApiError(413, "too_many_texts", f"the HTML has {len(runs)} runs of text to translate (a paragraph, "
+                       f"heading, cell or list item each); the limit is {limit} per request", limit)
+    leaves = len(html_text.texts(docs, leaves=True)) <= limit
+    source, detected = req.source_lang, None
+    if source == AUTO:
+        source, detected = await html_source(gateway, runs or fragments, req.target_lang)
+    gateway.check_pair(source, req.target_lang)
+    if not runs or source == req.target_lang:
+        translated = fragments
+    else:
+        update = {"text": html_text.texts(docs, leaves), "source_lang": source, "num_alternatives": 0}
+        out = await gateway.translate_texts(ENDPOINT, req.model_copy(update=update), request)
+        if out is None:
+            return None
+        translated = html_text.render(docs, [i["text"] for i in out["translations"]], leaves)
+    body: dict = {"translatedText": translated if listed else translated[0]}
+    if req.num_alternatives:
+        body["alternatives"] = [[] for _ in translated] if listed else []
+    if detected is not None:
+        body["detectedLanguage"] = [detected for _ in translated] if listed else detected
+    return body
+
+
+async def html_source(gateway: Gateway, texts: list[str], target: str) -> tuple[str, dict]:
+    """source=auto for HTML: the language of all its text at once (a run alone, one word in a <b>, is too
+    short to tell), as a list q is detected on /detect; a 422 where no model takes it to target."""
+    if not any(target in pair for pair in gateway.pairs):
+        gateway.check_pair(AUTO, target)     # the 400 of an unserved target, whatever is detected
+    lang, confidence = (await gateway.detect(["\n".join(texts)]))[0][0]
+    if (lang, target) not in gateway.pairs and lang != target:
+        raise ApiError(422, "unsupported_detected_language", f"the HTML's text was detected as {lang} (confidence "
+                       f"{confidence}), and no model translates {lang}-{target}; {gateway.pairs_text()}; name "
+                       "source to translate it from another language")
+    return lang, {"language": lang, "confidence": confidence}
 
 
 async def detect(gateway: Gateway, request: Request) -> Response:
