@@ -44,9 +44,10 @@ from .text import join_sentences, split_sentences
 
 log = logging.getLogger("transerve")
 ENDPOINT = "translate"
-# Cost tiers: a request costing up to this (source tokens x beam: a few short sentences) is in tier 0,
-# up to twice that in tier 1, and so on; engine batches of a lower tier run first (see the docstring).
-TIER_COST = 256
+# Cost tiers: a request costing up to this (source tokens x beam: any one sentence at the default beam 4)
+# is in tier 0, up to twice that in tier 1, and so on; engine batches of a lower tier run first (see the
+# docstring). Ordinary one-sentence traffic stays in tier 0, batched as it always was.
+TIER_COST = 1024
 # A started engine batch paused for lower-tier ones gets a step back whenever they have run this many
 # seconds more than it since it was paused: bursts of small requests go first, a steady stream of them
 # shares the worker half and half with the large request instead of holding it back until its timeout.
@@ -325,9 +326,9 @@ class TranslateAPI(ls.LitAPI):
 
     @staticmethod
     def overtakable(plan: Plan) -> bool:
-        """Whether a one-word request arriving now would run before some of the plan (a batch above tier 0):
-        only then does the worker's loop look for new requests between steps."""
-        return any(eb.tier for eb in plan.batches)
+        """Whether a one-word request arriving now would run before the batch under way (one above tier 0):
+        only then does the worker's loop look for new requests between steps (others wait for the next take)."""
+        return bool(plan.batches) and plan.batches[0].tier > 0
 
     @staticmethod
     def _next_batch(plan: Plan) -> tuple[int, bool]:

@@ -111,7 +111,7 @@ def test_over_http_translate_and_generate_answer_413_with_the_limit():
 # --- fairness -----------------------------------------------------------------------------------------
 
 def test_tiers_double():
-    assert [cost_tier(c) for c in (1, 256, 257, 512, 513, 32768)] == [0, 0, 1, 1, 2, 7]
+    assert [cost_tier(c) for c in (1, 1024, 1025, 2048, 2049, 32768)] == [0, 0, 1, 1, 2, 5]
 
 
 def test_a_small_request_queued_beside_two_large_ones_is_in_the_first_engine_call(engine):
