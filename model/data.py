@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--software-test-size", type=int, default=1000,
                    help="software-text sentences (gettext, LibreOffice's help) held out as test-software.tsv "
                    "(default 1000; 0: none)")
+    p.add_argument("--min-words", type=int, default=0,
+                   help="keep only pairs with at least this many words on both sides (e.g. 4: sentence-level "
+                   "text without dictionary entries and UI labels; dev and test are unchanged)")
     p.add_argument("--seed", type=int, default=1234, help="seed of the train shuffle")
     p.add_argument("--max-chars", type=int, default=MAX_CHARS, help="max characters per side")
     p.add_argument("--max-ratio", type=float, default=MAX_RATIO, help="max length ratio")
@@ -162,6 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except CorpusError as exc:
         parser.exit(2, f"error: {exc}\n")
+    if args.min_words:
+        # Held-out pairs are sentences (>= 4 words) already, so only the training split changes.
+        pairs = [p for p in pairs if min(len(p.de.split()), len(p.en.split())) >= args.min_words]
     splits, leaks = split_corpus(pairs, args.test_size, args.dev_size, args.seed, args.software_test_size)
     if not splits.get("test-software", True):
         del splits["test-software"]          # no software text in this corpus

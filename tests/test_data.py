@@ -533,3 +533,15 @@ def test_software_sentences_make_a_second_held_out_split() -> None:
     assert len(splits["train"]) + 10 + 7 + 12 + leaks == len(pairs) + len(software)
     without, _ = split_corpus(pairs, test_size=10, dev_size=7, seed=3)
     assert "test-software" not in without and without["test"] == splits["test"]
+
+
+def test_min_words_keeps_sentence_level_pairs_and_the_same_held_out_splits(tmp_path: Path) -> None:
+    common = ["--ding", str(FIXTURE), "--no-locale", "--test-size", "3", "--dev-size", "2"]
+    assert main([*common, "--out", str(tmp_path / "all")]) == 0
+    assert main([*common, "--out", str(tmp_path / "sentences"), "--min-words", "4"]) == 0
+    for name in ("dev", "test"):
+        assert (tmp_path / "all" / f"{name}.tsv").read_bytes() == (tmp_path / "sentences" / f"{name}.tsv").read_bytes()
+    train = read_pairs(tmp_path / "sentences" / "train.tsv")
+    everything = read_pairs(tmp_path / "all" / "train.tsv")
+    assert train and all(min(len(de.split()), len(en.split())) >= 4 for de, en in train)
+    assert set(train) == {(de, en) for de, en in everything if min(len(de.split()), len(en.split())) >= 4}
