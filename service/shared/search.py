@@ -42,6 +42,15 @@ import numpy as np
 from .options import DEFAULTS, SearchOptions  # noqa: F401  (SearchOptions re-exported)
 
 NEG_INF = np.float32(-np.inf)
+# `rule`, where transformers' and CTranslate2's searches differ; the same weights and inputs give each one's
+# tokens. "transformers" (the default; Marian's generate() with its config's forced_eos_token_id): a row at
+# its length budget may only write eos, so a hypothesis cut by the budget has max_length - 1 tokens and eos.
+# "ctranslate2" (CTranslate2 4.x, BeamSearch::search and GreedySearch::search in src/decoding.cc): the last
+# step the budget allows takes the best candidates whatever their token (beam search: its beam_size best,
+# all finished there), so a cut hypothesis has max_length tokens and no eos (finished=False); and with
+# length_penalty 0 a beam search sentence stops once its best candidate of some step was eos and it has
+# num_hypotheses finished ones (CTranslate2's allow_early_exit), not at beam_size finished ones.
+RULES = ("transformers", "ctranslate2")
 
 
 class IncrementalDecoder(Protocol):
@@ -71,7 +80,8 @@ def max_lengths(source_lengths: Sequence[int], *, a: float = 0.0, b: int = 256, 
 
 
 def _adjust(logp: np.ndarray, rows: _Rows, step: int, max_len: np.ndarray, *, eos_id: int, min_length: int,
-            no_repeat_ngram_size: int, repetition_penalty: float, banned_ids: Sequence[int]) -> np.ndarray:
+            no_repeat_ngram_size: int, repetition_penalty: float, banned_ids: Sequence[int],
+            rule: str = "transformers") -> np.ndarray:
     """Applies the constraints shared by every algorithm to a (N, V) block of log-probs, in place."""
     if banned_ids:
         logp[:, banned_ids] = NEG_INF
@@ -89,7 +99,7 @@ def _adjust(logp: np.ndarray, rows: _Rows, step: int, max_len: np.ndarray, *, eo
                 banned = [hist[i + n - 1] for i in range(len(hist) - n + 1) if tuple(hist[i:i + n - 1]) == prefix]
                 logp[r, banned] = NEG_INF
     # Rows at their length budget may only end; eos keeps its own log-prob, so scores stay honest.
-    at_limit = max_len[rows.sentence] <= step + 1
+    at_limit = _forced_eos(max_len, rows, step, rule)
     if step < min_length:
         # The budget wins over min_length: a row at its limit that may not end either would run past
         # its budget on -inf (banned) tokens in greedy search, or end with no hypothesis in beam search.
@@ -101,14 +111,30 @@ def _adjust(logp: np.ndarray, rows: _Rows, step: int, max_len: np.ndarray, *, eo
     return logp
 
 
+def _at_budget(max_len: np.ndarray, rows: _Rows, step: int) -> np.ndarray:
+    """(N,) True where a row's token of this step is the last its length budget allows."""
+    return max_len[rows.sentence] <= step + 1
+
+
+def _forced_eos(max_len: np.ndarray, rows: _Rows, step: int, rule: str) -> np.ndarray:
+    """(N,) True where a row may only write eos: at its budget under the "transformers" rule (transformers'
+    forced_eos_token_id, which Marian configs set); never under "ctranslate2" (CTranslate2 writes any token
+    at its max_decoding_length and ends the hypothesis there, without eos)."""
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    at = _at_budget(max_len, rows, step)
+    return at if rule == "transformers" else np.zeros_like(at)
+
+
 def _top_candidates(decoder, tokens: np.ndarray, width: int, rows: _Rows, step: int, max_len: np.ndarray, *,
-                    eos_id: int, min_length: int, banned_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+                    eos_id: int, min_length: int, banned_ids: Sequence[int],
+                    rule: str = "transformers") -> tuple[np.ndarray, np.ndarray]:
     """step_top() with the constraints of `_adjust` applied: (log-probs (N, k), ids (N, k)), where `width`
     candidates per row survive whatever the constraints remove; removed entries are -inf."""
     logp, ids, eos_logp = decoder.step_top(tokens, width + len(banned_ids) + 1)
     logp = logp.astype(np.float32, copy=True)
     ids = ids.astype(np.int64, copy=True)
-    at_limit = max_len[rows.sentence] <= step + 1
+    at_limit = _forced_eos(max_len, rows, step, rule)
     # A broadcast compare: np.isin's set machinery costs more than the (N, k, banned) compare here.
     bad = ((ids[:, :, None] == np.asarray(banned_ids)[None, None, :]).any(axis=2) if banned_ids
            else np.zeros(ids.shape, dtype=bool))
@@ -134,16 +160,17 @@ def greedy_search(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, 
                   max_length: Sequence[int] | np.ndarray, min_length: int = DEFAULTS.min_length,
                   no_repeat_ngram_size: int = DEFAULTS.no_repeat_ngram_size,
                   repetition_penalty: float = DEFAULTS.repetition_penalty, banned_ids: Sequence[int] = (),
-                  start_tokens: np.ndarray | None = None) -> list[Hypothesis]:
+                  start_tokens: np.ndarray | None = None, rule: str = "transformers") -> list[Hypothesis]:
     """Arg-max decoding; one Hypothesis per input sentence.
 
     min_length: 0 = off. no_repeat_ngram_size: 0 = off. repetition_penalty: 1.0 = off.
     start_tokens: what each row reads first (a prompt's last token); None = bos for every row.
+    rule: at the length budget, "transformers" (default) writes eos, "ctranslate2" any token (see beam_steps).
     """
     return finish(greedy_steps(decoder, batch_size, bos_id=bos_id, eos_id=eos_id, max_length=max_length,
                                min_length=min_length, no_repeat_ngram_size=no_repeat_ngram_size,
                                repetition_penalty=repetition_penalty, banned_ids=banned_ids,
-                               start_tokens=start_tokens))
+                               start_tokens=start_tokens, rule=rule))
 
 
 @dataclass
@@ -177,12 +204,13 @@ def greedy_steps(decoder: IncrementalDecoder, batch_size: int, *, cancel: set[in
 def _paths(decoder: IncrementalDecoder, batch_size: int, pick: Callable | None, *, bos_id: int, eos_id: int,
            max_length, min_length: int = 0, no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0,
            banned_ids: Sequence[int] = (), start_tokens: np.ndarray | None = None,
-           cancel: set[int] | None = None) -> Steps:
+           cancel: set[int] | None = None, rule: str = "transformers") -> Steps:
     """The loop shared by greedy search and sampling: `pick(logp (N, V), sentence (N,)) -> (N,)` ids;
     None = arg-max (greedy search), which reads only the best few tokens when the decoder offers them.
 
     Yields a Step after every decoder call. Inputs the caller adds to `cancel` while iterating (a
-    stop sequence seen, a client gone) end after the step just yielded, with finished=False.
+    stop sequence seen, a client gone) end after the step just yielded, with finished=False, as do rows
+    whose budget ends on a token other than eos (rule "ctranslate2").
     """
     cancel = cancel if cancel is not None else set()
     results: list[Hypothesis | None] = [None] * batch_size
@@ -196,7 +224,7 @@ def _paths(decoder: IncrementalDecoder, batch_size: int, pick: Callable | None, 
     while len(rows.sentence):
         if top is not None:
             logp, ids = _top_candidates(decoder, tokens, 1, rows, step, max_len, eos_id=eos_id,
-                                        min_length=min_length, banned_ids=banned_ids)
+                                        min_length=min_length, banned_ids=banned_ids, rule=rule)
             best = logp.argmax(axis=1)                                        # first candidate not removed
             tokens = ids[np.arange(len(ids)), best]
             sums += logp[np.arange(len(ids)), best]
@@ -204,17 +232,17 @@ def _paths(decoder: IncrementalDecoder, batch_size: int, pick: Callable | None, 
             logp = decoder.step(tokens).astype(np.float32, copy=True)
             logp = _adjust(logp, rows, step, max_len, eos_id=eos_id, min_length=min_length,
                            no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
-                           banned_ids=banned_ids)
+                           banned_ids=banned_ids, rule=rule)
             tokens = np.asarray(logp.argmax(axis=1) if pick is None else pick(logp, rows.sentence), dtype=np.int64)
             sums += logp[np.arange(len(tokens)), tokens]
         yield Step(rows.sentence.copy(), tokens.copy())
-        keep = []
+        keep, last = [], _at_budget(max_len, rows, step)
         for r, tok in enumerate(tokens):
             if tok == eos_id:
                 results[rows.sentence[r]] = Hypothesis(rows.history[r], float(sums[r]), float(sums[r]))
                 continue
             rows.history[r].append(int(tok))
-            if rows.sentence[r] in cancel:
+            if rows.sentence[r] in cancel or last[r]:
                 results[rows.sentence[r]] = Hypothesis(rows.history[r], float(sums[r]), float(sums[r]), False)
             else:
                 keep.append(r)
@@ -239,7 +267,7 @@ def beam_steps(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eos
                length_penalty: float = DEFAULTS.length_penalty, num_hypotheses: int = DEFAULTS.num_hypotheses,
                min_length: int = DEFAULTS.min_length, no_repeat_ngram_size: int = DEFAULTS.no_repeat_ngram_size,
                repetition_penalty: float = DEFAULTS.repetition_penalty, banned_ids: Sequence[int] = (),
-               start_tokens: np.ndarray | None = None) -> BeamSteps:
+               start_tokens: np.ndarray | None = None, rule: str = "transformers") -> BeamSteps:
     """beam_search, yielding None after every decoder call (so a caller can run other work between the
     steps: the translate worker's fairness) and returning what beam_search returns.
 
@@ -247,7 +275,7 @@ def beam_steps(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eos
     1.0 = average log-prob). min_length: 0 = off. no_repeat_ngram_size: 0 = off.
     repetition_penalty: 1.0 = off. start_tokens: each input's first token (a prompt's last);
     None = bos. A sentence stops once it has `beam_size` finished hypotheses; the best
-    `num_hypotheses` of them are returned.
+    `num_hypotheses` of them are returned. rule: "transformers" (default) or "ctranslate2" (see RULES).
     """
     if not 1 <= num_hypotheses <= beam_size:
         raise ValueError(f"num_hypotheses must be between 1 and beam_size ({beam_size}), got {num_hypotheses}")
@@ -262,23 +290,26 @@ def beam_steps(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eos
     tokens = (np.full(batch_size * K, bos_id, dtype=np.int64) if start_tokens is None
               else np.repeat(np.asarray(start_tokens, dtype=np.int64), K))
     top = _uses_top(decoder, repetition_penalty, no_repeat_ngram_size)
+    early_exit = rule == "ctranslate2" and length_penalty == 0    # CTranslate2's allow_early_exit
+    top_ended = np.zeros(batch_size, dtype=bool)
     step = 0
     while len(active):
         if top is not None:
             # Each row's best 2K are enough: a sentence's 2K best over all its beams are among them.
             logp, ids = _top_candidates(decoder, tokens, 2 * K, rows, step, max_len, eos_id=eos_id,
-                                        min_length=min_length, banned_ids=banned_ids)  # (A*K, W) each
+                                        min_length=min_length, banned_ids=banned_ids, rule=rule)  # (A*K, W)
         else:
             logp, ids = decoder.step(tokens).astype(np.float32, copy=True), None        # (A*K, V)
             logp = _adjust(logp, rows, step, max_len, eos_id=eos_id, min_length=min_length,
                            no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
-                           banned_ids=banned_ids)
+                           banned_ids=banned_ids, rule=rule)
         cand, cand_scores = _best_2k(beam_scores, logp, K)                 # (A, 2K) each, best first
-        picked, still_active = [], []
+        picked, still_active, last = [], [], _at_budget(max_len, rows, step)
         for a, s in enumerate(active):
-            chosen = _next_beams(cand[a], cand_scores[a], a, logp.shape[1], K, ids, rows, eos_id, finished[s],
-                                 length_penalty)
-            if len(finished[s]) < K and len(chosen) == K:   # else the sentence is done: drop its rows
+            chosen, top_ended[s] = _next_beams(cand[a], cand_scores[a], a, logp.shape[1], K, ids, rows, eos_id,
+                                               finished[s], length_penalty, last[a * K], top_ended[s])
+            done = (top_ended[s] and len(finished[s]) >= num_hypotheses) if early_exit else len(finished[s]) >= K
+            if not done and len(chosen) == K:   # else the sentence is done: drop its rows
                 picked += chosen
                 still_active.append(a)
         if not still_active:
@@ -307,9 +338,12 @@ def _best_2k(beam_scores: np.ndarray, logp: np.ndarray, K: int) -> tuple[np.ndar
 
 
 def _next_beams(cand: np.ndarray, scores: np.ndarray, a: int, W: int, K: int, ids: np.ndarray | None, rows: _Rows,
-                eos_id: int, finished: list[Hypothesis], length_penalty: float) -> list[tuple[int, int, float]]:
-    """Sentence a's next beams as (row, token, score), at most K, from its candidates best first. A candidate
-    that ends in eos among the first K becomes a finished hypothesis (length-normalised once, here)."""
+                eos_id: int, finished: list[Hypothesis], length_penalty: float, last: bool,
+                top_ended: bool) -> tuple[list[tuple[int, int, float]], bool]:
+    """Sentence a's next beams as (row, token, score), at most K, from its candidates best first, and whether
+    its best candidate has ended at this step or before. A candidate among the first K that ends in eos, or
+    any of them at the last step its budget allows (`last`), becomes a finished hypothesis, length-normalised
+    once, here (length counts eos); every such one is kept, as both transformers and CTranslate2 keep them."""
     chosen: list[tuple[int, int, float]] = []
     for c in range(len(cand)):
         score = scores[c]
@@ -319,17 +353,18 @@ def _next_beams(cand: np.ndarray, scores: np.ndarray, a: int, W: int, K: int, id
         row = a * K + beam
         if ids is not None:
             tok = int(ids[row, tok])
-        if tok == eos_id:
+        if tok == eos_id or last:
             # An eos outside the top K is not a hypothesis the beam would have kept.
-            if c < K and len(finished) < K:
-                length = len(rows.history[row]) + 1
-                norm = length ** length_penalty if length_penalty else 1.0
-                finished.append(Hypothesis(list(rows.history[row]), float(score) / norm, float(score)))
+            if c < K:
+                top_ended |= c == 0
+                tokens = rows.history[row] + ([] if tok == eos_id else [tok])
+                norm = (len(rows.history[row]) + 1) ** length_penalty if length_penalty else 1.0
+                finished.append(Hypothesis(tokens, float(score) / norm, float(score), tok == eos_id))
             continue
         chosen.append((row, tok, score))
         if len(chosen) == K:
             break
-    return chosen
+    return chosen, top_ended
 
 
 def sample(decoder: IncrementalDecoder, batch_size: int, *, bos_id: int, eos_id: int,

@@ -1,0 +1,116 @@
+"""Our search against CTranslate2's on the same weights and inputs: a small random Marian model (an eos bias
+in its final_logits_bias, so some outputs end in eos and some run to the budget), converted with
+ct2-transformers-converter and imported with model.import_marian. With rule="ctranslate2" (service.shared.search
+RULES) beam 4 and greedy search give CTranslate2's tokens for all 50 inputs; with the default rule
+("transformers") a hypothesis cut by the budget is one token shorter and ends in eos, as generate() writes it."""
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+import service.engine as engine_module  # noqa: E402
+import service.shared.search as search  # noqa: E402
+from conftest import pairs64  # noqa: E402
+from service.engine import Engine, SearchOptions  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXTS = [de for de, _ in pairs64()][:50]
+
+
+def build_random_marian(out: Path, eos_bias: float = 5.0) -> Path:
+    """A randomly initialised MarianMTModel (weights N(0, 0.1)) over models/de-en's vocabulary, its <pad>
+    (the decoder start) embedding zero as CTranslate2 assumes, and `eos_bias` added to eos's logit bias."""
+    import sentencepiece as spm
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    spm_file = ROOT / "models" / "de-en" / "spm.model"
+    sp = spm.SentencePieceProcessor(model_file=str(spm_file))
+    pieces = ["</s>", "<unk>", *(sp.id_to_piece(i) for i in range(4, sp.get_piece_size())), "<pad>"]
+    (out / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}, ensure_ascii=False))
+    for side in ("source", "target"):
+        shutil.copy(spm_file, out / f"{side}.spm")
+    V = len(pieces)
+    config = MarianConfig(vocab_size=V, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                          decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                          max_position_embeddings=256, activation_function="relu", scale_embedding=True,
+                          pad_token_id=V - 1, decoder_start_token_id=V - 1, eos_token_id=0, forced_eos_token_id=0,
+                          bad_words_ids=[[V - 1]])
+    torch.manual_seed(0)
+    model = MarianMTModel(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1 and "embed_positions" not in name:
+                p.normal_(0, 0.1)
+        model.model.shared.weight[V - 1].zero_()
+        model.final_logits_bias[0, 0] += eos_bias
+    model.save_pretrained(out)
+    MarianTokenizer(str(out / "source.spm"), str(out / "target.spm"), str(out / "vocab.json"),
+                    source_lang="de", target_lang="en").save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """(tokenizer, CTranslate2 Translator, our Engine) over the same random weights."""
+    from transformers import MarianTokenizer
+
+    from model.import_marian import import_marian
+
+    work = tmp_path_factory.mktemp("ct2-search")
+    marian = build_random_marian(work / "marian")
+    converter = Path(sys.executable).parent / "ct2-transformers-converter"
+    subprocess.run([str(converter), "--model", str(marian), "--output_dir", str(work / "ct2")], check=True,
+                   capture_output=True)
+    import_marian(marian, work / "ours", source_lang="de", target_lang="en")
+    return (MarianTokenizer.from_pretrained(str(marian)),
+            ctranslate2.Translator(str(work / "ct2"), device="cpu", intra_threads=1),
+            Engine(work / "ours", device="cpu", intra_op_threads=1))
+
+
+def ours(engine: Engine, ids: list[list[int]], beam: int, budget: int, rule: str, monkeypatch) -> list[list[int]]:
+    """The engine's best hypotheses with the searches' `rule` (the engine itself uses the default)."""
+    monkeypatch.setattr(engine_module, "beam_steps", functools.partial(search.beam_steps, rule=rule))
+    monkeypatch.setattr(engine_module, "greedy_steps", functools.partial(search.greedy_steps, rule=rule))
+    options = SearchOptions(beam_size=beam, max_length_a=0, max_length_b=budget, max_length=budget)
+    return [h[0].tokens for h in engine.search(ids, options)]
+
+
+def theirs(tok, translator, ids: list[list[int]], beam: int, budget: int) -> list[list[int]]:
+    results = translator.translate_batch([tok.convert_ids_to_tokens(i) for i in ids], beam_size=beam,
+                                         max_decoding_length=budget, min_decoding_length=0, length_penalty=1.0)
+    return [tok.convert_tokens_to_ids(r.hypotheses[0]) for r in results]
+
+
+@pytest.mark.parametrize("budget", [3, 24])
+@pytest.mark.parametrize("beam", [1, 4])
+def test_rule_ctranslate2_gives_ctranslate2s_tokens(models, beam, budget, monkeypatch):
+    """Budget 3 cuts about half the outputs (the off-by-one of issue 29); 24 lets every one end in eos."""
+    tok, translator, engine = models
+    ids = [tok(t).input_ids for t in TEXTS]
+    expected = theirs(tok, translator, ids, beam, budget)
+    got = ours(engine, ids, beam, budget, "ctranslate2", monkeypatch)
+    assert sum(a == b for a, b in zip(got, expected)) == len(TEXTS), list(zip(got, expected))
+    if budget == 3 and beam == 4:
+        cut = [i for i, e in enumerate(expected) if len(e) == budget]
+        assert 0 < len(cut) < len(TEXTS)      # both kinds of ending are compared
+        # The default rule writes eos in the budget's last place: those hypotheses are one token shorter.
+        default = ours(engine, ids, beam, budget, "transformers", monkeypatch)
+        assert all(len(default[i]) == budget - 1 for i in cut)
+
+
+def test_an_unknown_rule_is_refused(models, monkeypatch):
+    tok, _, engine = models
+    with pytest.raises(ValueError, match="rule must be one of"):
+        ours(engine, [tok(TEXTS[0]).input_ids], 4, 8, "marian", monkeypatch)
