@@ -30,7 +30,7 @@ import litserve as ls
 from fastapi import Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
-from . import __version__, langid, libretranslate
+from . import __version__, langid, libretranslate, ui
 from .admission import Admission
 from .auth import check_key, open_paths
 from .cancel import CancelBoard
@@ -334,6 +334,7 @@ class Gateway:
         if not self.settings.metrics_port:   # else on its own port (metrics.serve_metrics, __main__)
             app.add_api_route("/metrics", _metrics, methods=["GET"], tags=["ops"], include_in_schema=False)
         self._describe_served_values(app)
+        ui.install(app, self.settings)   # GET /ui, the translate page; /docs and /redoc offline
         install_handlers(app, self.settings.max_payload_bytes)
         endpoints = {"/translate": ENDPOINT, "/libretranslate/translate": libretranslate.ENDPOINT,
                      "/generate": GENERATE}

@@ -17,8 +17,11 @@ from fastapi import Request
 
 from .errors import ApiError
 
-OPEN_PATHS = frozenset({"/health", "/ready", "/languages", "/libretranslate/languages"})
-DOC_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/info"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/languages", "/libretranslate/languages", "/ui"})  # /ui: the page
+DOC_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/info",
+                       # their scripts (service/ui.py)
+                       "/docs/swagger-ui-bundle.js", "/docs/swagger-ui.css", "/docs/favicon.png",
+                       "/redoc/redoc.standalone.js"})
 BODY_KEY_PATHS = frozenset({"/libretranslate/translate", "/libretranslate/detect"})   # LibreTranslate's api_key
 # Sent with every 401 (RFC 9110 section 11.6.1): the scheme a client is to answer with.
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="transerve"'}
