@@ -40,6 +40,14 @@ if ! command -v promtool >/dev/null && command -v apt-get >/dev/null && [[ $(id 
     || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1; }) \
     || echo "warning: could not install promtool; its test will be skipped" >&2
 fi
+# Debian's chromium and its chromedriver run the translate page in a headless browser (tests/test_ui.py,
+# driven by selenium from the dev extra); without them, as without root, those tests skip and say why.
+if ! { command -v chromium && command -v chromedriver; } >/dev/null && command -v apt-get >/dev/null \
+   && [[ $(id -u) == 0 ]]; then
+  (apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1; }) \
+    || echo "warning: could not install chromium/chromium-driver; the browser tests will be skipped" >&2
+fi
 # The image test (tests/test_deploy.py) builds the CPU image with buildah on a debootstrapped Debian
 # base and serves from it: minutes of downloads and disk, little CPU. With no arguments it runs in
 # a second pytest beside the main one; TRANSERVE_IMAGE_TEST=0 skips it, =1 forces it into the main run.
