@@ -41,6 +41,7 @@ from .generate_api import ENDPOINT as GENERATE, GenerateAPI
 from .litserve_bridge import Workers, until_disconnected
 from .metrics import metrics, render
 from .middleware import request_context
+from .openai_api import ENDPOINT as COMPLETIONS, OpenAIRoutes
 from .shared.schemas import (AUTO, DetectedLanguage, ErrorResponse, GenerateRequest, GenerateResponse, Language,
                              LibreTranslateDetectRequest, LibreTranslateError, LibreTranslateRequest,
                              LibreTranslateResponse, TranslateRequest, TranslateResponse)
@@ -286,7 +287,7 @@ class Gateway:
         app = self.server.app
         # Error and rejection series exist at 0 from the start: rate() over a series that appears
         # with its first event misses that event, so alerts would not see the first burst.
-        for endpoint in ("translate", "libretranslate", GENERATE):
+        for endpoint in ("translate", "libretranslate", GENERATE, COMPLETIONS):
             metrics().rejected.labels(endpoint)
             for kind in sorted(set(ERROR_KIND.values()) | {"internal"}):
                 metrics().errors.labels(endpoint, kind)
@@ -337,7 +338,7 @@ class Gateway:
         ui.install(app, self.settings)   # GET /ui, the translate page; /docs and /redoc offline
         install_handlers(app, self.settings.max_payload_bytes)
         endpoints = {"/translate": ENDPOINT, "/libretranslate/translate": libretranslate.ENDPOINT,
-                     "/generate": GENERATE}
+                     "/generate": GENERATE, "/v1/completions": COMPLETIONS}
         app.add_middleware(request_context, endpoints=endpoints, max_payload_bytes=self.settings.max_payload_bytes,
                            api_keys=tuple(self.settings.api_keys),
                            open_paths=open_paths(public_docs=self.settings.public_docs),
@@ -457,4 +458,5 @@ def build_server(settings: Settings) -> tuple[ls.LitServer, Gateway]:
                           max_payload_size=None)  # enforced before reading: middleware.limited_receive
     gateway = Gateway(server, api, settings, packages, generate_api, board, device="cuda" if cuda else "cpu")
     gateway.install()
+    OpenAIRoutes(gateway).install(server.app)   # /v1/completions, /v1/models: OpenAI's API over /generate's path
     return server, gateway

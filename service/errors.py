@@ -76,9 +76,18 @@ def too_large(max_payload_bytes: int) -> ApiError:
                     "(--max-payload-bytes)", max_payload_bytes, {"Connection": "close"})
 
 
+def openai_error_body(e: ApiError) -> dict:
+    """OpenAI's error object: our error type is its `code`, the field at fault (if known) its `param`."""
+    kind = ("authentication_error" if e.status in (401, 403) else "rate_limit_error" if e.status == 429 else
+            "server_error" if e.status >= 500 else "invalid_request_error")
+    return {"error": {"message": e.message, "type": kind, "param": getattr(e, "param", None), "code": e.type}}
+
+
 def error_response(path: str, request_id: str | None, e: ApiError) -> JSONResponse:
     if path.startswith("/libretranslate/"):  # LibreTranslate's shape, for its clients
         return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
+    if path.startswith("/v1/"):  # OpenAI's shape, for its clients (service/openai_api.py)
+        return JSONResponse(openai_error_body(e), status_code=e.status, headers=e.headers)
     return JSONResponse(e.body(request_id), status_code=e.status, headers=e.headers)
 
 

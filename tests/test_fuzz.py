@@ -50,7 +50,8 @@ def test_no_generated_request_gets_a_5xx_or_breaks_the_schema(fuzz_server, tmp_p
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
     report = (tmp_path / "junit.xml").read_text()
     # Every operation of the schema was exercised, the LibreTranslate ones included.
-    for path in ("/translate", "/generate", "/libretranslate/translate", "/languages", "/health", "/info"):
+    for path in ("/translate", "/generate", "/libretranslate/translate", "/languages", "/health", "/info",
+                 "/v1/completions", "/v1/models"):
         assert path in report, path
     log = server_log(fuzz_server.proc)
     assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-6000:]

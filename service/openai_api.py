@@ -1,0 +1,391 @@
+"""OpenAI's API for generation, for the clients that speak it (the `openai` package, LiteLLM, LangChain):
+
+    POST /v1/completions         a prompt (or a list of them) continued, JSON or OpenAI's `data:` chunks
+    GET  /v1/models              every loaded package, translation ones included, with its task
+    GET  /v1/models/{model}      one of them
+    POST /v1/chat/completions    a 400 that says why: no served model has a chat template (README)
+
+No second engine path: each prompt becomes the GenerateRequest that POST /generate would take and goes
+through Gateway.generate, so the queue, batching, admission, limits, API keys, cancellation and metrics are
+/generate's (the HTTP request counter and its errors under the endpoint label "completions", the work
+itself, queue wait and token timings under "generate"). The same prompt, options and seed give the same
+text as /generate, alone or batched.
+
+OpenAI's options this server does not implement (logprobs, echo, suffix, best_of, penalties, logit_bias)
+are taken at their neutral values only, which clients send by default; any other value, and any field
+OpenAI does not have, gets a 400 in OpenAI's error shape naming them (errors.openai_error_body).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, AsyncIterator, Literal, Optional, Union
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
+
+from .errors import ApiError, parse_error
+from .shared.schemas import GenerateRequest, StopSequence, _json_types
+
+if TYPE_CHECKING:
+    from .app import Gateway
+
+ENDPOINT = "completions"      # the metrics' endpoint label of POST /v1/completions
+OWNER = "transerve"
+DEFAULT_MAX_TOKENS = 16       # OpenAI's default for /v1/completions (vLLM's too)
+# Options taken at these values only (what clients send when the user did not ask for them).
+NEUTRAL = {"logprobs": (None,), "echo": (None, False), "suffix": (None,), "best_of": (None, 1),
+           "frequency_penalty": (None, 0), "presence_penalty": (None, 0), "logit_bias": (None, {})}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class OpenAIError(ApiError):
+    """An ApiError that names the request field at fault (OpenAI's `param`)."""
+
+    def __init__(self, status: int, type_: str, message: str, param: str | None = None, limit: int | None = None):
+        super().__init__(status, type_, message, limit)
+        self.param = param
+
+
+def _neutral(values: tuple) -> dict:
+    return {"json_schema_extra": {"enum": list(values)}}
+
+
+class CompletionRequest(BaseModel):
+    """OpenAI's completion request, as far as this server implements it."""
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str = Field(..., min_length=1, max_length=200, description="A generation package's id (GET /v1/models)")
+    prompt: Union[str, Annotated[list[str], Field(min_length=1)]] = Field(
+        ..., description="A prompt, or a list of prompts (their choices in order, n per prompt); token ids are "
+        "not taken")
+    max_tokens: Optional[int] = Field(DEFAULT_MAX_TOKENS, ge=1, le=4096, description="Pieces to generate at most "
+                                      "(capped by the server)")
+    temperature: Optional[float] = Field(1.0, ge=0.0, le=2.0, description="0 = greedy")
+    top_p: Optional[float] = Field(1.0, gt=0.0, le=1.0)
+    n: Optional[int] = Field(1, ge=1, le=8, description="Choices per prompt (seeds seed, seed+1, …)")
+    # up to 2**53 - 1, read exactly by every JSON parser (2**63 - 1 is read as 2**63 by those that use floats)
+    seed: Optional[int] = Field(None, ge=0, le=2**53 - 1)
+    stop: Union[None, StopSequence, Annotated[list[StopSequence], Field(max_length=4)]] = None
+    stream: Optional[bool] = False
+    stream_options: Optional[dict[str, StrictBool]] = Field(None, json_schema_extra={
+        "properties": {"include_usage": {"type": "boolean"}}, "additionalProperties": False})
+    user: Optional[str] = Field(None, max_length=256, description="Accepted and not used")
+    # Not implemented: their neutral values only (NEUTRAL); any other is a 400 naming them.
+    logprobs: Optional[int] = Field(None, **_neutral(NEUTRAL["logprobs"]))
+    echo: Optional[bool] = Field(None, **_neutral(NEUTRAL["echo"]))
+    suffix: Optional[str] = Field(None, **_neutral(NEUTRAL["suffix"]))
+    best_of: Optional[int] = Field(None, **_neutral(NEUTRAL["best_of"]))
+    frequency_penalty: Optional[float] = Field(None, **_neutral(NEUTRAL["frequency_penalty"]))
+    presence_penalty: Optional[float] = Field(None, **_neutral(NEUTRAL["presence_penalty"]))
+    logit_bias: Optional[dict[str, float]] = Field(None, json_schema_extra={"maxProperties": 0})
+
+    _types = model_validator(mode="before")(classmethod(_json_types))
+
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class CompletionChoice(BaseModel):
+    text: str
+    index: int
+    logprobs: Optional[dict] = None
+    finish_reason: Optional[Literal["stop", "length"]]
+
+
+class CompletionUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Optional[CompletionUsage] = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    task: str = Field(..., description="generation (POST /v1/completions, /generate) or translation (/translate)")
+    directions: list[str] = Field(..., description="Translation directions; [] for a generation model")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+TAKEN = [f for f in CompletionRequest.model_fields if f not in NEUTRAL]
+
+
+def _printable(name: str) -> str:
+    """A field name as it can be answered: a lone UTF-16 surrogate, which no UTF-8 can carry, escaped."""
+    return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+# --- the request ------------------------------------------------------------------------------------
+async def read_request(request: Request) -> CompletionRequest:
+    """The body as a CompletionRequest, or a 400 naming the field at fault."""
+    try:
+        data = await request.json()
+    except (ValueError, RecursionError) as e:
+        raise OpenAIError(400, "invalid_json", parse_error(e)) from None
+    if not isinstance(data, dict):
+        raise OpenAIError(400, "invalid_request", "the body must be a JSON object")
+    if unknown := sorted(_printable(k) for k in set(data) - set(CompletionRequest.model_fields)):
+        raise OpenAIError(400, "unsupported_parameter", f"unrecognized request argument(s): {', '.join(unknown)} "
+                          f"(this server takes: {', '.join(TAKEN)})", unknown[0])
+    if isinstance(data.get("prompt"), list) and any(not isinstance(p, str) for p in data["prompt"]):
+        raise OpenAIError(400, "invalid_request", "prompt must be a string or a list of strings; token ids are not "
+                          "taken", "prompt")
+    try:
+        body = CompletionRequest.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = [str(x) for x in err.get("loc", ())]
+        msg = err.get("msg", "invalid").removeprefix("Value error, ")
+        if loc:   # a union field (prompt, stop) fails in each of its forms: each one's reason
+            msg = f"{loc[0]}: " + "; or ".join(dict.fromkeys(
+                ".".join(str(x) for x in other["loc"][2:]) + (": " if len(other["loc"]) > 2 else "") + other["msg"]
+                for other in e.errors() if other["loc"][:1] == err["loc"][:1]))
+        else:   # _json_types' checks, before any field is read: their message starts with the field's name
+            loc = [msg.split(" ")[0].split("[")[0]]
+        param = loc[0] if loc[0] in CompletionRequest.model_fields else None
+        raise OpenAIError(400, "invalid_request", msg, param) from None
+    if bad := [name for name, neutral in NEUTRAL.items() if getattr(body, name) not in neutral]:
+        raise OpenAIError(400, "unsupported_parameter", f"not supported by this server: {', '.join(bad)} (only "
+                          + "; ".join(f"{n}={json.dumps(NEUTRAL[n][-1])}" for n in bad) + " is taken)", bad[0])
+    if unknown := sorted(set(body.stream_options or {}) - {"include_usage"}):
+        raise OpenAIError(400, "unsupported_parameter", f"stream_options: unrecognized {', '.join(unknown)} (only "
+                          "include_usage is taken)", "stream_options")
+    return body
+
+
+class OpenAIRoutes:
+    """The /v1/ routes, each a thin translation into and out of the Gateway's."""
+
+    def __init__(self, gateway: Gateway):
+        self.gateway = gateway
+        self.models = [_card(p) for p in gateway.packages]
+
+    def check(self, body: CompletionRequest) -> list[str]:
+        """The prompts, once the model and the request's size are checked (OpenAI's statuses: 404 for an
+        unknown model)."""
+        task = {m["id"]: m["task"] for m in self.models}.get(body.model)
+        if task is None:
+            raise OpenAIError(404, "model_not_found", f"the model {body.model!r} does not exist; loaded: "
+                              + ", ".join(m["id"] for m in self.models), "model")
+        if task != "generation":
+            raise OpenAIError(400, "invalid_request", f"{body.model!r} is a {task} model: POST /translate (or "
+                              "/libretranslate/translate) uses it; /v1/completions takes a generation model (GET "
+                              "/v1/models lists each with its task)", "model")
+        prompts, s = body.prompts(), self.gateway.settings
+        if len(prompts) > s.max_texts:
+            raise OpenAIError(413, "too_many_texts", f"{len(prompts)} prompts in one request; the limit is "
+                              f"{s.max_texts}", "prompt", s.max_texts)
+        return prompts
+
+    def generate_requests(self, body: CompletionRequest, prompts: list[str]) -> tuple[list[GenerateRequest], int]:
+        """The /generate requests of `body`, one per prompt, and how many choices each of their sequences
+        stands for: greedy search (temperature 0) has one answer, which OpenAI repeats n times."""
+        n = body.n or 1
+        greedy = body.temperature == 0
+        common = dict(model=body.model, max_new_tokens=body.max_tokens or DEFAULT_MAX_TOKENS,
+                      temperature=1.0 if body.temperature is None else body.temperature,
+                      top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed, stop=body.stop or [],
+                      num_return_sequences=1 if greedy else n, stream=bool(body.stream))
+        try:
+            return [GenerateRequest(prompt=p, **common) for p in prompts], (n if greedy else 1)
+        except ValidationError as e:   # CompletionRequest's bounds are within GenerateRequest's: not expected
+            raise OpenAIError(400, "invalid_request", str(e.errors()[0].get("msg"))) from None
+
+    async def completions(self, request: Request) -> Response:
+        body = await read_request(request)
+        prompts = self.check(body)
+        runs, copies = self.generate_requests(body, prompts)
+        answers = await _all_started(self.gateway, runs, request)
+        if any(not isinstance(a, (dict, StreamingResponse)) for a in answers):
+            return Response(status_code=499)   # the client went away (Gateway.generate)
+        head = {"id": "cmpl-" + request.state.request_id, "object": "text_completion", "created": int(time.time()),
+                "model": body.model}
+        n = body.n or 1
+        if not body.stream:
+            return JSONResponse(_completion(head, answers, n, copies))
+        return StreamingResponse(_chunks(head, answers, n, copies, body.include_usage()),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+
+    def list_models(self) -> dict:
+        return {"object": "list", "data": self.models}
+
+    def model(self, model: str) -> dict:
+        for card in self.models:
+            if card["id"] == model:
+                return card
+        raise OpenAIError(404, "model_not_found", f"the model {model!r} does not exist; loaded: "
+                          + ", ".join(m["id"] for m in self.models), "model")
+
+    async def chat(self) -> Response:
+        raise OpenAIError(400, "chat_not_supported", "no served model has a chat template: they are plain language "
+                          "models, not trained on conversations, so /v1/chat/completions is not served; send the "
+                          "text to continue to POST /v1/completions", "messages")
+
+    def install(self, app) -> None:
+        s, gateway = self.gateway.settings, self.gateway
+        schema = CompletionRequest.model_json_schema()
+        props = schema["properties"]
+        if gateway.generators:
+            props["model"]["enum"] = gateway.generators
+        for one in props["prompt"]["anyOf"]:
+            one.update({"maxLength": s.max_text_chars} if one["type"] == "string" else
+                       {"maxItems": s.max_texts, "items": {"type": "string", "maxLength": s.max_text_chars}})
+        errors = {c: {"description": "OpenAI's error shape: {\"error\": {\"message\", \"type\", \"param\", "
+                      "\"code\"}}"} for c in (400, 401, 403, 404, 413, 503, 504)}
+        app.add_api_route("/v1/completions", self.completions, methods=["POST"], response_model=Completion,
+                          responses=errors | {200: {"content": {"text/event-stream": {}}, "description": "JSON, or "
+                                                    "OpenAI's data: chunks then data: [DONE] with stream=true"}},
+                          openapi_extra={"requestBody": {"required": True,
+                                                         "content": {"application/json": {"schema": schema}}}},
+                          summary="OpenAI-compatible completions (a generation model)", tags=["openai"])
+        app.add_api_route("/v1/models", self.list_models, methods=["GET"], response_model=ModelList,
+                          summary="OpenAI-compatible: every loaded package with its task", tags=["openai"])
+        app.add_api_route("/v1/models/{model}", self.model, methods=["GET"], response_model=ModelCard,
+                          responses={404: errors[404]}, summary="OpenAI-compatible: one package", tags=["openai"])
+        app.add_api_route("/v1/chat/completions", self.chat, methods=["POST"], include_in_schema=False)
+
+
+def _card(package: dict) -> dict:
+    model_json = Path(package["path"]) / "model.json"
+    created = int(model_json.stat().st_mtime) if model_json.exists() else 0
+    return {"id": package["name"], "object": "model", "created": created, "owned_by": OWNER, "task": package["task"],
+            "directions": list(package["directions"]) if package["task"] != "generation" else []}
+
+
+# --- the answer -------------------------------------------------------------------------------------
+async def _all_started(gateway: Gateway, runs: list[GenerateRequest], request: Request) -> list:
+    """Gateway.generate's answer to each run, started together (so that they share the workers' batches). When
+    one fails, the streams the others started are closed (their places and rows given back) and its error is
+    raised."""
+    answers = await asyncio.gather(*(gateway.generate(r, request) for r in runs), return_exceptions=True)
+    failed = next((a for a in answers if isinstance(a, BaseException)), None)
+    if failed is not None:
+        for a in answers:
+            if isinstance(a, StreamingResponse):
+                await _discard(a.body_iterator)
+        raise failed
+    return answers
+
+
+async def _discard(stream: AsyncIterator) -> None:
+    """Closes a stream Gateway.generate returned: run to its first event first, since closing an async generator
+    that never started skips its `finally`, which gives back its place in the queue and its rows."""
+    try:
+        await anext(stream)
+    except StopAsyncIteration:
+        pass
+    finally:
+        await stream.aclose()
+
+
+FINISH = {"stop": "stop", "length": "length"}   # "cancelled" only reaches a client that is gone
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _completion(head: dict, answers: list[dict], n: int, copies: int) -> dict:
+    """Gateway.generate's answers (one per prompt) as one OpenAI completion: prompt i's choices at i*n…i*n+n-1."""
+    choices, prompt_tokens, completion_tokens = [], 0, 0
+    for i, answer in enumerate(answers):
+        for c in answer["choices"]:
+            for j in range(copies):
+                choices.append({"text": c["text"], "index": i * n + c["index"] * copies + j, "logprobs": None,
+                                "finish_reason": FINISH.get(c["finish_reason"], "stop")})
+        prompt_tokens += answer["usage"]["prompt_tokens"]
+        completion_tokens += answer["usage"]["completion_tokens"] * copies
+    choices.sort(key=lambda c: c["index"])
+    return head | {"choices": choices, "usage": _usage(prompt_tokens, completion_tokens)}
+
+
+def _data(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _chunks(head: dict, streams: list[StreamingResponse], n: int, copies: int,
+                  include_usage: bool) -> AsyncIterator[str]:
+    """Gateway.generate's server-sent events of each prompt, merged as they come, as OpenAI's chunks: one per
+    choice and piece, one with each choice's finish_reason, the usage with stream_options.include_usage, then
+    [DONE]. A worker's failure after the 200 comes as OpenAI's error object (which its client raises)."""
+    prompt_tokens = completion_tokens = 0
+    async for i, event in _merged([s.body_iterator for s in streams]):
+        if event["type"] == "token":
+            for j in range(copies):
+                yield _data(head | {"choices": [{"text": event["text"], "index": i * n + event["index"] * copies + j,
+                                                 "logprobs": None, "finish_reason": None}]})
+        elif event["type"] == "done":
+            for c in event["choices"]:
+                for j in range(copies):
+                    yield _data(head | {"choices": [{"text": "", "index": i * n + c["index"] * copies + j,
+                                                     "logprobs": None,
+                                                     "finish_reason": FINISH.get(c["finish_reason"], "stop")}]})
+            prompt_tokens += event["usage"]["prompt_tokens"]
+            completion_tokens += event["usage"]["completion_tokens"] * copies
+        else:   # {"type": "error", "error": {"type", "message"}}: the others are cancelled as we leave
+            yield _data({"error": {"message": event["error"]["message"], "type": "server_error", "param": None,
+                                   "code": event["error"]["type"]}})
+            break
+    else:
+        if include_usage:
+            yield _data(head | {"choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
+    yield "data: [DONE]\n\n"
+
+
+async def _merged(streams: list[AsyncIterator[str]]) -> AsyncIterator[tuple[int, dict]]:
+    """(stream index, event) from every stream as each comes; leaving early closes them all (their `finally`
+    cancels their rows and gives back their places)."""
+    queue: asyncio.Queue = asyncio.Queue()
+    started = [False] * len(streams)
+
+    async def pump(i: int) -> None:
+        started[i] = True
+        try:
+            async for item in streams[i]:
+                queue.put_nowait((i, item))
+        except Exception as e:
+            queue.put_nowait((i, e))
+            return
+        queue.put_nowait((i, None))
+
+    tasks = [asyncio.ensure_future(pump(i)) for i in range(len(streams))]
+    try:
+        left = len(tasks)
+        while left:
+            i, item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            if item is None:
+                left -= 1
+                continue
+            yield i, json.loads(item.removeprefix("data: "))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for i, stream in enumerate(streams):
+            if not started[i]:
+                await _discard(stream)
