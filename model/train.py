@@ -326,6 +326,10 @@ def parse_args(argv) -> tuple[argparse.Namespace, TrainConfig]:
                    help="encoder-decoder (translation, parallel data) or decoder (language model, monolingual data)")
     p.add_argument("--data", required=True, help="directory with train.tsv and dev.tsv from model.data")
     p.add_argument("--out", required=True, help="run directory (resumed if it holds checkpoint.pt)")
+    p.add_argument("--init-from", default=None, metavar="PACKAGE",
+                   help="start a new run from a model package's weights (e.g. models/de-en: the committed default, "
+                        "to train it further on another machine), with its tokenizer; the optimizer and the "
+                        "schedule start afresh")
     p.add_argument("--init", default="xavier", choices=["xavier", "fairseq"],
                    help="a fresh model's initialisation: xavier (each matrix on its own, nn.Linear's biases) or "
                         "fairseq (q/k/v as one matrix, zero biases; model.transformer.fairseq_init)")
@@ -343,6 +347,9 @@ def parse_args(argv) -> tuple[argparse.Namespace, TrainConfig]:
     for f, default in asdict(TrainConfig()).items():
         p.add_argument("--" + f.replace("_", "-"), type=type(default), default=default)
     args = p.parse_args(argv)
+    if args.init_from and not args.tokenizer:
+        meta = json.loads((Path(args.init_from) / "model.json").read_text(encoding="utf-8"))
+        args.tokenizer = str(Path(args.init_from) / meta["tokenizer"]["source"])
     return args, TrainConfig(**{f: getattr(args, f) for f in asdict(TrainConfig())})
 
 
@@ -436,17 +443,33 @@ def prepare_tokenizer(args: argparse.Namespace, corpus: CorpusInfo, out: Path, r
     return Tokenizer(spm_file)
 
 
+def weights_of_package(package: Path, tok: Tokenizer) -> Transformer:
+    """A model package's weights to train on from (--init-from): read back out of its ONNX graphs by
+    model.upgrade (int8 weights dequantized, within 0.4% of the fp32 they came from); Adam starts afresh.
+    The run must use the package's tokenizer, which --init-from makes the default --tokenizer."""
+    from .upgrade import load_weights                  # onnx, only for this
+
+    model, meta = load_weights(package)
+    if model.config.vocab_size != tok.vocab_size:
+        raise SystemExit(f"--init-from {package}: its vocabulary has {model.config.vocab_size} pieces, the run's "
+                         f"tokenizer {tok.vocab_size}; pass --tokenizer {package / meta['tokenizer']['source']}")
+    return model.train()
+
+
 def build_model(args: argparse.Namespace, corpus: CorpusInfo, tok: Tokenizer, state: dict | None,
                 device: torch.device) -> tuple[Transformer, torch.optim.Optimizer, Progress]:
     """The model and its optimizer, fresh or from a checkpoint's `state`, and where the run stands."""
-    config = (TransformerConfig(**state["config"]) if state else
-              preset(args.preset, arch=args.arch, vocab_size=tok.vocab_size, pad_id=tok.special.pad,
-                     bos_id=tok.special.bos, eos_id=tok.special.eos,
-                     # A zero <s> is for Marian/CTranslate2 export of translators; a language model keeps it.
-                     zero_bos_embedding=not corpus.lm))
-    model = Transformer(config)
-    if not state and args.init == "fairseq":
-        fairseq_init(model)
+    if not state and args.init_from:
+        model = weights_of_package(Path(args.init_from), tok)
+    else:
+        config = (TransformerConfig(**state["config"]) if state else
+                  preset(args.preset, arch=args.arch, vocab_size=tok.vocab_size, pad_id=tok.special.pad,
+                         bos_id=tok.special.bos, eos_id=tok.special.eos,
+                         # A zero <s> is for Marian/CTranslate2 export of translators; a language model keeps it.
+                         zero_bos_embedding=not corpus.lm))
+        model = Transformer(config)
+        if not state and args.init == "fairseq":
+            fairseq_init(model)
     model = model.to(device)
     # Fused Adam on CUDA (one kernel for all parameters); on the CPU the default for-loop Adam.
     fused = True if device.type == "cuda" else None

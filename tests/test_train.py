@@ -277,3 +277,18 @@ def test_a_run_stops_at_its_target_token_budget_and_logs_tokens(data_dir, tmp_pa
     last = json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])
     assert 1000 <= last["target_tokens"] < 1300 and last["step"] > 1
     assert torch.load(out / "checkpoint.pt", weights_only=False)["target_tokens"] == last["target_tokens"]
+
+
+def test_a_run_can_start_from_a_model_packages_weights(tiny_package, data_dir, tmp_path):
+    """--init-from reads the weights back out of the package's graphs and takes its tokenizer; with a zero
+    learning rate the saved weights are the package's."""
+    from model.upgrade import load_weights
+
+    out = tmp_path / "from-package"
+    train.main(["--data", str(data_dir), "--out", str(out), "--direction", "de-en", "--init-from", str(tiny_package),
+                *TINY, "--lr", "0", "--max-steps", "1", "--eval-every", "0", "--eval-sentences", "4",
+                "--threads", "1"])
+    assert (out / "spm.model").read_bytes() == (tiny_package / "spm.model").read_bytes()
+    saved = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
+    expected = load_weights(tiny_package)[0].state_dict()
+    assert saved.keys() == expected.keys() and all(torch.equal(saved[k], expected[k]) for k in saved)
