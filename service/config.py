@@ -16,7 +16,9 @@ from pathlib import Path
 
 @dataclass
 class Settings:
-    models: list[str] = field(default_factory=lambda: ["models/de-en"])  # model package directories
+    # Model package directories: by default both embedded packages, as scripts/serve.sh serves them, so
+    # `python -m service` answers /translate (models/de-en) and /generate (models/lm-small) alike.
+    models: list[str] = field(default_factory=lambda: ["models/de-en", "models/lm-small"])
     host: str = "127.0.0.1"
     port: int = 8000
     device: str = "auto"                # auto | cpu | cuda
