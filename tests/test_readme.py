@@ -1,10 +1,13 @@
-"""The README's code blocks, as a user pastes them.
+"""The code blocks of the README and of the docs/ pages, as a user pastes them.
 
-- The main command's block (`bash scripts/serve.sh`, then curl) and the SDK snippet run as written, against
-  the server that command starts, in the environment it builds (only the port is changed to a free one).
-- Every other block's commands: each `python -m …` (and each tool) exists, and every option a block gives it
-  is one the command knows (its --help). Running them in full means hours of training: tests/test_train.py,
-  test_recipe.py, test_generation.py and test_marian.py run the same commands on small data.
+- The README's main command block (`bash scripts/serve.sh`, then curl) and its SDK snippet run as written,
+  against the server that command starts, in the environment it builds (only the port is changed to a free
+  one).
+- Every other block's commands, in the README and in docs/*.md: each `python -m …` (and each tool) exists,
+  and every option a block gives it is one the command knows (its --help); `bash scripts/serve.sh ARGS`
+  passes ARGS on to `python -m service`, so they are checked against its --help. Running them in full means
+  hours of training: tests/test_train.py, test_recipe.py, test_generation.py and test_marian.py run the
+  same commands on small data.
 """
 
 import json
@@ -22,9 +25,17 @@ import pytest
 from conftest import ROOT, free_port, wait_ready
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-BLOCKS = [(m.group(1), m.group(2)) for m in re.finditer(r"```(bash|python)\n(.*?)```", README, re.S)]
-MAIN = next(code for lang, code in BLOCKS if "bash scripts/serve.sh" in code)
-SDK = next(code for lang, code in BLOCKS if lang == "python" and "from service.client import" in code)
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def blocks(text: str) -> list[tuple[str, str]]:
+    return [(m.group(1), m.group(2)) for m in re.finditer(r"```(bash|python)\n(.*?)```", text, re.S)]
+
+
+README_BLOCKS = blocks(README)
+BLOCKS = [block for page in PAGES for block in blocks(page.read_text(encoding="utf-8"))]
+MAIN = next(code for lang, code in README_BLOCKS if lang == "bash" and code.startswith("bash scripts/serve.sh\n"))
+SDK = next(code for lang, code in README_BLOCKS if lang == "python" and "from service.client import" in code)
 SERVE_VENV = ROOT / ".venv-serve"
 
 
@@ -52,8 +63,8 @@ def help_text(*command: str) -> str:
 
 
 def checked_commands() -> list[tuple[list[str], list[str]]]:
-    """(command, the options the README gives it) for every command of every block but the main one and the
-    test command (which runs this test)."""
+    """(command, the options a page gives it) for every command of every block of the README and the docs/
+    pages but the main one and the test command (which runs this test)."""
     out = []
     for lang, code in BLOCKS:
         if lang != "bash" or code == MAIN or "scripts/test.sh" in code:
@@ -65,13 +76,17 @@ def checked_commands() -> list[tuple[list[str], list[str]]]:
                         (["python", "-m", "model.train"], options(words[cut + 1:]))]
             elif words[:2] == ["python", "-m"]:
                 out.append((words[:3], options(words[3:])))
+            elif words[:2] == ["bash", "scripts/serve.sh"]:                     # its arguments go to the service
+                out.append((["python", "-m", "service"], options(words[2:])))
+            elif words[0] == "python" and words[1:2] and words[1].endswith(".py"):   # a script: its own --help
+                out.append((words[:2], options(words[2:])))
             elif words[0] not in ("pip", "sh", "bash", "curl"):
                 out.append((words[:1], options(words[1:])))
     return out
 
 
 @pytest.mark.parametrize("command, given", checked_commands(), ids=lambda v: " ".join(v)[:60])
-def test_each_command_of_the_readme_knows_the_options_it_is_given(command, given):
+def test_each_command_of_the_readme_and_docs_knows_the_options_it_is_given(command, given):
     executable = [sys.executable, *command[1:]] if command[0] == "python" else \
         [str(Path(sys.executable).parent / command[0])]
     text = help_text(*executable)
@@ -131,7 +146,7 @@ def test_the_main_command_starts_again_without_a_package_index(main_command):
 def test_the_readme_installs_torch_as_the_test_script_does():
     """The Install block's torch command is scripts/test.sh's: the CPU build from PyTorch's own index, PyPI
     beside it, few retries (an unreachable index costs seconds)."""
-    install = next(code for lang, code in BLOCKS if lang == "bash" and "pip install torch" in code)
+    install = next(code for lang, code in BLOCKS if lang == "bash" and "pip install torch" in code)   # docs/training.md
     readme = next(words for words in commands(install) if words[:3] == ["pip", "install", "torch==2.13.0"])
     script = (ROOT / "scripts" / "test.sh").read_text(encoding="utf-8").replace("\\\n", " ")
     line = next(line for line in script.splitlines() if "pip install" in line and "torch==" in line)
@@ -139,3 +154,32 @@ def test_the_readme_installs_torch_as_the_test_script_does():
     assert [w for w in words if w not in ("--progress-bar", "off")] == readme
     assert readme[readme.index("--index-url") + 1] == "https://download.pytorch.org/whl/cpu"
     assert readme[readme.index("--extra-index-url") + 1] == "https://pypi.org/simple"
+
+
+def test_the_readme_starts_where_a_user_starts():
+    """The quick start, the warning on the default model's quality right after it, and the route table all
+    within the README's first 120 lines (issue 28); the port is changed as the README says."""
+    lines = README.splitlines()
+    head = "\n".join(lines[:120])
+    assert "bash scripts/serve.sh\ncurl" in head and "translates poorly" in head
+    quality = next(i for i, line in enumerate(lines) if "translates poorly" in line)
+    curl_end = next(i for i, line in enumerate(lines) if '"target_lang": "en"}' in line)
+    assert 0 < quality - curl_end <= 4, "the quality warning must follow the quick start's curl"
+    table_end = max(i for i, line in enumerate(lines) if line.startswith("| `GET /docs`"))
+    assert table_end < 120
+    routes = "\n".join(line for line in lines if line.startswith("| `"))
+    for route in ("/translate", "/generate", "/v1/completions", "/v1/models", "/libretranslate/translate",
+                  "/languages", "/ui", "/health", "/ready", "/info", "/metrics", "/docs", "/redoc"):
+        assert route in routes, route
+    assert "bash scripts/serve.sh --port" in head
+
+
+def test_the_docs_pages_links_resolve():
+    """Relative links in the README and docs/ pages (text moved between them) point at files that exist."""
+    broken = []
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)]+)\)", page.read_text(encoding="utf-8")):
+            path = target.split("#")[0]
+            if path and not target.startswith(("http://", "https://")) and not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert broken == []
