@@ -49,7 +49,7 @@ class Settings:
     request_timeout_s: float = 60.0     # longest a request may wait in the queue; then 504
     drain_timeout_s: float = 30.0       # on SIGTERM: how long admitted requests may take to finish
     max_payload_bytes: int = 1_000_000  # request body size; beyond: 413
-    # Every connection bounded at the server (README, "Slow clients"; service/uvicorn_bridge.py).
+    # Every connection bounded at the server (docs/serving.md, "Slow clients"; service/uvicorn_bridge.py).
     header_timeout_s: float = 10.0      # request line and headers, from the first byte; then 408 and close
     body_timeout_s: float = 30.0        # the whole body, from the end of the headers; then 408 and close
     keep_alive_timeout_s: float = 5.0   # an idle connection between requests is closed after this
