@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.train_speed import cpu_name  # noqa: E402
+from benchmarks.train_speed import cpu_name, publish  # noqa: E402
 
 
 def run_setting(name: str, extra: list[str], args: argparse.Namespace, work: Path) -> dict:
@@ -77,11 +77,7 @@ def main(argv=None) -> None:
             rows.append(f"| {name} | `{opts or '(defaults)'}` | {r['dev_loss']:.3f} | {r.get('bleu_de-en', '-')} | "
                         f"{r.get('bleu_en-de', '-')} | {r['step']} | {r['wall_min']:.1f} |")
             print(rows[-1], flush=True)
-    report = "\n".join(header + rows) + f"\n\nload average at the end: {os.getloadavg()[0]:.1f}\n"
-    print(report)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write("\n" + report)
+    publish("\n".join(header + rows) + f"\n\nload average at the end: {os.getloadavg()[0]:.1f}\n", args.out)
 
 
 if __name__ == "__main__":

@@ -75,6 +75,14 @@ def one_config(args: argparse.Namespace) -> dict:
     return {"tok_s": tokens / wall, "s_per_step": wall / args.steps, "loss": float(loss)}
 
 
+def publish(report: str, out: str | None) -> None:
+    """Prints a markdown report and appends it to `out` (when given)."""
+    print(report)
+    if out:
+        with open(out, "a") as f:
+            f.write("\n" + report)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="data/de-en")
@@ -110,11 +118,7 @@ def main(argv=None) -> None:
               f"CPU: {cpu_name()}, {os.cpu_count()} logical CPUs, bf16 instructions: {cpu_has_bf16()}; "
               f"preset {args.preset}, --max-tokens {args.max_tokens}, {args.steps} timed steps after {args.warmup}",
               "", "| precision | threads | target tok/s | s/step | load before |", "|---|---:|---:|---:|---:|"]
-    report = "\n".join(header + rows) + "\n"
-    print(report)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write("\n" + report)
+    publish("\n".join(header + rows) + "\n", args.out)
 
 
 if __name__ == "__main__":
