@@ -86,7 +86,8 @@ sys.path.insert(0, str(ROOT))
 
 def build_marian(out: Path, spm_file: Path) -> Path:
     """A randomly initialised Marian model with the `small` preset's shape over an existing vocabulary."""
-    import sentencepiece as spm
+    from model.export_marian import write_marian_vocabulary
+    from model.tokenizer import Tokenizer
     import torch
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
@@ -94,11 +95,7 @@ def build_marian(out: Path, spm_file: Path) -> Path:
 
     c = preset("small")
     out.mkdir(parents=True, exist_ok=True)
-    sp = spm.SentencePieceProcessor(model_file=str(spm_file))
-    pieces = ["</s>", "<unk>", *(sp.id_to_piece(i) for i in range(4, sp.get_piece_size())), "<pad>"]
-    (out / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}, ensure_ascii=False))
-    for side in ("source", "target"):
-        shutil.copy(spm_file, out / f"{side}.spm")
+    pieces = write_marian_vocabulary(Tokenizer(spm_file), out)
     V = len(pieces)
     config = MarianConfig(vocab_size=V, d_model=c.d_model, encoder_layers=c.n_encoder_layers,
                           decoder_layers=c.n_decoder_layers, encoder_attention_heads=c.h, decoder_attention_heads=c.h,

@@ -91,6 +91,16 @@ def marian_vocabulary(tok: Tokenizer) -> tuple[list[int], list[str]]:
     return order, pieces
 
 
+def write_marian_vocabulary(tok: Tokenizer, out: Path) -> list[str]:
+    """source.spm and target.spm (our one joint model) and vocab.json in Marian's id order into `out`;
+    -> the pieces by Marian id (<pad>, Marian's decoder start, last)."""
+    _, pieces = marian_vocabulary(tok)
+    for side in ("source", "target"):
+        shutil.copy(tok.model_file, out / f"{side}.spm")
+    (out / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}, ensure_ascii=False, indent=0))
+    return pieces
+
+
 def export_marian(checkpoint: str | Path, out: str | Path) -> Path:
     """One of our checkpoints (a run directory or .pt file) -> a Marian directory."""
     model, tok, info = load_checkpoint(checkpoint)
@@ -171,9 +181,7 @@ def write_marian(model: Transformer, tok: Tokenizer, out: str | Path, *, directi
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(out)
-    for side in ("source", "target"):
-        shutil.copy(tok.model_file, out / f"{side}.spm")
-    (out / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}, ensure_ascii=False, indent=0))
+    write_marian_vocabulary(tok, out)
     s, t = directions[0].split("-")
     MarianTokenizer(str(out / "source.spm"), str(out / "target.spm"), str(out / "vocab.json"),
                     source_lang=s, target_lang=t).save_pretrained(out)

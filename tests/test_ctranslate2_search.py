@@ -5,9 +5,7 @@ RULES) beam 4 and greedy search give CTranslate2's tokens for all 50 inputs; wit
 ("transformers") a hypothesis cut by the budget is one token shorter and ends in eos, as generate() writes it."""
 
 import functools
-import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,16 +29,13 @@ TEXTS = [de for de, _ in pairs64()][:50]
 def build_random_marian(out: Path, eos_bias: float = 5.0) -> Path:
     """A randomly initialised MarianMTModel (weights N(0, 0.1)) over models/de-en's vocabulary, its <pad>
     (the decoder start) embedding zero as CTranslate2 assumes, and `eos_bias` added to eos's logit bias."""
-    import sentencepiece as spm
+    from model.export_marian import write_marian_vocabulary
+    from model.tokenizer import Tokenizer
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
     out.mkdir(parents=True, exist_ok=True)
     spm_file = ROOT / "models" / "de-en" / "spm.model"
-    sp = spm.SentencePieceProcessor(model_file=str(spm_file))
-    pieces = ["</s>", "<unk>", *(sp.id_to_piece(i) for i in range(4, sp.get_piece_size())), "<pad>"]
-    (out / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}, ensure_ascii=False))
-    for side in ("source", "target"):
-        shutil.copy(spm_file, out / f"{side}.spm")
+    pieces = write_marian_vocabulary(Tokenizer(spm_file), out)
     V = len(pieces)
     config = MarianConfig(vocab_size=V, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                           decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
