@@ -17,8 +17,10 @@ models/de-en, randomly initialised. From it:
 
 Every configuration translates the same sentences (the German side of --data, or the tests' 64 Ding
 sentences), sorted by length and cut into the same batches; both engines get the same beam size, length
-penalty (1.0) and output budget (--max-length target tokens, eos included). Each engine gets its own
-best settings on this CPU, chosen by short passes before the measured ones and printed with every result:
+penalty (1.0) and output budget (--max-length target tokens, eos included). Our engine ends a search at
+that budget as CTranslate2 does (SearchOptions(length_rule="ctranslate2"), not the service's default), so
+the agreement figures compare the same search. Each engine gets its own best settings on this CPU,
+chosen by short passes before the measured ones and printed with every result:
 CTranslate2's process-wide environment (its defaults, CT2_USE_MKL flipped, OMP_WAIT_POLICY=PASSIVE;
 each tried in a child process), then for each precision and batch size both engines' thread counts
 (intra_threads 1, the usable physical cores, the usable logical CPUs where hyperthreads add some;
@@ -170,13 +172,15 @@ def ours_runner(package: Path, *, beam: int, max_length: int, threads: int, devi
     from service.engine import Engine, SearchOptions
 
     engine = Engine(package, device=device, intra_op_threads=threads)
-    options = SearchOptions(beam_size=beam, max_length_a=0, max_length_b=max_length, max_length=max_length)
+    options = SearchOptions(beam_size=beam, max_length_a=0, max_length_b=max_length, max_length=max_length,
+                            length_rule="ctranslate2")
 
     def run(batch: list[list[int]]) -> int:
-        hyps = [h[0].tokens for h in engine.search(batch, options)]
+        hyps = [h[0] for h in engine.search(batch, options)]
         if outputs is not None:
-            outputs.extend(hyps)
-        return sum(len(t) + 1 for t in hyps)                                   # + eos, as CTranslate2 counts
+            outputs.extend(h.tokens for h in hyps)
+        # + eos where there is one, as CTranslate2 counts: under its rule a cut output has none
+        return sum(len(h.tokens) + h.finished for h in hyps)
     return run
 
 

@@ -81,7 +81,8 @@ class UncachedTorchDecoder:
 def translate(model: Transformer, tokenizer: Tokenizer, texts: Sequence[str], *, target_lang: str | None = None,
               settings: SearchOptions = GREEDY, batch_size: int = 64) -> list[str]:
     """Translates `texts` (best hypothesis each) with the served search and its options (beam_size,
-    length_penalty and the length budget are read). Sources are sorted by length so batches pad little."""
+    length_penalty, the length budget and length_rule are read). Sources are sorted by length so batches
+    pad little."""
     model.eval()
     srcs = [tokenizer.source_ids(t, target_lang)[: model.config.max_len] for t in texts]
     order = sorted(range(len(srcs)), key=lambda i: len(srcs[i]))
@@ -93,11 +94,12 @@ def translate(model: Transformer, tokenizer: Tokenizer, texts: Sequence[str], *,
                              cap=min(settings.max_length, model.config.max_len))
         decoder = TorchDecoder(model, src)
         if settings.beam_size == 1:
-            hyps = greedy_search(decoder, len(idx), bos_id=BOS_ID, eos_id=EOS_ID, max_length=limits)
+            hyps = greedy_search(decoder, len(idx), bos_id=BOS_ID, eos_id=EOS_ID, max_length=limits,
+                                 rule=settings.length_rule)
         else:
             hyps = [h[0] for h in beam_search(decoder, len(idx), bos_id=BOS_ID, eos_id=EOS_ID,
                                               beam_size=settings.beam_size, max_length=limits,
-                                              length_penalty=settings.length_penalty)]
+                                              length_penalty=settings.length_penalty, rule=settings.length_rule)]
         for i, h in zip(idx, hyps):
             out[i] = tokenizer.decode(h.tokens)
     return out

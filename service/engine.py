@@ -492,7 +492,8 @@ class Engine:
                 seeds: Sequence[int | None] | None) -> Generator[object, None, list[list[Hypothesis]]]:
         common = dict(bos_id=self.bos_id, eos_id=self.eos_id, max_length=limits, min_length=options.min_length,
                       no_repeat_ngram_size=options.no_repeat_ngram_size,
-                      repetition_penalty=options.repetition_penalty, banned_ids=self.banned_ids)
+                      repetition_penalty=options.repetition_penalty, banned_ids=self.banned_ids,
+                      rule=options.length_rule)
         if options.sampling:
             seeds = list(seeds) if seeds is not None else [options.seed] * B
             steps = sample_steps(decoder, B, seeds=seeds, temperature=options.temperature, top_k=options.top_k,

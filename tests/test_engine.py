@@ -293,6 +293,12 @@ def test_more_hypotheses_than_the_search_keeps_is_rejected(engine, ids, options)
         engine.search(ids[:2], SearchOptions(**options))
 
 
+def test_an_unknown_length_rule_is_refused_naming_the_valid_ones():
+    """Refused when the options are made, before any search (tests/test_ctranslate2_search.py runs both rules)."""
+    with pytest.raises(ValueError, match="length_rule must be one of 'transformers', 'ctranslate2', got 'marian'"):
+        SearchOptions(length_rule="marian")
+
+
 @pytest.mark.parametrize("beam", [1, 4])
 def test_max_length_counts_the_forced_eos(engine, ids, greedy, beam):
     """The budget counts the eos (as the positional table does): max_length=3 is 2 pieces + eos."""

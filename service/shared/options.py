@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# How a search ends at its length budget: transformers' generate() or CTranslate2's (service/shared/search.py
+# explains the difference). Written here, not in search.py, because the SDK imports this module without numpy.
+RULES = ("transformers", "ctranslate2")
+
 
 @dataclass
 class SearchOptions:
@@ -23,6 +27,17 @@ class SearchOptions:
     top_k: int = 0                    # sampling only; 0 = off
     top_p: float = 1.0                # sampling only; 1.0 = off
     seed: int | None = None           # sampling only; None = random
+    # "transformers" (default): the budget's last place may only be eos, as Marian's generate() writes it;
+    # "ctranslate2": it takes any token, so a cut output has one token more and no eos, token for token
+    # CTranslate2's. Greedy search, beam search and sampling of translations honour it; generation
+    # (Engine.generate_steps) always uses the default.
+    length_rule: str = "transformers"
+
+    def __post_init__(self):
+        # Here, not at the first search step: a bad value is refused before any batch is built or queued.
+        if self.length_rule not in RULES:
+            raise ValueError(f"length_rule must be one of {', '.join(map(repr, RULES))}, "
+                             f"got {self.length_rule!r}")
 
     def batch_key(self) -> tuple:
         """What the rows of one engine batch must share: every option but the seed (each row samples with

@@ -39,7 +39,7 @@ from typing import Callable, Generator, Protocol, Sequence
 
 import numpy as np
 
-from .options import DEFAULTS, SearchOptions  # noqa: F401  (SearchOptions re-exported)
+from .options import DEFAULTS, RULES, SearchOptions  # noqa: F401  (SearchOptions re-exported)
 
 NEG_INF = np.float32(-np.inf)
 # `rule`, where transformers' and CTranslate2's searches differ; the same weights and inputs give each one's
@@ -50,7 +50,7 @@ NEG_INF = np.float32(-np.inf)
 # all finished there), so a cut hypothesis has max_length tokens and no eos (finished=False); and with
 # length_penalty 0 a beam search sentence stops once its best candidate of some step was eos and it has
 # num_hypotheses finished ones (CTranslate2's allow_early_exit), not at beam_size finished ones.
-RULES = ("transformers", "ctranslate2")
+# RULES names them (in options.py, for SearchOptions.length_rule, which the engine passes as `rule`).
 
 
 class IncrementalDecoder(Protocol):
