@@ -2,9 +2,9 @@
 
 Each MatMul by a constant (K, N) weight W becomes
 
-    x (..., K) float   ->  s = max|x| / 127 of each row (..., 1);  q = round(x / s) + 128, uint8
-    MatMulInteger(q, W_q, a_zero_point=128)    W_q = round(W / w_scale), int8 (K, N); exact int32 sums
-    Cast -> float, * w_scale (N,), * s         per column, then per row; the bias is added as before
+    s = max(max|x| / 127, tiny) of each row (..., 1)      Abs, ReduceMax, Mul, Max
+    q = QuantizeLinear(x, s, 128; block_size=K)           one block per row: round(x / s) + 128, uint8
+    MatMulIntegerToFloat(q, W_q, 1, w_scale, 128) * s     W_q = round(W / w_scale) int8 (K, N), w_scale (N,)
 
 onnxruntime's own `quantize_dynamic` quantizes each activation with one scale for the whole tensor,
 so a sentence's numbers depend on its batch-mates' largest values (padding rows included): models/de-en
@@ -12,10 +12,15 @@ translated 11 of 96 test sentences differently alone and in batches of 32. With 
 exact integer product, a row's result depends on that row alone (benchmarks/results/int8-per-row.md).
 Rows sharing an input (the self-attention's query, key and value projections) share its quantization.
 
-The two Muls come in this order on purpose: onnxruntime fuses `MatMulInteger -> Cast -> Mul(Mul(a, b))`
-into MatMulIntegerToFloat, whose kernel reads one scale for all of A, and with a per-row scale the fused
-graph is wrong (onnxruntime 1.32: the encoder's outputs off by 10% on average instead of 3%). Scaling
-by the weight's constant first leaves that pattern nowhere to match.
+The graph is as short as onnxruntime's CPU kernels allow, since at one sentence a decoder step is a
+hundred-odd small operators and each costs a dispatch and a pass over memory: QuantizeLinear's blocked
+form (opset 21) divides, rounds, shifts and casts in one pass; MatMulIntegerToFloat takes the weight's
+per-column scale inside its kernel (its activation scale must be one number, so it gets 1 and the row
+scale follows as a Mul). Packages written before (Div, Round, Add, Cast, then MatMulInteger, Cast and two
+Muls) compute the same numbers, bit for bit, with seven more operators a MatMul
+(benchmarks/results/int8-graph.md); the engine serves both. Signed activations (int8 without a zero
+point) would save the Shape and Expand, but onnxruntime 1.31 multiplies int8 by int8 several times
+slower than uint8 by int8 on x86.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from onnx import TensorProto, helper, numpy_helper
 from service.shared.package import INT8_SCHEME
 
 SCHEME = INT8_SCHEME        # model.json "quantization"; the engine serves no other int8 packages
+OPSET = 21                  # QuantizeLinear's block_size; the ops our graphs use mean the same since 18
 _ZERO = 128                 # uint8 zero point of the symmetric activations: q - 128 is in [-127, 127]
 
 
@@ -39,18 +45,18 @@ def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(np.round(w / scale), -127, 127).astype(np.int8), scale
 
 
-def _row_quantizer(x: str) -> tuple[list[onnx.NodeProto], str, str]:
-    """Nodes that quantize x (..., K) per row: (nodes, uint8 tensor name, per-row scale name)."""
+def _row_quantizer(x: str, k: int) -> tuple[list[onnx.NodeProto], str, str]:
+    """Nodes that quantize x (..., K) per row: (nodes, uint8 tensor name, per-row scale name (..., 1))."""
     p = f"{x}/rows_int8"
     nodes = [
         helper.make_node("Abs", [x], [f"{p}/abs"]),
         helper.make_node("ReduceMax", [f"{p}/abs", "int8/last_axis"], [f"{p}/largest"], keepdims=1),
         helper.make_node("Mul", [f"{p}/largest", "int8/one_127th"], [f"{p}/scale0"]),
         helper.make_node("Max", [f"{p}/scale0", "int8/tiny"], [f"{p}/scale"]),   # an all-zero row
-        helper.make_node("Div", [x, f"{p}/scale"], [f"{p}/scaled"]),
-        helper.make_node("Round", [f"{p}/scaled"], [f"{p}/rounded"]),
-        helper.make_node("Add", [f"{p}/rounded", "int8/zero_point_f"], [f"{p}/shifted"]),
-        helper.make_node("Cast", [f"{p}/shifted"], [f"{p}/q"], to=TensorProto.UINT8),
+        helper.make_node("Shape", [f"{p}/scale"], [f"{p}/scale_shape"]),
+        helper.make_node("Expand", ["int8/zero_point", f"{p}/scale_shape"], [f"{p}/zero_points"]),
+        helper.make_node("QuantizeLinear", [x, f"{p}/scale", f"{p}/zero_points"], [f"{p}/q"],
+                         axis=-1, block_size=k),
     ]
     return nodes, f"{p}/q", f"{p}/scale"
 
@@ -59,8 +65,18 @@ def _constants() -> list[onnx.TensorProto]:
     return [numpy_helper.from_array(np.array([-1], np.int64), "int8/last_axis"),
             numpy_helper.from_array(np.array(1 / 127, np.float32), "int8/one_127th"),
             numpy_helper.from_array(np.array(1e-30, np.float32), "int8/tiny"),
-            numpy_helper.from_array(np.array(_ZERO, np.float32), "int8/zero_point_f"),
+            numpy_helper.from_array(np.array(1, np.float32), "int8/one"),
             numpy_helper.from_array(np.array(_ZERO, np.uint8), "int8/zero_point")]
+
+
+def _use_opset(model: onnx.ModelProto) -> None:
+    """The default domain at OPSET (18 -> 21 adds types, not meanings, for the ops our exports use) and
+    onnxruntime's com.microsoft domain for MatMulIntegerToFloat."""
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            entry.version = max(entry.version, OPSET)
+    if not any(entry.domain == "com.microsoft" for entry in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
 
 
 def quantize_int8(path: Path) -> int:
@@ -78,7 +94,7 @@ def quantize_int8(path: Path) -> int:
             continue
         x, y = node.input[0], node.output[0]
         if x not in quantized:
-            chain, q, scale = _row_quantizer(x)
+            chain, q, scale = _row_quantizer(x, weight.dims[0])
             nodes += chain
             quantized[x] = (q, scale)
         q, scale = quantized[x]
@@ -87,9 +103,9 @@ def quantize_int8(path: Path) -> int:
             new_inits += [numpy_helper.from_array(w_q, f"{weight.name}_quantized"),
                           numpy_helper.from_array(w_scale, f"{weight.name}_scale")]
             weights.add(weight.name)
-        nodes += [helper.make_node("MatMulInteger", [q, f"{weight.name}_quantized", "int8/zero_point"], [f"{y}/int32"]),
-                  helper.make_node("Cast", [f"{y}/int32"], [f"{y}/float"], to=TensorProto.FLOAT),
-                  helper.make_node("Mul", [f"{y}/float", f"{weight.name}_scale"], [f"{y}/columns"]),
+        nodes += [helper.make_node("MatMulIntegerToFloat", [q, f"{weight.name}_quantized", "int8/one",
+                                                            f"{weight.name}_scale", "int8/zero_point"],
+                                   [f"{y}/columns"], domain="com.microsoft"),
                   helper.make_node("Mul", [f"{y}/columns", scale], [y])]
         done += 1
     del graph.node[:]
@@ -98,6 +114,7 @@ def quantize_int8(path: Path) -> int:
     kept = [i for i in [*graph.initializer, *new_inits] if i.name in used]
     del graph.initializer[:]
     graph.initializer.extend(kept)
+    _use_opset(model)
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, str(path))
     return done

@@ -10,16 +10,16 @@ into our Transformer and exports the package again with the same precision, toke
 metadata and model card. Packages imported by model.import_marian are re-imported from their Marian
 directory instead.
 
-How a weight is found: every named parameter the exporter kept by name (embeddings, layer norms,
-biases) is read directly. A linear layer's weight is an anonymous initializer (`val_58`, transposed,
-or `val_58_quantized` with its scale, and a zero point in older int8 packages); it is the constant input
-of a MatMul whose result has that layer's named bias added (in int8 graphs, after the MatMulInteger's
-Cast and rescaling Muls). int8 weights are dequantized, (q - zero_point) · scale, and quantized again on
-export one scale per output column (model/quantize.py). A package quantized that way gets the same int8
-values back, since a column's largest magnitude, hence its scale, is unchanged. An older int8 package,
-quantized per tensor with per-tensor activations (onnxruntime's quantize_dynamic, whose answers depended
-on the batch), gets new values and per-row activations, so its outputs change a little; so does one whose
-output projection the old exporter left in fp32.
+How a weight is found: every named parameter the exporter kept by name (embeddings, layer norms, biases) is
+read directly. A linear layer's weight is an anonymous initializer (`val_58`, transposed, or
+`val_58_quantized` with its scale, and a zero point in older int8 packages); it is the constant input of a
+MatMul whose result has that layer's named bias added (in int8 graphs, after the rescaling Mul of a
+MatMulIntegerToFloat, or an older package's MatMulInteger, Cast and Muls). int8 weights are dequantized, (q -
+zero_point) · scale, and quantized again on export one scale per output column (model/quantize.py). A package
+quantized that way gets the same int8 values back, since a column's largest magnitude, hence its scale, is
+unchanged. An older int8 package, quantized per tensor with per-tensor activations (onnxruntime's
+quantize_dynamic, whose answers depended on the batch), gets new values and per-row activations, so its
+outputs change a little; so does one whose output projection the old exporter left in fp32.
 """
 
 from __future__ import annotations
@@ -54,13 +54,15 @@ def graph_weights(path: Path) -> dict[str, np.ndarray]:
 
     def bias_after(node) -> str | None:
         """The name of the bias initializer added to this MatMul's output: right after it, or after the
-        Cast and rescaling Muls of an int8 MatMulInteger (one Mul per tensor, two per row: model/quantize.py).
-        None for anything else (the weight is not a layer's own)."""
+        rescaling Muls of an int8 MatMulIntegerToFloat (the row scale: model/quantize.py) or of an older
+        package's MatMulInteger and Cast (one Mul per tensor, two per row). None for anything else (the
+        weight is not a layer's own)."""
         if node.op_type == "MatMulInteger":
             node = only_consumer(node)
             if node is None or node.op_type != "Cast":
                 return None
-            while node is not None and (nxt := only_consumer(node)) is not None and nxt.op_type == "Mul":
+        if node.op_type in ("Cast", "MatMulIntegerToFloat"):
+            while (nxt := only_consumer(node)) is not None and nxt.op_type == "Mul":
                 node = nxt
         add = only_consumer(node)
         if add is None or add.op_type != "Add":
@@ -74,16 +76,17 @@ def graph_weights(path: Path) -> dict[str, np.ndarray]:
     if "project.bias" in inits:       # the output projection's own bias (packages in the current layout)
         weights["final_logits_bias"] = inits["project.bias"].astype(np.float32)
     for node in graph.node:
-        if node.op_type not in ("MatMul", "MatMulInteger") or node.input[1] not in inits:
+        if node.op_type not in ("MatMul", "MatMulInteger", "MatMulIntegerToFloat") or node.input[1] not in inits:
             continue
         bias = bias_after(node)
         if bias is None or not bias.startswith("model."):
             continue                  # the output projection: the tied embedding, read by its name
         w = inits[node.input[1]].astype(np.float32)                     # (in, out)
-        if node.op_type == "MatMulInteger":
+        if node.op_type in ("MatMulInteger", "MatMulIntegerToFloat"):
             base = node.input[1].removesuffix("_quantized")
-            zero_point = (inits[node.input[3]].astype(np.float32)
-                          if len(node.input) > 3 and node.input[3] else np.float32(0))
+            b_zero = 3 if node.op_type == "MatMulInteger" else 5          # MatMulIntegerToFloat: A, B, scales, zps
+            zero_point = (inits[node.input[b_zero]].astype(np.float32)
+                          if len(node.input) > b_zero and node.input[b_zero] else np.float32(0))
             w = (w - zero_point) * inits[f"{base}_scale"]               # per tensor, or per column (out,)
         weights[bias.removeprefix("model.").removesuffix(".bias") + ".weight"] = w.T.copy()
     return weights

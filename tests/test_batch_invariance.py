@@ -131,10 +131,10 @@ def test_a_generation_package_with_left_padded_prompts_is_refused(tiny_lm_packag
 
 
 def test_the_optimised_int8_graph_computes_what_the_graph_says():
-    """onnxruntime fuses MatMulInteger -> Cast -> Mul(Mul(a_scale, b_scale)) into a kernel that takes one
-    scale for all rows; model/quantize.py orders its Muls so the fusion cannot match. Measured: the optimised
-    encoder is 0.3% from the graph as written (other fusions move values across int8 rounding steps); with
-    the Muls in the fusible order, 20%."""
+    """onnxruntime's graph optimisations must leave per-row int8 as written. They once fused MatMulInteger ->
+    Cast -> Mul(Mul(a_scale, b_scale)) into a kernel that takes one scale for all rows (20% off); the graph
+    now names MatMulIntegerToFloat itself, with the row scale as a Mul after it (model/quantize.py). Other
+    fusions move values across int8 rounding steps: the optimised encoder is 0.3% from the graph as written."""
     src = np.array([ids + [0] * (20 - len(ids)) for ids in Engine(DE_EN, device="cpu").source_ids(
         TEXTS["de"][:16], "en")], dtype=np.int64)
     outs = []
