@@ -328,10 +328,18 @@ class Engine:
 
     def _open_sessions(self, device: str, so: ort.SessionOptions) -> None:
         self.providers = pick_providers(device)
+        # On the CPU, onnxruntime's SkipLayerNormalization kernel (what its fusion makes of residual Add, bias
+        # Add and LayerNormalization) took 5x as long as the three operators unfused, e.g. 170 against 34 us
+        # for a (128, 1, 256) beam-4 step; without the fusion int8 beam 4 batch 32 ran 14% faster, greedy
+        # 18% (onnxruntime 1.31, benchmarks/results/int8-graph.md). CUDA keeps it.
+        keep_fused = self.providers[0] == "CUDAExecutionProvider"
+        disabled = [] if keep_fused else ["SkipLayerNormFusion"]
         try:
-            self.encoder = (ort.InferenceSession(str(self.package.file("encoder.onnx")), so, providers=self.providers)
+            self.encoder = (ort.InferenceSession(str(self.package.file("encoder.onnx")), so, providers=self.providers,
+                                                 disabled_optimizers=disabled)
                             if self.task == "translation" else None)
-            self.decoder = ort.InferenceSession(str(self.package.file("decoder.onnx")), so, providers=self.providers)
+            self.decoder = ort.InferenceSession(str(self.package.file("decoder.onnx")), so, providers=self.providers,
+                                                disabled_optimizers=disabled)
         except Exception as e:  # onnxruntime raises several types for unreadable graphs
             raise PackageError(f"{self.package.path}: onnxruntime cannot load the graphs ({e})") from None
         self.device_type = running_device(self.decoder, device, self.providers)
