@@ -17,16 +17,16 @@ models/de-en, randomly initialised. From it:
 
 Every configuration translates the same sentences (the German side of --data, or the tests' 64 Ding
 sentences), sorted by length and cut into the same batches; both engines get the same beam size, length
-penalty (1.0) and output budget (--max-length target tokens, eos included). Our engine ends a search at
-that budget as CTranslate2 does (SearchOptions(length_rule="ctranslate2"), not the service's default), so
-the agreement figures compare the same search. Each engine gets its own best settings on this CPU,
-chosen by short passes before the measured ones and printed with every result:
-CTranslate2's process-wide environment (its defaults, CT2_USE_MKL flipped, OMP_WAIT_POLICY=PASSIVE;
-each tried in a child process), then for each precision and batch size both engines' thread counts
-(intra_threads 1, the usable physical cores, the usable logical CPUs where hyperthreads add some;
-CTranslate2 also inter_threads over sub-batches). `--threads N` gives both engines N threads instead. A
-random model rarely writes </s>, so its outputs run to that budget in both engines: equal work per
-sentence, which is what a speed comparison needs (its translations mean nothing).
+penalty (1.0) and output budget (--max-length target tokens, eos included). Our engine ends a search at that
+budget as CTranslate2 does (SearchOptions(length_rule="ctranslate2"), not the service's default), so the
+agreement figures compare the same search. Each engine gets its own best settings on this CPU, chosen by short
+passes before the measured ones and printed with every result: CTranslate2's process-wide environment (its
+defaults, CT2_USE_MKL flipped, OMP_WAIT_POLICY=PASSIVE; each tried in a child process), then for each
+precision and batch size both engines' thread counts (intra_threads 1, the usable physical cores, the usable
+logical CPUs where hyperthreads add some; and sub-batches in parallel: CTranslate2's inter_threads, our
+engines from a thread pool). `--threads N` gives both engines N threads instead. A random model rarely writes
+</s>, so its outputs run to that budget in both engines: equal work per sentence, which is what a speed
+comparison needs (its translations mean nothing).
 
     tok/s      target tokens produced (eos included) per second of wall time, tokenisation excluded
     p50 ms     latency of one batch
@@ -166,17 +166,27 @@ def ct2_runner(path: Path, *, beam: int, max_length: int, threads: int, device: 
     return run
 
 
-def ours_runner(package: Path, *, beam: int, max_length: int, threads: int, device: str = "cpu", outputs=None):
+def ours_runner(package: Path, *, beam: int, max_length: int, threads: int, device: str = "cpu", outputs=None,
+                inter: int = 1):
     """run(batch of id lists) -> target tokens; with `outputs` (a list) each best hypothesis's ids are
-    appended to it."""
+    appended to it. inter > 1: as CTranslate2's inter_threads, the batch is cut into `inter` sub-batches
+    that `inter` engines (one session each, `threads` threads) search at once from a thread pool
+    (onnxruntime releases the GIL while a graph runs); the server does the same with --workers."""
     from service.engine import Engine, SearchOptions
 
-    engine = Engine(package, device=device, intra_op_threads=threads)
+    engines = [Engine(package, device=device, intra_op_threads=threads) for _ in range(inter)]
+    pool = cf.ThreadPoolExecutor(inter) if inter > 1 else None
     options = SearchOptions(beam_size=beam, max_length_a=0, max_length_b=max_length, max_length=max_length,
                             length_rule="ctranslate2")
 
     def run(batch: list[list[int]]) -> int:
-        hyps = [h[0] for h in engine.search(batch, options)]
+        if pool is None:
+            found = engines[0].search(batch, options)
+        else:
+            size = math.ceil(len(batch) / inter)
+            parts = [batch[i:i + size] for i in range(0, len(batch), size)]
+            found = [h for part in pool.map(lambda e, b: e.search(b, options), engines, parts) for h in part]
+        hyps = [h[0] for h in found]
         if outputs is not None:
             outputs.extend(h.tokens for h in hyps)
         # + eos where there is one, as CTranslate2 counts: under its rule a cut output has none
@@ -248,18 +258,18 @@ def ct2_report(model: Path, env: dict[str, str], device: str = "cpu") -> dict[st
 
 def thread_candidates(facts: dict, batch: int, engine: str) -> list[tuple[int, int]]:
     """(intra, inter) pairs worth trying: 1 thread (no barrier to stall), all physical cores, all logical
-    CPUs where hyperthreads add some, and for CTranslate2 batches over sub-batches in parallel."""
+    CPUs where hyperthreads add some, and sub-batches in parallel, one thread each."""
     out = [(1, 1)]
     for n in (facts["cores"], facts["logical_usable"]):
         if (n, 1) not in out:
             out.append((n, 1))
-    if engine == "ctranslate2" and batch > 1 and facts["cores"] > 1:
+    if batch > 1 and facts["cores"] > 1:
         out.append((1, facts["cores"]))
     return out
 
 
 def describe_threads(engine: str, intra: int, inter: int) -> str:
-    if engine == "ctranslate2":
+    if engine == "ctranslate2" or inter > 1:
         return f"intra {intra} × inter {inter}"
     return f"intra {intra}"
 
@@ -598,7 +608,7 @@ def make_runner(work: Path, args: argparse.Namespace, engine: str, precision: st
         return ct2_runner(work / f"ct2-{precision}", beam=beam, max_length=args.max_length, threads=intra,
                           inter=inter, device=args.device)
     return ours_runner(work / f"ours-{precision}", beam=beam, max_length=args.max_length, threads=intra,
-                       device=args.device)
+                       inter=inter, device=args.device)
 
 
 def pick_threads(args: argparse.Namespace, plan: Plan, work: Path, engine: str, precision: str, beam: int,
