@@ -795,8 +795,9 @@ def header_lines(args: argparse.Namespace, argv, plan: Plan, load_start: tuple, 
             "- threads: " + (f"chosen for each engine, precision and batch size at beam 4 (greedy reuses them), "
                              f"the most tok/s of 2 short passes each over 1 thread, the {facts['cores']} usable "
                              f"physical cores and the {facts['logical_usable']} usable logical CPUs "
-                             f"(CTranslate2 also 1 thread × {facts['cores']} workers over sub-batches); ours "
-                             "sleep between operators (the engine's default)" if plan.tune
+                             f"and 1 thread × {facts['cores']} sub-batches at once (CTranslate2's workers, our "
+                             "engines in a thread pool); ours sleep between operators (the engine's default)"
+                             if plan.tune
                              else f"{args.threads} intra-op threads for each engine (--threads)"),
             f"- weights: {m.what}",
             f"- inputs: {len(m.sentences)} sentences ({args.data or 'the tests’ 64 Ding sentences, repeated'}), "
