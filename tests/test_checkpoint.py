@@ -117,3 +117,31 @@ def test_sigterm_stops_training_and_saves_a_loadable_checkpoint(data_dir, tmp_pa
     assert "SIGTERM: stopped at step" in stdout
     state = torch.load(out / "checkpoint.pt", weights_only=False)
     assert state["step"] > 0 and state["model"] and state["optimizer"]["moments"]
+
+
+def test_averaged_checkpoints_hold_the_mean_weights_and_load_for_export(tiny_run, tmp_path):
+    from model.average import main as average_main
+    from model.checkpoint import load_checkpoint
+
+    state = torch.load(tiny_run / "checkpoint.pt", map_location="cpu", weights_only=False)
+    nudged = state | {"step": state["step"] + 200,
+                      "model": {k: v + 0.5 if v.is_floating_point() else v for k, v in state["model"].items()}}
+    a, b = tmp_path / "a.pt", tmp_path / "b.pt"
+    save_atomically(state, a)
+    save_atomically(nudged, b)
+    (tmp_path / "spm.model").write_bytes((tiny_run / "spm.model").read_bytes())
+    average_main([str(b), str(a), "--out", str(tmp_path / "average.pt")])
+
+    averaged = torch.load(tmp_path / "average.pt", map_location="cpu", weights_only=False)
+    assert averaged["averaged_steps"] == [state["step"], state["step"] + 200]
+    assert averaged["step"] == state["step"] + 200 and "optimizer" not in averaged
+    for name, tensor in state["model"].items():
+        if tensor.is_floating_point():
+            assert torch.allclose(averaged["model"][name], tensor + 0.25, atol=1e-6), name
+    model, _, info = load_checkpoint(tmp_path / "average.pt")
+    assert info["step"] == state["step"] + 200 and sum(p.numel() for p in model.parameters()) > 0
+
+    other = state | {"config": state["config"] | {"d_ff": state["config"]["d_ff"] * 2}}
+    save_atomically(other, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="another model"):
+        average_main([str(a), str(tmp_path / "other.pt"), "--out", str(tmp_path / "bad.pt")])
