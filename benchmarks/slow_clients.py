@@ -15,9 +15,9 @@ kind:
 and a GET /health on a new connection every 0.1 s until every slow connection has been closed by the
 server. It prints (and with --out writes) the probes' latencies, and for each kind how many were closed,
 answered (408) or closed early by the connection cap, and the longest any stayed open, beside the timeout
-the README documents; the most connections open to the server's port at once (sampled each second). Then 100
-POSTs of 1-2 MB (over the 1 MB limit) through urllib, which writes the whole body before it reads:
-how many read their 413 and how many broke (a reset or broken pipe). Traffic goes to 127.0.0.1 only.
+docs/serving.md ("Slow clients") documents; the most connections open to the server's port at once (sampled
+each second). Then 100 POSTs of 1-2 MB (over the 1 MB limit) through urllib, which writes the whole body
+before it reads: how many read their 413 and how many broke (a reset or broken pipe). Traffic goes to 127.0.0.1 only.
 """
 
 from __future__ import annotations

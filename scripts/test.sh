@@ -13,7 +13,7 @@ install() {
   # packages. PyPI stays an index (torch's dependencies; torch itself where the PyTorch index cannot be
   # reached, as on our CI machines, which have a local CPU wheel). Where both are found pip takes
   # 2.13.0+cpu: a local version sorts after the bare one. --retries 2 --timeout 15: an unreachable index
-  # costs seconds per install instead of pip's 5 retries per page (measured in README.md's Install).
+  # costs seconds per install instead of pip's 5 retries per page (measured in docs/training.md's Install).
   "$PY" -m pip install --progress-bar off torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
     --extra-index-url https://pypi.org/simple --retries 2 --timeout 15 || return
   "$PY" -m pip install --progress-bar off -e ".[dev]" || return

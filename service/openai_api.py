@@ -3,7 +3,8 @@
     POST /v1/completions         a prompt (or a list of them) continued, JSON or OpenAI's `data:` chunks
     GET  /v1/models              every loaded package, translation ones included, with its task
     GET  /v1/models/{model}      one of them
-    POST /v1/chat/completions    a 400 that says why: no served model has a chat template (README)
+    POST /v1/chat/completions    a 400 that says why: no served model has a chat template
+                                 (docs/serving.md, "OpenAI's API")
 
 No second engine path: each prompt becomes the GenerateRequest that POST /generate would take and goes
 through Gateway.generate, so the queue, batching, admission, limits, API keys, cancellation and metrics are

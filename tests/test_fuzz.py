@@ -39,7 +39,7 @@ def test_no_generated_request_gets_a_5xx_or_breaks_the_schema(fuzz_server, tmp_p
     """schemathesis' own runner (its CLI): 40 generated requests per operation of /openapi.json in every
     phase, with every check (no 5xx, status codes, content types and bodies as documented, schema-valid
     requests accepted and invalid ones refused), told by tests/schemathesis.toml where the API documents
-    another answer than it assumes (README.md, "Fuzzing")."""
+    another answer than it assumes (docs/serving.md, "Faults and fuzzing")."""
     cli = Path(sys.executable).parent / "schemathesis"
     r = subprocess.run([str(cli), "--config-file", str(Path(__file__).parent / "schemathesis.toml"), "run",
                         fuzz_server + "/openapi.json", "--checks", "all",

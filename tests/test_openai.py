@@ -199,7 +199,8 @@ def test_errors_in_openais_shape_and_the_key_as_openai_sends_it(server, client):
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
     r = httpx.get(server + "/v1/nothing", headers=AUTH)
     assert r.status_code == 404 and set(r.json()["error"]) == {"message", "type", "param", "code"}
-    # /v1/chat/completions: plain language models have no chat template, so a clear 400 (README)
+    # /v1/chat/completions: plain language models have no chat template, so a clear 400
+    # (docs/serving.md, "OpenAI's API")
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=lm_name(client), messages=[{"role": "user", "content": "Hallo"}])
     assert e.value.code == "chat_not_supported" and "/v1/completions" in e.value.message

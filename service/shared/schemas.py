@@ -200,8 +200,8 @@ class GenerateRequest(BaseModel):
         default_factory=list, description="Up to 4 stop sequences; the text ends before the first one found (it "
         "is not returned)")
     seed: Optional[int] = Field(None, ge=0, le=2**63 - 1, description="Sampling seed: the same request with the "
-                                "same seed returns the same text, alone or batched (with an int8 package a rare draw "
-                                "can differ: see the README); None = random")
+                                "same seed returns the same text, alone or batched (fp32 and int8; fp16 not yet "
+                                "checked on a GPU: docs/serving.md, \"Text generation\"); None = random")
     num_return_sequences: int = Field(1, ge=1, le=8, description="Continuations to return (sampled with seeds "
                                       "seed, seed+1, …; with beam search the n best beams)")
     beam_size: int = Field(1, ge=1, le=16, description="> 1 = beam search (deterministic; needs temperature, "
