@@ -64,7 +64,7 @@ def metrics() -> SimpleNamespace:
         queue_depth=Gauge(p + "queue_depth_requests", "Requests waiting for an inference worker",
                           ["endpoint"], multiprocess_mode="livesum"),
         errors=Counter(p + "errors_total",
-                       "Failed requests by kind (validation, auth, limit, overload, timeout, internal)",
+                       "Failed requests by kind (validation, auth, limit, client_closed, overload, timeout, internal)",
                        ["endpoint", "kind"]),
         model_info=Gauge(p + "model_info", "Loaded model packages (value 1)",
                          ["model", "directions", "precision", "provider"], multiprocess_mode="liveall"),

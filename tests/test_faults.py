@@ -204,6 +204,9 @@ def test_translate_clients_that_go_away_free_their_place_in_the_batch(tiny_packa
         time.sleep(2.5)                          # past the batch window: the batch has been taken
         assert metric_sum(url, "transerve_inference_duration_seconds_count", endpoint="translate") == runs_before
         assert metric_sum(url, "transerve_requests_total", endpoint="translate", status="499") == 4
+        # A client that went away is no failure of ours: its own kind, not "internal" (what the dashboard calls a bug).
+        assert metric_sum(url, "transerve_errors_total", endpoint="translate", kind="client_closed") == 4
+        assert metric_sum(url, "transerve_errors_total", endpoint="translate", kind="internal") == 0
         de = pairs64()[0][0]
         r = httpx.post(url + "/translate", json={"text": de, "source_lang": "de", "target_lang": "en"}, timeout=30)
         assert r.status_code == 200 and r.json()["translations"][0]["text"] == engine_translation(tiny_package, de)
