@@ -13,14 +13,15 @@ exact integer product, a row's result depends on that row alone (benchmarks/resu
 Rows sharing an input (the self-attention's query, key and value projections) share its quantization.
 
 The graph is as short as onnxruntime's CPU kernels allow, since at one sentence a decoder step is a
-hundred-odd small operators and each costs a dispatch and a pass over memory: QuantizeLinear's blocked
+few hundred small operators and each costs a dispatch and a pass over memory: QuantizeLinear's blocked
 form (opset 21) divides, rounds, shifts and casts in one pass; MatMulIntegerToFloat takes the weight's
 per-column scale inside its kernel (its activation scale must be one number, so it gets 1 and the row
-scale follows as a Mul). Packages written before (Div, Round, Add, Cast, then MatMulInteger, Cast and two
-Muls) compute the same numbers, bit for bit, with seven more operators a MatMul
-(benchmarks/results/int8-graph.md); the engine serves both. Signed activations (int8 without a zero
-point) would save the Shape and Expand, but onnxruntime 1.31 multiplies int8 by int8 several times
-slower than uint8 by int8 on x86.
+scale follows as a Mul); inputs whose rows have the same shape (shape inference names their dims alike)
+share one tensor of zero points. Packages written before (Div, Round, Add and Cast around MatMulInteger,
+Cast and two Muls) compute the same numbers, bit for bit, in a third more operators (the small model's
+decoder: 397 against 298 after onnxruntime's optimisations; benchmarks/results/int8-graph.md); the engine
+serves both. Signed activations (int8 without a zero point) would need no zero points at all, but
+onnxruntime 1.31 multiplies int8 by int8 4-38x slower than uint8 by int8 on x86.
 """
 
 from __future__ import annotations
@@ -45,20 +46,35 @@ def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(np.round(w / scale), -127, 127).astype(np.int8), scale
 
 
-def _row_quantizer(x: str, k: int) -> tuple[list[onnx.NodeProto], str, str]:
-    """Nodes that quantize x (..., K) per row: (nodes, uint8 tensor name, per-row scale name (..., 1))."""
+def _row_quantizer(x: str, k: int, zero_points: str | None) -> tuple[list[onnx.NodeProto], str, str, str]:
+    """Nodes that quantize x (..., K) per row: (nodes, uint8 tensor name, per-row scale name (..., 1),
+    zero points name). `zero_points`: a tensor of 128s shaped like this input's scale, made by an earlier
+    input of the same row shape; None makes one (QuantizeLinear's blocked form wants the scale's shape)."""
     p = f"{x}/rows_int8"
     nodes = [
         helper.make_node("Abs", [x], [f"{p}/abs"]),
         helper.make_node("ReduceMax", [f"{p}/abs", "int8/last_axis"], [f"{p}/largest"], keepdims=1),
         helper.make_node("Mul", [f"{p}/largest", "int8/one_127th"], [f"{p}/scale0"]),
         helper.make_node("Max", [f"{p}/scale0", "int8/tiny"], [f"{p}/scale"]),   # an all-zero row
-        helper.make_node("Shape", [f"{p}/scale"], [f"{p}/scale_shape"]),
-        helper.make_node("Expand", ["int8/zero_point", f"{p}/scale_shape"], [f"{p}/zero_points"]),
-        helper.make_node("QuantizeLinear", [x, f"{p}/scale", f"{p}/zero_points"], [f"{p}/q"],
-                         axis=-1, block_size=k),
     ]
-    return nodes, f"{p}/q", f"{p}/scale"
+    if zero_points is None:
+        zero_points = f"{p}/zero_points"
+        nodes += [helper.make_node("Shape", [f"{p}/scale"], [f"{p}/scale_shape"]),
+                  helper.make_node("Expand", ["int8/zero_point", f"{p}/scale_shape"], [zero_points])]
+    nodes.append(helper.make_node("QuantizeLinear", [x, f"{p}/scale", zero_points], [f"{p}/q"], axis=-1, block_size=k))
+    return nodes, f"{p}/q", f"{p}/scale", zero_points
+
+
+def _row_shapes(model: onnx.ModelProto) -> dict[str, tuple]:
+    """Each tensor's dims but the last, where shape inference names them all (symbols or numbers): inputs
+    with equal such dims have equal row shapes at run time, so they can share one zero-point tensor."""
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    out = {}
+    for v in [*inferred.value_info, *inferred.input]:
+        dims = [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+        if dims and all(dims[:-1]):
+            out[v.name] = tuple(dims[:-1])
+    return out
 
 
 def _constants() -> list[onnx.TensorProto]:
@@ -86,6 +102,7 @@ def quantize_int8(path: Path) -> int:
     inits = {i.name: i for i in graph.initializer}
     nodes: list[onnx.NodeProto] = []
     quantized: dict[str, tuple[str, str]] = {}      # input name -> (uint8 name, scale name)
+    row_shape, zero_points = _row_shapes(model), {}    # input name -> its rows' dims; those dims -> zero points
     new_inits, weights, done = _constants(), set(), 0
     for node in graph.node:
         weight = inits.get(node.input[1]) if node.op_type == "MatMul" else None
@@ -94,7 +111,10 @@ def quantize_int8(path: Path) -> int:
             continue
         x, y = node.input[0], node.output[0]
         if x not in quantized:
-            chain, q, scale = _row_quantizer(x, weight.dims[0])
+            shape = row_shape.get(x)
+            chain, q, scale, zps = _row_quantizer(x, weight.dims[0], zero_points.get(shape))
+            if shape is not None:
+                zero_points.setdefault(shape, zps)
             nodes += chain
             quantized[x] = (q, scale)
         q, scale = quantized[x]
