@@ -67,7 +67,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import vs_ctranslate2 as v          # benchmarks/ is this script's directory; it puts the repository on sys.path
 
-from model.quantize import SCHEME, quantize_int8, quantize_weight
+from model.quantize import SCHEME, quantize_int8, replace_nodes, rewrite_matmuls
 from service import engine as engine_module
 from service.engine import Engine, SearchOptions, session_options
 from service.shared.package import file_entries
@@ -106,51 +106,17 @@ def OLD_constants() -> list[onnx.TensorProto]:
             numpy_helper.from_array(np.array(128, np.uint8), "int8/zero_point")]
 
 
+def OLD_product(q: str, scale: str, weight: str, y: str) -> list[onnx.NodeProto]:
+    return [helper.make_node("MatMulInteger", [q, f"{weight}_quantized", "int8/zero_point"], [f"{y}/int32"]),
+            helper.make_node("Cast", [f"{y}/int32"], [f"{y}/float"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", [f"{y}/float", f"{weight}_scale"], [f"{y}/columns"]),
+            helper.make_node("Mul", [f"{y}/columns", scale], [y])]
+
+
 def OLD_quantize_int8(path: Path) -> int:
     """Rewrites an fp32 graph file in place into the previous form; returns the MatMuls quantized."""
-    model = onnx.load(str(path))
-    graph = model.graph
-    inits = {i.name: i for i in graph.initializer}
-    nodes: list[onnx.NodeProto] = []
-    quantized: dict[str, tuple[str, str]] = {}      # input name -> (uint8 name, scale name)
-    new_inits, weights, done = OLD_constants(), set(), 0
-    for node in graph.node:
-        weight = inits.get(node.input[1]) if node.op_type == "MatMul" else None
-        if weight is None or len(weight.dims) != 2 or weight.data_type != TensorProto.FLOAT:
-            nodes.append(node)
-            continue
-        x, y = node.input[0], node.output[0]
-        if x not in quantized:
-            chain, q, scale = OLD_row_quantizer(x)
-            nodes += chain
-            quantized[x] = (q, scale)
-        q, scale = quantized[x]
-        if weight.name not in weights:
-            w_q, w_scale = quantize_weight(numpy_helper.to_array(weight))
-            new_inits += [numpy_helper.from_array(w_q, f"{weight.name}_quantized"),
-                          numpy_helper.from_array(w_scale, f"{weight.name}_scale")]
-            weights.add(weight.name)
-        nodes += [helper.make_node("MatMulInteger", [q, f"{weight.name}_quantized", "int8/zero_point"],
-                                   [f"{y}/int32"]),
-                  helper.make_node("Cast", [f"{y}/int32"], [f"{y}/float"], to=TensorProto.FLOAT),
-                  helper.make_node("Mul", [f"{y}/float", f"{weight.name}_scale"], [f"{y}/columns"]),
-                  helper.make_node("Mul", [f"{y}/columns", scale], [y])]
-        done += 1
-    return _replace_nodes(model, path, nodes, new_inits, done)
-
-
-def _replace_nodes(model: onnx.ModelProto, path: Path, nodes: list, new_inits: list, done: int) -> int:
-    """The graph's nodes replaced, unused initializers dropped, checked and saved to path."""
-    graph = model.graph
-    del graph.node[:]
-    graph.node.extend(nodes)
-    used = {name for n in graph.node for name in n.input}
-    kept = [i for i in [*graph.initializer, *new_inits] if i.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    onnx.checker.check_model(model, full_check=True)
-    onnx.save(model, str(path))
-    return done
+    return rewrite_matmuls(path, quantizer=lambda model: lambda x, k: OLD_row_quantizer(x),
+                           product=OLD_product, constants=OLD_constants())
 
 
 # --- MatMulNBits: onnxruntime's blockwise int8 weights; its kernel quantizes activations per block. ---
@@ -181,19 +147,9 @@ def nbits_quantizer(block: int):
             nodes.append(helper.make_node("MatMulNBits", inputs, list(node.output), domain="com.microsoft",
                                           K=K, N=N, bits=8, block_size=block, accuracy_level=4))
             done += 1
-        use_opset(model)
-        return _replace_nodes(model, path, nodes, new_inits, done)
+        replace_nodes(model, path, nodes, new_inits)
+        return done
     return rewrite
-
-
-def use_opset(model: onnx.ModelProto) -> None:
-    """Default domain at opset 21 as model/quantize.py's packages (the same meanings for our ops), and com.microsoft."""
-    for entry in model.opset_import:
-        if entry.domain in ("", "ai.onnx"):
-            entry.version = max(entry.version, 21)
-    if not any(entry.domain == "com.microsoft" for entry in model.opset_import):
-        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    model.ir_version = max(model.ir_version, 10)          # the IR that carries opset 21
 
 
 CANDIDATES = {"rows-before": OLD_quantize_int8, "rows": quantize_int8,
