@@ -67,7 +67,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import vs_ctranslate2 as v          # benchmarks/ is this script's directory; it puts the repository on sys.path
 
-from model.quantize import SCHEME, quantize_int8, replace_nodes, rewrite_matmuls
+from model.quantize import SCHEME, quantize_int8, replace_nodes, rewrite_matmuls, row_scale
 from service import engine as engine_module
 from service.engine import Engine, SearchOptions, session_options
 from service.shared.package import file_entries
@@ -85,11 +85,7 @@ FUSION = "SkipLayerNormFusion"
 def OLD_row_quantizer(x: str) -> tuple[list[onnx.NodeProto], str, str]:
     """Nodes that quantize x (..., K) per row: (nodes, uint8 tensor name, per-row scale name)."""
     p = f"{x}/rows_int8"
-    nodes = [
-        helper.make_node("Abs", [x], [f"{p}/abs"]),
-        helper.make_node("ReduceMax", [f"{p}/abs", "int8/last_axis"], [f"{p}/largest"], keepdims=1),
-        helper.make_node("Mul", [f"{p}/largest", "int8/one_127th"], [f"{p}/scale0"]),
-        helper.make_node("Max", [f"{p}/scale0", "int8/tiny"], [f"{p}/scale"]),   # an all-zero row
+    nodes = row_scale(x) + [
         helper.make_node("Div", [x, f"{p}/scale"], [f"{p}/scaled"]),
         helper.make_node("Round", [f"{p}/scaled"], [f"{p}/rounded"]),
         helper.make_node("Add", [f"{p}/rounded", "int8/zero_point_f"], [f"{p}/shifted"]),

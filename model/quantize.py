@@ -46,17 +46,21 @@ def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(np.round(w / scale), -127, 127).astype(np.int8), scale
 
 
+def row_scale(x: str) -> list[onnx.NodeProto]:
+    """Nodes computing f"{x}/rows_int8/scale" = max(max|x| / 127, tiny) of each row of x (..., K): (..., 1)."""
+    p = f"{x}/rows_int8"
+    return [helper.make_node("Abs", [x], [f"{p}/abs"]),
+            helper.make_node("ReduceMax", [f"{p}/abs", "int8/last_axis"], [f"{p}/largest"], keepdims=1),
+            helper.make_node("Mul", [f"{p}/largest", "int8/one_127th"], [f"{p}/scale0"]),
+            helper.make_node("Max", [f"{p}/scale0", "int8/tiny"], [f"{p}/scale"])]   # an all-zero row
+
+
 def _row_quantizer(x: str, k: int, zero_points: str | None) -> tuple[list[onnx.NodeProto], str, str, str]:
     """Nodes that quantize x (..., K) per row: (nodes, uint8 tensor name, per-row scale name (..., 1),
     zero points name). `zero_points`: a tensor of 128s shaped like this input's scale, made by an earlier
     input of the same row shape; None makes one (QuantizeLinear's blocked form wants the scale's shape)."""
     p = f"{x}/rows_int8"
-    nodes = [
-        helper.make_node("Abs", [x], [f"{p}/abs"]),
-        helper.make_node("ReduceMax", [f"{p}/abs", "int8/last_axis"], [f"{p}/largest"], keepdims=1),
-        helper.make_node("Mul", [f"{p}/largest", "int8/one_127th"], [f"{p}/scale0"]),
-        helper.make_node("Max", [f"{p}/scale0", "int8/tiny"], [f"{p}/scale"]),   # an all-zero row
-    ]
+    nodes = row_scale(x)
     if zero_points is None:
         zero_points = f"{p}/zero_points"
         nodes += [helper.make_node("Shape", [f"{p}/scale"], [f"{p}/scale_shape"]),
