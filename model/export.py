@@ -71,9 +71,10 @@ import torch
 import torch.nn as nn
 
 from .checkpoint import load_checkpoint
-from service.shared.package import CACHE_BY_POSITION, INT8_SCHEME, PACKAGE_FORMAT, file_entries
+from service.shared.package import CACHE_BY_POSITION, PACKAGE_FORMAT, file_entries
 
-from .quantize import quantize_int8
+from .calibrate import Calibration, activation_ranges, read_calibration
+from .quantize import SCHEMES, quantize_int8
 from .tokenizer import Tokenizer
 from .transformer import Transformer, padding_mask
 
@@ -264,8 +265,9 @@ def export_generation(model: Transformer, out: Path, dtype: torch.dtype = torch.
 
 
 def export_package(checkpoint: str | Path, out: str | Path, *, quantize: str | None = None, fp16: bool = False,
-                   name: str | None = None) -> Path:
-    """Checkpoint (run directory) -> model package directory. Returns the model.json path."""
+                   name: str | None = None, calibration: str | Path | None = None) -> Path:
+    """Checkpoint (run directory) -> model package directory. Returns the model.json path. int8's calibration
+    text: `calibration`, else the dev split of the data the run trained on (its config.json)."""
     model, tok, info = load_checkpoint(checkpoint)
     generation = model.config.arch == "decoder"
     run = Path(checkpoint) if Path(checkpoint).is_dir() else Path(checkpoint).parent
@@ -273,6 +275,9 @@ def export_package(checkpoint: str | Path, out: str | Path, *, quantize: str | N
     directions = [] if generation else (info.get("directions") or [f"{langs[0]}-{langs[1]}"])
     tagged = bool(info.get("tagged"))
     tokenizer = Tokenizer(tok.model_file)
+    task = {"task": "generation" if generation else "translation", "directions": directions}
+    calibration = calibration or _run_dev_split(run)
+    texts = read_calibration(calibration, task) if quantize == "int8" and calibration else None
     return write_package(
         model, out, files={"spm.model": Path(tok.model_file)}, tokenizer={"source": "spm.model", "target": "spm.model"},
         special_ids={"pad": 0, "unk": 1, "bos": 2, "eos": 3},
@@ -283,29 +288,35 @@ def export_package(checkpoint: str | Path, out: str | Path, *, quantize: str | N
                   "checkpoint": Path(info["file"]).name,
                   # Longest training sequence: language-model perplexity is measured in such windows.
                   "max_positions": _train_config(run).get("max_positions")},
-        model_card=run / "MODEL_CARD.md", quantize=quantize, fp16=fp16, name=name)
+        model_card=run / "MODEL_CARD.md", quantize=quantize, calibration=texts, fp16=fp16, name=name)
+
+
+def _run_dev_split(run: Path) -> Path | None:
+    """dev.tsv of the data directory the run's config.json names, where it still exists."""
+    path = run / "config.json"
+    data = json.loads(path.read_text()).get("data") if path.exists() else None
+    dev = Path(data) / "dev.tsv" if data else None
+    return dev if dev is not None and dev.is_file() else None
 
 
 def write_package(model: Transformer, out: str | Path, *, files: dict[str, Path], tokenizer: dict,
                   special_ids: dict[str, int], languages: list[str], directions: list[str],
                   target_tags: dict[str, int], training: dict, model_card: Path | None = None,
-                  quantize: str | None = None, fp16: bool = False, name: str | None = None,
-                  extra: dict | None = None) -> Path:
+                  quantize: str | None = None, calibration: Calibration | None = None, fp16: bool = False,
+                  name: str | None = None, extra: dict | None = None) -> Path:
     """Exports `model`'s graphs into `out`, copies `files` (tokenizer files, by their name in the package)
-    and writes model.json. Shared by model.export (our checkpoints), model.import_marian and model.upgrade."""
-    if quantize not in (None, "int8"):
-        raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
+    and writes model.json. Shared by model.export (our checkpoints), model.import_marian and model.upgrade.
+    quantize "int8" (int8-static) needs `calibration`: the package is written in fp32 first, run over it
+    (model/calibrate.py), then quantized."""
+    _check_quantize(quantize, calibration)
     if quantize and fp16:
-        raise ValueError("choose one of --quantize int8 (CPU) and --fp16 (GPU)")
+        raise ValueError("choose one of --quantize (CPU) and --fp16 (GPU)")
     generation = model.config.arch == "decoder"
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     export = export_generation if generation else export_translation
     graphs = export(model, out, torch.float16 if fp16 else torch.float32)
-    if quantize == "int8":
-        for f in graphs:
-            quantize_int8(out / f"{f}.onnx")
     for target, source in files.items():
         shutil.copy(source, out / target)
     if model_card is not None and model_card.exists():
@@ -319,15 +330,44 @@ def write_package(model: Transformer, out: str | Path, *, files: dict[str, Path]
         "target_tags": target_tags,
         "config": model.config.to_dict() | {"d_k": model.config.d_k},
         "special_ids": special_ids,
-        "precision": "int8" if quantize else ("fp16" if fp16 else "fp32"),
-        **({"quantization": INT8_SCHEME} if quantize else {}),
+        "precision": "fp16" if fp16 else "fp32",
         **({"cache": CACHE_BY_POSITION} if generation else {}),
         "tokenizer": tokenizer,
         "graphs": graphs,
         "training": training,
-        "export_seconds": round(time.time() - t0, 1),
     }
     meta |= {k: v for k, v in (extra or {}).items() if k not in meta}   # extra adds keys, never replaces
+    _write_meta(out, meta)
+    if quantize:
+        meta = quantize_package(out, quantize, calibration)
+    meta["export_seconds"] = round(time.time() - t0, 1)
+    return _write_meta(out, meta)
+
+
+def _check_quantize(quantize: str | None, calibration: Calibration | None) -> None:
+    if quantize not in (None, *SCHEMES):
+        raise ValueError(f"quantize must be None or one of {', '.join(SCHEMES)}, got {quantize!r}")
+    if quantize == "int8" and not calibration:
+        raise ValueError("--quantize int8 sets its activation scales from calibration text: pass --calibration "
+                         "FILE (e.g. data/de-en/dev.tsv), or --quantize int8-rows, which needs none")
+
+
+def quantize_package(out: Path, quantize: str, calibration: Calibration | None = None) -> dict:
+    """Quantizes the fp32 package in `out` in place ("int8": int8-static, its activation ranges measured over
+    `calibration` first; "int8-rows"); returns its model.json, written."""
+    _check_quantize(quantize, calibration)
+    meta = json.loads((out / "model.json").read_text())
+    ranges = activation_ranges(out, calibration) if quantize == "int8" else {}
+    for graph in meta["graphs"]:
+        quantize_int8(out / f"{graph}.onnx", ranges.get(graph))
+    meta |= {"precision": "int8", "quantization": SCHEMES[quantize]}
+    if ranges:
+        meta["calibration"] = {"sentences": len(calibration)}
+    _write_meta(out, meta)
+    return meta
+
+
+def _write_meta(out: Path, meta: dict) -> Path:
     meta["files"] = file_entries(out, [f.name for f in sorted(out.iterdir()) if f.name != "model.json" and f.is_file()])
     path = out / "model.json"
     path.write_text(json.dumps(meta, indent=2) + "\n")
@@ -350,12 +390,17 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description="Export a checkpoint to an ONNX model package.")
     p.add_argument("--checkpoint", required=True, help="run directory from model.train (best.pt is used)")
     p.add_argument("--out", required=True, help="package directory to write, e.g. models/de-en")
-    p.add_argument("--quantize", choices=["int8"], default=None,
-                   help="int8 weights and per-row int8 activations (CPU serving; model/quantize.py)")
+    p.add_argument("--quantize", choices=list(SCHEMES), default=None,
+                   help="int8 weights and activations for CPU serving (model/quantize.py): int8 with activation "
+                        "scales calibrated on text (--calibration), or int8-rows with each row's own scale")
+    p.add_argument("--calibration", default=None,
+                   help="text that sets int8's activation scales: a TSV as model.evaluate reads (default: "
+                        "dev.tsv of the data the run trained on)")
     p.add_argument("--fp16", action="store_true", help="half-precision graphs (GPU serving)")
     p.add_argument("--name", default=None, help="model id shown by the service (default: the directory name)")
     args = p.parse_args(argv)
-    path = export_package(args.checkpoint, args.out, quantize=args.quantize, fp16=args.fp16, name=args.name)
+    path = export_package(args.checkpoint, args.out, quantize=args.quantize, fp16=args.fp16, name=args.name,
+                          calibration=args.calibration)
     print(summary(path))
 
 

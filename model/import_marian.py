@@ -1,6 +1,7 @@
 """Import a Hugging Face Marian checkpoint (the OPUS-MT family) as a model package.
 
-    python -m model.import_marian path/to/opus-mt-de-en --out models/opus-mt-de-en [--quantize int8]
+    python -m model.import_marian path/to/opus-mt-de-en --out models/opus-mt-de-en \
+        [--quantize int8 --calibration data/de-en/dev.tsv | --quantize int8-rows]
     python -m model.import_marian Helsinki-NLP/opus-mt-de-en --out models/opus-mt-de-en   # needs a network
 
 SRC is a directory written by `save_pretrained` (config.json, the weights, source.spm, target.spm,
@@ -17,6 +18,10 @@ Marian differs from the paper's model in ways the config already names:
   target.spm) to ids, with `</s>` = 0 and `<pad>` last, which is also the decoder start token.
   The package keeps vocab.json and both SentencePiece models; the engine looks pieces up in it.
 
+int8 (model/quantize.py): `--quantize int8` sets constant activation scales from calibration text
+(`--calibration`: source<TAB>target, or model.data's de/en/origin TSV read in the package's direction);
+`--quantize int8-rows` scales each row at run time and needs none.
+
 `transformers` is needed here only (the `marian` extra); the service reads the package alone.
 """
 
@@ -29,7 +34,9 @@ from pathlib import Path
 
 import torch
 
+from .calibrate import Calibration, read_calibration
 from .export import write_package
+from .quantize import SCHEMES
 from .transformer import Transformer, TransformerConfig
 
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "relu": "relu", "gelu": "gelu"}
@@ -140,8 +147,11 @@ def resolve(src: str | Path) -> Path:
 
 
 def import_marian(src: str | Path, out: str | Path, *, source_lang: str | None = None, target_lang: str | None = None,
-                  quantize: str | None = None, fp16: bool = False, name: str | None = None) -> Path:
-    """Converts a Marian checkpoint into a model package; returns the model.json path."""
+                  quantize: str | None = None, calibration: str | Path | Calibration | None = None,
+                  fp16: bool = False, name: str | None = None) -> Path:
+    """Converts a Marian checkpoint into a model package; returns the model.json path. quantize "int8"
+    needs `calibration`: a TSV path (see calibration_text) or model.calibrate's list of (source, target
+    language)."""
     _require_transformers()
     from transformers import MarianMTModel
 
@@ -162,6 +172,9 @@ def import_marian(src: str | Path, out: str | Path, *, source_lang: str | None =
     langs = (source_lang or (found and found[0]), target_lang or (found and found[1]))
     if not all(langs):
         raise SystemExit(f"cannot tell the languages of {src}: pass --source-lang and --target-lang")
+    direction = f"{langs[0]}-{langs[1]}"
+    if isinstance(calibration, (str, Path)):
+        calibration = calibration_text(calibration, direction)
     c = model.config
     unk = vocab.get("<unk>", 1)
     return write_package(
@@ -169,9 +182,15 @@ def import_marian(src: str | Path, out: str | Path, *, source_lang: str | None =
                            "vocab.json": path / "vocab.json"},
         tokenizer={"source": "source.spm", "target": "target.spm", "vocab": "vocab.json"},
         special_ids={"pad": c.pad_id, "unk": unk, "bos": c.bos_id, "eos": c.eos_id},
-        languages=sorted(set(langs)), directions=[f"{langs[0]}-{langs[1]}"], target_tags={},
-        training={"imported_from": str(src), "format": "marian"},
-        model_card=path / "README.md", quantize=quantize, fp16=fp16, name=name or Path(out).name)
+        languages=sorted(set(langs)), directions=[direction], target_tags={},
+        training={"imported_from": str(src), "format": "marian"}, model_card=path / "README.md",
+        quantize=quantize, calibration=calibration, fp16=fp16, name=name or Path(out).name)
+
+
+def calibration_text(path: str | Path, direction: str) -> Calibration:
+    """Source sentences of a TSV for `direction`: model.data's de/en/origin file read in that direction, or
+    source<TAB>target as is."""
+    return read_calibration(path, {"task": "translation", "directions": [direction]})
 
 
 def main(argv=None) -> None:
@@ -180,13 +199,18 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True, help="package directory to write, e.g. models/opus-mt-de-en")
     p.add_argument("--source-lang", help="source language code (default: from tokenizer_config.json or the name)")
     p.add_argument("--target-lang", help="target language code (default: from tokenizer_config.json or the name)")
-    p.add_argument("--quantize", choices=["int8"], default=None,
-                   help="int8 weights, per-row int8 activations (CPU serving)")
+    p.add_argument("--quantize", choices=list(SCHEMES), default=None,
+                   help="int8 weights and activations for CPU serving (model/quantize.py): int8 with constant "
+                        "activation scales set from --calibration text (faster), int8-rows with each row's own "
+                        "scale computed at run time (no calibration text)")
+    p.add_argument("--calibration", default=None,
+                   help="text that sets --quantize int8's activation scales: a TSV, source<TAB>target or "
+                        "model.data's de/en/origin file (read in the package's direction), e.g. data/de-en/dev.tsv")
     p.add_argument("--fp16", action="store_true", help="half-precision graphs (GPU serving)")
     p.add_argument("--name", default=None, help="model id shown by the service (default: the directory name)")
     args = p.parse_args(argv)
     path = import_marian(args.src, args.out, source_lang=args.source_lang, target_lang=args.target_lang,
-                         quantize=args.quantize, fp16=args.fp16, name=args.name)
+                         quantize=args.quantize, calibration=args.calibration, fp16=args.fp16, name=args.name)
     meta = json.loads(path.read_text())
     sizes = ", ".join(f"{k} {v['bytes'] / 1e6:.1f} MB" for k, v in meta["files"].items())
     print(f"wrote {path.parent} ({meta['precision']}, {meta['directions'][0]}): {sizes}")

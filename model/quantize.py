@@ -1,26 +1,36 @@
-"""int8 packages for the CPU whose answers never depend on the batch: int8 weights, per-row int8 activations.
+"""int8 packages for the CPU whose answers never depend on the batch: int8 weights (one scale per output
+column), int8 activations with scales that are each row's own or constants. Two forms, model.json's
+"quantization":
 
-Each MatMul by a constant (K, N) weight W becomes
+int8-static (`--quantize int8`, the default): each quantized input x gets one scale and zero point,
+constants set from its range over calibration text (model/calibrate.py), so each MatMul by a constant
+(K, N) weight W becomes two operators:
+
+    q = QuantizeLinear(x, s, z)                                  round(x / s) + z, uint8, saturating
+    y = MatMulIntegerToFloat(q, W_q, s, w_scale, z, bias)        W_q = round(W / w_scale) int8 (K, N)
+
+int8-rows (`--quantize int8-rows`): each row's scale is computed at run time from its own values:
 
     s = max(max|x| / 127, tiny) of each row (..., 1)      Abs, ReduceMax, Mul, Max
     q = QuantizeLinear(x, s, 128; block_size=K)           one block per row: round(x / s) + 128, uint8
-    MatMulIntegerToFloat(q, W_q, 1, w_scale, 128) * s     W_q = round(W / w_scale) int8 (K, N), w_scale (N,)
+    y = MatMulIntegerToFloat(q, W_q, 1, w_scale, 128) * s + bias
 
-onnxruntime's own `quantize_dynamic` quantizes each activation with one scale for the whole tensor,
-so a sentence's numbers depend on its batch-mates' largest values (padding rows included): models/de-en
-translated 11 of 96 test sentences differently alone and in batches of 32. With a scale per row and an
-exact integer product, a row's result depends on that row alone (benchmarks/results/int8-per-row.md).
+onnxruntime's own `quantize_dynamic` computes one scale per tensor at run time, so a sentence's numbers
+depend on its batch-mates' largest values (padding rows included): models/de-en translated 11 of 96
+test sentences differently alone and in batches of 32. A constant scale, or a scale per row with an
+exact integer product, makes a row's result depend on that row alone (benchmarks/results/int8-per-row.md).
 Rows sharing an input (the self-attention's query, key and value projections) share its quantization.
 
-The graph is as short as onnxruntime's CPU kernels allow, since at one sentence a decoder step is a
-few hundred small operators and each costs a dispatch and a pass over memory: QuantizeLinear's blocked
-form (opset 21) divides, rounds, shifts and casts in one pass; MatMulIntegerToFloat takes the weight's
-per-column scale inside its kernel (its activation scale must be one number, so it gets 1 and the row
-scale follows as a Mul); inputs whose rows have the same shape (shape inference names their dims alike)
-share one tensor of zero points. Packages written before (Div, Round, Add and Cast around MatMulInteger,
-Cast and two Muls) compute the same numbers, bit for bit, in a third more operators (the small model's
-decoder: 397 against 298 after onnxruntime's optimisations; benchmarks/results/int8-graph.md); the engine
-serves both. Signed activations (int8 without a zero point) would need no zero points at all, but
+Why two: at one sentence a decoder step is a few hundred small operators, each a dispatch and a pass
+over memory. The static form is 176 operators a step of the small model's decoder against 313 for
+per-row scales (onnxruntime's optimisations applied, SkipLayerNormFusion off as the engine runs it), and
+measured 1.12-1.18x as fast (benchmarks/results/int8-graph.md); per-row scales need no calibration text and
+stay a little closer to fp32 (models/de-en dev, beam 4: 621 of 800 outputs equal to fp32's against 586 for
+static, BLEU 4.49/3.53 against 4.46/3.58 de->en/en->de). A value outside its calibrated range saturates.
+In the per-row form QuantizeLinear's blocked form (opset 21) divides, rounds, shifts and casts in one pass;
+MatMulIntegerToFloat takes the weight's per-column scale inside its kernel (its activation scale must be
+one number, so the row scale follows as a Mul); inputs whose rows have the same shape share one tensor of
+zero points. Signed activations (int8 without a zero point) would need no zero points at all, but
 onnxruntime 1.31 multiplies int8 by int8 4-38x slower than uint8 by int8 on x86.
 """
 
@@ -32,9 +42,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from service.shared.package import INT8_SCHEME
+from service.shared.package import INT8_ROWS, INT8_STATIC
 
-SCHEME = INT8_SCHEME        # model.json "quantization"; the engine serves no other int8 packages
+# --quantize values -> model.json "quantization"
+SCHEMES = {"int8": INT8_STATIC, "int8-rows": INT8_ROWS}
 OPSET = 21                  # QuantizeLinear's block_size; the ops our graphs use mean the same since 18
 _ZERO = 128                 # uint8 zero point of the symmetric activations: q - 128 is in [-127, 127]
 
@@ -168,6 +179,70 @@ def rewrite_matmuls(path: Path, *, quantizer, product, constants: list[onnx.Tens
     return done
 
 
-def quantize_int8(path: Path) -> int:
-    """Rewrites an fp32 graph file in place (see the module docstring); returns the MatMuls quantized."""
-    return rewrite_matmuls(path, quantizer=_rows_quantizer, product=_scaled_product, constants=_constants())
+def static_constants(ranges: dict[str, tuple[float, float]]) -> list[onnx.TensorProto]:
+    """Each input's scale and uint8 zero point from its (min, max): the range widened to hold 0 (padding,
+    ReLU's zeros and the zero point map exactly), 255 steps over it."""
+    out = []
+    for x, (lo, hi) in ranges.items():
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
+        scale = max((hi - lo) / 255, 1e-12)
+        zero = int(np.clip(round(-lo / scale), 0, 255))
+        out += [numpy_helper.from_array(np.array(scale, np.float32), f"{x}/static_int8/scale"),
+                numpy_helper.from_array(np.array(zero, np.uint8), f"{x}/static_int8/zero_point")]
+    return out
+
+
+def _static_quantizer(model: onnx.ModelProto):
+    def quantize(x: str, k: int) -> tuple[list[onnx.NodeProto], str, str]:
+        p = f"{x}/static_int8"
+        return ([helper.make_node("QuantizeLinear", [x, f"{p}/scale", f"{p}/zero_point"], [f"{p}/q"])],
+                f"{p}/q", f"{p}/scale")
+    return quantize
+
+
+def _static_product(q: str, scale: str, weight: str, y: str) -> list[onnx.NodeProto]:
+    """y = (q - z) . W_q * s * w_scale in one kernel (the bias joins it: fold_biases)."""
+    zero_point = scale.removesuffix("scale") + "zero_point"
+    return [helper.make_node("MatMulIntegerToFloat", [q, f"{weight}_quantized", scale, f"{weight}_scale",
+                                                      zero_point], [y], domain="com.microsoft")]
+
+
+def fold_biases(path: Path) -> int:
+    """Each `Add(MatMulIntegerToFloat(...), bias)` with a 1D constant bias becomes the MatMulIntegerToFloat's
+    own bias input (its seventh); returns how many. Only for the static form: per-row scales come after the
+    kernel, and the bias after them."""
+    model = onnx.load(str(path))
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    products = {n.output[0]: n for n in graph.node if n.op_type == "MatMulIntegerToFloat"}
+    readers: dict[str, int] = {}
+    for n in graph.node:
+        for name in n.input:
+            readers[name] = readers.get(name, 0) + 1
+    outputs = {o.name for o in graph.output}
+    folded = []
+    for n in graph.node:
+        if n.op_type != "Add":
+            continue
+        y, bias = n.input if n.input[0] in products else reversed(n.input)
+        if y in products and bias in inits and len(inits[bias].dims) == 1 and readers[y] == 1 and y not in outputs:
+            product = products[y]
+            product.input.extend([""] * (7 - len(product.input)))
+            product.input[6], product.output[0] = bias, n.output[0]
+            folded.append(n)
+    for n in folded:
+        graph.node.remove(n)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return len(folded)
+
+
+def quantize_int8(path: Path, ranges: dict[str, tuple[float, float]] | None = None) -> int:
+    """Rewrites an fp32 graph file in place (see the module docstring): int8-static with `ranges` (each
+    quantized input's (min, max) from model.calibrate), int8-rows without. Returns the MatMuls quantized."""
+    if ranges is None:
+        return rewrite_matmuls(path, quantizer=_rows_quantizer, product=_scaled_product, constants=_constants())
+    done = rewrite_matmuls(path, quantizer=_static_quantizer, product=_static_product,
+                           constants=static_constants(ranges))
+    fold_biases(path)
+    return done

@@ -265,7 +265,8 @@ def run_stages(report: dict, rc: RecipeConfig, data: Path, out: Path, train_args
     report["training"] = training_summary(run)
     direction = report["training"]["directions"][0]
     report["eval_direction"] = direction
-    for precision, options in (("int8", {"quantize": "int8"}), ("fp16", {"fp16": True})):
+    int8 = {"quantize": "int8", "calibration": data / "dev.tsv"}
+    for precision, options in (("int8", int8), ("fp16", {"fp16": True})):
         stage(f"export {precision}", lambda: export_package(run / "checkpoint.pt", out / f"package-{precision}",
                                                             **options))
     fp16_reason = cuda_onnxruntime() or ("--device cpu" if rc.device == "cpu" else None)

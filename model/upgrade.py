@@ -1,6 +1,6 @@
 """Re-export a model package in the current graph layout, from the weights in its own ONNX files.
 
-    python -m model.upgrade models/de-en --out /tmp/de-en-new
+    python -m model.upgrade models/de-en --out /tmp/de-en-new [--calibration data/de-en/dev.tsv]
 
 For a package whose checkpoint is gone. Packages in the older layout have a stacked
 (L, 2, N, h, T, d_k) cache, one cross-attention source per row (`cross_rows`) and no `top_k` input;
@@ -13,13 +13,18 @@ directory instead.
 How a weight is found: every named parameter the exporter kept by name (embeddings, layer norms, biases) is
 read directly. A linear layer's weight is an anonymous initializer (`val_58`, transposed, or
 `val_58_quantized` with its scale, and a zero point in older int8 packages); it is the constant input of a
-MatMul whose result has that layer's named bias added (in int8 graphs, after the rescaling Mul of a
-MatMulIntegerToFloat, or an older package's MatMulInteger, Cast and Muls). int8 weights are dequantized, (q -
-zero_point) · scale, and quantized again on export one scale per output column (model/quantize.py). A package
-quantized that way gets the same int8 values back, since a column's largest magnitude, hence its scale, is
-unchanged. An older int8 package, quantized per tensor with per-tensor activations (onnxruntime's
-quantize_dynamic, whose answers depended on the batch), gets new values and per-row activations, so its
-outputs change a little; so does one whose output projection the old exporter left in fp32.
+MatMul whose result has that layer's named bias added: in int8-static graphs the bias is the
+MatMulIntegerToFloat's own (its seventh input); in int8-rows graphs it is added after the rescaling Mul, in
+older int8 packages after MatMulInteger, Cast and Muls. int8 weights are dequantized, (q - zero_point) ·
+scale, and quantized again on export one scale per output column (model/quantize.py). A package quantized
+that way gets the same int8 values back, since a column's largest magnitude, hence its scale, is unchanged.
+
+int8 with --calibration becomes int8-static (its activation scales come from running the re-exported
+fp32 graphs over that text); without, int8-rows stays int8-rows and int8-static refuses (it needs the text
+again). An older int8 package, quantized per tensor with per-tensor activations (onnxruntime's
+quantize_dynamic, whose answers depended on the batch), becomes int8-rows without --calibration; it gets
+new int8 values, so its outputs change a little; so does one whose output projection the old exporter left
+in fp32.
 """
 
 from __future__ import annotations
@@ -34,9 +39,11 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from service.shared.package import INT8_STATIC
+
+from .calibrate import Calibration, read_calibration
 from .export import summary, write_package
 from .transformer import Transformer, TransformerConfig
-
 
 
 def graph_weights(path: Path) -> dict[str, np.ndarray]:
@@ -53,10 +60,14 @@ def graph_weights(path: Path) -> dict[str, np.ndarray]:
         return nxt[0] if len(nxt) == 1 else None
 
     def bias_after(node) -> str | None:
-        """The name of the bias initializer added to this MatMul's output: right after it, or after the
-        rescaling Muls of an int8 MatMulIntegerToFloat (the row scale: model/quantize.py) or of an older
-        package's MatMulInteger and Cast (one Mul per tensor, two per row). None for anything else (the
-        weight is not a layer's own)."""
+        """The name of the bias initializer added to this MatMul's output: an int8-static
+        MatMulIntegerToFloat's own bias input, or an Add right after it, or after the rescaling Muls of an
+        int8-rows MatMulIntegerToFloat (the row scale: model/quantize.py) or of an older package's
+        MatMulInteger and Cast (one Mul per tensor, two per row). None for anything else (the weight is
+        not a layer's own)."""
+        if node.op_type == "MatMulIntegerToFloat" and len(node.input) > 6 and node.input[6]:
+            own = node.input[6]
+            return own if own.endswith(".bias") and own in inits else None
         if node.op_type == "MatMulInteger":
             node = only_consumer(node)
             if node is None or node.op_type != "Cast":
@@ -117,9 +128,11 @@ def load_weights(package: Path) -> tuple[Transformer, dict]:
     return model.eval(), meta
 
 
-def upgrade_package(package: str | Path, out: str | Path, *, precision: str | None = None) -> Path:
+def upgrade_package(package: str | Path, out: str | Path, *, precision: str | None = None,
+                    calibration: str | Path | Calibration | None = None) -> Path:
     """Re-exports `package` into `out` (a new directory), in its own precision unless `precision` ("fp32",
-    "int8" or "fp16") names another; returns the new model.json path."""
+    "int8" or "fp16") names another; returns the new model.json path. `calibration` (a TSV path, or
+    model.calibrate's list) sets int8-static's activation scales (see the module docstring)."""
     package, out = Path(package), Path(out)
     if out.resolve() == package.resolve():
         raise ValueError("--out must differ from the package: the old graphs are read while the new ones are written")
@@ -129,13 +142,30 @@ def upgrade_package(package: str | Path, out: str | Path, *, precision: str | No
     precision = precision or meta.get("precision", "fp32")
     if precision not in ("fp32", "int8", "fp16"):
         raise ValueError(f"precision must be fp32, int8 or fp16, got {precision!r}")
+    quantize = int8_form(package, meta, calibration) if precision == "int8" else None
+    if calibration is not None and quantize != "int8":
+        raise ValueError("--calibration sets int8-static's activation scales: this package is re-exported "
+                         f"as {precision}, which has none")
+    if isinstance(calibration, (str, Path)):
+        calibration = read_calibration(calibration, meta)
     return write_package(
         model, out, files=keep, tokenizer=meta["tokenizer"], special_ids=meta["special_ids"],
         languages=meta["languages"], directions=meta["directions"], target_tags=meta.get("target_tags", {}),
         training=meta.get("training", {}), model_card=package / "MODEL_CARD.md",
-        quantize="int8" if precision == "int8" else None, fp16=precision == "fp16", name=meta.get("name"),
+        quantize=quantize, calibration=calibration, fp16=precision == "fp16", name=meta.get("name"),
         # Keys write_package does not write itself (an importer's note) are kept; how int8 was made is its own.
-        extra={k: v for k, v in meta.items() if k != "quantization"})
+        extra={k: v for k, v in meta.items() if k not in ("quantization", "calibration")})
+
+
+def int8_form(package: Path, meta: dict, calibration) -> str:
+    """write_package's `quantize` for an int8 re-export: int8-static with calibration text; without,
+    the package's own form (int8-static needs calibration text again) or, for older packages, int8-rows."""
+    if calibration is not None:
+        return "int8"
+    if meta.get("precision") == "int8" and meta.get("quantization") == INT8_STATIC:
+        raise ValueError(f"{package} is int8-static: its activation scales are set again from calibration text, "
+                         "so pass --calibration FILE (a TSV as model.evaluate reads, e.g. data/de-en/dev.tsv)")
+    return "int8-rows"
 
 
 def main(argv=None) -> None:
@@ -147,8 +177,12 @@ def main(argv=None) -> None:
                    help="re-export in this precision (default: the package's own; int8 weights read back "
                         "as fp32 keep their int8 values, so an fp32 copy of an int8 package shows what int8 "
                         "activations cost)")
+    p.add_argument("--calibration", default=None,
+                   help="text that sets int8-static's activation scales, a TSV as model.evaluate reads (e.g. "
+                        "data/de-en/dev.tsv): an int8 package re-exported with it is int8-static (an int8-static "
+                        "one needs it), without it int8-rows")
     args = p.parse_args(argv)
-    print(summary(upgrade_package(args.package, args.out, precision=args.precision)))
+    print(summary(upgrade_package(args.package, args.out, precision=args.precision, calibration=args.calibration)))
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ import sentencepiece as spm
 
 from .device_memory import BlockPool, KVCache, Tensors
 from .onnxruntime_bridge import Binder
-from .shared.package import CACHE_BY_POSITION, INT8_SCHEME, ModelPackage, PackageError, load_package
+from .shared.package import CACHE_BY_POSITION, INT8_SCHEMES, ModelPackage, PackageError, load_package
 from .shared.search import (Hypothesis, SearchOptions, Steps, beam_search, beam_steps, finish, greedy_steps,
                             max_lengths, sample_steps)
 
@@ -395,9 +395,10 @@ class Engine:
         elif self.task == "generation" and meta.get("cache") != CACHE_BY_POSITION:
             problem = ("a cache that appends every row's tokens at one column (left-padded prompts), so a "
                        "prompt's continuation could depend on its batch-mates' lengths")
-        elif meta["precision"] == "int8" and meta.get("quantization") != INT8_SCHEME:
-            problem = ("int8 with activations quantized per tensor, so a sentence's answer would depend on its "
-                       f"batch-mates (this engine serves int8 as {INT8_SCHEME!r}: per-row activations)")
+        elif meta["precision"] == "int8" and meta.get("quantization") not in INT8_SCHEMES:
+            problem = ("int8 with activations quantized per tensor at run time, so a sentence's answer would depend "
+                       f"on its batch-mates (this engine serves int8 as {' or '.join(map(repr, INT8_SCHEMES))}: "
+                       "calibrated or per-row activation scales)")
         else:
             return
         path = self.package.path

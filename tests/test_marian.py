@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -213,6 +214,62 @@ def test_imported_package_is_served(marian_package, hf):
         assert r.json()["model"] == "opus-mt-de-en"
     finally:
         stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def marian_int8(marian_dir, data_dir, tmp_path_factory):
+    """The Marian model imported as int8-static by the command, calibrated on the 64 pairs (model.data's
+    de/en/origin TSV, read de-en)."""
+    from model.import_marian import main
+
+    out = tmp_path_factory.mktemp("pkg") / "opus-mt-de-en-int8"
+    main([str(marian_dir), "--out", str(out), "--quantize", "int8", "--calibration", str(data_dir / "dev.tsv")])
+    return out
+
+
+def greedy_agreement(package, hf) -> int:
+    """How many of the 50 inputs the package's greedy search translates as transformers' fp32 model does
+    (token for token: int8 rounding moves a near-tie here and there)."""
+    model, tok = hf
+    engine = Engine(package, device="cpu", intra_op_threads=1)
+    ours = engine.search(engine.source_ids(TEXTS, "en"),
+                         SearchOptions(beam_size=1, max_length_a=0, max_length_b=MAX_NEW, max_length=MAX_NEW))
+    with torch.no_grad():
+        out = model.generate(**tok(TEXTS, return_tensors="pt", padding=True), num_beams=1, do_sample=False,
+                             max_new_tokens=MAX_NEW)
+    return sum(h[0].tokens == t for h, t in zip(ours, hf_tokens(out, tok)))
+
+
+def static_scales(package) -> dict[str, bytes]:
+    return {i.name: i.raw_data for g in ("encoder.onnx", "decoder.onnx")
+            for i in onnx.load(str(package / g)).graph.initializer if "/static_int8/" in i.name}
+
+
+def test_int8_import_is_calibrated_and_translates_as_transformers_mostly(marian_int8, hf):
+    meta = json.loads((marian_int8 / "model.json").read_text())
+    assert (meta["precision"], meta["quantization"], meta["calibration"]) == ("int8", "int8-static", {"sentences": 64})
+    assert len(static_scales(marian_int8)) > 10
+    assert greedy_agreement(marian_int8, hf) >= 42        # measured 46 of 50
+
+
+def test_int8_calibration_text_may_be_given_as_sentences(marian_int8, marian_dir, tmp_path):
+    """A benchmark's own list of (source, target language) calibrates exactly as the same text in a file."""
+    from model.import_marian import import_marian
+
+    import_marian(marian_dir, tmp_path / "int8", quantize="int8", calibration=[(de, "en") for de, _ in pairs64()])
+    assert static_scales(tmp_path / "int8") == static_scales(marian_int8)
+
+
+def test_int8_import_needs_calibration_text_and_int8_rows_none(marian_dir, hf, tmp_path):
+    from model.import_marian import import_marian
+
+    with pytest.raises(ValueError, match=r"pass --calibration FILE.*or --quantize int8-rows"):
+        import_marian(marian_dir, tmp_path / "static", quantize="int8")
+    assert not (tmp_path / "static").exists()
+    import_marian(marian_dir, tmp_path / "rows", quantize="int8-rows")
+    meta = json.loads((tmp_path / "rows" / "model.json").read_text())
+    assert (meta["precision"], meta["quantization"], "calibration" in meta) == ("int8", "int8-rows", False)
+    assert greedy_agreement(tmp_path / "rows", hf) >= 45  # measured 49 of 50
 
 
 def test_unsupported_checkpoints_are_refused_with_the_reason():

@@ -49,17 +49,68 @@ def int8_weights(package) -> list[bytes]:
                   for i in onnx.load(str(package / g)).graph.initializer if i.data_type == onnx.TensorProto.INT8)
 
 
-def test_an_upgraded_int8_package_has_the_same_int8_weights_and_metadata(tiny_run, tmp_path, capsys):
-    old, new = tmp_path / "old", tmp_path / "new"
-    export_package(tiny_run, old, quantize="int8")
-    (old / "MODEL_CARD.md").write_text("# tiny\n")
-    upgrade_main([str(old), "--out", str(new)])
+@pytest.fixture(scope="module")
+def int8_package(tiny_run, tmp_path_factory):
+    """quantize -> tiny_run exported in that int8 form (int8: calibrated on the run's dev.tsv), made once."""
+    made = {}
+
+    def get(quantize):
+        if quantize not in made:
+            made[quantize] = tmp_path_factory.mktemp(quantize) / "tiny-int8"
+            export_package(tiny_run, made[quantize], quantize=quantize)
+            (made[quantize] / "MODEL_CARD.md").write_text("# tiny\n")
+        return made[quantize]
+    return get
+
+
+def greedy(package) -> list[tuple[str, float]]:
+    out = Engine(package, device="cpu", intra_op_threads=1).translate(SOURCES, source_lang="de", target_lang="en",
+                                                                      beam_size=1)
+    return [(t.text, t.score) for t in out]
+
+
+@pytest.mark.parametrize("quantize, scheme", [("int8", "int8-static"), ("int8-rows", "int8-rows")])
+def test_an_upgraded_int8_package_keeps_its_form_int8_weights_metadata_and_answers(
+        quantize, scheme, int8_package, data_dir, tmp_path, capsys):
+    """int8-rows: the same graph with the same weights, so the same scores to the bit. int8-static is
+    calibrated again on fp32 graphs whose weights are the dequantized int8 ones, so its activation scales
+    move a little: the same translations, scores within 1e-4 (measured: 5e-6 at most, 64 of 64 not equal)."""
+    old, new = int8_package(quantize), tmp_path / "new"
+    calibration = ["--calibration", str(data_dir / "dev.tsv")] if quantize == "int8" else []
+    upgrade_main([str(old), "--out", str(new), *calibration])
     assert "wrote" in capsys.readouterr().out
     assert int8_weights(new) == int8_weights(old) and len(int8_weights(old)) > 10
     meta_old, meta_new = (json.loads((p / "model.json").read_text()) for p in (old, new))
-    for key in ("precision", "directions", "config", "special_ids", "tokenizer", "training", "name"):
-        assert meta_new[key] == meta_old[key], key
+    assert meta_new["quantization"] == scheme
+    for key in ("precision", "quantization", "calibration", "directions", "config", "special_ids", "tokenizer",
+                "training", "name"):
+        assert meta_new.get(key) == meta_old.get(key), key
     assert (new / "MODEL_CARD.md").read_text() == "# tiny\n"
+    products = [n for n in onnx.load(str(new / "decoder.onnx")).graph.node if n.op_type == "MatMulIntegerToFloat"]
+    own_bias = [n for n in products if len(n.input) > 6 and n.input[6].endswith(".bias")]   # int8-static's
+    assert products and len(own_bias) == (len(products) if scheme == "int8-static" else 0)
+    before, after = greedy(old), greedy(new)
+    assert [t for t, _ in after] == [t for t, _ in before]
+    worst = max(abs(a - b) for (_, a), (_, b) in zip(after, before))
+    assert worst == 0 if scheme == "int8-rows" else worst < 1e-4, worst
+
+
+def test_an_int8_static_package_is_upgraded_only_with_calibration_text(int8_package, tmp_path):
+    with pytest.raises(ValueError, match=r"int8-static.*--calibration FILE"):
+        upgrade_main([str(int8_package("int8")), "--out", str(tmp_path / "new")])
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_int8_rows_package_upgraded_with_calibration_text_becomes_int8_static(int8_package, data_dir, tmp_path):
+    old, new = int8_package("int8-rows"), tmp_path / "new"
+    upgrade_main([str(old), "--out", str(new), "--calibration", str(data_dir / "dev.tsv")])
+    assert int8_weights(new) == int8_weights(old)
+    assert json.loads((new / "model.json").read_text())["quantization"] == "int8-static"
+
+
+def test_calibration_text_is_refused_where_nothing_uses_it(tiny_package, data_dir, tmp_path):
+    with pytest.raises(ValueError, match=r"--calibration .* re-exported as fp32, which has none"):
+        upgrade_main([str(tiny_package), "--out", str(tmp_path / "new"), "--calibration", str(data_dir / "dev.tsv")])
 
 
 def test_an_older_layout_package_is_refused_then_upgraded_and_translates(tmp_path):
@@ -72,9 +123,20 @@ def test_an_older_layout_package_is_refused_then_upgraded_and_translates(tmp_pat
     upgrade_main([str(old), "--out", str(tmp_path / "new")])
     engine = Engine(tmp_path / "new", device="cpu", intra_op_threads=1)
     assert engine.past_names[:2] == ["past_key_0", "past_value_0"]
+    assert engine.package.meta["quantization"] == "int8-rows"      # per tensor before: no --calibration given
     for beam in (1, 4):
         out = engine.translate(SOURCES, source_lang="de", target_lang="en", beam_size=beam)
         assert sum(t.text == en for t, (_, en) in zip(out, PAIRS)) >= 60, beam
+
+
+def test_an_older_int8_package_upgraded_with_calibration_text_is_int8_static(data_dir, tmp_path):
+    upgrade_main([str(FIXTURES / "old-layout-tiny"), "--out", str(tmp_path / "new"),
+                  "--calibration", str(data_dir / "dev.tsv")])
+    engine = Engine(tmp_path / "new", device="cpu", intra_op_threads=1)
+    assert engine.package.meta["quantization"] == "int8-static"
+    assert engine.package.meta["calibration"] == {"sentences": 64}
+    out = engine.translate(SOURCES, source_lang="de", target_lang="en", beam_size=1)
+    assert sum(t.text == en for t, (_, en) in zip(out, PAIRS)) >= 60
 
 
 def test_upgrade_refuses_to_overwrite_its_input(tiny_package):

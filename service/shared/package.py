@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE_FORMAT = "transerve-model/1"
-INT8_SCHEME = "int8-rows"           # per-row activations (model/quantize.py): a row's answer is its own
+# int8 packages the engine serves (model/quantize.py): activations quantized per row at run time, or with
+# one calibrated scale per tensor; either way a row's answer is its own, whatever its batch-mates
+INT8_ROWS = "int8-rows"
+INT8_STATIC = "int8-static"
+INT8_SCHEMES = (INT8_STATIC, INT8_ROWS)
 CACHE_BY_POSITION = "by-position"   # a generation package's cache layout (model/export.py, LMDecoderGraph)
 
 
