@@ -3,19 +3,26 @@
     python benchmarks/decode.py --checkpoint runs/small --data data/de-en/test.tsv \
         --out benchmarks/results/decode-cpu.md
 
-Exports the checkpoint to fp32 and int8 packages (and fp16 with --fp16) in a temporary directory,
-then decodes the same source sentences with every runtime, for each batch size and for greedy and
-beam-4 search, and prints one table:
+Exports the checkpoint to a package for each ort-* runtime in a temporary directory, then decodes the
+same source sentences with every runtime, for each batch size and for greedy and beam-4 search, and
+prints one table:
 
     runtime        which decoder: torch-nocache re-runs the whole decoder over the prefix every step
                    (the naive loop), torch-cache is model.decoding.TorchDecoder with its key/value cache,
-                   ort-fp32 / ort-int8 / ort-fp16 are service.engine.Engine on a package
+                   ort-fp32 / ort-int8 / ort-int8-rows / ort-fp16 are service.engine.Engine on a package:
+                   ort-int8 is `model.export --quantize int8` (int8-static: constant activation scales
+                   calibrated on text, model/quantize.py), ort-int8-rows `--quantize int8-rows` (each row's
+                   scale at run time)
     tok/s          target tokens generated (eos included) per second of wall time
     p50 / p95 ms   latency of one batch: encode + search + detokenize, as a request of that size sees it
 
 Every runtime gets the same thread count (--threads) and the same inputs, sorted by length into
 batches as the service does. Nothing here is asserted: figures vary with the machine and its load,
 so the command, the machine and the date are written next to them.
+
+int8-static's calibration text: --calibration, else model.export's default (dev.tsv of the data the run
+trained on, per its config.json), else dev.tsv beside --data, else --data itself (the measured sentences
+among it); the report names it.
 """
 
 from __future__ import annotations
@@ -115,7 +122,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", default="1,8,32,64")
     p.add_argument("--beams", default="1,4", help="1 = greedy")
     p.add_argument("--runtimes", default="torch-nocache,torch-cache,ort-fp32,ort-int8",
-                   help="any of torch-nocache, torch-cache, ort-fp32, ort-int8, ort-fp16 (GPU)")
+                   help="any of torch-nocache, torch-cache, ort-fp32, ort-int8 (int8-static), ort-int8-rows, "
+                        "ort-fp16 (GPU)")
+    p.add_argument("--calibration", default=None, help="TSV that sets ort-int8's activation scales (default: "
+                   "the dev split of the data the run trained on, else dev.tsv beside --data)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads for torch and onnxruntime (0 = all cores)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--max-length-a", type=float, default=1.5)
@@ -153,20 +163,47 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
     return Inputs(model, info, direction, sources, threads)
 
 
-def load_engines(args: argparse.Namespace, runtimes: list[str], tmp: Path, threads: int) -> dict:
-    """An Engine on a package exported into `tmp` for each ort-* runtime."""
+def calibration_file(args: argparse.Namespace) -> tuple[Path, str]:
+    """ort-int8's calibration text (see the module docstring) and how the report names it."""
+    from model.export import _run_dev_split
+
+    if args.calibration:
+        return Path(args.calibration), f"{args.calibration} (--calibration)"
+    run = Path(args.checkpoint) if Path(args.checkpoint).is_dir() else Path(args.checkpoint).parent
+    dev = _run_dev_split(run)
+    if dev is not None:
+        return dev, f"{dev}, the dev split of the data the run trained on (model.export's default)"
+    data = Path(args.data)
+    beside = data.parent / "dev.tsv"
+    if beside.is_file() and beside.resolve() != data.resolve():
+        return beside, f"{beside}, beside --data"
+    print(f"note: ort-int8 is calibrated on {data}, the measured sentences among it: neither the dev split of "
+          "the run's data nor another dev.tsv beside --data is here", flush=True)
+    return data, f"{data} itself (the measured sentences among it)"
+
+
+# ort-* runtime -> model.export_package keywords
+EXPORTS = {"fp32": {}, "int8": {"quantize": "int8"}, "int8-rows": {"quantize": "int8-rows"}, "fp16": {"fp16": True}}
+
+
+def load_engines(args: argparse.Namespace, runtimes: list[str], tmp: Path, threads: int) -> tuple[dict, str | None]:
+    """An Engine on a package exported into `tmp` for each ort-* runtime, and how ort-int8 was calibrated."""
     from model.export import export_package
     from service.engine import Engine
 
-    engines = {}
+    engines, calibrated = {}, None
     for rt in runtimes:
         if rt.startswith("ort-"):
             precision = rt[4:]
+            if precision not in EXPORTS:
+                raise SystemExit(f"unknown runtime {rt}: ort-{', ort-'.join(EXPORTS)}")
             pkg = tmp / precision
-            export_package(args.checkpoint, pkg, quantize="int8" if precision == "int8" else None,
-                           fp16=precision == "fp16")
+            kwargs = dict(EXPORTS[precision])
+            if precision == "int8":
+                kwargs["calibration"], calibrated = calibration_file(args)
+            export_package(args.checkpoint, pkg, **kwargs)
             engines[rt] = Engine(pkg, device=args.device, intra_op_threads=threads)
-    return engines
+    return engines, calibrated
 
 
 TABLE_HEADER = ("| runtime | search | batch | tok/s | p50 ms | p95 ms | ×nocache |\n"
@@ -198,7 +235,7 @@ def measure_all(args: argparse.Namespace, inputs: Inputs, runtimes: list[str], e
     return rows
 
 
-def write_report(args: argparse.Namespace, argv, inputs: Inputs, rows: list[str]) -> None:
+def write_report(args: argparse.Namespace, argv, inputs: Inputs, rows: list[str], calibrated: str | None) -> None:
     import onnxruntime
     import torch
 
@@ -212,8 +249,9 @@ def write_report(args: argparse.Namespace, argv, inputs: Inputs, rows: list[str]
             f"- model: {info['file']} (step {info.get('step')}), {inputs.direction}, "
             f"{sum(p.numel() for p in model.parameters()):,} parameters\n"
             f"- inputs: the first {len(inputs.sources)} sentences of {args.data}, sorted by length into batches; "
-            f"max length {args.max_length_a} × source + {args.max_length_b}\n\n"
-            f"{TABLE_HEADER}\n" + "\n".join(rows) + "\n")
+            f"max length {args.max_length_a} × source + {args.max_length_b}\n"
+            + (f"- ort-int8: int8-static, calibrated on {calibrated}\n" if calibrated else "")
+            + f"\n{TABLE_HEADER}\n" + "\n".join(rows) + "\n")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
     print(f"wrote {args.out}")
@@ -226,11 +264,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     beams = [int(b) for b in args.beams.split(",")]
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        engines = load_engines(args, runtimes, Path(tmp), inputs.threads)
+        engines, calibrated = load_engines(args, runtimes, Path(tmp), inputs.threads)
+        if calibrated:
+            print(f"ort-int8: int8-static, calibrated on {calibrated}", flush=True)
         print(TABLE_HEADER, flush=True)
         rows = measure_all(args, inputs, runtimes, engines, beams, batch_sizes)
     if args.out:
-        write_report(args, argv, inputs, rows)
+        write_report(args, argv, inputs, rows, calibrated)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,20 @@
 The weights are a Marian model built here with the `small` preset's shape over the SentencePiece vocabulary
 of models/de-en, randomly initialised (vs_ctranslate2.build_marian), imported as our fp32 package
 (model.import_marian). Each int8 candidate is written from that fp32 package, a valid package of its own
-(model.json precision int8, quantization model.quantize.SCHEME, refreshed file hashes):
+(model.json precision int8, quantization int8-static for `static`, int8-rows for the others so that the
+engine serves them; refreshed file hashes):
 
     rows-before   the form int8 packages had before model/quantize.py's QuantizeLinear form: per-row scale
                   (Abs, ReduceMax, Mul, Max), then Div, Round, Add, Cast to uint8, MatMulInteger, Cast and
                   two Muls (kept here, OLD_*, as it was)
-    rows          model/quantize.py as it is now: the same scale, QuantizeLinear (blocked, one block per row),
-                  com.microsoft MatMulIntegerToFloat and one Mul
+    rows          int8-rows, model/quantize.py's quantize_int8(path, None): the same scale, QuantizeLinear
+                  (blocked, one block per row), com.microsoft MatMulIntegerToFloat and one Mul
+    static        int8-static, `--quantize int8`'s default form: quantize_int8(path, ranges) with ranges
+                  from model.calibrate.activation_ranges on the fp32 package over calibration text (German
+                  sentences none of which is measured, by vs_ctranslate2.calibration_sentences: the German
+                  side of tests/fixtures/langid-heldout.tsv, or with 32 or fewer sentences measured the
+                  tests' other Ding sentences; the header names them): QuantizeLinear with a constant scale
+                  and zero point, MatMulIntegerToFloat with the bias folded in
     nbits8-b32    com.microsoft MatMulNBits, 8 bits, blocks of 32 (64) along K, accuracy_level 4: onnxruntime
     nbits8-b64    quantizes the activations per block inside its kernel
 
@@ -28,7 +35,7 @@ model rarely writes </s>, so outputs run to that budget: equal work per sentence
     encoder error      sum |x - x_fp32| / sum |x_fp32| over the encoder's outputs (the cross-attention keys
                        and values) at real (unpadded) positions, all sentences in one batch
     = rows-before      searches (both beams, alone and both batchings) whose tokens and score are bit for bit
-                       rows-before's: the two forms compute the same numbers
+                       rows-before's: rows computes the same numbers; static and nbits8 do not (other scales)
     decoder nodes      the decoder graph after onnxruntime's optimisation (optimized_model_filepath), without
                        and with its SkipLayerNormFusion
     tok/s              target tokens (eos included) per second of wall time at beam 4 and greedy, batch 1
@@ -67,10 +74,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 import vs_ctranslate2 as v          # benchmarks/ is this script's directory; it puts the repository on sys.path
 
-from model.quantize import SCHEME, quantize_int8, replace_nodes, rewrite_matmuls, row_scale
+from model.quantize import quantize_int8, replace_nodes, rewrite_matmuls, row_scale
 from service import engine as engine_module
 from service.engine import Engine, SearchOptions, session_options
-from service.shared.package import file_entries
+from service.shared.package import INT8_ROWS, INT8_STATIC, file_entries
 
 MAX_LENGTH = 32                     # output budget, eos included (vs_ctranslate2.py's default)
 LARGE = 32                          # the large batch
@@ -148,25 +155,39 @@ def nbits_quantizer(block: int):
     return rewrite
 
 
-CANDIDATES = {"rows-before": OLD_quantize_int8, "rows": quantize_int8,
-              "nbits8-b32": nbits_quantizer(32), "nbits8-b64": nbits_quantizer(64)}
+def rows(path: Path) -> int:
+    """int8-rows: each row's scale at run time."""
+    return quantize_int8(path, None)
 
 
-def write_candidate(fp32: Path, out: Path, rewrite) -> Path:
-    """A copy of the fp32 package with each graph rewritten, labelled int8 as the engine expects."""
+def static(ranges: dict[str, dict[str, tuple[float, float]]]):
+    """rewrite(path) for int8-static with model.calibrate's `ranges` of the fp32 package (by graph name)."""
+    return lambda path: quantize_int8(path, ranges[path.stem])
+
+
+# name -> (rewrite, or None for `static`, whose rewrite needs the fp32 package's ranges; model.json quantization)
+CANDIDATES = {"rows-before": (OLD_quantize_int8, INT8_ROWS), "rows": (rows, INT8_ROWS),
+              "static": (None, INT8_STATIC),
+              "nbits8-b32": (nbits_quantizer(32), INT8_ROWS), "nbits8-b64": (nbits_quantizer(64), INT8_ROWS)}
+
+
+def write_candidate(fp32: Path, out: Path, rewrite, scheme: str, extra: dict | None = None) -> Path:
+    """A copy of the fp32 package with each graph rewritten, labelled int8 (`scheme`) as the engine expects."""
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(fp32, out)
     for graph in ("encoder.onnx", "decoder.onnx"):
         rewrite(out / graph)
     meta = json.loads((out / "model.json").read_text(encoding="utf-8"))
-    meta.update(name=out.name, precision="int8", quantization=SCHEME)
+    meta.update(name=out.name, precision="int8", quantization=scheme, **(extra or {}))
     meta["files"] = file_entries(out, list(meta["files"]))
     (out / "model.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return out
 
 
-def build_packages(work: Path) -> dict[str, Path]:
-    """fp32 and every candidate in work/, the Marian model and fp32 package reused where already there."""
+def build_packages(work: Path, calibration: list[str]) -> dict[str, Path]:
+    """fp32 and every candidate in work/, the Marian model and fp32 package reused where already there;
+    `static` calibrated on the `calibration` sentences."""
+    from model.calibrate import activation_ranges
     from model.import_marian import import_marian
 
     marian = work / "marian"
@@ -176,8 +197,13 @@ def build_packages(work: Path) -> dict[str, Path]:
     if not (fp32 / "model.json").is_file():
         shutil.rmtree(fp32, ignore_errors=True)
         import_marian(marian, fp32, source_lang="de", target_lang="en")
-    # Always rewritten: cheap, and a reused one would hide a change to model/quantize.py.
-    return {"fp32": fp32} | {name: write_candidate(fp32, work / name, rewrite) for name, rewrite in CANDIDATES.items()}
+    # Always rewritten (and calibrated): a reused one would hide a change to model/quantize.py or model/calibrate.py.
+    ranges = activation_ranges(fp32, [(s, "en") for s in calibration])
+    packages = {"fp32": fp32}
+    for name, (rewrite, scheme) in CANDIDATES.items():
+        extra = {"calibration": {"sentences": len(calibration)}} if rewrite is None else None
+        packages[name] = write_candidate(fp32, work / name, rewrite or static(ranges), scheme, extra)
+    return packages
 
 
 @contextlib.contextmanager
@@ -362,7 +388,7 @@ def micro_table(rows: list[tuple]) -> list[str]:
     return lines
 
 
-def header(args: argparse.Namespace, argv, load_start: tuple, n: int) -> list[str]:
+def header(args: argparse.Namespace, argv, load_start: tuple, n: int, calibration: str) -> list[str]:
     facts, load_end = v.cpu_facts(), os.getloadavg()
     command = "python benchmarks/int8_graph.py " + " ".join(argv if argv is not None else sys.argv[1:])
     busy = max(load_start[0], load_end[0]) > 0.5 * facts["usable"]
@@ -373,6 +399,7 @@ def header(args: argparse.Namespace, argv, load_start: tuple, n: int) -> list[st
             f"- versions: onnxruntime {ort.__version__}, onnx {onnx.__version__}, numpy {np.__version__}",
             f"- weights: a random Marian model (the `small` preset's shape, models/de-en's vocabulary); "
             f"{n} sentences (the tests' Ding sentences) for the answers; output budget {MAX_LENGTH} tokens",
+            f"- static (int8-static): activation scales calibrated on {calibration}",
             f"- every engine: {args.threads} intra-op thread{'s' * (args.threads > 1)}; speed: the best of "
             f"{args.repeat} pass{'es' * (args.repeat > 1)}, the "
             f"engines taking turns; batch {LARGE}: {args.speed_sentences} sentences; batch 1: {args.one_sample} "
@@ -407,7 +434,9 @@ def main(argv=None) -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="int8-graph-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        packages = build_packages(work)
+        measured = v.read_sentences(None, max(args.sentences, args.speed_sentences))
+        calibration, calibration_named = v.calibration_sentences(None, measured)
+        packages = build_packages(work, calibration)
         tok = MarianTokenizer.from_pretrained(str(work / "marian"))
         tag = v.target_tag(None, tok)               # [] for this model: no language tags
         ids = [tag + tok(s).input_ids for s in v.read_sentences(None, args.sentences)]
@@ -421,15 +450,17 @@ def main(argv=None) -> None:
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
-    publish(args, argv, load_start, time.perf_counter() - started, [
+    publish(args, argv, load_start, time.perf_counter() - started, calibration_named, [
         "## Answers (the engine's sessions as now: fusion off)", "", *answers_table(names, found, nodes, len(ids)),
         "", "## Speed", "", *speed_table(names, speed), "", "## SkipLayerNormalization alone", "",
         *micro_table(micro)])
 
 
-def publish(args: argparse.Namespace, argv, load_start: tuple, seconds: float, body: list[str]) -> None:
+def publish(args: argparse.Namespace, argv, load_start: tuple, seconds: float, calibration: str,
+            body: list[str]) -> None:
     """Prints the header and tables; with --out, writes them as Markdown too."""
-    lines = header(args, argv, load_start, args.sentences) + [f"- run time: {seconds / 60:.1f} min", "", *body]
+    lines = header(args, argv, load_start, args.sentences, calibration) + [
+        f"- run time: {seconds / 60:.1f} min", "", *body]
     text = "\n".join(lines)
     print()
     print(text)

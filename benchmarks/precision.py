@@ -1,14 +1,19 @@
-"""One package's weights in three precisions: the int8 we ship (per-row activations), onnxruntime's
-per-tensor dynamic int8 (what int8 packages used to be) and fp32. Batch invariance, agreement, BLEU, speed.
+"""One package's weights in four forms: the two int8 forms we ship (model/quantize.py: int8-static, the
+default, with calibrated constant activation scales, and int8-rows, with each row's scale at run time),
+onnxruntime's per-tensor dynamic int8 (what int8 packages used to be) and fp32. Batch invariance,
+agreement, BLEU, speed.
 
     python benchmarks/precision.py --package models/de-en --data data/de-en/test.tsv \
         --out benchmarks/results/int8-per-row.md
 
 The fp32 package is `python -m model.upgrade PKG --precision fp32` (the weights read back out of the
 graphs: an int8 package's weights keep their int8 values, so fp32 differs from int8 only in its
-activations); the per-row int8 package is `--precision int8` of that. The per-tensor package is the fp32
-graphs through onnxruntime's `quantize_dynamic`, labelled fp32 in its model.json because the engine
-refuses to serve per-tensor int8: it is run here only to show what per-row activations fixed. Columns:
+activations); the int8-static package is `--precision int8 --calibration TEXT` of that, the int8-rows one
+`--precision int8` without. The calibration text (--calibration, a TSV as model.evaluate reads) defaults
+to dev.tsv beside --data, else to --data's rows after the first --sentences, else to the measured
+sentences themselves; the header names it. The per-tensor package is the fp32 graphs through
+onnxruntime's `quantize_dynamic`, labelled fp32 in its model.json because the engine refuses to serve
+per-tensor int8: it is run here only to show what per-row activations fixed. Columns:
 
     alone != batched   of the first --invariance sentences, those whose tokens differ between a search alone
                        and a search in batches of 32 (file order, then shuffled: mixed lengths and positions),
@@ -56,6 +61,30 @@ def per_tensor_copy(fp32: Path, out: Path) -> Path:
     return out
 
 
+CALIBRATION_MIN = 32        # fewer rows of --data after the measured ones: the measured ones calibrate
+
+
+def calibration_text(args: argparse.Namespace, target: str) -> tuple[object, str]:
+    """What model.upgrade's `calibration` gets for the int8-static package (a TSV path, or a list of
+    (source, target language)), and how the header names it."""
+    from model.calibrate import CALIBRATION_SENTENCES
+
+    data = Path(args.data)
+    dev = data.parent / "dev.tsv"
+    if args.calibration:
+        return Path(args.calibration), f"{args.calibration} (--calibration)"
+    if dev.is_file() and dev.resolve() != data.resolve():
+        return dev, f"{dev} (every direction of the package, as model.export calibrates)"
+    rows = [line.rstrip("\n").split("\t") for line in open(data, encoding="utf-8") if line.strip()]
+    rest = rows[args.sentences:][:CALIBRATION_SENTENCES]
+    if len(rest) >= CALIBRATION_MIN:
+        return [(r[0], target) for r in rest], f"{len(rest)} rows of {data} after the measured ones"
+    print(f"note: int8-static is calibrated on the measured sentences: {data} has no {dev.name} beside it and "
+          f"fewer than {CALIBRATION_MIN} rows after the first {args.sentences}", flush=True)
+    measured = rows[:args.sentences][:CALIBRATION_SENTENCES]
+    return [(r[0], target) for r in measured], f"the measured sentences themselves ({len(measured)} rows of {data})"
+
+
 def decode(engine: Engine, ids: list[list[int]], beam: int, order: list[int], size: int) -> list[tuple]:
     out: list = [None] * len(ids)
     for start in range(0, len(order), size):
@@ -96,6 +125,8 @@ def main(argv=None) -> None:
     p.add_argument("--sentences", type=int, default=500, help="for agreement, BLEU and speed")
     p.add_argument("--invariance", type=int, default=96, help="sentences searched alone and batched")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--calibration", help="TSV whose sources set int8-static's activation scales (default: dev.tsv "
+                   "beside --data, else --data's rows after the measured ones)")
     p.add_argument("--out", help="also write the table (with the command) to this markdown file")
     args = p.parse_args(argv)
     from model.evaluate import score
@@ -106,10 +137,16 @@ def main(argv=None) -> None:
     target = args.direction.split("-")[1]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        calibration, calibration_named = calibration_text(args, target)
         upgrade_package(args.package, tmp / "fp32", precision="fp32")
-        upgrade_package(tmp / "fp32", tmp / "int8-rows", precision="int8")
-        packages = {"int8, per-row (shipped)": tmp / "int8-rows", "int8, per-tensor (before)":
-                    per_tensor_copy(tmp / "fp32", tmp / "int8-tensor"), "fp32": tmp / "fp32"}
+        upgrade_package(tmp / "fp32", tmp / "int8-static", precision="int8", calibration=calibration)
+        upgrade_package(tmp / "fp32", tmp / "int8-rows", precision="int8")      # no calibration: int8-rows
+        packages = {"int8-static (shipped default)": tmp / "int8-static", "int8-rows (shipped)": tmp / "int8-rows",
+                    "int8, per-tensor (before)": per_tensor_copy(tmp / "fp32", tmp / "int8-tensor"),
+                    "fp32": tmp / "fp32"}
+        for name in ("int8-static (shipped default)", "int8-rows (shipped)"):   # each is the form it is named
+            meta = json.loads((packages[name] / "model.json").read_text())
+            assert name.startswith(meta["quantization"]), (name, meta.get("quantization"))
         engines = {name: Engine(path, device="cpu", intra_op_threads=args.threads) for name, path in packages.items()}
         ids = engines["fp32"].source_ids(srcs, target)
         by_length = sorted(range(len(ids)), key=lambda i: len(ids[i]))
@@ -127,7 +164,7 @@ def main(argv=None) -> None:
             print(lines[-1], flush=True)
     command = "python benchmarks/precision.py " + " ".join(argv if argv is not None else sys.argv[1:])
     head = (f"`{command}`, {datetime.date.today()}, {platform.processor() or platform.machine()}, "
-            f"{args.threads} thread(s), {args.direction}\n\n")
+            f"{args.threads} thread(s), {args.direction}; int8-static calibrated on {calibration_named}\n\n")
     print(head + "\n".join(lines))
     if args.out:
         Path(args.out).write_text(head + "\n".join(lines) + "\n")

@@ -13,7 +13,16 @@ by default, a Marian model built here with the `small` preset's shape
 models/de-en, randomly initialised. From it:
 
     CTranslate2   ct2-transformers-converter, fp32 and --quantization int8
-    ours          model.import_marian: fp32 and int8 packages for service.engine.Engine
+    ours          model.import_marian: the fp32 package for service.engine.Engine; its int8 package is the
+                  default form, int8-static (model/quantize.py), made from a copy of that fp32 package
+                  by model.export.quantize_package, as write_package makes one (after a multi-directional
+                  package's target tag is in place, so the calibration sentences carry it as the measured
+                  ones do)
+
+The calibration text (--calibration, else the first of these with at least 32 sentences that are not
+measured: --data's other rows, dev.tsv beside --data, the German side of the tests' held-out
+language-identification file: Ding sentences, none of the 64 measured by default; else the measured
+sentences themselves) is named in the report's header with the int8 form.
 
 Every configuration translates the same sentences (the German side of --data, or the tests' 64 Ding
 sentences), sorted by length and cut into the same batches; both engines get the same beam size, length
@@ -124,6 +133,66 @@ def read_sentences(data: Path | None, n: int) -> list[str]:
     return (base * (n // len(base) + 1))[:n]
 
 
+CALIBRATION_MIN = 32        # fewer unmeasured sentences than this in a source: the next source is tried
+HELD_OUT = ROOT / "tests" / "fixtures" / "langid-heldout.tsv"   # lang<TAB>text, 200 German Ding sentences
+
+
+def first_column(path: Path) -> list[str]:
+    return [line.split("\t")[0] for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
+def calibration_sentences(data: Path | None, measured: list[str], explicit: Path | None = None,
+                          limit: int | None = None) -> tuple[list[str], str]:
+    """German sentences that set our int8-static package's activation scales (model.calibrate), at most
+    `limit` (model.calibrate's CALIBRATION_SENTENCES), and how the report names them: `explicit`'s first
+    column, else the first source with at least CALIBRATION_MIN sentences not among `measured` (--data's
+    other rows, dev.tsv beside --data, the German side of the tests' held-out language-identification
+    file), else the measured sentences themselves."""
+    from model.calibrate import CALIBRATION_SENTENCES
+
+    limit = limit or CALIBRATION_SENTENCES
+    seen = set(measured)
+    if explicit is not None:
+        texts = first_column(explicit)[:limit]
+        overlap = sum(t in seen for t in texts)
+        return texts, (f"{len(texts)} sentences of {explicit} (--calibration), "
+                       + (f"{overlap} of them among the measured ones" if overlap else "none of them measured"))
+    sources: list[tuple[str, list[str]]] = []
+    if data is not None:
+        sources.append((f"rows of {data} other than the measured ones", first_column(data)))
+        dev = data.parent / "dev.tsv"
+        if dev.is_file() and dev.resolve() != data.resolve():
+            sources.append((str(dev), first_column(dev)))
+    else:
+        sources.append(("the tests' Ding sentences beyond the measured ones", read_sentences(None, 64)))
+    sources.append((f"the German side of {HELD_OUT.relative_to(ROOT)} (Ding sentences)",
+                    [line.split("\t", 1)[1] for line in HELD_OUT.read_text(encoding="utf-8").splitlines()
+                     if line.startswith("de\t")]))
+    for name, texts in sources:
+        unmeasured = [t for t in texts if t not in seen][:limit]
+        if len(unmeasured) >= CALIBRATION_MIN:
+            return unmeasured, f"{len(unmeasured)} sentences not measured here: {name}"
+    texts = list(dict.fromkeys(measured))[:limit]
+    print(f"note: int8 is calibrated on the measured sentences themselves ({len(texts)}): no other source has "
+          f"{CALIBRATION_MIN}", flush=True)
+    return texts, f"the measured sentences themselves ({len(texts)}; no other source had {CALIBRATION_MIN})"
+
+
+def int8_static_copy(fp32: Path, out: Path, calibration: list[tuple[str, str | None]]) -> Path:
+    """The fp32 package at `fp32` copied to `out` and quantized there as model.export.write_package quantizes
+    one (model.export.quantize_package: int8-static, calibrated on `calibration`)."""
+    from model.export import quantize_package
+
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(fp32, out)
+    meta_file = out / "model.json"
+    meta_file.write_text(json.dumps(json.loads(meta_file.read_text(encoding="utf-8")) | {"name": out.name}, indent=2)
+                         + "\n", encoding="utf-8")
+    quantize_package(out, "int8", calibration)
+    return out
+
+
 def batches(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
@@ -140,9 +209,10 @@ def measure(run, groups: list[list]) -> dict:
     return {"tok_s": tokens / wall, "p50_ms": statistics.median(latencies) * 1000, "tokens": tokens}
 
 
-# Per precision: CTranslate2's converter flags, and ours (model.import_marian keywords).
+# Per precision: CTranslate2's converter flags, and ours (model.import_marian keywords; int8 is made from
+# the fp32 package instead: convert_models).
 CT2_CONVERT = {"fp32": [], "int8": ["--quantization", "int8"], "fp16": ["--quantization", "float16"]}
-OURS_IMPORT = {"fp32": {}, "int8": {"quantize": "int8"}, "fp16": {"fp16": True}}
+OURS_IMPORT = {"fp32": {}, "fp16": {"fp16": True}}
 # What each device compares: precisions, and the large batch of the headline ratios.
 DEVICE_PLAN = {"cpu": (("fp32", "int8"), 32), "cuda": (("fp32", "fp16"), 64)}
 
@@ -486,6 +556,9 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--package", type=Path, help="a translation package of ours (weights read from its graphs)")
     p.add_argument("--data", type=Path, help="TSV whose first column is the source (default: the tests' 64 sentences)")
     p.add_argument("--sentences", type=int, default=256, help="sentences per configuration")
+    p.add_argument("--calibration", type=Path, help="TSV whose first column sets our int8 package's activation "
+                   "scales (default: sentences not measured: --data's other rows, dev.tsv beside --data, or the "
+                   "German side of tests/fixtures/langid-heldout.tsv)")
     p.add_argument("--max-length", type=int, default=48, help="output budget in tokens, eos included")
     p.add_argument("--device", choices=sorted(DEVICE_PLAN), default="cpu", help="cpu: fp32 and int8 at batch 32; "
                    "cuda: fp32 and fp16 at batch 64 (CTranslate2 and onnxruntime-gpu on the first GPU)")
@@ -568,19 +641,31 @@ def marian_weights(args: argparse.Namespace, work: Path) -> tuple[Path, str]:
     return marian, "a Marian model built offline: small preset shape over models/de-en's vocabulary, random weights"
 
 
-def convert_models(marian: Path, work: Path, precisions: tuple[str, ...], tag: list[int]) -> None:
-    """work/ct2-{precision} (ct2-transformers-converter) and work/ours-{precision} (model.import_marian)."""
+def convert_models(marian: Path, work: Path, precisions: tuple[str, ...], tag: list[int],
+                   calibration: list[str] | None = None) -> None:
+    """work/ct2-{precision} (ct2-transformers-converter) and work/ours-{precision}: model.import_marian, and
+    for int8 the fp32 package made int8-static over the `calibration` sentences (int8_static_copy)."""
     from model.import_marian import import_marian
+
+    def ours(precision: str) -> Path:
+        out = work / f"ours-{precision}"
+        meta_file = Path(import_marian(marian, out, source_lang="de", target_lang="en", **OURS_IMPORT[precision]))
+        if tag:
+            meta = json.loads(meta_file.read_text())
+            meta_file.write_text(json.dumps(meta | {"target_tags": {"en": tag[0]}}, indent=2) + "\n")
+        return out
 
     converter = Path(sys.executable).parent / "ct2-transformers-converter"
     for precision in precisions:
         subprocess.run([str(converter), "--model", str(marian), "--output_dir", str(work / f"ct2-{precision}"),
                         *CT2_CONVERT[precision]], check=True, capture_output=True)
-        meta_file = import_marian(marian, work / f"ours-{precision}", source_lang="de", target_lang="en",
-                                  **OURS_IMPORT[precision])
-        if tag:
-            meta = json.loads(Path(meta_file).read_text())
-            Path(meta_file).write_text(json.dumps(meta | {"target_tags": {"en": tag[0]}}, indent=2) + "\n")
+        if precision != "int8":
+            ours(precision)
+            continue
+        if not calibration:
+            raise ValueError("int8 needs calibration sentences")
+        fp32 = work / "ours-fp32" if (work / "ours-fp32" / "model.json").is_file() else ours("fp32")
+        int8_static_copy(fp32, work / "ours-int8", [(s, "en") for s in calibration])
 
 
 @dataclass
@@ -674,6 +759,7 @@ class Measured:
     rows: list[dict]
     bleu: list[dict]
     http: dict | None
+    int8: str | None = None         # our int8 package's form and calibration text, for the header
 
 
 def run_all(args: argparse.Namespace, plan: Plan) -> Measured:
@@ -688,7 +774,13 @@ def run_all(args: argparse.Namespace, plan: Plan) -> Measured:
         # A multi-directional model of ours reads its target tag (<2en>) first: both engines get it, and
         # the imported packages name it, so the served engine adds it to each request as ours does.
         tag = target_tag(args.package, tok)
-        convert_models(marian, work, plan.precisions, tag)
+        calibration, int8 = None, None
+        if "int8" in plan.precisions:
+            calibration, named = calibration_sentences(args.data, read_sentences(args.data, args.sentences),
+                                                       args.calibration)
+            int8 = f"int8-static (constant activation scales, model/quantize.py), calibrated on {named}"
+            print(f"our int8: {int8}", flush=True)
+        convert_models(marian, work, plan.precisions, tag, calibration)
         inputs = encode_inputs(args, tok, tag)
         env, env_rows = {}, []
         if plan.tune:
@@ -713,7 +805,7 @@ def run_all(args: argparse.Namespace, plan: Plan) -> Measured:
             max_length=args.max_length, repeat=args.repeat, device=args.device, max_batch=plan.large)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return Measured(what, inputs.sentences, env, env_rows, ct2_in_use, rows, bleu, http)
+    return Measured(what, inputs.sentences, env, env_rows, ct2_in_use, rows, bleu, http, int8)
 
 
 def speed_table(by: dict, plan: Plan) -> list[str]:
@@ -800,6 +892,7 @@ def header_lines(args: argparse.Namespace, argv, plan: Plan, load_start: tuple, 
                              if plan.tune
                              else f"{args.threads} intra-op threads for each engine (--threads)"),
             f"- weights: {m.what}",
+            *([f"- our int8 package: {m.int8}"] if m.int8 else []),
             f"- inputs: {len(m.sentences)} sentences ({args.data or 'the tests’ 64 Ding sentences, repeated'}), "
             f"sorted by length; output budget {args.max_length} tokens; length penalty 1.0",
             f"- each engine figure: the best of {args.repeat} passes, the engines taking turns"
