@@ -21,16 +21,16 @@ test sentences differently alone and in batches of 32. A constant scale, or a sc
 exact integer product, makes a row's result depend on that row alone (benchmarks/results/int8-per-row.md).
 Rows sharing an input (the self-attention's query, key and value projections) share its quantization.
 
-Why two: at one sentence a decoder step is a few hundred small operators, each a dispatch and a pass
-over memory. The static form is 176 operators a step of the small model's decoder against 313 for
-per-row scales (onnxruntime's optimisations applied, SkipLayerNormFusion off as the engine runs it), and
-measured 1.12-1.18x as fast (benchmarks/results/int8-graph.md); per-row scales need no calibration text and
-stay a little closer to fp32 (models/de-en dev, beam 4: 621 of 800 outputs equal to fp32's against 586 for
-static, BLEU 4.49/3.53 against 4.46/3.58 de->en/en->de). A value outside its calibrated range saturates.
-In the per-row form QuantizeLinear's blocked form (opset 21) divides, rounds, shifts and casts in one pass;
-MatMulIntegerToFloat takes the weight's per-column scale inside its kernel (its activation scale must be
-one number, so the row scale follows as a Mul); inputs whose rows have the same shape share one tensor of
-zero points. Signed activations (int8 without a zero point) would need no zero points at all, but
+Why two: at one sentence a decoder step is a few hundred small operators, each a dispatch and a pass over
+memory. The static form is 176 operators a step of the small model's decoder against 313 for per-row scales
+(onnxruntime's optimisations applied, SkipLayerNormFusion off as the engine runs it), and measured 1.11-1.17x
+as fast on one thread (benchmarks/results/int8-graph.md, run 3); per-row scales need no calibration text and
+stay a little closer to fp32 (models/de-en at step 4,452, dev split, beam 4: 621 of 800 outputs equal to
+fp32's against 587 for static; BLEU de->en/en->de 4.49/3.53 against 4.46/3.58). A value outside its calibrated
+range saturates. In the per-row form QuantizeLinear's blocked form (opset 21) divides, rounds, shifts and
+casts in one pass; MatMulIntegerToFloat takes the weight's per-column scale inside its kernel (its activation
+scale must be one number, so the row scale follows as a Mul); inputs whose rows have the same shape share one
+tensor of zero points. Signed activations (int8 without a zero point) would need no zero points at all, but
 onnxruntime 1.31 multiplies int8 by int8 4-38x slower than uint8 by int8 on x86.
 """
 
