@@ -165,12 +165,12 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
 
 def calibration_file(args: argparse.Namespace) -> tuple[Path, str]:
     """ort-int8's calibration text (see the module docstring) and how the report names it."""
-    from model.export import _run_dev_split
+    from model.export import dev_split, run_config
 
     if args.calibration:
         return Path(args.calibration), f"{args.calibration} (--calibration)"
     run = Path(args.checkpoint) if Path(args.checkpoint).is_dir() else Path(args.checkpoint).parent
-    dev = _run_dev_split(run)
+    dev = dev_split(run_config(run))
     if dev is not None:
         return dev, f"{dev}, the dev split of the data the run trained on (model.export's default)"
     data = Path(args.data)

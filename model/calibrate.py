@@ -21,6 +21,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from .corpus.tsv import read_pairs
+from .quantize import quantizable_weight
 
 CALIBRATION_SENTENCES = 500     # per direction (translation) or in all (generation): enough for stable maxima
 BATCH = 32
@@ -60,8 +61,7 @@ def quantized_inputs(model: onnx.ModelProto) -> list[str]:
     inits = {i.name: i for i in model.graph.initializer}
     names: list[str] = []
     for node in model.graph.node:
-        w = inits.get(node.input[1]) if node.op_type == "MatMul" else None
-        if w is not None and len(w.dims) == 2 and w.data_type == TensorProto.FLOAT and node.input[0] not in names:
+        if quantizable_weight(node, inits) is not None and node.input[0] not in names:
             names.append(node.input[0])
     return names
 

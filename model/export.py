@@ -275,9 +275,10 @@ def export_package(checkpoint: str | Path, out: str | Path, *, quantize: str | N
     directions = [] if generation else (info.get("directions") or [f"{langs[0]}-{langs[1]}"])
     tagged = bool(info.get("tagged"))
     tokenizer = Tokenizer(tok.model_file)
+    config = run_config(run)
     task = {"task": "generation" if generation else "translation", "directions": directions}
-    calibration = calibration or _run_dev_split(run)
-    texts = read_calibration(calibration, task) if quantize == "int8" and calibration else None
+    source = (calibration or dev_split(config)) if quantize == "int8" else None
+    texts = read_calibration(source, task) if source else None
     return write_package(
         model, out, files={"spm.model": Path(tok.model_file)}, tokenizer={"source": "spm.model", "target": "spm.model"},
         special_ids={"pad": 0, "unk": 1, "bos": 2, "eos": 3},
@@ -287,15 +288,14 @@ def export_package(checkpoint: str | Path, out: str | Path, *, quantize: str | N
         training={"step": info.get("step"), "dev_metrics": info.get("metrics") or {},
                   "checkpoint": Path(info["file"]).name,
                   # Longest training sequence: language-model perplexity is measured in such windows.
-                  "max_positions": _train_config(run).get("max_positions")},
+                  "max_positions": config.get("train", {}).get("max_positions")},
         model_card=run / "MODEL_CARD.md", quantize=quantize, calibration=texts, fp16=fp16, name=name)
 
 
-def _run_dev_split(run: Path) -> Path | None:
-    """dev.tsv of the data directory the run's config.json names, where it still exists."""
-    path = run / "config.json"
-    data = json.loads(path.read_text()).get("data") if path.exists() else None
-    dev = Path(data) / "dev.tsv" if data else None
+def dev_split(config: dict) -> Path | None:
+    """dev.tsv of the data directory a run's config.json (`config`, read by run_config) names, where it still
+    exists: int8's default calibration text."""
+    dev = Path(config["data"]) / "dev.tsv" if config.get("data") else None
     return dev if dev is not None and dev.is_file() else None
 
 
@@ -337,9 +337,8 @@ def write_package(model: Transformer, out: str | Path, *, files: dict[str, Path]
         "training": training,
     }
     meta |= {k: v for k, v in (extra or {}).items() if k not in meta}   # extra adds keys, never replaces
-    _write_meta(out, meta)
     if quantize:
-        meta = quantize_package(out, quantize, calibration)
+        meta = quantize_package(out, quantize, calibration, meta=meta)
     meta["export_seconds"] = round(time.time() - t0, 1)
     return _write_meta(out, meta)
 
@@ -352,11 +351,16 @@ def _check_quantize(quantize: str | None, calibration: Calibration | None) -> No
                          "FILE (e.g. data/de-en/dev.tsv), or --quantize int8-rows, which needs none")
 
 
-def quantize_package(out: Path, quantize: str, calibration: Calibration | None = None) -> dict:
+def quantize_package(out: Path, quantize: str, calibration: Calibration | None = None, *,
+                     meta: dict | None = None) -> dict:
     """Quantizes the fp32 package in `out` in place ("int8": int8-static, its activation ranges measured over
-    `calibration` first; "int8-rows"); returns its model.json, written."""
+    `calibration` first; "int8-rows"); returns its model.json, written. `meta`: the model.json to write,
+    where the caller has it (else read from `out`)."""
     _check_quantize(quantize, calibration)
-    meta = json.loads((out / "model.json").read_text())
+    if meta is None:
+        meta = json.loads((out / "model.json").read_text())
+    elif quantize == "int8":
+        _write_meta(out, meta)                       # calibration runs the package as fp32 first
     ranges = activation_ranges(out, calibration) if quantize == "int8" else {}
     for graph in meta["graphs"]:
         quantize_int8(out / f"{graph}.onnx", ranges.get(graph))
@@ -381,9 +385,9 @@ def summary(path: Path) -> str:
     return f"wrote {path.parent} ({meta['precision']}): {sizes}"
 
 
-def _train_config(run: Path) -> dict:
+def run_config(run: Path) -> dict:
     path = run / "config.json"
-    return json.loads(path.read_text()).get("train", {}) if path.exists() else {}
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def main(argv=None) -> None:

@@ -25,13 +25,13 @@ Why two: at one sentence a decoder step is a few hundred small operators, each a
 memory. The static form is 176 operators a step of the small model's decoder against 313 for per-row scales
 (onnxruntime's optimisations applied, SkipLayerNormFusion off as the engine runs it), and measured 1.11-1.17x
 as fast on one thread (benchmarks/results/int8-graph.md, run 3); per-row scales need no calibration text and
-stay a little closer to fp32 (models/de-en at step 4,452, dev split, beam 4: 621 of 800 outputs equal to
-fp32's against 587 for static; BLEU de->en/en->de 4.49/3.53 against 4.46/3.58). A value outside its calibrated
-range saturates. In the per-row form QuantizeLinear's blocked form (opset 21) divides, rounds, shifts and
-casts in one pass; MatMulIntegerToFloat takes the weight's per-column scale inside its kernel (its activation
-scale must be one number, so the row scale follows as a Mul); inputs whose rows have the same shape share one
-tensor of zero points. Signed activations (int8 without a zero point) would need no zero points at all, but
-onnxruntime 1.31 multiplies int8 by int8 4-38x slower than uint8 by int8 on x86.
+stay a little closer to fp32 (int8-graph.md run 3: 52 of 64 beam-4 outputs equal to fp32's against 50; BLEU on
+the default's Ding test split, beam 4, de->en 5.82 against 5.81 static, its model card). A value outside its
+calibrated range saturates. In the per-row form QuantizeLinear's blocked form (opset 21) divides, rounds,
+shifts and casts in one pass; MatMulIntegerToFloat takes the weight's per-column scale inside its kernel (its
+activation scale must be one number, so the row scale follows as a Mul); inputs whose rows have the same shape
+share one tensor of zero points. Signed activations (int8 without a zero point) would need no zero points at
+all, but onnxruntime 1.31 multiplies int8 by int8 4-38x slower than uint8 by int8 on x86.
 """
 
 from __future__ import annotations
@@ -147,11 +147,21 @@ def _scaled_product(q: str, scale: str, weight: str, y: str) -> list[onnx.NodePr
             helper.make_node("Mul", [f"{y}/columns", scale], [y])]
 
 
-def rewrite_matmuls(path: Path, *, quantizer, product, constants: list[onnx.TensorProto]) -> int:
+def quantizable_weight(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> onnx.TensorProto | None:
+    """The constant 2D fp32 weight of a MatMul that int8 rewrites (model.calibrate watches its input), else None."""
+    weight = inits.get(node.input[1]) if node.op_type == "MatMul" else None
+    if weight is None or len(weight.dims) != 2 or weight.data_type != TensorProto.FLOAT:
+        return None
+    return weight
+
+
+def rewrite_matmuls(path: Path, *, quantizer, product, constants: list[onnx.TensorProto],
+                    fold_bias: bool = False) -> int:
     """Rewrites an fp32 graph file in place: each MatMul by a constant 2D fp32 weight gets its input quantized
     once (`quantizer(model)(x, K)` -> nodes, uint8 name, scale name), its weight quantized per column
     (`<weight>_quantized`, `<weight>_scale`) and `product(q, scale, weight, y)`'s nodes. Returns the MatMuls
-    rewritten. quantize_int8 is this with the current form; benchmarks/int8_graph.py passes the previous one."""
+    rewritten. fold_bias: each product's bias Add joins the product (fold_biases). quantize_int8 is this with
+    either current form; benchmarks/int8_graph.py passes the previous one."""
     model = onnx.load(str(path))
     inits = {i.name: i for i in model.graph.initializer}
     quantize = quantizer(model)
@@ -159,8 +169,8 @@ def rewrite_matmuls(path: Path, *, quantizer, product, constants: list[onnx.Tens
     quantized: dict[str, tuple[str, str]] = {}      # input name -> (uint8 name, scale name)
     new_inits, weights, done = list(constants), set(), 0
     for node in model.graph.node:
-        weight = inits.get(node.input[1]) if node.op_type == "MatMul" else None
-        if weight is None or len(weight.dims) != 2 or weight.data_type != TensorProto.FLOAT:
+        weight = quantizable_weight(node, inits)
+        if weight is None:
             nodes.append(node)
             continue
         x, y = node.input[0], node.output[0]
@@ -175,6 +185,8 @@ def rewrite_matmuls(path: Path, *, quantizer, product, constants: list[onnx.Tens
             weights.add(weight.name)
         nodes += product(*quantized[x], weight.name, y)
         done += 1
+    if fold_bias:
+        nodes = fold_biases(nodes, inits, {o.name for o in model.graph.output})
     replace_nodes(model, path, nodes, new_inits)
     return done
 
@@ -207,34 +219,27 @@ def _static_product(q: str, scale: str, weight: str, y: str) -> list[onnx.NodePr
                                                       zero_point], [y], domain="com.microsoft")]
 
 
-def fold_biases(path: Path) -> int:
-    """Each `Add(MatMulIntegerToFloat(...), bias)` with a 1D constant bias becomes the MatMulIntegerToFloat's
-    own bias input (its seventh); returns how many. Only for the static form: per-row scales come after the
-    kernel, and the bias after them."""
-    model = onnx.load(str(path))
-    graph = model.graph
-    inits = {i.name: i for i in graph.initializer}
-    products = {n.output[0]: n for n in graph.node if n.op_type == "MatMulIntegerToFloat"}
+def fold_biases(nodes: list[onnx.NodeProto], inits: dict[str, onnx.TensorProto],
+                outputs: set[str]) -> list[onnx.NodeProto]:
+    """`nodes` with each `Add(MatMulIntegerToFloat(...), bias)` (a 1D constant bias, the product read by that
+    Add alone) made the MatMulIntegerToFloat's own bias input, its seventh. Only for the static form: per-row
+    scales come after the kernel, and the bias after them."""
+    products = {n.output[0]: n for n in nodes if n.op_type == "MatMulIntegerToFloat"}
     readers: dict[str, int] = {}
-    for n in graph.node:
+    for n in nodes:
         for name in n.input:
             readers[name] = readers.get(name, 0) + 1
-    outputs = {o.name for o in graph.output}
-    folded = []
-    for n in graph.node:
-        if n.op_type != "Add":
-            continue
-        y, bias = n.input if n.input[0] in products else reversed(n.input)
-        if y in products and bias in inits and len(inits[bias].dims) == 1 and readers[y] == 1 and y not in outputs:
-            product = products[y]
-            product.input.extend([""] * (7 - len(product.input)))
-            product.input[6], product.output[0] = bias, n.output[0]
-            folded.append(n)
-    for n in folded:
-        graph.node.remove(n)
-    onnx.checker.check_model(model, full_check=True)
-    onnx.save(model, str(path))
-    return len(folded)
+    kept = []
+    for n in nodes:
+        if n.op_type == "Add":
+            y, bias = n.input if n.input[0] in products else list(reversed(n.input))
+            if y in products and bias in inits and len(inits[bias].dims) == 1 and readers[y] == 1 and y not in outputs:
+                product = products[y]
+                product.input.extend([""] * (7 - len(product.input)))
+                product.input[6], product.output[0] = bias, n.output[0]
+                continue
+        kept.append(n)
+    return kept
 
 
 def quantize_int8(path: Path, ranges: dict[str, tuple[float, float]] | None = None) -> int:
@@ -242,7 +247,5 @@ def quantize_int8(path: Path, ranges: dict[str, tuple[float, float]] | None = No
     quantized input's (min, max) from model.calibrate), int8-rows without. Returns the MatMuls quantized."""
     if ranges is None:
         return rewrite_matmuls(path, quantizer=_rows_quantizer, product=_scaled_product, constants=_constants())
-    done = rewrite_matmuls(path, quantizer=_static_quantizer, product=_static_product,
-                           constants=static_constants(ranges))
-    fold_biases(path)
-    return done
+    return rewrite_matmuls(path, quantizer=_static_quantizer, product=_static_product,
+                           constants=static_constants(ranges), fold_bias=True)
