@@ -123,8 +123,8 @@ def _padded(batch: Sequence[Sequence[int]], pad: int) -> np.ndarray:
     return out                                                              # (N, T)
 
 
-def _empty_cache(engine, rows: int) -> dict[str, np.ndarray]:
-    return {p: np.zeros((rows, engine.h, 0, engine.d_k), np.float32) for p in engine.past_names}
+def _empty_cache(engine, rows: int, width: int = 0) -> dict[str, np.ndarray]:
+    return {p: np.zeros((rows, engine.h, width, engine.d_k), np.float32) for p in engine.past_names}
 
 
 def _translate(encoder: _Watched, decoder: _Watched, batch: list[list[int]], engine) -> None:
@@ -133,13 +133,13 @@ def _translate(encoder: _Watched, decoder: _Watched, batch: list[list[int]], eng
     N = len(batch)
     feeds = {k: v for k, v in encoder.run({"src_ids": src}, keep=src != engine.pad_id).items()
              if k.startswith("cross_")}
-    rows = np.arange(N, dtype=np.int64)
-    feeds |= {"src_mask": src != engine.pad_id, "sources": rows, "past_rows": rows,
-              "top_k": np.array([1], np.int64)} | _empty_cache(engine, N)
+    steps = 2 * src.shape[1] + 10
+    feeds |= ({"src_mask": (src != engine.pad_id).astype(np.int32), "top_k": np.array([1], np.int64)}
+              | _empty_cache(engine, N, steps))                             # the cache: (N, h, steps, d_k)
     tokens = np.full((N, 1), engine.bos_id, dtype=np.int64)
     done = np.zeros(N, dtype=bool)
-    for _ in range(2 * src.shape[1] + 10):
-        out = decoder.run(feeds | {"tokens": tokens})
+    for step in range(steps):
+        out = decoder.run(feeds | {"tokens": tokens, "positions": np.full(N, step, dtype=np.int32)})
         tokens = out["top_ids"][:, :1].astype(np.int64)                     # (N, 1)
         done |= tokens[:, 0] == engine.eos_id
         if done.all():

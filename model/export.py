@@ -14,28 +14,28 @@ A model package is a directory:
 The decoder step (translation):
 
     tokens        int64 (N, 1)             the newest token of each row
-    past_rows     int64 (N,)               row of the past cache each row continues (beam back-pointers,
-                                           finished sentences dropped): the reorder happens inside the
-                                           graph, so the cache never travels through Python
-    sources       int64 (A,)               source sentence of each group of N / A consecutive rows
-                                           (a sentence's beams: they share its encoder keys/values,
-                                           which are picked once per sentence, not copied per beam)
-    src_mask      bool  (B, S)             True at real source tokens
-    past_key_i, past_value_i   float (M, h, T, d_k)   layer i's self-attention cache (T may be 0)
-    cross_key_i, cross_value_i float (B, h, S, d_k)   from the encoder, computed once per batch
+    positions     int32 (N,)               each row's position: the cache column its keys and values go to
+    src_mask      int32 (A, S)             1 at real source tokens of each group's source
+    past_key_i, past_value_i   float (N, h, W, d_k)   layer i's self-attention cache, W >= positions + 1
+                                           columns; bound to the same memory as present_*, so the new
+                                           column is written in place (onnxruntime's GroupQueryAttention)
+    cross_key_i, cross_value_i float (A, h, S, d_k)   from the encoder: one source per group of N / A
+                                           consecutive rows (a sentence's beams share it, never copied)
     top_k         int64 (1,)               how many best next tokens to return
   ->
     log_probs     float32 (N, V)           log-softmax computed in the graph
     top_log_probs float32 (N, k), top_ids int64 (N, k)   each row's k best next tokens, best first
     eos_log_probs float32 (N,)             each row's log-prob of eos
-    present_key_i, present_value_i float (N, h, T+1, d_k)
+    present_key_i, present_value_i float (N, h, W, d_k)   the cache with column `positions` written
 
-A search that needs no more than the best few tokens of each row reads top_* and eos_log_probs,
-so (N, V) values never reach the host (service/shared/search.py). Each layer's cache is its own tensor:
-a stacked (L, 2, N, h, T, d_k) cache, the older layout, is split into layers and stacked again
-every step, which copies it twice more. The older layout also takes `cross_rows` (N,), one source
-per row, instead of `sources`. The engine refuses the older layouts;
-`python -m model.upgrade` re-exports such a package from the weights in its graphs.
+The graph does not reorder rows: the engine does, between steps and only when they change (beam
+back-pointers, finished sentences dropped), and keeps the cross tensors to the groups still searched
+(service/device_memory.py). A search that needs no more than the best few tokens of each row reads
+top_* and eos_log_probs, so (N, V) values never reach the host (service/shared/search.py). Older
+layouts (a `past_rows` input that reordered and appended the cache in the graph, copying it twice a
+step, and a `sources` input that gathered the cross tensors every step; before that a stacked cache
+and no `top_k`) are refused by the engine; `python -m model.upgrade` re-exports such a package from
+the weights in its graphs.
 
 A decoder-only model (text generation, task "generation") has no encoder.onnx; its decoder step
 reads a whole batch of right-padded prompts in one call, then one token per row per call:
@@ -74,6 +74,7 @@ from .checkpoint import load_checkpoint
 from service.shared.package import CACHE_BY_POSITION, PACKAGE_FORMAT, file_entries
 
 from .calibrate import Calibration, activation_ranges, read_calibration
+from .fused import TRANSLATIONS, cached_attention, cross_attention
 from .quantize import SCHEMES, quantize_int8
 from .tokenizer import Tokenizer
 from .transformer import Transformer, padding_mask
@@ -120,6 +121,20 @@ class OutputProjection(nn.Module):
         return torch.log_softmax((x @ self.weight + self.bias).float(), dim=-1)              # (N, V)
 
 
+class PackedProjection(nn.Module):
+    """An attention's query, key and value projections as one (d_model, 3·d_model) MatMul and bias: one
+    int8 kernel call a step instead of three. model.upgrade splits it back (`self_qkv.{i}`)."""
+
+    def __init__(self, attention: nn.Module):
+        super().__init__()
+        w = [attention.w_q, attention.w_k, attention.w_v]
+        self.weight = nn.Parameter(torch.cat([p.weight.detach() for p in w]).t().contiguous().clone())  # (D, 3D)
+        self.bias = nn.Parameter(torch.cat([p.bias.detach() for p in w]).clone())                       # (3D,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight + self.bias                                                # (N, 1, 3·d_model)
+
+
 def next_token_outputs(log_probs: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, ...]:
     """What a search reads of the next-token distribution: the whole of it (for constraints that need
     it), its k best entries, sorted, and the eos column. k becomes the graph input `top_k` after
@@ -130,24 +145,35 @@ def next_token_outputs(log_probs: torch.Tensor, eos_id: int) -> tuple[torch.Tens
 
 
 class DecoderGraph(nn.Module):
-    """One incremental decoding step; reorders the caches by the given rows first. Each layer's cache
-    is its own tensor, so a step copies a layer's keys/values twice (reorder, append), not four times
-    (a stacked cache is also split into layers and stacked again)."""
+    """One incremental decoding step, its attention as two fused operators (model/fused.py). The cache is
+    written in place at each row's position; the engine reorders rows between steps, only when they
+    change, so a step copies no cache at all (the older layout copied each layer's twice: reorder, append)."""
 
     def __init__(self, model: Transformer):
         super().__init__()
         self.model = model
         self.project = OutputProjection(model)
+        self.self_qkv = nn.ModuleList(PackedProjection(layer.self_attn) for layer in model.decoder)
 
-    def forward(self, tokens, past_rows, sources, src_mask, *caches):
-        L = self.model.config.n_decoder_layers
-        past = reordered(caches[:2 * L], past_rows)                             # L x (N, h, T, d_k)
-        cross = reordered(caches[2 * L:], sources)                              # L x (A, h, S, d_k)
-        mask = src_mask.index_select(0, sources)[:, None, None, :]              # (A, 1, 1, S)
-        x, present = self.model.decoder_states(tokens, None, src_mask=mask, cross_kv=cross,
-                                               past=past)                        # (N, 1, d_model)
-        return (*next_token_outputs(self.project(x[:, -1]), self.model.config.eos_id),
-                *(t for kv in present for t in kv))                             # ..., 2L x (N, h, T+1, d_k)
+    def forward(self, tokens, positions, src_mask, *caches):
+        m, c = self.model, self.model.config
+        L, D, N = c.n_decoder_layers, c.d_model, tokens.size(0)
+        past, cross = caches[:2 * L], caches[2 * L:]
+        A = cross[0].size(0)                                                    # groups of N / A rows
+        total = (positions.max() + 1).reshape(1)                                # (1,) int32
+        x = m.embed_tokens(tokens, positions=positions[:, None].long())               # (N, 1, d_model)
+        present = []
+        for i, layer in enumerate(m.decoder):
+            sa, ca = layer.self_attn, layer.cross_attn
+            out, k, v = cached_attention(self.self_qkv[i](x), past[2 * i], past[2 * i + 1],
+                                         positions, total, c.h)                 # (N, 1, d_model), 2 x (N, h, W, d_k)
+            x = layer.norm1(x + sa.w_o(out))
+            # A sentence's beams share its encoder keys/values: their queries attend as one sequence.
+            ctx = cross_attention(ca.w_q(x).reshape(A, -1, D), cross[2 * i], cross[2 * i + 1], src_mask, c.h)
+            x = layer.norm2(x + ca.w_o(ctx.reshape(N, 1, D)))                  # (N, 1, d_model)
+            x = layer.norm3(x + layer.ff(x))
+            present += [k, v]
+        return (*next_token_outputs(self.project(x[:, -1]), c.eos_id), *present)   # ..., 2L x (N, h, W, d_k)
 
 
 class LMDecoderGraph(nn.Module):
@@ -174,7 +200,7 @@ class LMDecoderGraph(nn.Module):
 def _export(module: nn.Module, args: tuple, path: Path, input_names, output_names, dynamic_shapes) -> None:
     module.eval()
     torch.onnx.export(module, args, str(path), input_names=[n for n in input_names if n != "top_k"],
-                      output_names=output_names,
+                      output_names=output_names, custom_translation_table=TRANSLATIONS,
                       dynamic_shapes=dynamic_shapes, opset_version=OPSET, external_data=False, dynamo=True,
                       optimize=True, verbose=False)
     if "top_k" in input_names:
@@ -212,32 +238,31 @@ def export_translation(model: Transformer, out: Path, dtype: torch.dtype = torch
     """Writes encoder.onnx and decoder.onnx; returns their signatures for model.json."""
     c = model.config
     model = model.to(dtype).eval()
-    L, B, S, T, N = c.n_decoder_layers, 3, 7, 3, 4
+    L, B, S = c.n_decoder_layers, 3, 7
     Dim = torch.export.Dim
-    batch, src_len, past_len, rows, kv_rows = Dim("batch"), Dim("src_len"), Dim("past_len"), Dim("rows"), Dim("kv_rows")
-    sources = Dim("sources")
+    batch, src_len, rows, groups, width = Dim("batch"), Dim("src_len"), Dim("rows"), Dim("groups"), Dim("width")
     cross_names, past_names, present_names = (cache_names(p, L) for p in ("cross", "past", "present"))
     src = torch.randint(4, c.vocab_size, (B, S))
     _export(EncoderGraph(model), (src,), out / "encoder.onnx", ["src_ids"], cross_names,
             {"src_ids": {0: batch, 1: src_len}})
-    # 4 rows in 2 groups over 2 of the 3 sources: example sizes that differ, so none is fixed by export.
-    args = (torch.randint(4, c.vocab_size, (N, 1)), torch.tensor([0, 1, 4, 1]), torch.tensor([2, 0]),
-            torch.ones(B, S, dtype=torch.bool),
-            *(torch.randn(5, c.h, T, c.d_k, dtype=dtype) for _ in past_names),
-            *(torch.randn(B, c.h, S, c.d_k, dtype=dtype) for _ in cross_names))
+    # 6 rows in 2 groups (G = 3), a cache 5 columns wide: example sizes that differ, so none is fixed by export.
+    N, A, W = 6, 2, 5
+    args = (torch.randint(4, c.vocab_size, (N, 1)), torch.full((N,), 3, dtype=torch.int32),
+            torch.ones(A, S, dtype=torch.int32),
+            *(torch.randn(N, c.h, W, c.d_k, dtype=dtype) for _ in past_names),
+            *(torch.randn(A, c.h, S, c.d_k, dtype=dtype) for _ in cross_names))
     _export(DecoderGraph(model), args, out / "decoder.onnx",
-            ["tokens", "past_rows", "sources", "src_mask", *past_names, *cross_names, "top_k"],
+            ["tokens", "positions", "src_mask", *past_names, *cross_names, "top_k"],
             [*NEXT_TOKEN_OUTPUTS, *present_names],
-            ({0: rows}, {0: rows}, {0: sources}, {0: batch, 1: src_len},
-             (*({0: kv_rows, 2: past_len} for _ in past_names), *({0: batch, 2: src_len} for _ in cross_names))))
+            ({0: rows}, {0: rows}, {0: groups, 1: src_len},
+             (*({0: rows, 2: width} for _ in past_names), *({0: groups, 2: src_len} for _ in cross_names))))
     return {
         "encoder": {"inputs": {"src_ids": ["batch", "src_len"]},
                     "outputs": {n: _kv("batch", "src_len") for n in cross_names}},
-        "decoder": {"inputs": {"tokens": ["rows", 1], "past_rows": ["rows"], "sources": ["sources"],
-                               "src_mask": ["batch", "src_len"]}
-                    | {n: _kv("kv_rows", "past_len") for n in past_names}
-                    | {n: _kv("batch", "src_len") for n in cross_names} | {"top_k": [1]},
-                    "outputs": NEXT_TOKEN_SIGNATURE | {n: _kv("rows", "past_len + 1") for n in present_names}},
+        "decoder": {"inputs": {"tokens": ["rows", 1], "positions": ["rows"], "src_mask": ["groups", "src_len"]}
+                    | {n: _kv("rows", "width") for n in past_names}
+                    | {n: _kv("groups", "src_len") for n in cross_names} | {"top_k": [1]},
+                    "outputs": NEXT_TOKEN_SIGNATURE | {n: _kv("rows", "width") for n in present_names}},
     }
 
 

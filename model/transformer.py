@@ -293,7 +293,7 @@ class Transformer(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def _embed(self, ids: torch.Tensor, offset: int | torch.Tensor = 0,
+    def embed_tokens(self, ids: torch.Tensor, offset: int | torch.Tensor = 0,
                positions: torch.Tensor | None = None) -> torch.Tensor:
         T = ids.size(1)
         x = self.embed(ids) * self.embed_scale                          # (B, T, d_model)
@@ -302,7 +302,7 @@ class Transformer(nn.Module):
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         """src (B, S) token ids, src_mask (B, 1, 1, S) -> memory (B, S, d_model)."""
-        x = self._embed(src)
+        x = self.embed_tokens(src)
         for layer in self.encoder:
             x = layer(x, src_mask)
         return x
@@ -337,7 +337,7 @@ class Transformer(nn.Module):
         offset = 0 if past is None else past[0][0].size(2)
         if self.encoder is not None and cross_kv is None:
             cross_kv = self.cross_kv(memory)
-        x = self._embed(tgt, offset, positions)
+        x = self.embed_tokens(tgt, offset, positions)
         present = []
         for i, layer in enumerate(self.decoder):
             x, kv = layer(x, tgt_mask, cross_kv=None if cross_kv is None else cross_kv[i], src_mask=src_mask,

@@ -90,7 +90,7 @@ def graph_weights(path: Path) -> dict[str, np.ndarray]:
         if node.op_type not in ("MatMul", "MatMulInteger", "MatMulIntegerToFloat") or node.input[1] not in inits:
             continue
         bias = bias_after(node)
-        if bias is None or not bias.startswith("model."):
+        if bias is None or not bias.startswith(("model.", "self_qkv.")):
             continue                  # the output projection: the tied embedding, read by its name
         w = inits[node.input[1]].astype(np.float32)                     # (in, out)
         if node.op_type in ("MatMulInteger", "MatMulIntegerToFloat"):
@@ -99,8 +99,20 @@ def graph_weights(path: Path) -> dict[str, np.ndarray]:
             zero_point = (inits[node.input[b_zero]].astype(np.float32)
                           if len(node.input) > b_zero and node.input[b_zero] else np.float32(0))
             w = (w - zero_point) * inits[f"{base}_scale"]               # per tensor, or per column (out,)
-        weights[bias.removeprefix("model.").removesuffix(".bias") + ".weight"] = w.T.copy()
+        weights |= linear_weights(bias, w.T, inits)
     return weights
+
+
+def linear_weights(bias: str, w: np.ndarray, inits: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A linear layer's weight w (out, in) under its PyTorch name, found by its bias's; a decoder layer's
+    packed query, key and value projections (model.export's `self_qkv.{i}`) as the three, biases included."""
+    if not bias.startswith("self_qkv."):
+        return {bias.removeprefix("model.").removesuffix(".bias") + ".weight": w.copy()}
+    layer, out = bias.split(".")[1], {}
+    for part, w_part, b_part in zip("qkv", np.split(w, 3), np.split(inits[bias].astype(np.float32), 3)):
+        out[f"decoder.{layer}.self_attn.w_{part}.weight"] = w_part.copy()
+        out[f"decoder.{layer}.self_attn.w_{part}.bias"] = b_part
+    return out
 
 
 def load_weights(package: Path) -> tuple[Transformer, dict]:

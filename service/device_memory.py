@@ -8,9 +8,15 @@ no batch was larger than in the first (benchmarks/results/load-cpu.md). Bound by
 (`IOBinding.bind_input` / `bind_output` with a pointer), they live in blocks that one search hands
 to the next, and the arena holds only what a single run needs, all of it free again when the run ends.
 
-The cache is written into two blocks in turn: a step reads `past` from one and writes `present` into
-the other, never in place, since the graph reorders rows (beams, dropped rows) as it reads them. A
-tensor of any shape takes the first prod(shape) elements of its stretch of the block.
+A translation decoder writes its cache in place (`InPlaceCache`: the graph writes each row's new column
+into the memory it read, model/export.py), and rows are reordered here, between steps, only when they
+change. A generation decoder's cache (`KVCache`) is written into two blocks in turn: a step reads
+`past` from one and writes `present` into the other, since that graph reorders rows as it reads them.
+A tensor of any shape takes the first prod(shape) elements of its stretch of the block.
+
+On the CPU a block is a numpy array and a reorder is one numpy copy of the live columns. On CUDA the
+reorder goes through the host (the whole block down and up): correct, not yet fast, and not yet run on
+a GPU here.
 """
 
 from __future__ import annotations
@@ -43,6 +49,15 @@ class Block:
     def at(self, offset: int) -> int:
         """The address of element `offset`."""
         return self.address + offset * self.itemsize
+
+    def host(self) -> np.ndarray:
+        """The block as a numpy array: itself on the CPU, a copy on a device (write it back with `commit`)."""
+        return self.data if isinstance(self.data, np.ndarray) else self.data.numpy()
+
+    def commit(self, host: np.ndarray) -> None:
+        """Makes `host` (from `host()`) the block's contents: nothing to do on the CPU."""
+        if not isinstance(self.data, np.ndarray):
+            self.data.update_inplace(host)
 
 
 class BlockPool:
@@ -93,6 +108,19 @@ class Tensors:
         n, pool = prod(self.shape), self.pool
         for i, name in enumerate(self.names):
             pool.bind.input(io, name, pool.dtype, self.shape, self.block.at(i * n))
+
+    def select(self, rows: np.ndarray) -> None:
+        """Keeps rows `rows` (int64) of every tensor, in that order, in a block of its own."""
+        n, old = prod(self.shape), self.block
+        shape = [len(rows), *self.shape[1:]]
+        new = self.pool.take(len(self.names) * prod(shape))
+        src, dst = old.host(), new.host()
+        for i in range(len(self.names)):
+            np.take(src[i * n:(i + 1) * n].reshape(self.shape), rows, axis=0, mode="clip",
+                    out=dst[i * prod(shape):(i + 1) * prod(shape)].reshape(shape))
+        new.commit(dst)
+        self.pool.give(old)
+        self.block, self.shape = new, shape
 
     def close(self) -> None:
         """Hands the block back; the tensors must not be read again."""
@@ -149,3 +177,94 @@ class KVCache:
         if self.read is not None:
             self.pool.give(self.read, self.write)
             self.read = self.write = None
+
+
+class InPlaceCache:
+    """The translation decoder's self-attention cache: one (rows, h, W, d_k) tensor per past_*/present_*
+    pair, bound to one address for both, so a step writes its new column where it reads (model/export.py).
+    W grows by `columns` at a time, always past the next position; growing it and reordering rows (beam
+    back-pointers, finished sentences dropped) copy the cache into the second block, which then becomes
+    the first: once a step in beam search, once every `columns` steps and once a finished sentence in
+    greedy search, where a decoder that reorders inside its graph copied it twice every step.
+
+    `max_rows` and `max_positions` size the blocks for the whole search; more costs a larger block."""
+
+    def __init__(self, pool: BlockPool, past_names: Sequence[str], present_names: Sequence[str],
+                 rows: int, h: int, d_k: int, *, max_rows: int, max_positions: int, columns: int = 8):
+        self.pool, self.names = pool, list(zip(past_names, present_names))
+        self.rows, self.width, self.h, self.d_k, self.columns = rows, 0, h, d_k, columns
+        size = len(self.names) * max(max_rows, rows) * h * -(-max_positions // columns) * columns * d_k
+        self.blocks: list[Block] | None = [pool.take(size), pool.take(size)]
+        self._bound: tuple | None = None                # what `bind` last bound: (address, rows, width)
+
+    @property
+    def read(self) -> Block:
+        """The block the next step reads and writes."""
+        return self.blocks[0]
+
+    @property
+    def write(self) -> Block:
+        """The block the next reorder or widening copies into."""
+        return self.blocks[1]
+
+    def _tensor_size(self, rows: int, width: int) -> int:
+        return rows * self.h * width * self.d_k
+
+    def reserve(self, position: int) -> None:
+        """Makes room for column `position` (the next step's), widening by `columns` when it is full."""
+        if position >= self.width:
+            self._relayout(None, -(-(position + 1) // self.columns) * self.columns)
+
+    def select(self, rows: np.ndarray) -> None:
+        """Keeps rows `rows` (int64) of every tensor, in that order; nothing is copied when they are all
+        the rows in order."""
+        if len(rows) == self.rows and (rows == np.arange(self.rows)).all():
+            return
+        self._relayout(rows, self.width)
+
+    def _relayout(self, rows: np.ndarray | None, width: int) -> None:
+        """Copies the cache into the second block with rows `rows` (None: the same) at `width` columns. The
+        tensors lie back to back, so one numpy call moves all of them."""
+        read, write = self.blocks
+        L2, M = len(self.names), self.rows if rows is None else len(rows)
+        n, m = self._tensor_size(self.rows, self.width), self._tensor_size(M, width)
+        if L2 * m > write.size:
+            # Taken before the old one goes back: if taking fails, close() must not give it twice.
+            larger = self.pool.take(2 * L2 * m)
+            self.pool.give(write)
+            self.blocks[1] = write = larger
+        if n and m:
+            src = read.host()[:L2 * n].reshape(L2, self.rows, self.h, self.width, self.d_k)
+            host = write.host()
+            dst = host[:L2 * m].reshape(L2, M, self.h, width, self.d_k)
+            if width == self.width:
+                np.take(src, rows, axis=1, out=dst, mode="clip")   # "raise" would copy via a buffer
+            else:
+                dst[:, :, :, :self.width] = src if rows is None else src[:, rows]
+            write.commit(host)
+        self.blocks = [write, read]
+        self.rows, self.width = M, width
+
+    def forget_binding(self) -> None:
+        """The next `bind` binds again (the binding's outputs were cleared)."""
+        self._bound = None
+
+    def bind(self, io: ort.IOBinding) -> None:
+        """Binds each past_* and its present_* to the tensor's one address (again only when it moved)."""
+        read = self.blocks[0]
+        key = (read.address, self.rows, self.width)
+        if key == self._bound:
+            return
+        bind, dtype = self.pool.bind, self.pool.dtype
+        shape = [self.rows, self.h, self.width, self.d_k]
+        n = self._tensor_size(self.rows, self.width)
+        for i, (past, present) in enumerate(self.names):
+            bind.input(io, past, dtype, shape, read.at(i * n))
+            bind.output(io, present, dtype, shape, read.at(i * n))
+        self._bound = key
+
+    def close(self) -> None:
+        """Hands both blocks back; the decoder must not step again."""
+        if self.blocks is not None:
+            self.pool.give(*self.blocks)
+            self.blocks = None

@@ -15,12 +15,13 @@ Layers, so the HTTP service can split the work across LitServe's hooks:
 
 The key/value cache stays where the model runs between steps (IO binding: on the GPU it never
 leaves the device), in blocks the engine owns and reuses from search to search rather than in
-onnxruntime's arena (service/device_memory.py says why). Beam reordering and dropping finished rows
-happen inside the decoder graph through its `past_rows` and `sources` inputs (a sentence's beams
-share one copy of its encoder keys/values). Searches read each row's best few tokens, selected in
-the graph (`top_k`), rather than the whole (N, V) distribution. Packages exported before those graph
-inputs existed (a stacked cache, `cross_rows` per row, no `top_k`) are refused with the command that
-re-exports them from their own weights (`python -m model.upgrade`).
+onnxruntime's arena (service/device_memory.py says why). A translation decoder writes each step's keys
+and values into the cache in place; the engine reorders rows between steps, only when they change (beam
+back-pointers, finished sentences dropped), and keeps the encoder's keys/values to the sentences still
+searched, one copy per sentence that its beams share. Searches read each row's best few tokens,
+selected in the graph (`top_k`), rather than the whole (N, V) distribution. Packages exported before
+that layout (a cache the graph reorders and appends every step, a stacked cache, no `top_k`) are
+refused with the command that re-exports them from their own weights (`python -m model.upgrade`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import numpy as np
 import onnxruntime as ort
 import sentencepiece as spm
 
-from .device_memory import BlockPool, KVCache, Tensors
+from .device_memory import BlockPool, InPlaceCache, KVCache, Tensors
 from .onnxruntime_bridge import Binder
 from .shared.package import CACHE_BY_POSITION, INT8_SCHEMES, ModelPackage, PackageError, load_package
 from .shared.search import (Hypothesis, SearchOptions, Steps, beam_search, beam_steps, finish, greedy_steps,
@@ -157,9 +158,9 @@ def probe_device(package: str | Path, device: str) -> str:
 
 
 def source_groups(row_source: np.ndarray) -> np.ndarray:
-    """The decoder's `sources` input: the source of each group of G consecutive rows when every run of
-    rows with one source has the same length G (a beam search's K beams of each sentence: G = K),
-    else one source per row (G = 1, always right)."""
+    """The source of each group of G consecutive rows when every run of rows with one source has the same
+    length G (a beam search's K beams of each sentence: G = K), else one source per row (G = 1, always
+    right): the rows of the cross tensors a step needs (model/export.py)."""
     N = len(row_source)
     runs = int(np.count_nonzero(row_source[1:] != row_source[:-1])) + 1      # runs of one source
     G = N // runs
@@ -173,33 +174,65 @@ def source_groups(row_source: np.ndarray) -> np.ndarray:
 class OrtDecoder:
     """The incremental-decoder protocol of service.shared.search over the decoder graph.
 
-    `max_rows` and `max_positions` size the cache's blocks (service.device_memory) for the whole search;
-    without them the first steps reallocate until the blocks fit. `close()` hands the blocks back."""
+    The graph reorders nothing: `select` reorders the self-attention cache (only when the rows change)
+    and keeps the cross tensors to the sources still searched (only when one is dropped). `max_rows` and
+    `max_positions` size the cache's blocks (service.device_memory) for the whole search; without them
+    the first steps reallocate until the blocks fit. `close()` hands the blocks back.
+
+    The arrays a step returns are overwritten by the next step (the searches read them at once)."""
 
     def __init__(self, engine: "Engine", cross: Tensors, src_mask: np.ndarray, *,
                  max_rows: int | None = None, max_positions: int = 16):
         self.engine = engine
-        self.cross = cross                                # from Engine.encode, read by every step
-        self.src_mask = src_mask
         B = src_mask.shape[0]
-        self.rows = np.arange(B, dtype=np.int64)          # past row each current row continues
         self.row_source = np.arange(B, dtype=np.int64)    # source sentence of each current row
-        self.sources = self.row_source                    # the graph's `sources` (see source_groups)
+        self.group_source = self.row_source               # source of each row of the cross tensors
+        self.cross = cross                                # from Engine.encode
+        self.src_mask = src_mask.astype(np.int32)         # (A, S) of the cross tensors' rows
         self.cache = engine.new_cache(B, max_rows=max_rows or B, max_positions=max_positions)
+        self.position = 0                                 # every row's next position (one step for all)
         # The k best next tokens, computed in the graph (see service.shared.search).
         self.step_top = self._step_top if engine.search_top_k else None
-        # One binding for the whole search: what every step reads the same is bound once.
+        # One binding for the whole search: what does not change between steps stays bound.
         self.io = engine.decoder.io_binding()
-        self.io.bind_cpu_input("src_mask", src_mask)
-        cross.bind_inputs(self.io)
+        self._bind_sources()
+        self._outputs: tuple | None = None                # (rows, k, arrays) bound as outputs
+
+    def _bind_sources(self) -> None:
+        self.engine.host.input(self.io, "src_mask", self.src_mask.dtype, self.src_mask.shape,
+                               self.src_mask.ctypes.data)
+        self.cross.bind_inputs(self.io)
 
     def _run(self, tokens: np.ndarray, top_k: int | None) -> list[np.ndarray]:
+        e, io, N = self.engine, self.io, len(tokens)
+        self.cache.reserve(self.position)
+        self._tokens = np.ascontiguousarray(tokens, dtype=np.int64)       # kept alive until the run ends
+        self._positions = np.full(N, self.position, dtype=np.int32)
+        e.host.input(io, "tokens", self._tokens.dtype, (N, 1), self._tokens.ctypes.data)
+        e.host.input(io, "positions", self._positions.dtype, (N,), self._positions.ctypes.data)
+        self.cache.bind(io)
+        out = self._bind_outputs(N, top_k)
+        e.decoder.run_with_iobinding(io)
+        self.position += 1
+        return out
+
+    def _bind_outputs(self, N: int, top_k: int | None) -> list[np.ndarray]:
+        """Arrays for this step's outputs, bound again only when their shapes change."""
+        if self._outputs is not None and self._outputs[:2] == (N, top_k):
+            return self._outputs[2]
         e, io = self.engine, self.io
-        io.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64)[:, None])
-        io.bind_cpu_input("past_rows", self.rows)
-        io.bind_cpu_input("sources", self.sources)
-        out = e.run_decoder(io, self.cache, len(tokens), 1, top_k)
-        self.rows = np.arange(len(tokens), dtype=np.int64)
+        k = min(top_k or 1, e.vocab_size)
+        self._k = np.array([k], dtype=np.int64)
+        e.host.input(io, "top_k", self._k.dtype, (1,), self._k.ctypes.data)
+        shapes = ({"log_probs": (N, e.vocab_size)} if top_k is None else
+                  {"top_log_probs": (N, k), "top_ids": (N, k), "eos_log_probs": (N,)})
+        io.clear_binding_outputs()
+        self.cache.forget_binding()                       # clearing unbound the cache's outputs too
+        self.cache.bind(io)
+        out = [np.empty(shape, e.output_dtypes[name]) for name, shape in shapes.items()]
+        for name, a in zip(shapes, out):
+            e.host.output(io, name, a.dtype, a.shape, a.ctypes.data)
+        self._outputs = (N, top_k, out)
         return out
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
@@ -210,9 +243,18 @@ class OrtDecoder:
 
     def select(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
+        self.cache.select(rows)
         self.row_source = self.row_source[rows]
-        self.sources = source_groups(self.row_source)
-        self.rows = self.rows[rows]
+        groups = source_groups(self.row_source)
+        if len(groups) != len(self.group_source) or (groups != self.group_source).any():
+            where = np.zeros(int(self.group_source.max()) + 1, dtype=np.int64)
+            where[self.group_source] = np.arange(len(self.group_source))
+            keep = where[groups]                          # rows of the cross tensors to keep
+            if len(keep) != len(self.group_source) or (keep != np.arange(len(keep))).any():
+                self.cross.select(keep)
+                self.src_mask = np.ascontiguousarray(self.src_mask[keep])
+                self._bind_sources()
+            self.group_source = groups
 
     def close(self) -> None:
         self.cache.close()
@@ -386,9 +428,11 @@ class Engine:
         own weights: decoder graphs without per-layer caches, `sources` and `top_k` (a slower second search
         path), generation graphs that append all rows' tokens at one cache column, and int8 graphs that
         quantize activations per tensor (in both a sentence's answer could depend on its batch-mates)."""
-        need = ["tokens", "past_rows", "top_k"] + (["sources", "src_mask"] if self.task == "translation"
-                                                    else ["key_mask", "positions"])
+        need = ["tokens", "positions", "top_k"] + (["src_mask"] if self.task == "translation"
+                                                    else ["past_rows", "key_mask"])
         missing = [n for n in need if n not in inputs] + (["one cache per layer"] if "past_kv" in inputs else [])
+        if self.task == "translation" and "past_rows" in inputs:
+            missing.append("a cache written in place (its graph reorders and appends the cache every step)")
         meta = self.package.meta
         if missing:
             problem = f"an older graph layout, without {', '.join(missing)}"
@@ -430,9 +474,12 @@ class Engine:
         return self.sp_target.decode(ids)
 
     # --- device side: arrays only ---------------------------------------------------------------------
-    def new_cache(self, rows: int, *, max_rows: int, max_positions: int) -> KVCache:
-        return KVCache(self.pool, self.past_names, self.present_names, rows, self.h, self.d_k,
-                       max_rows=max_rows, max_positions=max_positions)
+    def new_cache(self, rows: int, *, max_rows: int, max_positions: int) -> InPlaceCache | KVCache:
+        """A search's self-attention cache: written in place by a translation decoder, in two blocks by turns
+        by a generation decoder (service.device_memory)."""
+        cache = InPlaceCache if self.task == "translation" else KVCache
+        return cache(self.pool, self.past_names, self.present_names, rows, self.h, self.d_k,
+                     max_rows=max_rows, max_positions=max_positions)
 
     def run_decoder(self, io: ort.IOBinding, cache: KVCache, rows: int, new_positions: int,
                     top_k: int | None, *, width: int | None = None) -> list[np.ndarray]:

@@ -16,7 +16,7 @@ BRIDGES = {"service.litserve_bridge": "litserve", "service.onnxruntime_bridge": 
 ALLOWED = {
     "service.shared": {"service.shared", "numpy", "pydantic"},
     "service.client": {"service.shared.options", "service.shared.schemas", "httpx", "pydantic", "typing_extensions"},
-    "model": {"model", "service.shared", "torch", "numpy", "sentencepiece", "onnx", "onnxruntime", "tqdm",
+    "model": {"model", "service.shared", "torch", "numpy", "sentencepiece", "onnx", "onnxscript", "onnxruntime", "tqdm",
               "sacrebleu", "transformers", "ctranslate2", "yaml", "polib", "huggingface_hub"},
     "service": {"service", "numpy", "onnxruntime", "sentencepiece", "litserve", "fastapi", "starlette", "pydantic",
                 "prometheus_client", "uvicorn", "httpx", "py3langid"},

@@ -114,10 +114,11 @@ def test_calibration_text_is_refused_where_nothing_uses_it(tiny_package, data_di
 
 
 def test_an_older_layout_package_is_refused_then_upgraded_and_translates(tmp_path):
-    """The fixture has a stacked past_kv cache, cross_rows and no top_k: the engine names the command,
+    """The fixture has a stacked past_kv cache, cross_rows, no top_k and a cache the graph reorders and
+    appends (past_rows): the engine names the command,
     and the command's package translates the 64 memorised pairs (measured: 64 greedy, 63 beam 4)."""
     old = FIXTURES / "old-layout-tiny"
-    with pytest.raises(PackageError, match=r"without top_k, sources, one cache per layer.*"
+    with pytest.raises(PackageError, match=r"without positions, top_k, one cache per layer, a cache written in place.*"
                        + re.escape(f"python -m model.upgrade {old} --out NEW_DIR")):
         Engine(old, device="cpu")
     upgrade_main([str(old), "--out", str(tmp_path / "new")])

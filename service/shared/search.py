@@ -214,44 +214,49 @@ def _paths(decoder: IncrementalDecoder, batch_size: int, pick: Callable | None, 
     """
     cancel = cancel if cancel is not None else set()
     results: list[Hypothesis | None] = [None] * batch_size
-    rows = _Rows(sentence=np.arange(batch_size), history=[[] for _ in range(batch_size)])
-    sums = np.zeros(batch_size, dtype=np.float64)
     max_len = np.asarray(max_length, dtype=np.int64)
+    # Each input's tokens by step, written a whole step at a time: no per-row Python while rows continue.
+    written = np.zeros((batch_size, int(max_len.max(initial=0)) + 1), dtype=np.int64)
+    rows = _Rows(sentence=np.arange(batch_size))
+    sums = np.zeros(batch_size, dtype=np.float64)
     tokens = (np.full(batch_size, bos_id, dtype=np.int64) if start_tokens is None
               else np.asarray(start_tokens, dtype=np.int64).copy())
     top = _uses_top(decoder, repetition_penalty, no_repeat_ngram_size) if pick is None else None
     step = 0
     while len(rows.sentence):
+        every = np.arange(len(tokens))
         if top is not None:
             logp, ids = _top_candidates(decoder, tokens, 1, rows, step, max_len, eos_id=eos_id,
                                         min_length=min_length, banned_ids=banned_ids, rule=rule)
             best = logp.argmax(axis=1)                                        # first candidate not removed
-            tokens = ids[np.arange(len(ids)), best]
-            sums += logp[np.arange(len(ids)), best]
+            tokens = ids[every, best]
+            sums += logp[every, best]
         else:
             logp = decoder.step(tokens).astype(np.float32, copy=True)
+            if repetition_penalty != 1.0 or no_repeat_ngram_size > 0:         # they read each row's history
+                rows.history = [written[s, :step].tolist() for s in rows.sentence]
             logp = _adjust(logp, rows, step, max_len, eos_id=eos_id, min_length=min_length,
                            no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
                            banned_ids=banned_ids, rule=rule)
             tokens = np.asarray(logp.argmax(axis=1) if pick is None else pick(logp, rows.sentence), dtype=np.int64)
-            sums += logp[np.arange(len(tokens)), tokens]
+            sums += logp[every, tokens]
         yield Step(rows.sentence.copy(), tokens.copy())
-        keep, last = [], _at_budget(max_len, rows, step)
-        for r, tok in enumerate(tokens):
-            if tok == eos_id:
-                results[rows.sentence[r]] = Hypothesis(rows.history[r], float(sums[r]), float(sums[r]))
-                continue
-            rows.history[r].append(int(tok))
-            if rows.sentence[r] in cancel or last[r]:
-                results[rows.sentence[r]] = Hypothesis(rows.history[r], float(sums[r]), float(sums[r]), False)
-            else:
-                keep.append(r)
-        if len(keep) < len(tokens):
-            keep_idx = np.asarray(keep, dtype=np.int64)
-            rows = _Rows(rows.sentence[keep_idx], [rows.history[r] for r in keep])
-            sums, tokens = sums[keep_idx], tokens[keep_idx]
+        written[rows.sentence, step] = tokens
+        ended = tokens == eos_id
+        stop = ended | _at_budget(max_len, rows, step)
+        if cancel:
+            stop |= np.isin(rows.sentence, list(cancel))
+        for r in np.flatnonzero(stop):
+            s = int(rows.sentence[r])
+            # An eos is not part of the text; a row stopped on another token keeps it (finished=False).
+            results[s] = Hypothesis(written[s, :step + 1 - ended[r]].tolist(), float(sums[r]), float(sums[r]),
+                                    bool(ended[r]))
+        if stop.any():
+            keep = np.flatnonzero(~stop)
+            rows = _Rows(rows.sentence[keep])
+            sums, tokens = sums[keep], tokens[keep]
             if len(keep):
-                decoder.select(keep_idx)
+                decoder.select(keep)
         step += 1
     return results  # type: ignore[return-value]
 
@@ -331,10 +336,13 @@ def _best_2k(beam_scores: np.ndarray, logp: np.ndarray, K: int) -> tuple[np.ndar
     A, W = beam_scores.shape[0], logp.shape[1]
     total = (beam_scores.reshape(A * K, 1) + logp).reshape(A, K * W)     # (A, K*W)
     n = min(2 * K, K * W)
-    cand = np.argpartition(-total, n - 1, axis=1)[:, :n]                 # (A, 2K) unsorted
-    scores = np.take_along_axis(total, cand, axis=1)
-    order = np.argsort(-scores, axis=1, kind="stable")
-    return np.take_along_axis(cand, order, axis=1), np.take_along_axis(scores, order, axis=1)
+    if K * W > 256:                      # the whole distribution: set the best 2K apart first
+        cand = np.argpartition(-total, n - 1, axis=1)[:, :n]             # (A, 2K) unsorted
+        order = np.argsort(-np.take_along_axis(total, cand, axis=1), axis=1, kind="stable")
+        cand = np.take_along_axis(cand, order, axis=1)
+    else:                                # each row's best few (step_top): one sort costs less
+        cand = np.argsort(-total, axis=1, kind="stable")[:, :n]           # (A, 2K)
+    return cand, np.take_along_axis(total, cand, axis=1)
 
 
 def _next_beams(cand: np.ndarray, scores: np.ndarray, a: int, W: int, K: int, ids: np.ndarray | None, rows: _Rows,
