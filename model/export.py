@@ -237,6 +237,10 @@ def _kv(n: str, t: str) -> list:
 def export_translation(model: Transformer, out: Path, dtype: torch.dtype = torch.float32) -> dict:
     """Writes encoder.onnx and decoder.onnx; returns their signatures for model.json."""
     c = model.config
+    if c.d_k % 8:
+        # onnxruntime's GroupQueryAttention (model/fused.py) takes head sizes in multiples of 8 only.
+        raise ValueError(f"d_model / h = {c.d_k}: the decoder graph needs a head size that is a multiple of 8, "
+                         f"e.g. h={c.d_model // 64 or 1} for d_model={c.d_model}")
     model = model.to(dtype).eval()
     L, B, S = c.n_decoder_layers, 3, 7
     Dim = torch.export.Dim

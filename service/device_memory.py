@@ -15,8 +15,8 @@ change. A generation decoder's cache (`KVCache`) is written into two blocks in t
 A tensor of any shape takes the first prod(shape) elements of its stretch of the block.
 
 On the CPU a block is a numpy array and a reorder is one numpy copy of the live columns. On CUDA the
-reorder goes through the host (the whole block down and up): correct, not yet fast, and not yet run on
-a GPU here.
+reorder goes through the host (the source block down, the destination up, whole): correct, not yet
+fast, and not yet run on a GPU here.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class Block:
     device, reserved in full (not yet run on a GPU here)."""
 
     def __init__(self, size: int, dtype: np.dtype, device: str):
-        self.size, self.itemsize = size, dtype.itemsize
+        self.size, self.dtype, self.itemsize = size, dtype, dtype.itemsize
         if device == "cpu":
             self.data = np.empty(size, dtype)
             self.address: int = self.data.ctypes.data
@@ -50,9 +50,12 @@ class Block:
         """The address of element `offset`."""
         return self.address + offset * self.itemsize
 
-    def host(self) -> np.ndarray:
-        """The block as a numpy array: itself on the CPU, a copy on a device (write it back with `commit`)."""
-        return self.data if isinstance(self.data, np.ndarray) else self.data.numpy()
+    def host(self, *, contents: bool = True) -> np.ndarray:
+        """The block as a numpy array: itself on the CPU, a copy on a device (write it back with `commit`);
+        contents=False: on a device, an uninitialised array of its size (for a block about to be overwritten)."""
+        if isinstance(self.data, np.ndarray):
+            return self.data
+        return self.data.numpy() if contents else np.empty(self.size, self.dtype)
 
     def commit(self, host: np.ndarray) -> None:
         """Makes `host` (from `host()`) the block's contents: nothing to do on the CPU."""
@@ -114,7 +117,7 @@ class Tensors:
         n, old = prod(self.shape), self.block
         shape = [len(rows), *self.shape[1:]]
         new = self.pool.take(len(self.names) * prod(shape))
-        src, dst = old.host(), new.host()
+        src, dst = old.host(), new.host(contents=False)
         for i in range(len(self.names)):
             np.take(src[i * n:(i + 1) * n].reshape(self.shape), rows, axis=0, mode="clip",
                     out=dst[i * prod(shape):(i + 1) * prod(shape)].reshape(shape))
@@ -235,7 +238,7 @@ class InPlaceCache:
             self.blocks[1] = write = larger
         if n and m:
             src = read.host()[:L2 * n].reshape(L2, self.rows, self.h, self.width, self.d_k)
-            host = write.host()
+            host = write.host(contents=False)
             dst = host[:L2 * m].reshape(L2, M, self.h, width, self.d_k)
             if width == self.width:
                 np.take(src, rows, axis=1, out=dst, mode="clip")   # "raise" would copy via a buffer

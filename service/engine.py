@@ -243,6 +243,8 @@ class OrtDecoder:
 
     def select(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
+        if not len(rows) or rows.min() < 0 or rows.max() >= len(self.row_source):
+            raise ValueError(f"select() takes 1 or more rows among 0..{len(self.row_source) - 1}, got {rows}")
         self.cache.select(rows)
         self.row_source = self.row_source[rows]
         groups = source_groups(self.row_source)
@@ -348,6 +350,10 @@ class Engine:
                                "this engine serves translation and generation packages")
         self._open_sessions(device, session_options(intra_op_threads, inter_op_threads, spin_wait=spin_wait))
         self._read_graphs()
+        if self.device_type == "cuda" and self.task == "translation" and self.float_dtype == np.float32:
+            log.warning("%s is fp32: onnxruntime's GroupQueryAttention has CUDA kernels for fp16 only, so the "
+                        "decoder's self-attention runs on the CPU and its cache crosses to the host every step; "
+                        "export with --fp16 for the GPU", self.package.path)
         self.pool = BlockPool(self.float_dtype, self.device_type)   # the cache's and the encoder outputs' memory
         self.host = Binder("cpu")                                    # for what the searches read on the host
         self.search_top_k = True               # False: searches read the whole distribution (for comparisons)
@@ -425,9 +431,10 @@ class Engine:
 
     def _check_layout(self, inputs: list[str]) -> None:
         """Refuses packages the engine no longer serves, naming the command that re-exports them from their
-        own weights: decoder graphs without per-layer caches, `sources` and `top_k` (a slower second search
-        path), generation graphs that append all rows' tokens at one cache column, and int8 graphs that
-        quantize activations per tensor (in both a sentence's answer could depend on its batch-mates)."""
+        own weights: decoder graphs without per-layer caches or `top_k` (a slower second search path),
+        translation graphs that reorder and append the cache every step (`past_rows`), generation graphs
+        that append all rows' tokens at one cache column, and int8 graphs that quantize activations per
+        tensor (in both of the last two a sentence's answer could depend on its batch-mates)."""
         need = ["tokens", "positions", "top_k"] + (["src_mask"] if self.task == "translation"
                                                     else ["past_rows", "key_mask"])
         missing = [n for n in need if n not in inputs] + (["one cache per layer"] if "past_kv" in inputs else [])

@@ -118,8 +118,8 @@ def test_engine_translates_exactly_like_the_pytorch_reference(engine, reference,
 
 def test_decoder_steps_match_pytorch_through_select(engine, reference, ids):
     """Padded sources of different lengths; steps before and after select() reorders, duplicates and
-    drops rows, so the in-graph reorder of the cache (past_rows, and sources: one per row, or one per
-    group of rows as beams share their sentence) is what is compared."""
+    drops rows, so the engine's reorder of the cache and its choice of cross tensors (one source per
+    row, or one per group of rows as beams share their sentence) are what is compared."""
     model, _ = reference
     by_length = {len(s): s for s in ids}                                      # one source per length
     lengths = sorted(by_length)

@@ -21,6 +21,9 @@ the whole (N, V) distribution (the ONNX decoder computes them in the graph):
                                                   best first, and its log-prob of eos; None or
                                                   absent = not offered
 
+The arrays step() and step_top() return may be overwritten by the next call (the ONNX decoder reuses
+them): a search reads or copies them before it steps again.
+
 Beam search and greedy search use it unless repetition_penalty or no_repeat_ngram_size is on
 (they change log-probs outside the top k). Banned ids, min_length and the length budget only
 remove candidates or force eos, so the top (2 × beam + banned + 1) still hold every candidate the
