@@ -237,14 +237,17 @@ def ct2_runner(path: Path, *, beam: int, max_length: int, threads: int, device: 
 
 
 def ours_runner(package: Path, *, beam: int, max_length: int, threads: int, device: str = "cpu", outputs=None,
-                inter: int = 1):
+                inter: int = 1, shared: bool = False):
     """run(batch of id lists) -> target tokens; with `outputs` (a list) each best hypothesis's ids are
     appended to it. inter > 1: as CTranslate2's inter_threads, the batch is cut into `inter` sub-batches
     that `inter` engines (one session each, `threads` threads) search at once from a thread pool
-    (onnxruntime releases the GIL while a graph runs); the server does the same with --workers."""
+    (onnxruntime releases the GIL while a graph runs); the server does the same with --workers. shared:
+    one engine (one session, one copy of the weights) searches them all at once instead, as CTranslate2's
+    workers share one copy of the model."""
     from service.engine import Engine, SearchOptions
 
-    engines = [Engine(package, device=device, intra_op_threads=threads) for _ in range(inter)]
+    engines = ([Engine(package, device=device, intra_op_threads=threads)] * inter if shared else
+               [Engine(package, device=device, intra_op_threads=threads) for _ in range(inter)])
     pool = cf.ThreadPoolExecutor(inter) if inter > 1 else None
     options = SearchOptions(beam_size=beam, max_length_a=0, max_length_b=max_length, max_length=max_length,
                             length_rule="ctranslate2")
@@ -338,9 +341,9 @@ def thread_candidates(facts: dict, batch: int, engine: str) -> list[tuple[int, i
     return out
 
 
-def describe_threads(engine: str, intra: int, inter: int) -> str:
+def describe_threads(engine: str, intra: int, inter: int, shared: bool = False) -> str:
     if engine == "ctranslate2" or inter > 1:
-        return f"intra {intra} × inter {inter}"
+        return f"intra {intra} × inter {inter}" + (", one session" if shared else "")
     return f"intra {intra}"
 
 
@@ -392,8 +395,8 @@ def choose_ct2_env(model: Path, pieces: list[list[str]], *, batch: int, max_leng
 
 
 def choose_threads(make, groups: list[list], candidates: list[tuple[int, int]]) -> tuple[tuple[int, int], dict]:
-    """The (intra, inter) pair with the most tok/s over a sample of `groups`, best of 2 short passes each;
-    make(intra, inter) -> run. Returns the pair and every candidate's tok/s."""
+    """The candidate (intra, inter[, shared]) with the most tok/s over a sample of `groups`, best of 2 short
+    passes each; make(*candidate) -> run. Returns it and every candidate's tok/s."""
     tried = {}
     for c in candidates:
         run = make(*c)
@@ -688,24 +691,26 @@ def encode_inputs(args: argparse.Namespace, tok, tag: list[int]) -> Inputs:
 
 
 def make_runner(work: Path, args: argparse.Namespace, engine: str, precision: str, beam: int, intra: int,
-                inter: int):
+                inter: int, shared: bool = False):
     if engine == "ctranslate2":
         return ct2_runner(work / f"ct2-{precision}", beam=beam, max_length=args.max_length, threads=intra,
                           inter=inter, device=args.device)
     return ours_runner(work / f"ours-{precision}", beam=beam, max_length=args.max_length, threads=intra,
-                       inter=inter, device=args.device)
+                       inter=inter, device=args.device, shared=shared)
 
 
 def pick_threads(args: argparse.Namespace, plan: Plan, work: Path, engine: str, precision: str, beam: int,
                  size: int, groups: list[list]) -> tuple[tuple[int, int], dict]:
-    """The engine's (intra, inter) threads for this precision and batch size, and each candidate's tok/s
-    (printed when there was a choice); --threads N leaves none."""
+    """The engine's (intra, inter[, shared]) threads for this search, precision and batch size, and each
+    candidate's tok/s (printed when there was a choice); --threads N leaves none. Ours also tries its
+    sub-batches on one shared engine (ours_runner's `shared`)."""
     candidates = thread_candidates(plan.facts, size, engine) if plan.tune else [(args.threads, 1)]
+    candidates += [(1, n, True) for i, n in candidates if engine == "ours" and i == 1 and n > 1]
     if len(candidates) == 1:
         return candidates[0], {}
-    pick = choose_threads(lambda i, n: make_runner(work, args, engine, precision, beam, i, n),
+    pick = choose_threads(lambda *c: make_runner(work, args, engine, precision, beam, *c),
                           groups[:8 if size == 1 else 2], candidates)
-    print(f"{engine:12} {precision} batch {size:2} threads: " + ", ".join(
+    print(f"{engine:12} {precision} beam {beam} batch {size:2} threads: " + ", ".join(
         f"{describe_threads(engine, *c)} {t:,.0f} tok/s" for c, t in pick[1].items())
         + f" -> {describe_threads(engine, *pick[0])}", flush=True)
     return pick
@@ -734,12 +739,12 @@ def measure_speed(args: argparse.Namespace, plan: Plan, work: Path, inputs: Inpu
                 groups = batches(inputs.pieces if engine == "ctranslate2" else inputs.ids, size)
                 if size == 1:
                     groups = groups[: max(16, len(groups) // 4)]   # batch 1 is slow; a sample is enough
-                key = engine, precision, size
-                if key not in chosen:            # chosen at beam 4, kept for greedy
+                key = engine, precision, size, beam
+                if key not in chosen:
                     chosen[key] = pick_threads(args, plan, work, engine, precision, beam, size, groups)
                 runs[engine, precision] = make_runner(work, args, engine, precision, beam, *chosen[key][0]), groups
             for (engine, precision), r in best_passes(runs, args.repeat).items():
-                settings = describe_threads(engine, *chosen[engine, precision, size][0])
+                settings = describe_threads(engine, *chosen[engine, precision, size, beam][0])
                 rows.append({"engine": engine, "precision": precision, "beam": beam, "batch": size,
                              "settings": settings} | r)
                 print(f"{engine:12} {precision} beam {beam} batch {size:2}: {r['tok_s']:8.0f} tok/s  "
@@ -884,11 +889,12 @@ def header_lines(args: argparse.Namespace, argv, plan: Plan, load_start: tuple, 
             f"- CTranslate2 as measured: {' '.join(f'{k}={v}' for k, v in m.env.items()) or 'its default environment'}"
             f" ({in_use}); supported compute types on {args.device}: "
             f"{', '.join(sorted(ctranslate2.get_supported_compute_types(args.device)))}",
-            "- threads: " + (f"chosen for each engine, precision and batch size at beam 4 (greedy reuses them), "
+            "- threads: " + (f"chosen for each search (beam 4, greedy), engine, precision and batch size, "
                              f"the most tok/s of 2 short passes each over 1 thread, the {facts['cores']} usable "
                              f"physical cores and the {facts['logical_usable']} usable logical CPUs "
                              f"and 1 thread × {facts['cores']} sub-batches at once (CTranslate2's workers, our "
-                             "engines in a thread pool); ours sleep between operators (the engine's default)"
+                             "engines in a thread pool: one session each, or one shared as CTranslate2's workers "
+                             "share the model); ours sleep between operators (the engine's default)"
                              if plan.tune
                              else f"{args.threads} intra-op threads for each engine (--threads)"),
             f"- weights: {m.what}",

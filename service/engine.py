@@ -246,7 +246,10 @@ class OrtDecoder:
         if not len(rows) or rows.min() < 0 or rows.max() >= len(self.row_source):
             raise ValueError(f"select() takes 1 or more rows among 0..{len(self.row_source) - 1}, got {rows}")
         self.cache.select(rows)
-        self.row_source = self.row_source[rows]
+        row_source = self.row_source[rows]
+        if len(row_source) == len(self.row_source) and (row_source == self.row_source).all():
+            return                                        # beams reordered within their sentences
+        self.row_source = row_source
         groups = source_groups(self.row_source)
         if len(groups) != len(self.group_source) or (groups != self.group_source).any():
             where = np.zeros(int(self.group_source.max()) + 1, dtype=np.int64)

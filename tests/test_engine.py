@@ -19,8 +19,9 @@ import torch
 
 from model import evaluate
 from model.decoding import TorchDecoder, translate
-from model.export import export_package
+from model.export import export_package, export_translation
 from model.quantize import SCHEMES
+from model.transformer import Transformer, TransformerConfig
 import service.engine as engine_module
 from service.engine import (DeviceError, Engine, OrtDecoder, PackageError, SearchOptions, load_package, probe_device,
                             source_groups)
@@ -116,6 +117,15 @@ def test_engine_translates_exactly_like_the_pytorch_reference(engine, reference,
     assert sum(g == r for g, r in zip(got, REFERENCES)) >= 60  # and the outputs are the memorised ones
 
 
+def test_export_refuses_a_head_size_the_fused_attention_cannot_take(tmp_path):
+    """onnxruntime's GroupQueryAttention takes head sizes in multiples of 8: d_model 96 over 8 heads (12)
+    is refused at export, with a head count that works, rather than by the engine's first step."""
+    model = Transformer(TransformerConfig(vocab_size=64, d_model=96, h=8, d_ff=64, n_encoder_layers=1,
+                                          n_decoder_layers=1))
+    with pytest.raises(ValueError, match=r"d_model / h = 12: .* multiple of 8, e.g. h=1 for d_model=96"):
+        export_translation(model, tmp_path)
+
+
 def test_decoder_steps_match_pytorch_through_select(engine, reference, ids):
     """Padded sources of different lengths; steps before and after select() reorders, duplicates and
     drops rows, so the engine's reorder of the cache and its choice of cross tensors (one source per
@@ -132,7 +142,10 @@ def test_decoder_steps_match_pytorch_through_select(engine, reference, ids):
     torch_dec = TorchDecoder(model, torch.from_numpy(src))
     toks = np.full(4, engine.bos_id, dtype=np.int64)                          # (N,)
     steps, groups = 0, []
-    for rows in (None, None, [3, 1, 1, 0], None, [2, 2, 0, 0], None, [2, 0], None):
+    # 19 steps: the cache widens at positions 8 and 16, at 8 right after a select (two copies in one step).
+    schedule = (None, None, [3, 1, 1, 0], None, [2, 2, 0, 0], None, [2, 0], None, [1, 0, 1]) + (None,) * 7 + (
+        [2, 0], None, None)
+    for rows in schedule:
         if rows is not None:
             ort_dec.select(np.array(rows))
             torch_dec.select(np.array(rows))
@@ -143,7 +156,8 @@ def test_decoder_steps_match_pytorch_through_select(engine, reference, ids):
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
         toks = b.argmax(axis=1)
         steps += 1
-    assert steps == 8 and groups == [4, 4, 4, 4, 2, 2, 2, 2]   # two rows per source after [2, 2, 0, 0]
+    assert steps == 19 and groups[:8] == [4, 4, 4, 4, 2, 2, 2, 2]   # two rows per source after [2, 2, 0, 0]
+    assert ort_dec.cache.width == 24
 
 
 def test_a_cache_that_outgrows_its_blocks_moves_to_larger_ones_with_the_same_outputs(engine, ids):
