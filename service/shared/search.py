@@ -125,8 +125,9 @@ def _forced_eos(max_len: np.ndarray, rows: _Rows, step: int, rule: str) -> np.nd
     at its max_decoding_length and ends the hypothesis there, without eos)."""
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    at = _at_budget(max_len, rows, step)
-    return at if rule == "transformers" else np.zeros_like(at)
+    if rule == "transformers":
+        return _at_budget(max_len, rows, step)
+    return np.zeros(len(rows.sentence), dtype=bool)
 
 
 def _top_candidates(decoder, tokens: np.ndarray, width: int, rows: _Rows, step: int, max_len: np.ndarray, *,
@@ -345,7 +346,7 @@ def _best_2k(beam_scores: np.ndarray, logp: np.ndarray, K: int) -> tuple[np.ndar
         cand = np.take_along_axis(cand, order, axis=1)
     else:                                # each row's best few (step_top): one sort costs less
         cand = np.argsort(-total, axis=1, kind="stable")[:, :n]           # (A, 2K)
-    return cand, np.take_along_axis(total, cand, axis=1)
+    return cand, total[np.arange(A)[:, None], cand]
 
 
 def _next_beams(cand: np.ndarray, scores: np.ndarray, a: int, W: int, K: int, ids: np.ndarray | None, rows: _Rows,
