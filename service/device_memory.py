@@ -133,7 +133,7 @@ class Tensors:
 
 
 class KVCache:
-    """The decoder's self-attention cache: one (rows, h, T, d_k) tensor per past_*/present_* name, read
+    """A generation decoder's self-attention cache: one (rows, h, T, d_k) tensor per past_*/present_* name, read
     from one block and written into the other, which swap after every step.
 
     `max_rows` and `max_positions` size the blocks for the whole search (the most rows at once, beams
