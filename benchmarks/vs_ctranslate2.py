@@ -246,8 +246,8 @@ def ours_runner(package: Path, *, beam: int, max_length: int, threads: int, devi
     workers share one copy of the model."""
     from service.engine import Engine, SearchOptions
 
-    engines = ([Engine(package, device=device, intra_op_threads=threads)] * inter if shared else
-               [Engine(package, device=device, intra_op_threads=threads) for _ in range(inter)])
+    engines = [Engine(package, device=device, intra_op_threads=threads) for _ in range(1 if shared else inter)]
+    engines *= inter // len(engines)
     pool = cf.ThreadPoolExecutor(inter) if inter > 1 else None
     options = SearchOptions(beam_size=beam, max_length_a=0, max_length_b=max_length, max_length=max_length,
                             length_rule="ctranslate2")

@@ -161,7 +161,7 @@ class DecoderGraph(nn.Module):
         past, cross = caches[:2 * L], caches[2 * L:]
         A = cross[0].size(0)                                                    # groups of N / A rows
         total = (positions.max() + 1).reshape(1)                                # (1,) int32
-        x = m.embed_tokens(tokens, positions=positions[:, None].long())               # (N, 1, d_model)
+        x = m.embed_tokens(tokens, positions=positions[:, None].long())         # (N, 1, d_model)
         present = []
         for i, layer in enumerate(m.decoder):
             sa, ca = layer.self_attn, layer.cross_attn

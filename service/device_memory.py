@@ -221,7 +221,7 @@ class InPlaceCache:
     def select(self, rows: np.ndarray) -> None:
         """Keeps rows `rows` (int64) of every tensor, in that order; nothing is copied when they are all
         the rows in order."""
-        if len(rows) == self.rows and (rows == np.arange(self.rows)).all():
+        if np.array_equal(rows, np.arange(self.rows)):
             return
         self._relayout(rows, self.width)
 

@@ -210,8 +210,8 @@ class OrtDecoder:
         self._positions = np.full(N, self.position, dtype=np.int32)
         e.host.input(io, "tokens", self._tokens.dtype, (N, 1), self._tokens.ctypes.data)
         e.host.input(io, "positions", self._positions.dtype, (N,), self._positions.ctypes.data)
-        self.cache.bind(io)
         out = self._bind_outputs(N, top_k)
+        self.cache.bind(io)
         e.decoder.run_with_iobinding(io)
         self.position += 1
         return out
@@ -228,7 +228,6 @@ class OrtDecoder:
                   {"top_log_probs": (N, k), "top_ids": (N, k), "eos_log_probs": (N,)})
         io.clear_binding_outputs()
         self.cache.forget_binding()                       # clearing unbound the cache's outputs too
-        self.cache.bind(io)
         out = [np.empty(shape, e.output_dtypes[name]) for name, shape in shapes.items()]
         for name, a in zip(shapes, out):
             e.host.output(io, name, a.dtype, a.shape, a.ctypes.data)
@@ -247,15 +246,15 @@ class OrtDecoder:
             raise ValueError(f"select() takes 1 or more rows among 0..{len(self.row_source) - 1}, got {rows}")
         self.cache.select(rows)
         row_source = self.row_source[rows]
-        if len(row_source) == len(self.row_source) and (row_source == self.row_source).all():
+        if np.array_equal(row_source, self.row_source):
             return                                        # beams reordered within their sentences
         self.row_source = row_source
         groups = source_groups(self.row_source)
-        if len(groups) != len(self.group_source) or (groups != self.group_source).any():
+        if not np.array_equal(groups, self.group_source):
             where = np.zeros(int(self.group_source.max()) + 1, dtype=np.int64)
             where[self.group_source] = np.arange(len(self.group_source))
             keep = where[groups]                          # rows of the cross tensors to keep
-            if len(keep) != len(self.group_source) or (keep != np.arange(len(keep))).any():
+            if not np.array_equal(keep, np.arange(len(self.group_source))):
                 self.cross.select(keep)
                 self.src_mask = np.ascontiguousarray(self.src_mask[keep])
                 self._bind_sources()
