@@ -101,6 +101,9 @@ class Progress:
     best_score: float = -math.inf
     history: list[dict] = field(default_factory=list)   # every dev evaluation's metrics, in order
     target_tokens: int = 0          # target tokens trained on so far (all processes), for learning curves
+    # The step at which a fresh optimizer joined a schedule already under way (--init-from a package):
+    # the learning rate climbs back to the schedule's over TrainConfig.rewarm steps from here. 0: none.
+    rewarm_from: int = 0
 
 
 def save_training_checkpoint(path: Path, model: Transformer, optimizer: torch.optim.Optimizer,
@@ -112,7 +115,8 @@ def save_training_checkpoint(path: Path, model: Transformer, optimizer: torch.op
                      "batch_pos": progress.batch_pos, "target_tokens": progress.target_tokens,
                      # The key keeps its first name so that every checkpoint written so far resumes.
                      "best_bleu": progress.best_score, "history": progress.history,
-                     "metrics": progress.history[-1] if progress.history else None, **labels}, path)
+                     "metrics": progress.history[-1] if progress.history else None,
+                     "rewarm_from": progress.rewarm_from, **labels}, path)
 
 
 def save_best(path: Path, model: Transformer, step: int, metrics: dict, labels: dict) -> None:
@@ -134,7 +138,7 @@ def restore_training(state: dict, model: Transformer, optimizer: torch.optim.Opt
         g["fused"], g["foreach"] = fused, None
     optimizer.load_state_dict(expand_optimizer_state(state["optimizer"]))
     return Progress(state["step"], state["epoch"], state["batch_pos"], state["best_bleu"], state["history"],
-                    state.get("target_tokens", 0))
+                    state.get("target_tokens", 0), state.get("rewarm_from", 0))
 
 
 def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[Transformer, Tokenizer, dict]:
@@ -149,6 +153,6 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[Transformer,
     model = Transformer(TransformerConfig(**state["config"])).to(device)
     model.load_state_dict(state["model"])
     model.eval()
-    info = {k: state.get(k) for k in ("step", "tagged", "directions", "langs", "metrics")}
+    info = {k: state.get(k) for k in ("step", "target_tokens", "tagged", "directions", "langs", "metrics")}
     info["file"] = str(path)
     return model, Tokenizer(run / "spm.model"), info

@@ -314,7 +314,12 @@ def export_package(checkpoint: str | Path, out: str | Path, *, quantize: str | N
         languages=sorted(langs if generation else {lang for d in directions for lang in d.split("-")}),
         directions=directions,
         target_tags={lang: tokenizer.lang_id(lang) for lang in tokenizer.languages()} if tagged else {},
-        training={"step": info.get("step"), "dev_metrics": info.get("metrics") or {},
+        training={"step": info.get("step"),
+                  # checkpoint.pt counts them; best.pt has them in the evaluation that made it the best
+                  "target_tokens": info.get("target_tokens") or (info.get("metrics") or {}).get("target_tokens"),
+                  "dev_metrics": info.get("metrics") or {},
+                  # Where the learning rate stood, so that --init-from continues the schedule.
+                  "schedule": {k: config.get("train", {}).get(k) for k in ("lr", "warmup")},
                   "checkpoint": Path(info["file"]).name,
                   # Longest training sequence: language-model perplexity is measured in such windows.
                   "max_positions": config.get("train", {}).get("max_positions")},

@@ -72,6 +72,10 @@ class TrainConfig:
     # never ended inside a CPU or spot-GPU run; the peak and warm-up were picked by benchmarks/learning.py.
     lr: float = 1e-3                # peak learning rate, reached at step `warmup`
     warmup: int = 400               # steps of linear warm-up
+    # --init-from a package that records its step: the schedule goes on from that step, not from a new
+    # warm-up to the peak; Adam's moments start afresh, so its rate climbs to the schedule's over this many
+    # steps (0: at once), as a fresh Adam's first steps are as large as the rate whatever the gradient.
+    rewarm: int = 200
     # Dictionary entries and UI labels (targets under `short_pieces` pieces) are most of the corpus's
     # pairs but teach little about sentences: each epoch keeps this random share of them (1 = all).
     short_weight: float = 0.25
@@ -141,8 +145,11 @@ class SigtermFlag:
             signal.signal(signal.SIGTERM, self._previous)
 
 
-def lr_at(step: int, peak: float, warmup: int) -> float:
-    """The paper's schedule, factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), by its peak value."""
+def lr_at(step: int, peak: float, warmup: int, rewarm_from: int = 0, rewarm: int = 0) -> float:
+    """The paper's schedule, factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), by its peak value;
+    from `rewarm_from` on (a fresh optimizer joining a run under way), ramped up to it over `rewarm` steps."""
+    if rewarm_from and rewarm and step - rewarm_from < rewarm:
+        return lr_at(step, peak, warmup) * max(step - rewarm_from, 0) / rewarm
     step = max(step, 1)
     return peak * min(step / warmup, (warmup / step) ** 0.5)
 
@@ -328,8 +335,8 @@ def parse_args(argv) -> tuple[argparse.Namespace, TrainConfig]:
     p.add_argument("--out", required=True, help="run directory (resumed if it holds checkpoint.pt)")
     p.add_argument("--init-from", default=None, metavar="PACKAGE",
                    help="start a new run from a model package's weights (e.g. models/de-en: the committed default, "
-                        "to train it further on another machine), with its tokenizer; the optimizer and the "
-                        "schedule start afresh")
+                        "to train it further on another machine), with its tokenizer; the schedule goes on from "
+                        "the step the package records (Adam afresh, its rate ramped back over --rewarm steps)")
     p.add_argument("--init", default="xavier", choices=["xavier", "fairseq"],
                    help="a fresh model's initialisation: xavier (each matrix on its own, nn.Linear's biases) or "
                         "fairseq (q/k/v as one matrix, zero biases; model.transformer.fairseq_init)")
@@ -474,8 +481,24 @@ def build_model(args: argparse.Namespace, corpus: CorpusInfo, tok: Tokenizer, st
     # Fused Adam on CUDA (one kernel for all parameters); on the CPU the default for-loop Adam.
     fused = True if device.type == "cuda" else None
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9, fused=fused)
-    progress = restore_training(state, model, optimizer, fused) if state else Progress()
+    if state:
+        progress = restore_training(state, model, optimizer, fused)
+    elif args.init_from:
+        progress = progress_of_package(Path(args.init_from))
+    else:
+        progress = Progress()
     return model, optimizer, progress
+
+
+def progress_of_package(package: Path) -> Progress:
+    """Where the run a package was exported from stood (its model.json's "training"), for --init-from to go
+    on from: the step (hence the schedule), the target tokens and the last dev evaluation (hence the minutes
+    and the curve). A package that records no step starts a new schedule."""
+    training = json.loads((package / "model.json").read_text(encoding="utf-8")).get("training") or {}
+    step = training.get("step") or 0
+    last = training.get("dev_metrics") or {}
+    tokens = training.get("target_tokens") or last.get("target_tokens") or 0
+    return Progress(step=step, target_tokens=tokens, rewarm_from=step, history=[last] if last else [])
 
 
 @dataclass
@@ -637,6 +660,8 @@ class Trainer:
         s, p, c = self.settings, self.progress, self.cluster
         self.net.train()
         bar = ProgressBar(s.max_steps or None, p.step, c.is_main, c.device)
+        if c.is_main and p.rewarm_from and p.step == p.rewarm_from:
+            self.evaluate()                        # the package's weights as read back: where the curve resumes
         batches = Prefetcher(self.host_batches(p.epoch, p.batch_pos), depth=3)   # next batches built meanwhile
         with closing(batches) as stream:
             for epoch, bi, host_batch in stream:
@@ -665,7 +690,7 @@ class Trainer:
         s, p, c = self.settings, self.progress, self.cluster
         p.step += 1
         for g in self.optimizer.param_groups:
-            g["lr"] = lr_at(p.step, s.lr, s.warmup)
+            g["lr"] = lr_at(p.step, s.lr, s.warmup, p.rewarm_from, s.rewarm)
         with torch.autocast(c.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.use_amp):
             logits = self.net(b.src, b.tgt_in, b.src_mask, b.tgt_mask)                     # (B, T, V)
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), b.tgt_out.view(-1),

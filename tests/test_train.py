@@ -279,6 +279,26 @@ def test_a_run_stops_at_its_target_token_budget_and_logs_tokens(data_dir, tmp_pa
     assert torch.load(out / "checkpoint.pt", weights_only=False)["target_tokens"] == last["target_tokens"]
 
 
+def test_a_run_from_a_package_continues_its_schedule(tiny_package, data_dir, tmp_path):
+    """--init-from goes on from the step the package records: the step count, the target tokens and the
+    curve continue, and the learning rate climbs back to the schedule's (not to the peak) over --rewarm steps."""
+    meta = json.loads((tiny_package / "model.json").read_text())
+    step, tokens = meta["training"]["step"], meta["training"]["target_tokens"]
+    assert step > 50 and tokens > 0                     # past the tiny run's warm-up
+    out = tmp_path / "continued"
+    train.main(["--data", str(data_dir), "--out", str(out), "--direction", "de-en", "--init-from", str(tiny_package),
+                *TINY, "--max-steps", str(step + 3), "--rewarm", "4", "--eval-every", "0", "--eval-sentences", "4",
+                "--threads", "1"])
+    saved = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert saved["step"] == step + 3 and saved["target_tokens"] > tokens and saved["rewarm_from"] == step
+    rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert rows[0]["step"] == step and rows[-1]["step"] == step + 3       # evaluated where it resumed, and at the end
+    peak, warmup = float(TINY[TINY.index("--lr") + 1]), 50
+    lrs = [train.lr_at(s, peak, warmup, step, 4) for s in range(step + 1, step + 6)]
+    assert lrs[:4] == sorted(lrs[:4]) and lrs[3] == train.lr_at(step + 4, peak, warmup) < peak / 2
+    assert saved["optimizer"]["param_groups"][0]["lr"] == train.lr_at(step + 3, peak, warmup, step, 4)
+
+
 def test_a_run_can_start_from_a_model_packages_weights(tiny_package, data_dir, tmp_path):
     """--init-from reads the weights back out of the package's graphs and takes its tokenizer; with a zero
     learning rate the saved weights are the package's."""
