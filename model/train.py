@@ -627,6 +627,9 @@ class Trainer:
         self.use_amp = self.amp_dtype is not None
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
         self.save_seconds = self.eval_seconds = None     # measured: what the deadline keeps back for the end
+        # This process's target tokens not yet in progress.target_tokens: with several processes they are
+        # summed over all of them when they next decide whether to stop (each counts its own batches).
+        self.tokens_unshared = 0
         self.elapsed_before = progress.history[-1]["minutes"] * 60 if progress.history else 0.0
         self.t_start = self.last_save = time.time()
         self.loop_deadline = self.t_start + settings.max_minutes * 60 if settings.max_minutes else math.inf
@@ -668,7 +671,9 @@ class Trainer:
                 p.epoch = epoch
                 loss = self.train_step(host_batch.to(c.device), bi)   # one non-blocking copy; masks built there
                 bar.add(loss, host_batch.n_tokens * c.world)
-                p.target_tokens += host_batch.n_tokens * c.world
+                self.tokens_unshared += host_batch.n_tokens
+                if not c.distributed:
+                    p.target_tokens, self.tokens_unshared = p.target_tokens + self.tokens_unshared, 0
                 now = time.time()
                 bar.update(now, self.optimizer.param_groups[0]["lr"], p.epoch, min(self.deadline, self.loop_deadline))
                 stop = self.should_stop(now)
@@ -706,18 +711,26 @@ class Trainer:
         return loss
 
     def should_stop(self, now: float) -> bool:
-        """--max-steps reached, a SIGTERM, or out of time. Several processes agree every STOP_CHECK_EVERY
-        steps (an all-reduce that waits for the device, so not every step)."""
+        """--max-steps or --max-target-tokens reached, a SIGTERM, or out of time. Several processes decide
+        together every STOP_CHECK_EVERY steps (an all-reduce that waits for the device, so not every step):
+        each has its own clock, signals and batch sizes, and one that left alone would hang the others in
+        the next gradient all-reduce. The step count is the same on all of them, so --max-steps is exact."""
         s, p, c = self.settings, self.progress, self.cluster
-        stop = bool((s.max_steps and p.step >= s.max_steps)
-                    or (s.max_target_tokens and p.target_tokens >= s.max_target_tokens))
-        if not c.distributed:
-            return stop or self.sigterm.raised or self.out_of_time(now)
-        if p.step % STOP_CHECK_EVERY == 0:
-            flag = torch.tensor([float(self.sigterm.raised or self.out_of_time(now))], device=c.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            stop = stop or bool(flag.item())
-        return stop
+        if s.max_steps and p.step >= s.max_steps:
+            return True
+        if c.distributed:
+            if p.step % STOP_CHECK_EVERY:
+                return False
+            # One sum: the processes that want to stop, and the target tokens of all since the last check.
+            shared = torch.tensor([float(self.sigterm.raised or self.out_of_time(now)), self.tokens_unshared],
+                                  dtype=torch.float64, device=c.device)
+            dist.all_reduce(shared, op=dist.ReduceOp.SUM)
+            wanting, tokens = shared.tolist()
+            p.target_tokens, self.tokens_unshared = p.target_tokens + int(tokens), 0
+            stop = wanting > 0
+        else:
+            stop = self.sigterm.raised or self.out_of_time(now)
+        return stop or bool(s.max_target_tokens and p.target_tokens >= s.max_target_tokens)
 
     def out_of_time(self, now: float) -> bool:
         """Past --max-minutes, or too close to the deadline for the final evaluation and save."""

@@ -4,9 +4,11 @@ from Debian's trans-de-en, GPL-2+)."""
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
-from contextlib import closing
+import time
+from contextlib import closing, suppress
 
 import numpy as np
 import pytest
@@ -81,6 +83,43 @@ def test_torchrun_trains_with_two_processes(data_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "device cpu x2" in proc.stdout
     assert torch.load(out / "checkpoint.pt", weights_only=False)["step"] == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["max-target-tokens", "max-minutes", "sigterm"])
+def test_torchrun_processes_stop_together(stop, data_dir, tmp_path):
+    """Each stop condition is decided by both processes together, so they end together, within a minute, with
+    one checkpoint. Before, each counted target tokens from its own batches: one reached the budget and left
+    while the other waited in the gradient all-reduce forever, deaf to SIGTERM."""
+    out, budget = tmp_path / "ddp", 30_000
+    limits = {"max-target-tokens": ["--max-target-tokens", str(budget)], "max-minutes": ["--max-minutes", "0.3"],
+              "sigterm": []}[stop]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "model.train", "--data", str(data_dir), "--out", str(out), "--direction", "de-en", "--eval-every", "0",
+           "--eval-sentences", "4", *TINY, "--max-tokens", "300", "--threads", "1", *limits]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        if stop == "sigterm":
+            deadline = time.monotonic() + 120
+            while not (out / "config.json").exists() and time.monotonic() < deadline:   # both are training
+                time.sleep(0.2)
+            time.sleep(2)
+            os.killpg(proc.pid, signal.SIGTERM)              # what a job's end or `docker stop` sends
+            started = time.monotonic()
+        output = proc.communicate(timeout=180)[0]
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert state["step"] > 0 and list(out.glob("*.pt.*.tmp")) == []
+    if stop == "sigterm":
+        assert time.monotonic() - started < 60 and "SIGTERM: stopped at step" in output, output[-3000:]
+    else:
+        assert proc.returncode == 0, output[-3000:]
+        assert "done: step" in output
+    if stop == "max-target-tokens":              # summed over both processes, at most 25 steps past the budget
+        assert budget <= state["target_tokens"] < budget + 25 * 2 * 300
 
 
 # --- the flat-array input pipeline against the per-example reference code it replaced -----------------
