@@ -149,7 +149,7 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
     """The checkpoint's model on --threads torch threads, and the first --sentences sources as ids."""
     import torch
 
-    from model.data import read_pairs
+    from model.corpus.tsv import read_pairs
     from model.evaluate import load_checkpoint
 
     threads = args.threads or os.cpu_count() or 1

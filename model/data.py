@@ -10,8 +10,7 @@
 * user corpora given as TSV (``--tsv``) or Moses-style line-aligned files (``--moses``).
 
 ``--monolingual`` writes monolingual text instead (:mod:`model.mono`). The sources, cleaning and
-splitting live in :mod:`model.corpus`; this module is the command line, and the names other code
-imports from ``model.data`` are re-exported here (``__all__``).
+splitting live in :mod:`model.corpus` (import them from there); this module is the command line.
 """
 
 from __future__ import annotations
@@ -26,25 +25,13 @@ from pathlib import Path
 from typing import Sequence
 
 from . import mono
-from .corpus.catalogs import LOCALE_DIR, catalog_origin, find_catalogs, gettext_pair, read_gettext
-from .corpus.clean import MAX_CHARS, MAX_RATIO, clean_corpus, clean_pair
-from .corpus.debian import DEFAULT_CACHE, fetch_deb
-from .corpus.ding import (find_ding, is_sentence, parse_ding_line, read_ding, split_alternatives,
-                          strip_annotations, strip_markers)
+from .corpus.catalogs import LOCALE_DIR
+from .corpus.clean import MAX_CHARS, MAX_RATIO, clean_corpus
+from .corpus.debian import DEFAULT_CACHE
 from .corpus.sources import collect_sources
 from .corpus.split import split_corpus
-from .corpus.text import DIRECTIONS, CorpusError, Pair, normalize_text
-from .corpus.tsv import read_pairs, write_tsv
-from .corpus.user import read_moses, read_tsv_corpus
-
-# The command, and the corpus names that tests and benchmarks import from model.data.
-__all__ = [
-    "CorpusError", "Pair", "build_parser", "catalog_origin", "clean_corpus", "clean_pair", "fetch_deb",
-    "find_catalogs", "find_ding", "gettext_pair", "is_sentence", "main", "normalize_text", "parse_ding_line",
-    "read_ding", "read_gettext", "read_moses", "read_pairs", "read_tsv_corpus", "split_alternatives",
-    "split_corpus", "strip_annotations", "strip_markers", "write_tsv",
-]
-
+from .corpus.text import DIRECTIONS, CorpusError, Pair
+from .corpus.tsv import write_tsv
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(

@@ -14,28 +14,16 @@ import pytest
 
 polib = pytest.importorskip("polib")
 
-from model import data  # noqa: E402
-from model.data import (  # noqa: E402
-    CorpusError,
-    Pair,
-    clean_corpus,
-    clean_pair,
-    find_catalogs,
-    gettext_pair,
-    is_sentence,
-    main,
-    normalize_text,
-    parse_ding_line,
-    read_ding,
-    read_gettext,
-    read_moses,
-    read_pairs,
-    read_tsv_corpus,
-    split_alternatives,
-    split_corpus,
-    strip_annotations,
-    strip_markers,
-)
+from model.corpus.catalogs import catalog_origin, find_catalogs, gettext_pair, read_gettext  # noqa: E402
+from model.corpus.clean import clean_corpus, clean_pair  # noqa: E402
+from model.corpus.debian import fetch_deb  # noqa: E402
+from model.corpus.ding import (find_ding, is_sentence, parse_ding_line, read_ding, split_alternatives,  # noqa: E402
+                               strip_annotations, strip_markers)
+from model.corpus.split import split_corpus  # noqa: E402
+from model.corpus.text import CorpusError, Pair, normalize_text  # noqa: E402
+from model.corpus.tsv import read_pairs, write_tsv  # noqa: E402
+from model.corpus.user import read_moses, read_tsv_corpus  # noqa: E402
+from model.data import main  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "fixtures" / "ding_sample.txt"
 
@@ -300,7 +288,7 @@ def test_find_catalogs_takes_only_german(tmp_path: Path) -> None:
     found = find_catalogs(tmp_path)
     rel = sorted(str(p.relative_to(tmp_path)) for p in found)
     assert rel == ["locale/de/LC_MESSAGES/demo.mo", "locale/de/LC_MESSAGES/demo.po", "po/de.po"]
-    assert data.catalog_origin(tmp_path / "po" / "de.po") == "gettext:po"
+    assert catalog_origin(tmp_path / "po" / "de.po") == "gettext:po"
     with pytest.raises(CorpusError):
         find_catalogs(tmp_path / "missing")
 
@@ -310,9 +298,9 @@ def test_cached_deb_is_reused_without_apt(tmp_path: Path) -> None:
     ding = root / "usr/share/trans/de-en"
     ding.parent.mkdir(parents=True)
     ding.write_text(FIXTURE.read_text(encoding="utf-8"), encoding="utf-8")
-    assert data.fetch_deb("trans-de-en", tmp_path) == root
+    assert fetch_deb("trans-de-en", tmp_path) == root
     with pytest.raises(CorpusError, match="not found"):
-        data.find_ding(tmp_path / "nope", tmp_path)
+        find_ding(tmp_path / "nope", tmp_path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -420,7 +408,7 @@ def test_split_is_deterministic_and_leak_free() -> None:
 
 def test_read_pairs_directions(tmp_path: Path) -> None:
     three = tmp_path / "train.tsv"
-    data.write_tsv(three, [Pair("Haus", "house", "ding"), Pair("Tab\there", "new\nline", "x")])
+    write_tsv(three, [Pair("Haus", "house", "ding"), Pair("Tab\there", "new\nline", "x")])
     assert read_pairs(three) == [("Haus", "house"), ("Tab here", "new line")]
     assert read_pairs(three, "en-de") == [("house", "Haus"), ("new line", "Tab here")]
     two = tmp_path / "user.tsv"
