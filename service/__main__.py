@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     # Before anything creates a metric: workers are spawned and inherit the directory.
     configure()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .app import build_server
+    from .server import build_server
     from .engine import DeviceError, PackageError
     from .litserve_bridge import serving
     from .uvicorn_bridge import uvicorn_options

@@ -17,12 +17,11 @@ from fastapi import Request
 
 from .errors import ApiError
 
-OPEN_PATHS = frozenset({"/health", "/ready", "/languages", "/libretranslate/languages", "/ui"})  # /ui: the page
+OPEN_PATHS = frozenset({"/health", "/ready"})   # the probes; each flavour adds its own (Flavour.open_paths)
 DOC_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/info",
                        # their scripts (service/ui.py)
                        "/docs/swagger-ui-bundle.js", "/docs/swagger-ui.css", "/docs/favicon.png",
                        "/redoc/redoc.standalone.js"})
-BODY_KEY_PATHS = frozenset({"/libretranslate/translate", "/libretranslate/detect"})   # LibreTranslate's api_key
 # Sent with every 401 (RFC 9110 section 11.6.1): the scheme a client is to answer with.
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="transerve"'}
 
@@ -53,6 +52,7 @@ def check_headers(api_keys, authorization: str, x_api_key: str | None, body_key:
         raise ApiError(403, "unauthorized", "invalid API key")
 
 
-def open_paths(*, public_docs: bool) -> frozenset[str]:
-    """The paths that need no key: the probes, the language lists, and the docs with --public-docs."""
-    return OPEN_PATHS | (DOC_PATHS if public_docs else frozenset())
+def open_paths(flavours_open: frozenset[str], *, public_docs: bool) -> frozenset[str]:
+    """The paths that need no key: the probes, those the flavours leave open (the language lists, the translate
+    page), and the docs with --public-docs."""
+    return OPEN_PATHS | flavours_open | (DOC_PATHS if public_docs else frozenset())

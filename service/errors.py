@@ -1,14 +1,15 @@
-"""Every error the HTTP layer answers, in the one documented shape:
+"""Every error the HTTP layer answers: ApiError, raised wherever a request is refused, and the handlers that
+answer it (LitServe's and Starlette's own errors included). Our shape, the documented one:
 
     {"error": {"type": "...", "message": "...", "limit": 1000}, "request_id": "..."}
 
-(LitServe's and Starlette's own errors included), or LibreTranslate's `{"error": "..."}` under
-/libretranslate/ for its clients.
+An API flavour with its own (LibreTranslate's `{"error": "..."}`, OpenAI's) gives it in its Flavour
+(service/flavour.py), and `responder` answers each path in its flavour's shape.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -78,27 +79,28 @@ def too_large(max_payload_bytes: int) -> ApiError:
                     "(--max-payload-bytes)", max_payload_bytes, {"Connection": "close"})
 
 
-def openai_error_body(e: ApiError) -> dict:
-    """OpenAI's error object: our error type is its `code`, the field at fault (if known) its `param`."""
-    kind = ("authentication_error" if e.status in (401, 403) else "rate_limit_error" if e.status == 429 else
-            "server_error" if e.status >= 500 else "invalid_request_error")
-    return {"error": {"message": e.message, "type": kind, "param": getattr(e, "param", None), "code": e.type}}
+Responder = Callable[[str, "str | None", ApiError], JSONResponse]
 
 
-def error_response(path: str, request_id: str | None, e: ApiError) -> JSONResponse:
-    if path.startswith("/libretranslate/"):  # LibreTranslate's shape, for its clients
-        return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
-    if path.startswith("/v1/"):  # OpenAI's shape, for its clients (service/openai_api.py)
-        return JSONResponse(openai_error_body(e), status_code=e.status, headers=e.headers)
-    return JSONResponse(e.body(request_id), status_code=e.status, headers=e.headers)
+def responder(shapes: dict[str, Callable[[ApiError, str | None], dict]]) -> Responder:
+    """(path, request id, error) -> the answer, in the shape of the flavour whose prefix the path has (the
+    longest that matches; `shapes` maps prefix to its body), else ours (ApiError.body)."""
+    prefixes = sorted(shapes, key=len, reverse=True)
+
+    def respond(path: str, request_id: str | None, e: ApiError) -> JSONResponse:
+        prefix = next((p for p in prefixes if path.startswith(p)), None)
+        body = e.body(request_id) if prefix is None else shapes[prefix](e, request_id)
+        return JSONResponse(body, status_code=e.status, headers=e.headers)
+
+    return respond
 
 
-def install_handlers(app, max_payload_bytes: int) -> None:
+def install_handlers(app, max_payload_bytes: int, respond: Responder) -> None:
     """Our errors, FastAPI's validation errors and Starlette's own (404, 405 with its Allow header, a body
-    FastAPI could not parse, a body over the limit) all answered in the shape above."""
+    FastAPI could not parse, a body over the limit) all answered by `respond` (see responder)."""
 
     async def api_error(request: Request, e: ApiError) -> JSONResponse:
-        return error_response(request.url.path, getattr(request.state, "request_id", None), e)
+        return respond(request.url.path, getattr(request.state, "request_id", None), e)
 
     async def validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
         errs = e.errors()

@@ -1,27 +1,27 @@
-"""LibreTranslate's API on top of ours: POST /libretranslate/translate (JSON or form), /libretranslate/detect
-and its languages, for LibreTranslate's clients (libretranslatepy, its web UI, integrations) unchanged. Errors
-in its shape, `{"error": "..."}`; the requests feed the same queue and batches as POST /translate, and
-source=auto is detected as there (Gateway.translate_detected). format=html translates an HTML fragment's text
+"""LibreTranslate's API, an API flavour of its own: POST /libretranslate/translate (JSON or form),
+/libretranslate/detect and its languages, for LibreTranslate's clients (libretranslatepy, its web UI,
+integrations) unchanged. Errors in its shape, `{"error": "..."}`, its field names in their messages; the key
+may come in the body's `api_key` field. The requests feed the same queue and batches as POST /translate
+(Gateway.translate), and source=auto is detected as there. format=html translates an HTML fragment's text
 and keeps its markup (translate_html, service/html_text.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import re
-from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import html_text
 from .errors import ApiError, first_error, parse_error
-from .shared.schemas import AUTO, TranslateRequest
-
-if TYPE_CHECKING:
-    from .app import Gateway
+from .flavour import Flavour, describe_pairs
+from .gateway import Gateway
+from .shared.schemas import (AUTO, DetectedLanguage, Language, LibreTranslateDetectRequest, LibreTranslateError,
+                             LibreTranslateRequest, LibreTranslateResponse, TranslateRequest)
 
 ENDPOINT = "libretranslate"   # the metrics' endpoint label; the work goes to the translate workers
 MAX_FIELDS = 1000             # a form's fields at most (Starlette's default for the forms it parses)
@@ -160,25 +160,21 @@ async def authorized_fields(gateway: Gateway, request: Request) -> tuple[dict, b
     return data, form
 
 
-def libre_error(e: ApiError) -> JSONResponse:
+def error_body(e: ApiError, request_id: str | None) -> dict:
     """LibreTranslate's error shape, its field names in the message where ours would be."""
-    message = OUR_NAMES.sub(lambda m: LIBRE_NAMES[m.group(1)], e.message)
-    return JSONResponse({"error": message}, status_code=e.status, headers=e.headers)
+    return {"error": OUR_NAMES.sub(lambda m: LIBRE_NAMES[m.group(1)], e.message)}
 
 
 async def translate(gateway: Gateway, request: Request) -> Response:
     """LibreTranslate's POST /translate."""
-    try:
-        data, form = await authorized_fields(gateway, request)
-        req = to_request(data, form)
-        listed = isinstance(data["q"], list)
-        if data.get("format") == "html":
-            body = await translate_html(gateway, request, req, listed)
-        else:
-            out = await gateway.translate_texts(ENDPOINT, req, request)
-            body = None if out is None else to_response(out, listed, req.num_alternatives, req.source_lang == AUTO)
-    except ApiError as e:
-        return libre_error(e)
+    data, form = await authorized_fields(gateway, request)
+    req = to_request(data, form)
+    listed = isinstance(data["q"], list)
+    if data.get("format") == "html":
+        body = await translate_html(gateway, request, req, listed)
+    else:
+        out = await gateway.translate(req, request, ENDPOINT)
+        body = None if out is None else to_response(out, listed, req.num_alternatives, req.source_lang == AUTO)
     if body is None:
         return Response(status_code=499)
     return JSONResponse(body)
@@ -209,7 +205,7 @@ async def translate_html(gateway: Gateway, request: Request, req: TranslateReque
         translated = fragments
     else:
         update = {"text": html_text.texts(docs, leaves), "source_lang": source, "num_alternatives": 0}
-        out = await gateway.translate_texts(ENDPOINT, req.model_copy(update=update), request)
+        out = await gateway.translate(req.model_copy(update=update), request, ENDPOINT)
         if out is None:
             return None
         translated = html_text.render(docs, [i["text"] for i in out["translations"]], leaves)
@@ -238,13 +234,10 @@ async def detect(gateway: Gateway, request: Request) -> Response:
     """LibreTranslate's POST /detect: `[{"language": "de", "confidence": 97.0}, ...]`, best first, over the
     languages the server translates from. A list q is detected as one text (its texts joined), as
     LibreTranslate detects it."""
-    try:
-        data, _ = await authorized_fields(gateway, request)
-        texts = detect_texts(data.get("q"))
-        gateway.check_limits(texts)
-        ranked = (await gateway.detect(["\n".join(texts)]))[0]
-    except ApiError as e:
-        return libre_error(e)
+    data, _ = await authorized_fields(gateway, request)
+    texts = detect_texts(data.get("q"))
+    gateway.check_limits(texts)
+    ranked = (await gateway.detect(["\n".join(texts)]))[0]
     return JSONResponse([{"language": lang, "confidence": conf} for lang, conf in ranked])
 
 
@@ -266,3 +259,53 @@ def detect_texts(q) -> list[str]:
             raise ApiError(400, "invalid_request", f"{where} has a lone UTF-16 surrogate ({t[e.start]!r} at "
                            f"character {e.start}), which is not Unicode text; send its pair or drop it") from None
     return texts
+
+
+# --- the flavour: its routes, and what the HTTP core is to know of it ---------------------------------------
+ERRORS = {c: {"model": LibreTranslateError} for c in (400, 401, 403, 413, 422, 503, 504)}
+
+
+def install(app: FastAPI, gateway: Gateway) -> None:
+    async def translate_route(request: Request) -> Response:
+        return await translate(gateway, request)
+
+    async def detect_route(request: Request) -> Response:
+        return await detect(gateway, request)
+
+    body = {"schema": LibreTranslateRequest.model_json_schema()}
+    app.add_api_route("/libretranslate/translate", translate_route, methods=["POST"],
+                      response_model=LibreTranslateResponse, response_model_exclude_none=True, responses=ERRORS,
+                      openapi_extra={"requestBody": {"required": True, "content": {
+                          "application/json": body, "application/x-www-form-urlencoded": body}}},
+                      summary="LibreTranslate-compatible translate", tags=["libretranslate"])
+    detect_body = {"schema": LibreTranslateDetectRequest.model_json_schema()}
+    app.add_api_route("/libretranslate/detect", detect_route, methods=["POST"], response_model=list[DetectedLanguage],
+                      responses={c: ERRORS[c] for c in (400, 401, 403, 413, 422)},
+                      openapi_extra={"requestBody": {"required": True, "content": {
+                          "application/json": detect_body, "application/x-www-form-urlencoded": detect_body}}},
+                      summary="LibreTranslate-compatible language detection, among the served languages",
+                      tags=["libretranslate"])
+    app.add_api_route("/libretranslate/languages", gateway.languages, methods=["GET"],
+                      response_model=list[Language], tags=["libretranslate"])
+
+
+def describe(schema: dict, gateway: Gateway) -> None:
+    """The served pairs and text limits in /openapi.json, under LibreTranslate's field names."""
+    s = gateway.settings
+    text = {"maxLength": s.max_text_chars, "pattern": r"\S"}
+    texts = {"minItems": 1, "maxItems": s.max_texts, "items": {"type": "string"} | text}
+    paths = schema["paths"]
+    for content in paths["/libretranslate/translate"]["post"]["requestBody"]["content"].values():
+        describe_pairs(content["schema"], ("source", "target"), gateway, text, texts)
+    detect_content = paths["/libretranslate/detect"]["post"]["requestBody"]["content"]
+    for one in (q for b in detect_content.values() for q in b["schema"]["properties"]["q"]["anyOf"]):
+        one.update({"maxLength": s.max_text_chars} if one["type"] == "string" else
+                   {"maxItems": s.max_texts, "items": {"type": "string", "minLength": 1,
+                                                        "maxLength": s.max_text_chars}})
+
+
+PATHS = ("/libretranslate/translate", "/libretranslate/detect")
+FLAVOUR = Flavour("libretranslate", install, prefix="/libretranslate/", error_body=error_body,
+                  endpoints={"/libretranslate/translate": ENDPOINT},
+                  open_paths=frozenset({"/libretranslate/languages"}),   # its clients ask for it without a key
+                  key_in_body=frozenset(PATHS), describe=describe)

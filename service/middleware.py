@@ -14,11 +14,10 @@ import re
 import time
 import uuid
 
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .auth import BODY_KEY_PATHS, check_headers, given_key
-from .errors import ERROR_KIND, ApiError, error_response, too_large
+from .auth import check_headers, given_key
+from .errors import ERROR_KIND, ApiError, Responder, too_large
 from .metrics import metrics
 
 log = logging.getLogger("transerve")
@@ -32,12 +31,14 @@ REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")   # an X-Request-ID taken from t
 DRAIN_BYTES = 16 * 2**20
 
 
-def request_context(app, endpoints: dict[str, str], max_payload_bytes: int, api_keys=(),
-                    open_paths: frozenset = frozenset(), body_timeout_s: float = 30.0):
-    """`app` wrapped; `endpoints` maps the paths whose requests are counted to their metrics label; the
-    paths but `open_paths` (probes, language lists: auth.open_paths) need one of `api_keys`, checked before
-    the body is read (key_refusal). A body must arrive within `body_timeout_s` of the headers (then 408 and
-    the connection closes)."""
+def request_context(app, respond: Responder, endpoints: dict[str, str], max_payload_bytes: int, api_keys=(),
+                    open_paths: frozenset = frozenset(), key_in_body: frozenset = frozenset(),
+                    body_timeout_s: float = 30.0):
+    """`app` wrapped; `respond` answers an error in its path's flavour's shape (errors.responder); `endpoints`
+    maps the paths whose requests are counted to their metrics label; the paths but `open_paths` (probes,
+    language lists: auth.open_paths) need one of `api_keys`, checked before the body is read (key_refusal),
+    but for a POST to `key_in_body` without one in its headers. A body must arrive within `body_timeout_s`
+    of the headers (then 408 and the connection closes)."""
 
     async def wrapped(scope, receive, send):
         if scope["type"] != "http":
@@ -59,19 +60,19 @@ def request_context(app, endpoints: dict[str, str], max_payload_bytes: int, api_
 
         limited = limited_receive(scope, receive, max_payload_bytes, body_timeout_s)
         try:
-            if api_keys and scope["path"] not in open_paths and (refused := key_refusal(api_keys, scope)):
-                await error_response(scope["path"], rid, refused)(scope, receive, send_with_id)
+            if api_keys and scope["path"] not in open_paths and (refused := key_refusal(api_keys, scope, key_in_body)):
+                await respond(scope["path"], rid, refused)(scope, receive, send_with_id)
             elif limited is None:
                 await drain_declared(scope, receive, body_timeout_s)
-                await error_response(scope["path"], rid, too_large(max_payload_bytes))(scope, receive, send_with_id)
+                await respond(scope["path"], rid, too_large(max_payload_bytes))(scope, receive, send_with_id)
             else:
                 await app(scope, limited, send_with_id)
         except Exception:  # never a stack trace to the client
             log.exception("unhandled error on %s", scope["path"])
             if started:
                 raise
-            await JSONResponse(ApiError(500, "internal_error", "internal error").body(rid),
-                               status_code=500)(scope, receive, send_with_id)
+            await respond(scope["path"], rid, ApiError(500, "internal_error", "internal error"))(
+                scope, receive, send_with_id)
         if (endpoint := endpoints.get(scope["path"])) and started:
             count(endpoint, started["status"], None if started["stream"] else time.perf_counter() - t0)
 
@@ -85,12 +86,12 @@ def request_id(scope) -> str:
     return given.decode("ascii") if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
 
 
-def key_refusal(api_keys, scope) -> ApiError | None:
+def key_refusal(api_keys, scope, key_in_body: frozenset = frozenset()) -> ApiError | None:
     """The 401/403 of a request to a path that needs a key, from its headers alone, before anything reads
-    its body; None when its key is good, or when it is a POST to a LibreTranslate route with no key in its
-    headers: the route reads the key from the body first (libretranslate.authorized_fields)."""
+    its body; None when its key is good, or when it is a POST to a `key_in_body` path (LibreTranslate's) with
+    no key in its headers: the route reads the key from the body first (libretranslate.authorized_fields)."""
     headers = {k: v.decode("latin-1") for k, v in scope["headers"] if k in (b"authorization", b"x-api-key")}
-    if scope["path"] in BODY_KEY_PATHS and scope["method"] == "POST" and \
+    if scope["path"] in key_in_body and scope["method"] == "POST" and \
             not given_key(headers.get(b"authorization", ""), headers.get(b"x-api-key")):
         return None
     try:
@@ -102,7 +103,7 @@ def key_refusal(api_keys, scope) -> ApiError | None:
 
 def count(endpoint: str, status: int, seconds: float | None) -> None:
     metrics().requests.labels(endpoint, str(status)).inc()
-    if seconds is not None:  # a stream's duration is observed when it ends (Gateway.generate), not here
+    if seconds is not None:  # a stream's duration is observed when it ends (gateway.GenerationStream), not here
         metrics().request_duration.labels(endpoint).observe(seconds)
     if status >= 400:
         metrics().errors.labels(endpoint, ERROR_KIND.get(status, "internal")).inc()

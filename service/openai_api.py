@@ -7,14 +7,15 @@
                                  (docs/serving.md, "OpenAI's API")
 
 No second engine path: each prompt becomes the GenerateRequest that POST /generate would take and goes
-through Gateway.generate, so the queue, batching, admission, limits, API keys, cancellation and metrics are
+through Gateway.generate, whose typed events (gateway.Pieces, gateway.Finished) this module writes as OpenAI's
+chunks, so the queue, batching, admission, limits, API keys, cancellation and metrics are
 /generate's (the HTTP request counter and its errors under the endpoint label "completions", the work
 itself, queue wait and token timings under "generate"). The same prompt, options and seed give the same
 text as /generate, alone or batched.
 
 OpenAI's options this server does not implement (logprobs, echo, suffix, best_of, penalties, logit_bias)
 are taken at their neutral values only, which clients send by default; any other value, and any field
-OpenAI does not have, gets a 400 in OpenAI's error shape naming them (errors.openai_error_body).
+OpenAI does not have, gets a 400 in OpenAI's error shape naming them (error_body).
 """
 
 from __future__ import annotations
@@ -23,17 +24,17 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, AsyncIterator, Literal, Optional, Union
+from typing import Annotated, AsyncIterator, Literal, Optional, Union
 
-from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
+from . import sse
 from .errors import ApiError, parse_error
+from .flavour import Flavour
+from .gateway import Finished, Gateway, GenerationStream
 from .shared.schemas import GenerateRequest, StopSequence, _json_types
-
-if TYPE_CHECKING:
-    from .app import Gateway
 
 ENDPOINT = "completions"      # the metrics' endpoint label of POST /v1/completions
 OWNER = "transerve"
@@ -41,7 +42,6 @@ DEFAULT_MAX_TOKENS = 16       # OpenAI's default for /v1/completions (vLLM's too
 # Options taken at these values only (what clients send when the user did not ask for them).
 NEUTRAL = {"logprobs": (None,), "echo": (None, False), "suffix": (None,), "best_of": (None, 1),
            "frequency_penalty": (None, 0), "presence_penalty": (None, 0), "logit_bias": (None, {})}
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class OpenAIError(ApiError):
@@ -50,6 +50,13 @@ class OpenAIError(ApiError):
     def __init__(self, status: int, type_: str, message: str, param: str | None = None, limit: int | None = None):
         super().__init__(status, type_, message, limit)
         self.param = param
+
+
+def error_body(e: ApiError, request_id: str | None = None) -> dict:
+    """OpenAI's error object: our error type is its `code`, the field at fault (if known) its `param`."""
+    kind = ("authentication_error" if e.status in (401, 403) else "rate_limit_error" if e.status == 429 else
+            "server_error" if e.status >= 500 else "invalid_request_error")
+    return {"error": {"message": e.message, "type": kind, "param": getattr(e, "param", None), "code": e.type}}
 
 
 def _neutral(values: tuple) -> dict:
@@ -218,16 +225,16 @@ class OpenAIRoutes:
         body = await read_request(request)
         prompts = self.check(body)
         runs, copies = self.generate_requests(body, prompts)
-        answers = await _all_started(self.gateway, runs, request)
-        if any(not isinstance(a, (dict, StreamingResponse)) for a in answers):
-            return Response(status_code=499)   # the client went away (Gateway.generate)
+        streams = await _all_started(self.gateway, runs, request)
         head = {"id": "cmpl-" + request.state.request_id, "object": "text_completion", "created": int(time.time()),
                 "model": body.model}
         n = body.n or 1
-        if not body.stream:
-            return JSONResponse(_completion(head, answers, n, copies))
-        return StreamingResponse(_chunks(head, answers, n, copies, body.include_usage()),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
+        if body.stream:
+            return sse.response(_chunks(head, streams, n, copies, body.include_usage()))
+        answers = await asyncio.gather(*(s.result(request) for s in streams))
+        if any(a is None for a in answers):
+            return Response(status_code=499)   # the client went away
+        return JSONResponse(_completion(head, answers, n, copies))
 
     def list_models(self) -> dict:
         return {"object": "list", "data": self.models}
@@ -244,7 +251,7 @@ class OpenAIRoutes:
                           "models, not trained on conversations, so /v1/chat/completions is not served; send the "
                           "text to continue to POST /v1/completions", "messages")
 
-    def install(self, app) -> None:
+    def install(self, app: FastAPI) -> None:
         s, gateway = self.gateway.settings, self.gateway
         schema = CompletionRequest.model_json_schema()
         props = schema["properties"]
@@ -276,29 +283,17 @@ def _card(package: dict) -> dict:
 
 
 # --- the answer -------------------------------------------------------------------------------------
-async def _all_started(gateway: Gateway, runs: list[GenerateRequest], request: Request) -> list:
-    """Gateway.generate's answer to each run, started together (so that they share the workers' batches). When
-    one fails, the streams the others started are closed (their places and rows given back) and its error is
-    raised."""
-    answers = await asyncio.gather(*(gateway.generate(r, request) for r in runs), return_exceptions=True)
-    failed = next((a for a in answers if isinstance(a, BaseException)), None)
+async def _all_started(gateway: Gateway, runs: list[GenerateRequest], request: Request) -> list[GenerationStream]:
+    """Gateway.generate's stream of each run, started together (so that they share the workers' batches). When
+    one fails, the others are closed (their places and rows given back) and its error is raised."""
+    started = await asyncio.gather(*(gateway.generate(r, request) for r in runs), return_exceptions=True)
+    failed = next((s for s in started if isinstance(s, BaseException)), None)
     if failed is not None:
-        for a in answers:
-            if isinstance(a, StreamingResponse):
-                await _discard(a.body_iterator)
+        for s in started:
+            if isinstance(s, GenerationStream):
+                await s.aclose()
         raise failed
-    return answers
-
-
-async def _discard(stream: AsyncIterator) -> None:
-    """Closes a stream Gateway.generate returned: run to its first event first, since closing an async generator
-    that never started skips its `finally`, which gives back its place in the queue and its rows."""
-    try:
-        await anext(stream)
-    except StopAsyncIteration:
-        pass
-    finally:
-        await stream.aclose()
+    return started     # type: ignore[return-value]
 
 
 FINISH = {"stop": "stop", "length": "length"}   # "cancelled" only reaches a client that is gone
@@ -309,64 +304,61 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def _completion(head: dict, answers: list[dict], n: int, copies: int) -> dict:
-    """Gateway.generate's answers (one per prompt) as one OpenAI completion: prompt i's choices at i*n…i*n+n-1."""
+def _completion(head: dict, answers: list[Finished], n: int, copies: int) -> dict:
+    """Each prompt's Finished as one OpenAI completion: prompt i's choices at i*n…i*n+n-1."""
     choices, prompt_tokens, completion_tokens = [], 0, 0
     for i, answer in enumerate(answers):
-        for c in answer["choices"]:
+        for c in answer.choices:
             for j in range(copies):
                 choices.append({"text": c["text"], "index": i * n + c["index"] * copies + j, "logprobs": None,
                                 "finish_reason": FINISH.get(c["finish_reason"], "stop")})
-        prompt_tokens += answer["usage"]["prompt_tokens"]
-        completion_tokens += answer["usage"]["completion_tokens"] * copies
+        prompt_tokens += answer.usage["prompt_tokens"]
+        completion_tokens += answer.usage["completion_tokens"] * copies
     choices.sort(key=lambda c: c["index"])
     return head | {"choices": choices, "usage": _usage(prompt_tokens, completion_tokens)}
 
 
-def _data(obj) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-async def _chunks(head: dict, streams: list[StreamingResponse], n: int, copies: int,
+async def _chunks(head: dict, streams: list[GenerationStream], n: int, copies: int,
                   include_usage: bool) -> AsyncIterator[str]:
-    """Gateway.generate's server-sent events of each prompt, merged as they come, as OpenAI's chunks: one per
-    choice and piece, one with each choice's finish_reason, the usage with stream_options.include_usage, then
-    [DONE]. A worker's failure after the 200 comes as OpenAI's error object (which its client raises)."""
+    """Each prompt's events, merged as they come, as OpenAI's chunks: one per choice and piece, one with each
+    choice's finish_reason, the usage with stream_options.include_usage, then [DONE]. A worker's failure after
+    the 200 comes as OpenAI's error object (which its client raises)."""
     prompt_tokens = completion_tokens = 0
-    async for i, event in _merged([s.body_iterator for s in streams]):
-        if event["type"] == "token":
-            for j in range(copies):
-                yield _data(head | {"choices": [{"text": event["text"], "index": i * n + event["index"] * copies + j,
-                                                 "logprobs": None, "finish_reason": None}]})
-        elif event["type"] == "done":
-            for c in event["choices"]:
+    merged = _merged(streams)
+    try:
+        async for i, event in merged:
+            if isinstance(event, Finished):
+                for c in event.choices:
+                    for j in range(copies):
+                        yield sse.event(head | {"choices": [{
+                            "text": "", "index": i * n + c["index"] * copies + j, "logprobs": None,
+                            "finish_reason": FINISH.get(c["finish_reason"], "stop")}]})
+                prompt_tokens += event.usage["prompt_tokens"]
+                completion_tokens += event.usage["completion_tokens"] * copies
+                continue
+            for p in event.pieces:
                 for j in range(copies):
-                    yield _data(head | {"choices": [{"text": "", "index": i * n + c["index"] * copies + j,
-                                                     "logprobs": None,
-                                                     "finish_reason": FINISH.get(c["finish_reason"], "stop")}]})
-            prompt_tokens += event["usage"]["prompt_tokens"]
-            completion_tokens += event["usage"]["completion_tokens"] * copies
-        else:   # {"type": "error", "error": {"type", "message"}}: the others are cancelled as we leave
-            yield _data({"error": {"message": event["error"]["message"], "type": "server_error", "param": None,
-                                   "code": event["error"]["type"]}})
-            break
+                    yield sse.event(head | {"choices": [{"text": p["text"], "index": i * n + p["index"] * copies + j,
+                                                         "logprobs": None, "finish_reason": None}]})
+    except ApiError as e:    # the others are closed as _merged is left
+        yield sse.event({"error": error_body(e)["error"] | {"type": "server_error"}})
     else:
         if include_usage:
-            yield _data(head | {"choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
-    yield "data: [DONE]\n\n"
+            yield sse.event(head | {"choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
+    finally:
+        await merged.aclose()   # at once, also when the client went away: its streams' rows cancelled
+    yield sse.event("[DONE]")
 
 
-async def _merged(streams: list[AsyncIterator[str]]) -> AsyncIterator[tuple[int, dict]]:
-    """(stream index, event) from every stream as each comes; leaving early closes them all (their `finally`
-    cancels their rows and gives back their places)."""
+async def _merged(streams: list[GenerationStream]) -> AsyncIterator[tuple[int, object]]:
+    """(stream index, event) from every stream as each comes; leaving early, or a stream's error (raised
+    here), closes them all (their rows cancelled, their places given back)."""
     queue: asyncio.Queue = asyncio.Queue()
-    started = [False] * len(streams)
 
     async def pump(i: int) -> None:
-        started[i] = True
         try:
-            async for item in streams[i]:
-                queue.put_nowait((i, item))
+            async for event in streams[i]:
+                queue.put_nowait((i, event))
         except Exception as e:
             queue.put_nowait((i, e))
             return
@@ -382,11 +374,18 @@ async def _merged(streams: list[AsyncIterator[str]]) -> AsyncIterator[tuple[int,
             if item is None:
                 left -= 1
                 continue
-            yield i, json.loads(item.removeprefix("data: "))
+            yield i, item
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for i, stream in enumerate(streams):
-            if not started[i]:
-                await _discard(stream)
+        for stream in streams:
+            await stream.aclose()
+
+
+def install(app: FastAPI, gateway: Gateway) -> None:
+    OpenAIRoutes(gateway).install(app)
+
+
+FLAVOUR = Flavour("openai", install, prefix="/v1/", error_body=error_body,
+                  endpoints={"/v1/completions": ENDPOINT})

@@ -2,7 +2,7 @@
 the API docs (/docs, /redoc) with their scripts from a package rather than a CDN.
 
 The translate page is service/static/ui.html with ui.css and ui.js put inline, one document built once at
-start-up: no framework, no build step, one open path (auth.OPEN_PATHS), and a Content-Security-Policy that
+start-up: no framework, no build step, one open path (FLAVOUR.open_paths), and a Content-Security-Policy that
 allows exactly those two inline blocks (by their SHA-256) and requests to this origin. It calls the JSON API
 (GET /languages, POST /translate) with the key the user types; every text goes into the page as text.
 
@@ -20,12 +20,17 @@ import hashlib
 import importlib.util
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import FileResponse, HTMLResponse
 
 from .config import Settings
+from .flavour import Flavour
+
+if TYPE_CHECKING:
+    from .gateway import Gateway
 
 log = logging.getLogger("transerve")
 
@@ -73,7 +78,11 @@ def doc_assets_dir() -> Path | None:
     return folder if all((folder / name).is_file() for name, _ in DOC_ASSETS.values()) else None
 
 
-def install(app, settings: Settings) -> None:
+def install(app, gateway: Gateway) -> None:
+    install_pages(app, gateway.settings)
+
+
+def install_pages(app, settings: Settings) -> None:
     """GET /ui, and /docs and /redoc from local files (in place of FastAPI's CDN pages)."""
     html, headers = translate_page(settings)
     app.add_api_route(PAGE, lambda: HTMLResponse(html, headers=headers), methods=["GET"], include_in_schema=False)
@@ -120,3 +129,7 @@ def _file(path: Path, media_type: str):
     def serve() -> FileResponse:
         return FileResponse(path, media_type=media_type, headers={"Cache-Control": "public, max-age=86400"})
     return serve
+
+
+# The pages are a flavour of their own: the translate page calls our JSON API from the browser, as any client.
+FLAVOUR = Flavour("pages", install, open_paths=frozenset({PAGE}))

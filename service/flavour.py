@@ -1,0 +1,50 @@
+"""What an API flavour tells the HTTP core, so that a flavour is one module plus its line in server.FLAVOURS.
+
+A flavour (api_native.py: ours; openai_api.py; libretranslate.py; ui.py: the pages) installs its own routes
+over the Gateway, owns its request and response models and its error shape, and consumes the Gateway's typed
+results and events; it never calls another flavour. server.py reads these fields: the error handlers and the
+middleware answer an error under `prefix` with `error_body`, the middleware counts `endpoints` and leaves
+`open_paths` without a key, and /openapi.json is passed to `describe`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from .shared.schemas import AUTO
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from .errors import ApiError
+    from .gateway import Gateway
+
+
+@dataclass(frozen=True)
+class Flavour:
+    name: str
+    install: Callable[[FastAPI, Gateway], None]           # adds the flavour's routes to the app
+    prefix: str = "/"                                     # its paths: an error under it takes its shape
+    error_body: Callable[[ApiError, str | None], dict] | None = None   # (error, request id) -> JSON; None: ours
+    endpoints: dict[str, str] = field(default_factory=dict)            # path -> the metrics' endpoint label
+    open_paths: frozenset[str] = frozenset()              # served without a key (e.g. language lists)
+    key_in_body: frozenset[str] = frozenset()             # POST paths whose clients may send the key in the body
+    describe: Callable[[dict, Gateway], None] | None = None   # names what is served in /openapi.json
+
+
+def describe_pairs(body: dict, fields: tuple[str, str], gateway: Gateway, text: dict, texts: dict) -> None:
+    """A translation request's schema with exactly the served pairs, and each language into itself (returned
+    unchanged); "auto" into any of them (a detected language with no model to the target is a 422, see
+    Gateway.translate_detected: which texts those are, no schema can say). Each translation flavour calls it with
+    its own field names."""
+    langs = gateway.source_languages()
+    if not langs:                    # no translation package: nothing to name (an empty anyOf is invalid)
+        return
+    (src, tgt), props = fields, body["properties"]
+    props[src]["enum"], props[tgt]["enum"] = [*langs, AUTO], langs
+    body["anyOf"] = [{"properties": {src: {"const": a}, tgt: {"enum": sorted(
+        {b for x, b in gateway.pairs if x == a} | {a})}}} for a in langs]
+    body["anyOf"].append({"properties": {src: {"const": AUTO}, tgt: {"enum": langs}}})
+    for one in (props.get("text") or props["q"])["anyOf"]:
+        one.update(text if one["type"] == "string" else texts)

@@ -1,0 +1,331 @@
+"""The service as every API flavour sees it, with no route and no wire format of its own: `Gateway` checks a
+request (limits, language pair, generation model), takes a place for it (Admission: 503 when the queue is
+full), hands it to the workers (litserve_bridge.Workers) and gives back typed results:
+
+    translate(body, request)      -> a TranslateResponse-shaped dict, or None when the client went away
+    detect(texts)                 -> each text's served languages with their confidence, best first
+    languages()                   -> [{"code", "name", "targets"}]
+    generate(body, request)       -> a started GenerationStream: Pieces events, then one Finished
+
+Its errors are ApiError, which each flavour answers in its own shape. The flavours (api_native.py,
+openai_api.py, libretranslate.py, ui.py) install their routes over it; server.py composes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import litserve as ls
+from fastapi import Request
+
+from . import __version__, langid
+from .admission import Admission
+from .auth import check_key
+from .cancel import CancelBoard
+from .config import Settings
+from .errors import ERROR_KIND, ApiError, raise_worker_error
+from .generate_api import ENDPOINT as GENERATE, GenerateAPI
+from .litserve_bridge import Workers, until_disconnected
+from .metrics import metrics
+from .shared.schemas import AUTO, GenerateRequest, TranslateRequest
+from .translate_api import ENDPOINT, TranslateAPI
+
+LANGUAGE_NAMES = {"de": "German", "en": "English", "fr": "French", "es": "Spanish", "it": "Italian",
+                  "nl": "Dutch", "pt": "Portuguese", "pl": "Polish", "ru": "Russian", "zh": "Chinese",
+                  "ja": "Japanese", "cs": "Czech", "da": "Danish", "sv": "Swedish", "fi": "Finnish"}
+
+
+class Gateway:
+    """Checks, admits and hands work to the workers; knows no API flavour."""
+
+    def __init__(self, server: ls.LitServer, api: TranslateAPI | None, settings: Settings, packages: list[dict],
+                 generate_api: GenerateAPI | None, board: CancelBoard, device: str = "cpu"):
+        self.settings, self.packages, self.board, self.device = settings, packages, board, device
+        self.workers = Workers(server, {ENDPOINT: api, GENERATE: generate_api}, board, settings.request_timeout_s)
+        self.admission = Admission(settings.max_queue)
+        self.generators = [p["name"] for p in packages if p["task"] == "generation"]
+        self.pairs = sorted({tuple(d.split("-")) for p in packages for d in p["directions"]})
+
+    # --- checks -----------------------------------------------------------------------------------
+    def check_key(self, request: Request, body_key: str | None = None) -> None:
+        check_key(self.settings.api_keys, request, body_key)
+
+    def check_limits(self, texts: list[str]) -> None:
+        s = self.settings
+        if len(texts) > s.max_texts:
+            raise ApiError(413, "too_many_texts", f"{len(texts)} texts in one request; the limit is {s.max_texts}",
+                           s.max_texts)
+        for i, t in enumerate(texts):
+            if len(t) > s.max_text_chars:
+                raise ApiError(413, "text_too_long", f"text[{i}] has {len(t)} characters; the limit is "
+                               f"{s.max_text_chars}", s.max_text_chars)
+
+    def check_pair(self, source: str, target: str) -> None:
+        """Served pairs, and a served language into itself (identity: see identity())."""
+        if (source, target) not in self.pairs and not (source == target and any(source in p for p in self.pairs)):
+            raise ApiError(400, "unsupported_language_pair",
+                           f"no model translates {source}-{target}; {self.pairs_text()}")
+
+    def pairs_text(self) -> str:
+        return "available pairs: " + ", ".join(f"{a}-{b}" for a, b in self.pairs)
+
+    def check_generation(self, body: GenerateRequest) -> None:
+        if not self.generators:
+            raise ApiError(400, "no_generation_model", "no generation model is loaded; start the service with "
+                           "--model <a generation package> (model.json task \"generation\")")
+        if body.model is not None and body.model not in self.generators:
+            raise ApiError(400, "unknown_model", f"no generation model {body.model!r}; loaded: "
+                           f"{', '.join(self.generators)}")
+        if len(body.prompt) > self.settings.max_text_chars:
+            raise ApiError(413, "text_too_long", f"the prompt has {len(body.prompt)} characters; the limit is "
+                           f"{self.settings.max_text_chars}", self.settings.max_text_chars)
+
+    def source_languages(self) -> list[str]:
+        return sorted({c for pair in self.pairs for c in pair})
+
+    def languages(self) -> list[dict]:
+        return [{"code": c, "name": LANGUAGE_NAMES.get(c, c),
+                 "targets": sorted(t for s, t in self.pairs if s == c)} for c in self.source_languages()]
+
+    @staticmethod
+    def identity(texts: list[str], lang: str) -> dict:
+        """source_lang == target_lang, as argostranslate and LibreTranslate answer it: each text
+        unchanged. No model runs, so no worker is asked: score 0.0, no tokens read or written."""
+        return {"translations": [{"text": t, "score": 0.0, "alternatives": [], "input_tokens": 0, "output_tokens": 0}
+                                 for t in texts],
+                "model": "identity", "source_lang": lang, "target_lang": lang,
+                "timings": {"queue_ms": 0.0, "inference_ms": 0.0, "total_ms": 0.0}}
+
+    # --- translation ------------------------------------------------------------------------------
+    async def translate(self, body: TranslateRequest, request: Request, endpoint: str = ENDPOINT) -> dict | None:
+        """The answer to a translation request (TranslateResponse's shape); None when the client went away
+        first (its request is then dropped from the worker's queue and from the engine batches not yet run).
+        `endpoint`: the label its admission counts under (the flavour's)."""
+        if body.source_lang == AUTO:
+            return await self.translate_detected(body, request, endpoint)
+        texts = [body.text] if isinstance(body.text, str) else list(body.text)
+        self.check_limits(texts)
+        self.check_pair(body.source_lang, body.target_lang)
+        if body.source_lang == body.target_lang:
+            return self.identity(texts, body.source_lang)
+        if not self.workers.serves(ENDPOINT):
+            raise no_translation_model()
+        received = time.monotonic()
+        payload = body.model_dump(exclude={"text"}) | {"texts": texts, "received": received,
+                                                       "request_id": request.state.request_id,
+                                                       "number": self.board.new_number()}
+        with self.admission.admitted(endpoint):
+            out = raise_worker_error(await self.workers.call(ENDPOINT, payload, request) or {})
+        if not out:
+            return None
+        metrics().queue_wait.labels(endpoint).observe(out["timings"]["queue_ms"] / 1000)
+        out["timings"]["total_ms"] = round((time.monotonic() - received) * 1000, 2)
+        return out
+
+    async def translate_detected(self, body: TranslateRequest, request: Request, endpoint: str) -> dict | None:
+        """source_lang "auto": each text's language detected, each language's texts translated as one request
+        (concurrently), the items put back in order with what was detected. A detected language that no model
+        takes to target_lang is a 422 (the schema cannot say which texts those are), before any translating."""
+        texts = [body.text] if isinstance(body.text, str) else list(body.text)
+        self.check_limits(texts)
+        if not any(body.target_lang in pair for pair in self.pairs):
+            self.check_pair(AUTO, body.target_lang)   # the 400 of an unserved target, whatever is detected
+        found = [r[0] for r in await self.detect(texts)]
+        groups: dict[str, list[int]] = {}
+        for i, (lang, _) in enumerate(found):
+            groups.setdefault(lang, []).append(i)
+        for lang, idx in groups.items():
+            if (lang, body.target_lang) not in self.pairs and lang != body.target_lang:
+                where = "text" if isinstance(body.text, str) else f"text[{idx[0]}]"
+                raise ApiError(422, "unsupported_detected_language",
+                               f"{where} was detected as {lang} (confidence {found[idx[0]][1]}), and no model "
+                               f"translates {lang}-{body.target_lang}; {self.pairs_text()}; name source_lang "
+                               "to translate it from another language")
+        received = time.monotonic()
+        outs = await asyncio.gather(*(self.translate(
+            body.model_copy(update={"text": [texts[i] for i in idx], "source_lang": lang}), request, endpoint)
+            for lang, idx in groups.items()))
+        if any(out is None for out in outs):
+            return None
+        items: list[dict] = [{}] * len(texts)
+        for (lang, idx), out in zip(groups.items(), outs):
+            for i, item in zip(idx, out["translations"]):
+                items[i] = item | {"detected_lang": {"language": lang, "confidence": found[i][1]}}
+        timings = {k: max(out["timings"][k] for out in outs) for k in ("queue_ms", "inference_ms")}
+        return {"translations": items, "model": "+".join(dict.fromkeys(out["model"] for out in outs)),
+                "source_lang": next(iter(groups)) if len(groups) == 1 else AUTO, "target_lang": body.target_lang,
+                "timings": timings | {"total_ms": round((time.monotonic() - received) * 1000, 2)}}
+
+    # --- language detection -----------------------------------------------------------------------
+    async def detect(self, texts: list[str]) -> list[list[tuple[str, float]]]:
+        """Each text's served languages with their confidence, best first (service/langid.py), in a thread:
+        the first call loads the model, which must not stall the other requests on this event loop."""
+        langs = self.source_languages()   # what /languages lists: each is a source
+        if not langs:
+            raise no_translation_model()
+        ranked = await asyncio.to_thread(langid.detect, texts, langs)
+        if not ranked[0]:
+            raise ApiError(422, "undetectable_languages", f"the language detector knows none of the served "
+                           f"languages ({', '.join(langs)}); name the source language")
+        return ranked
+
+    # --- generation -------------------------------------------------------------------------------
+    async def generate(self, body: GenerateRequest, request: Request) -> GenerationStream:
+        """The request's stream, started: its checks, its place in the queue and the worker's first event
+        are behind it, so that a 4xx or 503 is still raised here, before any answer starts."""
+        self.check_generation(body)
+        received, number = time.monotonic(), self.board.new_number()
+        payload = body.model_dump() | {"received": received, "request_id": request.state.request_id,
+                                       "number": number}
+        async with AsyncExitStack() as held:
+            events = self.workers.events(GENERATE, payload)
+            held.push_async_callback(events.aclose)
+            held.enter_context(self.admission.admitted(GENERATE))   # given back first, whatever aclose() does
+            first = raise_worker_error(await anext(events))
+            return GenerationStream(self.board, number, received, body.stream, first, events, held.pop_all())
+
+    # --- operations -------------------------------------------------------------------------------
+    def readiness(self) -> tuple[bool, str]:
+        if self.admission.draining.is_set():
+            return False, "draining"
+        return (True, "ok") if self.workers.ready() else (False, "not ready")
+
+    def drain_and_stop(self, grace_s: float) -> None:
+        """SIGTERM: refuse new requests (and fail /ready), let the admitted ones finish, then stop."""
+        self.admission.drain(grace_s)
+        self.workers.stop()
+
+    def info(self) -> dict:
+        import onnxruntime
+        import pydantic
+
+        return {"service": "transerve", "version": __version__,
+                "versions": {"litserve": ls.__version__, "onnxruntime": onnxruntime.__version__,
+                             "pydantic": pydantic.__version__},
+                "providers": onnxruntime.get_available_providers(), "device": self.device,
+                "models": self.packages, "settings": self.settings.public()}
+
+
+# --- a generation's typed events ---------------------------------------------------------------------
+@dataclass
+class Pieces:
+    """New text: one {"index": choice, "text": piece} per choice that grew at this step."""
+    pieces: list[dict]
+
+
+@dataclass
+class Finished:
+    """The closing event: each choice with its whole text, finish reason and tokens; usage; timings."""
+    model: str
+    choices: list[dict]
+    usage: dict
+    timings: dict
+
+
+class GenerationStream:
+    """One generation request's events as its worker sends them: Pieces, then one Finished. A worker's failure
+    after the start is raised from the iteration as an ApiError (a stream's counted in the errors metric here:
+    its client saw a 200). Closing it before Finished (aclose) cancels its rows in the batch; either way its
+    place in the queue is given back when it ends."""
+
+    def __init__(self, board: CancelBoard, number: int, received: float, streamed: bool, first: dict,
+                 events: AsyncIterator[dict], held: AsyncExitStack):
+        self.board, self.number, self.received, self.streamed = board, number, received, streamed
+        self.events, self.held = events, held
+        self.pending: dict | None = first        # the worker's first event, taken to raise its 4xx in time
+        self.first_at: float | None = None       # when the first and the latest piece arrived (monotonic)
+        self.last_at: float | None = None
+        self.texts: dict[int, str] = {}          # choice index -> its text so far
+        self.finished: Finished | None = None
+        self.told = False                        # Finished was returned
+        self.closed = False
+
+    def __aiter__(self) -> GenerationStream:
+        return self
+
+    async def __anext__(self) -> Pieces | Finished:
+        if self.finished is None and not self.closed:
+            try:
+                event, self.pending = self.pending or await anext(self.events), None
+                pieces = self._take(raise_worker_error(event))
+            except ApiError as e:
+                if self.streamed:
+                    metrics().errors.labels(GENERATE, ERROR_KIND.get(e.status, "internal")).inc()
+                await self.aclose()
+                raise
+            except StopAsyncIteration:   # the worker ended without its closing event: not expected
+                await self.aclose()
+                raise ApiError(500, "internal_error", "the generation ended without its result") from None
+            if self.finished is not None:
+                await self.aclose()              # its place given back before the closing event is sent
+            if pieces.pieces or self.finished is None:
+                return pieces
+        if self.finished is not None and not self.told:
+            self.told = True
+            return self.finished
+        raise StopAsyncIteration
+
+    def _take(self, event: dict) -> Pieces:
+        """The event's pieces; its Finished kept for the next call when it is the closing one."""
+        now = time.monotonic()
+        pieces = event.get("pieces", [])
+        for p in pieces:
+            self.first_at = self.first_at or now
+            self.last_at = now
+            self.texts[p["index"]] = self.texts.get(p["index"], "") + p["text"]
+        if "done" in event:
+            done = event["done"]
+            choices = [c | {"text": self.texts.get(c["index"], "")} for c in done["choices"]]
+            self.finished = Finished(done["model"], choices, done["usage"], self._timings(done))
+        return Pieces(pieces)
+
+    def _timings(self, done: dict) -> dict:
+        """The finished request's timings, observed in the metrics too."""
+        model = done["model"]
+        if self.first_at is not None:
+            metrics().time_to_first_token.labels(GENERATE, model).observe(self.first_at - self.received)
+            most = max(c["tokens"] for c in done["choices"])
+            if most > 1:
+                metrics().time_per_output_token.labels(GENERATE, model).observe(
+                    (self.last_at - self.first_at) / (most - 1))
+        metrics().queue_wait.labels(GENERATE).observe(done["queue_ms"] / 1000)
+        return {"queue_ms": done["queue_ms"], "total_ms": round((time.monotonic() - self.received) * 1000, 2),
+                "first_token_ms": None if self.first_at is None else round((self.first_at - self.received) * 1000, 2)}
+
+    async def result(self, request: Request) -> Finished | None:
+        """Every event read to the Finished one; None when the client went away first (its rows cancelled at
+        once, not at the next event: a request that is not streamed gets none before its last)."""
+        watcher = asyncio.ensure_future(until_disconnected(request))
+        try:
+            while True:
+                reader = asyncio.ensure_future(anext(self, None))
+                await asyncio.wait({reader, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if not reader.done():            # disconnected
+                    reader.cancel()
+                    await asyncio.wait({reader})  # the worker's generator must stop running before aclose()
+                    return None
+                event = reader.result()
+                if event is None or isinstance(event, Finished):
+                    return self.finished
+        finally:
+            watcher.cancel()
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.finished is None:
+            self.board.cancel(self.number)       # the client went away, or the worker failed: free its rows
+        await self.held.aclose()
+        if self.streamed:    # a JSON answer's duration is the middleware's, as any request's
+            metrics().request_duration.labels(GENERATE).observe(time.monotonic() - self.received)
+
+
+def no_translation_model() -> ApiError:
+    return ApiError(400, "no_translation_model", "no translation model is loaded; start the service with "
+                    "--model <a translation package>")

@@ -1,0 +1,126 @@
+"""The HTTP server composed: a LitServer with one LitAPI per endpoint (its workers), the Gateway over them, the
+operations routes, and the API flavours, each installing its own routes:
+
+    FLAVOURS    api_native (POST /translate, /generate, GET /languages), openai_api (/v1/), libretranslate
+                (/libretranslate/), ui (GET /ui, and /docs and /redoc offline)
+    GET /health     liveness: the HTTP process answers
+    GET /ready      readiness: every inference worker loaded and warmed up, not draining
+    GET /info       models, versions, settings (no secrets)
+    GET /metrics    Prometheus, merged over all processes (or on --metrics-port)
+
+LitServe's own POST routes would accept any JSON into an unbounded queue: they are removed, and the flavours'
+routes submit through LitServe's request handler (litserve_bridge.Workers), so batching is untouched. A new
+flavour is a module with a FLAVOUR (service/flavour.py) and its line in FLAVOURS.
+"""
+
+from __future__ import annotations
+
+import litserve as ls
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse, Response
+
+from . import __version__, api_native, libretranslate, openai_api, ui
+from .auth import open_paths
+from .cancel import CancelBoard
+from .config import Settings
+from .engine import probe_device
+from .errors import ERROR_KIND, install_handlers, responder
+from .flavour import Flavour
+from .gateway import Gateway
+from .generate_api import ENDPOINT as GENERATE, GenerateAPI
+from .metrics import metrics, render
+from .middleware import request_context
+from .translate_api import ENDPOINT, TranslateAPI, check_packages
+
+FLAVOURS: tuple[Flavour, ...] = (api_native.FLAVOUR, openai_api.FLAVOUR, libretranslate.FLAVOUR, ui.FLAVOUR)
+
+LITSERVE_INFO = "/litserve/info"   # LitServe always adds an info route; install() removes it
+
+
+def build_server(settings: Settings, flavours: tuple[Flavour, ...] = FLAVOURS) -> tuple[ls.LitServer, Gateway]:
+    """Checks the packages and the device, then builds the LitServer (workers start in server.run())."""
+    packages = check_packages(settings)
+    cuda = settings.device != "cpu" and probe_device(packages[0]["path"], settings.device) == "cuda"
+    tasks = {p["task"] for p in packages}
+    # One LitAPI per endpoint, each with its own workers, loading only its own packages.
+    board = CancelBoard(endpoints=(ENDPOINT, GENERATE))
+    api = TranslateAPI(settings, board) if "translation" in tasks else None
+    generate_api = GenerateAPI(settings, board) if "generation" in tasks else None
+    server = ls.LitServer([a for a in (api, generate_api) if a], accelerator="cuda" if cuda else "cpu",
+                          devices=1 if cuda else "auto",
+                          workers_per_device=settings.workers, timeout=settings.request_timeout_s,
+                          restart_workers=True,  # a dead worker is replaced; without this the server exits
+                          healthcheck_path="/ready", info_path=LITSERVE_INFO,
+                          max_payload_size=None)  # enforced before reading: middleware.limited_receive
+    gateway = Gateway(server, api, settings, packages, generate_api, board, device="cuda" if cuda else "cpu")
+    install(server.app, gateway, flavours)
+    return server, gateway
+
+
+def install(app: FastAPI, gateway: Gateway, flavours: tuple[Flavour, ...]) -> None:
+    """The operations routes, every flavour's routes, the error handlers and the middleware, on `app`."""
+    settings = gateway.settings
+    endpoints = {path: label for f in flavours for path, label in f.endpoints.items()}
+    # Error and rejection series exist at 0 from the start: rate() over a series that appears
+    # with its first event misses that event, so alerts would not see the first burst.
+    for endpoint in {*endpoints.values(), GENERATE}:
+        metrics().rejected.labels(endpoint)
+        for kind in sorted(set(ERROR_KIND.values()) | {"internal"}):
+            metrics().errors.labels(endpoint, kind)
+    # Drop LitServe's own POST routes and readiness check (ours submit through the same handler and know about
+    # draining), its info route (ours is /info) and its "litserve running" root.
+    app.router.routes = [r for r in app.router.routes if getattr(r, "path", None)
+                         not in ("/", "/translate", "/generate", "/ready", LITSERVE_INFO)]
+    app.title, app.version = "transerve", __version__
+    install_operations(app, gateway)
+    for flavour in flavours:
+        flavour.install(app, gateway)
+    describe_served_values(app, gateway, flavours)
+    respond = responder({f.prefix: f.error_body for f in flavours if f.error_body})
+    install_handlers(app, settings.max_payload_bytes, respond)
+    app.add_middleware(request_context, respond=respond, endpoints=endpoints,
+                       max_payload_bytes=settings.max_payload_bytes, api_keys=tuple(settings.api_keys),
+                       open_paths=open_paths(frozenset().union(*(f.open_paths for f in flavours)),
+                                             public_docs=settings.public_docs),
+                       key_in_body=frozenset().union(*(f.key_in_body for f in flavours)),
+                       body_timeout_s=settings.body_timeout_s)
+
+
+def install_operations(app: FastAPI, gateway: Gateway) -> None:
+    """/health, /ready, /info and (unless it has a port of its own) /metrics."""
+    text = {"content": {"text/plain": {"schema": {"type": "string"}}}}
+
+    def ready() -> PlainTextResponse:
+        ok, why = gateway.readiness()
+        return PlainTextResponse(why, status_code=200 if ok else 503)
+
+    app.add_api_route("/health", lambda: PlainTextResponse("ok"), methods=["GET"], tags=["ops"],
+                      response_class=PlainTextResponse, responses={200: text},
+                      summary="Liveness: the HTTP process answers")
+    app.add_api_route("/ready", ready, methods=["GET"], tags=["ops"], response_class=PlainTextResponse,
+                      responses={200: text, 503: text | {"description": "Not ready, or draining"}},
+                      summary="Readiness: every inference worker loaded and warmed up, not draining")
+    app.add_api_route("/info", gateway.info, methods=["GET"], tags=["ops"])
+    if not gateway.settings.metrics_port:   # else on its own port (metrics.serve_metrics, __main__)
+        app.add_api_route("/metrics", metrics_route, methods=["GET"], tags=["ops"], include_in_schema=False)
+
+
+async def metrics_route() -> Response:
+    body, ctype = render()
+    return Response(body, media_type=ctype)
+
+
+def describe_served_values(app: FastAPI, gateway: Gateway, flavours: tuple[Flavour, ...]) -> None:
+    """/openapi.json, built once, with what this server serves named by each flavour (Flavour.describe)."""
+    generate = app.openapi
+    app.openapi_schema = None
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = generate()
+            for flavour in flavours:
+                if flavour.describe:
+                    flavour.describe(schema, gateway)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
