@@ -10,7 +10,7 @@ from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
 from litserve.transport.process_transport import MPQueueTransport
 from litserve.utils import LitAPIStatus
 
-from service import litserve_bridge as batching
+from service import litserve_bridge
 from service.litserve_bridge import PromptBatchedLoop, collect
 from service.cancel import CancelBoard
 from service.config import Settings
@@ -67,7 +67,7 @@ def test_after_the_first_request_it_waits_only_for_the_window(window_ms, togethe
 
 
 def test_an_idle_worker_blocks_until_a_request_comes(monkeypatch):
-    monkeypatch.setattr(batching, "IDLE_WAKE_S", 5.0)
+    monkeypatch.setattr(litserve_bridge, "IDLE_WAKE_S", 5.0)
     api, loop, requests, transport, _ = make()
     threading.Timer(0.2, lambda: requests.put(item("r0"))).start()
     payloads, _ = collect(loop, api, requests, transport)
@@ -75,7 +75,7 @@ def test_an_idle_worker_blocks_until_a_request_comes(monkeypatch):
 
 
 def test_nothing_queued_returns_empty_after_the_idle_wake(monkeypatch):
-    monkeypatch.setattr(batching, "IDLE_WAKE_S", 0.05)
+    monkeypatch.setattr(litserve_bridge, "IDLE_WAKE_S", 0.05)
     api, loop, requests, transport, _ = make()
     assert collect(loop, api, requests, transport) == ([], [])
 
