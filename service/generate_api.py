@@ -30,7 +30,7 @@ from .config import Settings, lower_worker_priority
 from .engine import Engine, SearchOptions
 from .cancel import CancelBoard
 from .metrics import metrics
-from .translate_api import Failure, for_one_request, internal_failure
+from .scheduler import Failure, for_one_request, internal_failure
 
 log = logging.getLogger("transerve")
 ENDPOINT = "generate"

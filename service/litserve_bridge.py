@@ -1,5 +1,7 @@
 """The one module that touches LitServe's internals (litserve==0.2.19 is pinned for them): the worker loop
-that takes requests off a queue, and the HTTP side's way into and out of the workers (`Workers`).
+that takes requests off a queue and runs the translation worker's scheduler (service/scheduler.py, which
+knows no LitServe), the generation worker's batched streaming loop, and the HTTP side's way into and out
+of the workers (`Workers`).
 
 How an inference worker takes requests off its queue: the moment it is free. LitServe's collector opens
 a window of `batch_timeout` whenever the worker asks for work, queue empty or not, and closes it only
@@ -30,8 +32,8 @@ import litserve as ls
 from fastapi import HTTPException, Request
 from litserve import LitAPI
 from litserve.callbacks import CallbackRunner, EventTypes
-from litserve.loops import BatchedLoop, BatchedStreamingLoop
-from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
+from litserve.loops import BatchedStreamingLoop
+from litserve.loops.base import _SENTINEL_VALUE, LitLoop, _StopLoopError
 from litserve.server import RegularRequestHandler, StreamingRequestHandler
 from litserve.transport.base import MessageTransport
 from litserve.utils import (LitAPIStatus, LoopResponseType, PickleableHTTPException, ResponseBufferItem,
@@ -49,63 +51,76 @@ POLL_S = 0.005      # a busy translation worker looks for new requests this ofte
 
 
 # --- the worker side -----------------------------------------------------------------------------
-class PromptBatchedLoop(BatchedLoop):
-    """LitServe's batched loop with the collector described above, and requests served side by side: the
-    LitAPI's plan (TranslateAPI: batch, admit, advance, take_finished) runs one decoder step at a time;
-    between steps (every POLL_S at most, while the plan holds work a new request would overtake: a
-    look at the queue is a round trip to LitServe's manager process) requests that arrived join it, and
-    each request is answered as soon as it is done, so a one-word request does not wait for the large
-    ones taken before it."""
+class SchedulerLoop(LitLoop):
+    """The inference worker's loop: LitServe's queue and transport around a LitAPI's scheduler
+    (service/scheduler.py, `lit_api.scheduler`), with the collector described above. The requests it takes
+    are decoded (`lit_api.decode_request`) and admitted; the scheduler then runs one step at a time, and
+    after each step the requests it has finished are answered (`lit_api.encode_response`). Between steps
+    (every POLL_S at most, and only while the scheduler wants them: a look at the queue is a round trip to
+    LitServe's manager process) requests that arrived join the work under way, so a one-word request does
+    not wait for the large ones taken before it."""
 
-    def get_batch_requests(self, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport):
-        return collect(self, lit_api, request_queue, transport)
-
-    def run_batched_loop(self, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport,
-                         callback_runner: CallbackRunner, lit_spec=None) -> None:
+    def __call__(self, lit_api: LitAPI, device: str, worker_id: int, request_queue: Queue,
+                 transport: MessageTransport, workers_setup_status: dict, callback_runner: CallbackRunner) -> None:
         while True:
             try:
                 payloads, timed_out = collect(self, lit_api, request_queue, transport)
             except _StopLoopError:
                 return
-            self._time_out(transport, timed_out)
+            self._time_out(lit_api, transport, timed_out)
             if payloads and not self._serve(lit_api, request_queue, transport, payloads):
                 return
 
-    def _time_out(self, transport: MessageTransport, timed_out: list) -> None:
+    def _time_out(self, lit_api: LitAPI, transport: MessageTransport, timed_out: list) -> None:
         for response_queue_id, uid in timed_out:
             self.put_response(transport, response_queue_id, uid, HTTPException(504, "Request timed out"),
-                              LitAPIStatus.ERROR, LoopResponseType.REGULAR)
+                              LitAPIStatus.ERROR, response_type(lit_api))
 
     def _serve(self, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport, payloads: list) -> bool:
-        """Runs a plan until every request in it, those that joined included, is answered; False when the
-        server is stopping (the plan is finished first)."""
-        regular, more, polled = LoopResponseType.REGULAR, True, time.monotonic()
-        plan = lit_api.batch([lit_api.decode_request(p) for _, _, p in payloads])
-        who = {j: (q, uid) for j, (q, uid, _) in zip(sorted(plan.jobs), payloads)}
+        """Runs the scheduler until every request it holds, those that joined included, is answered; False
+        when the server is stopping (the work under way is finished first)."""
+        scheduler, waiting = lit_api.scheduler, {}     # waiting: uid -> response queue id, until answered
+        more, polled = True, time.monotonic()
         try:
+            self._admit(lit_api, payloads, waiting)
             while True:
-                for j in lit_api.take_finished(plan):
-                    q, uid = who.pop(j)
-                    self.put_response(transport, q, uid, lit_api.encode_response(plan.jobs.pop(j)),
-                                      LitAPIStatus.OK, regular)
-                if not plan.batches:
+                self._answer(lit_api, transport, waiting)
+                if not scheduler.busy:
                     return more
-                if more and lit_api.overtakable(plan) and time.monotonic() - polled >= POLL_S:
-                    try:
-                        payloads, timed_out = collect(self, lit_api, request_queue, transport, wait=False)
-                    except _StopLoopError:
-                        payloads, timed_out, more = [], [], False
-                    self._time_out(transport, timed_out)
-                    if payloads:
-                        keys = lit_api.admit(plan, [lit_api.decode_request(p) for _, _, p in payloads])
-                        who.update({j: (q, uid) for j, (q, uid, _) in zip(keys, payloads)})
+                if more and scheduler.wants_new_requests() and time.monotonic() - polled >= POLL_S:
+                    more = self._admit_arrivals(lit_api, request_queue, transport, waiting)
                     polled = time.monotonic()
-                lit_api.advance(plan)
+                scheduler.step()
         except Exception as e:
-            log.exception("the translation worker's plan failed; its %d unanswered requests fail", len(who))
-            for q, uid in who.values():
-                self.put_error_response(transport, q, uid, e, regular)
+            log.exception("the %s worker's scheduler failed; its %d unanswered requests fail",
+                          lit_api.api_path.strip("/"), len(waiting))
+            scheduler.abandon()
+            for uid, response_queue_id in waiting.items():
+                self.put_error_response(transport, response_queue_id, uid, e, response_type(lit_api))
             return more
+
+    @staticmethod
+    def _admit(lit_api: LitAPI, payloads: list, waiting: dict) -> None:
+        waiting.update({uid: response_queue_id for response_queue_id, uid, _ in payloads})
+        lit_api.scheduler.admit({uid: lit_api.decode_request(payload) for _, uid, payload in payloads})
+
+    def _admit_arrivals(self, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport,
+                        waiting: dict) -> bool:
+        """Admits what is queued now, without waiting; False when the server is stopping."""
+        try:
+            payloads, timed_out = collect(self, lit_api, request_queue, transport, wait=False)
+        except _StopLoopError:
+            return False
+        self._time_out(lit_api, transport, timed_out)
+        if payloads:
+            self._admit(lit_api, payloads, waiting)
+        return True
+
+    def _answer(self, lit_api: LitAPI, transport: MessageTransport, waiting: dict) -> None:
+        """Each request is answered once, when done."""
+        for uid, job in lit_api.scheduler.take_finished():
+            self.put_response(transport, waiting.pop(uid), uid, lit_api.encode_response(job), LitAPIStatus.OK,
+                              LoopResponseType.REGULAR)
 
 
 class PromptBatchedStreamingLoop(BatchedStreamingLoop):
@@ -152,7 +167,11 @@ class PromptBatchedStreamingLoop(BatchedStreamingLoop):
                     self.put_error_response(transport, response_queue_id, uid, e, stream)
 
 
-def collect(loop: BatchedLoop | BatchedStreamingLoop, lit_api: LitAPI, request_queue: Queue,
+def response_type(lit_api: LitAPI) -> LoopResponseType:
+    return LoopResponseType.STREAMING if lit_api.stream else LoopResponseType.REGULAR
+
+
+def collect(loop: LitLoop, lit_api: LitAPI, request_queue: Queue,
             transport: MessageTransport, wait: bool = True) -> tuple[list, list]:
     """(payloads, timed_out): up to `max_batch_size` requests as `(response_queue_id, uid, payload)`,
     and `(response_queue_id, uid)` of those that waited longer than `request_timeout` (LitServe
@@ -161,7 +180,6 @@ def collect(loop: BatchedLoop | BatchedStreamingLoop, lit_api: LitAPI, request_q
     payloads: list = []
     timed_out: list = []
     check_age = lit_api.request_timeout not in (-1, False)
-    response_type = LoopResponseType.STREAMING if lit_api.stream else LoopResponseType.REGULAR
     queue_depth = metrics().queue_depth.labels(lit_api.api_path.strip("/"))
 
     def take(item) -> None:
@@ -173,7 +191,7 @@ def collect(loop: BatchedLoop | BatchedStreamingLoop, lit_api: LitAPI, request_q
         response_queue_id, uid, queued_at, payload = item
         # Tells the HTTP process which worker holds the request (it fails them if that worker dies).
         loop.put_response(transport=transport, response_queue_id=response_queue_id, uid=uid, response_data=(),
-                          status=LitAPIStatus.START, response_type=response_type)
+                          status=LitAPIStatus.START, response_type=response_type(lit_api))
         if check_age and time.monotonic() - queued_at > lit_api.request_timeout:
             timed_out.append((response_queue_id, uid))
         else:

@@ -1,9 +1,14 @@
-"""The translation workers' batch collector (service/litserve_bridge.py), on a real queue with LitServe's
-own queue transport: what it takes, when it stops waiting, and what it tells the HTTP process."""
+"""The worker side of service/litserve_bridge.py, on a real queue with LitServe's own queue transport: the
+batch collector (what it takes, when it stops waiting, what it tells the HTTP process) and the loop that
+runs a LitAPI's scheduler (each request answered when done, the requests that arrive meanwhile joining;
+a scheduler that raises failing its requests, not the loop)."""
 
+import pickle
 import queue
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
@@ -11,16 +16,24 @@ from litserve.transport.process_transport import MPQueueTransport
 from litserve.utils import LitAPIStatus
 
 from service import litserve_bridge
-from service.litserve_bridge import PromptBatchedLoop, collect
 from service.cancel import CancelBoard
 from service.config import Settings
+from service.engine import Engine
+from service.litserve_bridge import SchedulerLoop, collect
 from service.translate_api import TranslateAPI
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from fairness import large_texts  # noqa: E402
+
+DE_EN = ROOT / "models" / "de-en"
+SMALL = {"texts": ["Hallo"], "source_lang": "de", "target_lang": "en", "number": 0}
 
 
 def make(max_batch_size=4, batch_timeout_ms=0.0, request_timeout=60.0):
     api = TranslateAPI(Settings(max_batch_size=max_batch_size, batch_timeout_ms=batch_timeout_ms), CancelBoard())
     api.request_timeout = request_timeout          # LitServer sets this from --request-timeout-s
-    loop = PromptBatchedLoop()
+    loop = SchedulerLoop()
     loop._restart_workers = True                   # as in our server: START tells which worker holds a request
     responses = queue.Queue()
     return api, loop, queue.Queue(), MPQueueTransport(None, [responses]), responses
@@ -32,7 +45,7 @@ def item(uid, queued_at=None):
 
 def test_the_translate_api_uses_this_collector():
     api, *_ = make()
-    assert isinstance(api.loop, PromptBatchedLoop)
+    assert isinstance(api.loop, SchedulerLoop)
 
 
 def test_takes_everything_already_queued_up_to_the_batch_size_without_waiting():
@@ -94,3 +107,51 @@ def test_the_shutdown_sentinel_stops_the_loop():
     requests.put(_SENTINEL_VALUE)
     with pytest.raises(_StopLoopError):
         collect(loop, api, requests, transport)
+
+
+# --- the loop around the scheduler ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(DE_EN, device="cpu", intra_op_threads=1)
+
+
+def large(n_texts: int, beam: int, request_id: str) -> dict:
+    return {"texts": large_texts(n_texts), "source_lang": "de", "target_lang": "en", "beam_size": beam,
+            "request_id": request_id, "number": 0}
+
+
+def answers(responses: queue.Queue) -> list[tuple[str, object, LitAPIStatus]]:
+    """(uid, body, status) of every response sent, START aside."""
+    out = []
+    while not responses.empty():
+        uid, (body, status, *_) = responses.get_nowait()
+        if status != LitAPIStatus.START:
+            out.append((uid, body, status))
+    return out
+
+
+def test_the_worker_loop_answers_a_small_request_before_the_large_ones_taken_before_it(engine):
+    api, loop, requests, transport, responses = make(max_batch_size=8)
+    api.use_engines({engine.package.name: engine})
+    requests.put((0, "small", time.monotonic(), SMALL | {"request_id": "s"}))  # queued meanwhile
+    payloads = [(0, "large-a", large(2, 8, "a")), (0, "large-b", large(2, 8, "b"))]
+    worker = threading.Thread(target=loop._serve, args=(api, requests, transport, payloads))
+    worker.start()
+    worker.join(timeout=600)
+    answered = [(uid, body) for uid, body, status in answers(responses) if status == LitAPIStatus.OK]
+    assert [uid for uid, _ in answered] == ["small", "large-a", "large-b"] or \
+        [uid for uid, _ in answered] == ["small", "large-b", "large-a"], [uid for uid, _ in answered]
+    assert all("translations" in body for _, body in answered)
+
+
+def test_a_scheduler_that_raises_fails_its_requests_and_the_loop_goes_on(engine, monkeypatch):
+    api, loop, requests, transport, responses = make()
+    api.use_engines({engine.package.name: engine})
+    monkeypatch.setattr(api.scheduler, "step", lambda: 1 / 0)
+    payloads = [(0, "a", SMALL | {"request_id": "a"}), (0, "b", SMALL | {"request_id": "b", "texts": ["Welt"]})]
+    assert loop._serve(api, requests, transport, payloads)
+    sent = answers(responses)
+    assert [(uid, status) for uid, _, status in sent] == [("a", LitAPIStatus.ERROR), ("b", LitAPIStatus.ERROR)]
+    assert isinstance(pickle.loads(sent[0][1]), ZeroDivisionError)
+    assert not api.scheduler.busy and not api.scheduler.jobs
