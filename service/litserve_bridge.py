@@ -1,7 +1,6 @@
 """The one module that touches LitServe's internals (litserve==0.2.19 is pinned for them): the worker loop
-that takes requests off a queue and runs the translation worker's scheduler (service/scheduler.py, which
-knows no LitServe), the generation worker's batched streaming loop, and the HTTP side's way into and out
-of the workers (`Workers`).
+that takes requests off a queue and runs the worker's scheduler (service/scheduler.py, which knows no
+LitServe), and the HTTP side's way into and out of the workers (`Workers`).
 
 How an inference worker takes requests off its queue: the moment it is free. LitServe's collector opens
 a window of `batch_timeout` whenever the worker asks for work, queue empty or not, and closes it only
@@ -31,13 +30,11 @@ from typing import AsyncIterator
 import litserve as ls
 from fastapi import HTTPException, Request
 from litserve import LitAPI
-from litserve.callbacks import CallbackRunner, EventTypes
-from litserve.loops import BatchedStreamingLoop
+from litserve.callbacks import CallbackRunner
 from litserve.loops.base import _SENTINEL_VALUE, LitLoop, _StopLoopError
 from litserve.server import RegularRequestHandler, StreamingRequestHandler
 from litserve.transport.base import MessageTransport
-from litserve.utils import (LitAPIStatus, LoopResponseType, PickleableHTTPException, ResponseBufferItem,
-                            WorkerSetupStatus)
+from litserve.utils import LitAPIStatus, LoopResponseType, ResponseBufferItem, WorkerSetupStatus
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .cancel import CancelBoard
@@ -55,7 +52,8 @@ class SchedulerLoop(LitLoop):
     """The inference worker's loop: LitServe's queue and transport around a LitAPI's scheduler
     (service/scheduler.py, `lit_api.scheduler`), with the collector described above. The requests it takes
     are decoded (`lit_api.decode_request`) and admitted; the scheduler then runs one step at a time, and
-    after each step the requests it has finished are answered (`lit_api.encode_response`). Between steps
+    after each step whatever it has ready goes out through `lit_api.encode_response`: a translation once,
+    when done, a generation request (a streaming LitAPI) as every step brings it new text. Between steps
     (every POLL_S at most, and only while the scheduler wants them: a look at the queue is a round trip to
     LitServe's manager process) requests that arrived join the work under way, so a one-word request does
     not wait for the large ones taken before it."""
@@ -117,54 +115,20 @@ class SchedulerLoop(LitLoop):
         return True
 
     def _answer(self, lit_api: LitAPI, transport: MessageTransport, waiting: dict) -> None:
-        """Each request is answered once, when done."""
-        for uid, job in lit_api.scheduler.take_finished():
-            self.put_response(transport, waiting.pop(uid), uid, lit_api.encode_response(job), LitAPIStatus.OK,
-                              LoopResponseType.REGULAR)
-
-
-class PromptBatchedStreamingLoop(BatchedStreamingLoop):
-    """LitServe's batched streaming loop with the collector described above. That loop calls LitServe's
-    collector directly rather than through `get_batch_requests`, so this is its body, less the
-    LitSpec contexts we do not use: decode_request and batch once, then every item predict yields goes
-    through unbatch and encode_response and out to each request's HTTP process, then FINISH."""
-
-    def run_batched_streaming_loop(self, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport,
-                                   callback_runner: CallbackRunner, lit_spec=None) -> None:
+        """A translation is answered once, when done; a generation request (a streaming LitAPI) gets each
+        step's new text as an event, and FINISH once over."""
+        if not lit_api.stream:
+            for uid, job in lit_api.scheduler.take_finished():
+                self.put_response(transport, waiting.pop(uid), uid, lit_api.encode_response(job), LitAPIStatus.OK,
+                                  LoopResponseType.REGULAR)
+            return
         stream = LoopResponseType.STREAMING
-        while True:
-            try:
-                payloads, timed_out = collect(self, lit_api, request_queue, transport)
-            except _StopLoopError:
-                return
-            for response_queue_id, uid in timed_out:
-                self.put_response(transport, response_queue_id, uid, HTTPException(504, "Request timed out"),
-                                  LitAPIStatus.ERROR, stream)
-            if not payloads:
-                continue
-            response_queue_ids, uids, inputs = zip(*payloads)
-            try:
-                callback_runner.trigger_event(EventTypes.BEFORE_DECODE_REQUEST.value, lit_api=lit_api)
-                x = [lit_api.decode_request(i) for i in inputs]
-                callback_runner.trigger_event(EventTypes.AFTER_DECODE_REQUEST.value, lit_api=lit_api)
-                x = lit_api.batch(x)
-                callback_runner.trigger_event(EventTypes.BEFORE_PREDICT.value, lit_api=lit_api)
-                y = lit_api.predict(x)
-                callback_runner.trigger_event(EventTypes.AFTER_PREDICT.value, lit_api=lit_api)
-                for y_batch in lit_api.encode_response(lit_api.unbatch(y)):
-                    for response_queue_id, y_enc, uid in zip(response_queue_ids, y_batch, uids):
-                        self.put_response(transport, response_queue_id, uid, lit_api.format_encoded_response(y_enc),
-                                          LitAPIStatus.OK, stream)
-                for response_queue_id, uid in zip(response_queue_ids, uids):
-                    self.put_response(transport, response_queue_id, uid, "", LitAPIStatus.FINISH_STREAMING, stream)
-            except HTTPException as e:
-                for response_queue_id, uid in zip(response_queue_ids, uids):
-                    self.put_response(transport, response_queue_id, uid, PickleableHTTPException.from_exception(e),
-                                      LitAPIStatus.ERROR, stream)
-            except Exception as e:
-                log.exception("the generation batch failed")
-                for response_queue_id, uid in zip(response_queue_ids, uids):
-                    self.put_error_response(transport, response_queue_id, uid, e, stream)
+        for uid, job, over in lit_api.scheduler.take_progress():
+            if event := lit_api.encode_response(job):
+                self.put_response(transport, waiting[uid], uid, lit_api.format_encoded_response(event),
+                                  LitAPIStatus.OK, stream)
+            if over:
+                self.put_response(transport, waiting.pop(uid), uid, "", LitAPIStatus.FINISH_STREAMING, stream)
 
 
 def response_type(lit_api: LitAPI) -> LoopResponseType:

@@ -1,24 +1,27 @@
-"""The worker's scheduler for translation: which requests' sentences the engine decodes at each step. No
-LitServe here: the worker loop (litserve_bridge.SchedulerLoop) feeds it the requests it takes off the
-queue and runs it one step at a time; the LitAPI (translate_api) turns a request into a job (validation,
-tokenizing) and a job into its answer. It is driven so:
+"""The worker's scheduler: which requests' rows the engine decodes at each step, for translation
+(`TranslationScheduler`) and for generation (`GenerationScheduler`). No LitServe here: the worker loop
+(litserve_bridge.SchedulerLoop) feeds a scheduler the requests it takes off the queue and runs it one
+step at a time; the LitAPIs (translate_api, generate_api) turn a request into a job (validation,
+tokenizing) and a job into its answer. Both schedulers are driven alike:
 
     admit({key: job})     requests join, also while others are under way (key: the caller's name for each)
     busy                  whether there is work left: call step()
     wants_new_requests()  whether a request arriving now would start before the work under way ends (the
                           loop looks at its queue between steps only then: each look costs a round trip)
     step()                one decoder step
-    take_finished()       the requests that can be answered now, which the scheduler forgets
+    take_finished()       translation: the requests that can be answered now, which the scheduler forgets
+    take_progress()       generation: every request held, each with whether it is over (the over ones leave)
     abandon()             forget everything (after an unexpected exception, whose requests the loop fails)
 
 Failures: a request that cannot be served is a `Failure` value, never an exception, so its batch-mates are
-still served; an engine batch that raises is retried one sentence at a time.
+still served; an engine batch that raises is retried one sentence at a time, a generation group that raises
+fails its own requests only.
 
-Fairness: engine batches run in order of their requests' cost tier (source tokens x beam, each tier twice
-the one before), so the sentences of a one-word request start at the next decoder step, before the rest of
-a large request's engine batch; a large request's paused search keeps its cache and goes on after (and
-gets steps back under a steady stream of small requests, LEND_S). A sentence's answer does not depend on
-its batch-mates or on what runs between its steps (tests/test_batch_invariance.py).
+Translation, fairness: engine batches run in order of their requests' cost tier (source tokens x beam, each
+tier twice the one before), so the sentences of a one-word request start at the next decoder step, before
+the rest of a large request's engine batch; a large request's paused search keeps its cache and goes on
+after (and gets steps back under a steady stream of small requests, LEND_S). A sentence's answer does not
+depend on its batch-mates or on what runs between its steps (tests/test_batch_invariance.py).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import numpy as np
 from .cancel import CancelBoard
 from .engine import Engine, SearchOptions
 from .metrics import metrics
-from .shared.search import Hypothesis
+from .shared.search import Hypothesis, Steps
 
 log = logging.getLogger("transerve")
 
@@ -298,3 +301,188 @@ class TranslationScheduler:
                 with contextlib.suppress(Exception):   # called while handling an error: do not add one
                     eb.steps.close()
         self.jobs, self.batches, self.fresh, self.lent = {}, [], set(), 0.0
+
+
+# --- generation -------------------------------------------------------------------------------------------
+@dataclass
+class GenJob:
+    """One generation request: its prompt and, as the worker goes, each returned sequence's text."""
+    request_id: str
+    number: int                           # CancelBoard number
+    model: str
+    options: SearchOptions
+    prompt: list[int]
+    n: int                                # sequences returned
+    seeds: list[int | None]
+    stop: list[str]
+    max_new_tokens: int
+    received: float
+    texts: list[str] = field(default_factory=list)
+    emitted: list[int] = field(default_factory=list)     # characters of texts[k] sent (by generate_api)
+    tokens: list[int] = field(default_factory=list)
+    finish: list[str | None] = field(default_factory=list)
+    failure: Failure | None = None
+    started: float = 0.0
+    reported: bool = False                # its last event was made (by generate_api)
+
+    @property
+    def over(self) -> bool:
+        return self.failure is not None or all(f is not None for f in self.finish)
+
+
+@dataclass
+class Group:
+    """Sequences decoded together: same model and options."""
+    model: str
+    options: SearchOptions
+    rows: list[tuple[Hashable, int]]      # (job key, sequence index) of each engine row
+    prompts: list[list[int]]
+    seeds: list[int | None]
+    beam: bool                            # beam search: one row per job, its n best hypotheses
+    cancel: set[int] = field(default_factory=set)    # rows the engine drops at its next step
+    steps: Steps | None = None            # its decoding, once started (Engine.generate_steps)
+    t0: float = 0.0                       # when it started (perf_counter)
+
+
+def _stop_at(text: str, stops: list[str]) -> int:
+    """Where the first stop sequence in `text` begins; -1 if none is there."""
+    return min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+
+
+class GenerationScheduler:
+    """The generation requests a worker holds, grouped by model and decoding options, every group one engine
+    step per step(). A sequence leaves its group's batch at its eos, at a stop sequence, or when its
+    request's client goes away; beam search runs whole at its group's first step (it does not stream)."""
+    endpoint = "generate"                 # its metrics' label
+
+    def __init__(self, engines: dict[str, Engine], board: CancelBoard):
+        self.engines, self.board = engines, board
+        self.jobs: dict[Hashable, GenJob | Failure] = {}   # admitted, not over yet; in the order admitted
+        self.groups: list[Group] = []                      # decoding, or to start at the next step
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.groups)
+
+    def wants_new_requests(self) -> bool:
+        """Never yet: a generation batch runs to its end before the worker takes the next."""
+        return False
+
+    def admit(self, jobs: dict[Hashable, GenJob | Failure]) -> None:
+        """Adds requests; their sequences start at the next step, in groups of their own."""
+        metrics().batch_requests.labels(self.endpoint).observe(len(jobs))
+        self.jobs.update(jobs)
+        groups: dict[tuple, Group] = {}
+        now = time.monotonic()
+        for key, job in jobs.items():
+            if not isinstance(job, GenJob):
+                continue
+            job.started = now
+            beam = job.options.beam_size > 1
+            g = groups.setdefault((job.model, job.options.batch_key()), Group(job.model, job.options, [], [], [], beam))
+            for k in range(1 if beam else job.n):
+                g.rows.append((key, k))
+                g.prompts.append(job.prompt)
+                g.seeds.append(job.seeds[k])
+        self.groups += groups.values()
+
+    def step(self) -> None:
+        """One engine step of every group (a new group's first), then the sequences of requests whose client
+        went away leave."""
+        for g in list(self.groups):
+            self._step_group(g)
+        self._drop_gone()
+
+    def _step_group(self, g: Group) -> None:
+        engine = self.engines[g.model]
+        try:
+            if g.steps is None:
+                g.t0 = time.perf_counter()
+                g.steps = engine.generate_steps(g.prompts, g.options, seeds=g.seeds, cancel=g.cancel)
+            step = next(g.steps)
+        except StopIteration as done:
+            self.groups.remove(g)
+            metrics().inference.labels(self.endpoint, g.model).observe(time.perf_counter() - g.t0)
+            metrics().batch_sentences.labels(self.endpoint, g.model).observe(len(g.rows))
+            if g.beam:  # beam search streams nothing: its hypotheses arrive whole
+                for (key, _), hyps in zip(g.rows, done.value):
+                    for k in range(getattr(self.jobs.get(key), "n", 0)):   # 0: it is over already
+                        self._extend(key, k, list(hyps[k].tokens) if k < len(hyps) else [], True)
+            return
+        except Exception:
+            self.groups.remove(g)
+            self._fail_group(g)
+            return
+        for s, tok in zip(step.sentence, step.tokens):
+            key, k = g.rows[s]
+            self._extend(key, k, [] if tok == engine.eos_id else [int(tok)], tok == engine.eos_id)
+
+    def _extend(self, key: Hashable, k: int, tokens: list[int], ended: bool) -> None:
+        """Sequence k of a request gets these tokens; a stop sequence in its text ends it there."""
+        job = self.jobs.get(key)
+        if not isinstance(job, GenJob) or job.failure is not None or job.finish[k] is not None:
+            return
+        try:
+            job.tokens[k] += len(tokens)
+            job.texts[k] += self.engines[job.model].piece_text(tokens)
+        except Exception:   # this request fails alone: take_progress() reports it, its rows leave
+            log.exception("decoding the tokens of request %s failed", job.request_id)
+            job.failure = internal_failure()
+            return
+        stop_at = _stop_at(job.texts[k], job.stop)
+        if stop_at >= 0:
+            job.texts[k] = job.texts[k][:stop_at]
+            job.finish[k] = "stop"
+            self._cancel(key, k)
+        elif ended:
+            job.finish[k] = "length" if job.tokens[k] >= job.max_new_tokens else "stop"
+
+    def _drop_gone(self) -> None:
+        """Requests whose client went away end, their unfinished sequences "cancelled"."""
+        held = [(key, job) for key, job in self.jobs.items() if isinstance(job, GenJob)]
+        if not held:
+            return
+        gone = self.board.cancelled(np.array([job.number for _, job in held], dtype=np.int64))
+        for (key, job), went in zip(held, gone):
+            if not went:
+                continue
+            for k in range(job.n):
+                if job.finish[k] is None:
+                    job.finish[k] = "cancelled"
+                    self._cancel(key, k)
+
+    def _fail_group(self, g: Group) -> None:
+        """Called from an except block: the group's requests fail; the other groups go on."""
+        log.exception("generation failed for %d sequences of %s; their requests fail alone", len(g.rows), g.model)
+        for key in dict.fromkeys(key for key, _ in g.rows):
+            job = self.jobs.get(key)
+            if isinstance(job, GenJob) and not job.over:
+                job.failure = internal_failure()
+
+    def _cancel(self, key: Hashable, k: int) -> None:
+        """Sequence k of a request leaves its group's batch at the next step."""
+        for g in self.groups:
+            g.cancel.update(r for r, row in enumerate(g.rows) if row == (key, k))
+
+    def _leave(self, key: Hashable, job: GenJob | Failure) -> None:
+        self.jobs.pop(key, None)
+        for k in range(getattr(job, "n", 0)):
+            self._cancel(key, k)
+
+    def take_progress(self) -> list[tuple[Hashable, GenJob | Failure, bool]]:
+        """Every request held, with whether it is over (each sequence finished, or it failed): the over ones
+        leave, and their sequences still decoding stop at the next step. Each request's new text is in its
+        job (texts, finish); what of it is sent is the encoder's business."""
+        out = [(key, job, isinstance(job, Failure) or job.over) for key, job in self.jobs.items()]
+        for key, job, over in out:
+            if over:
+                self._leave(key, job)
+        return out
+
+    def abandon(self) -> None:
+        """Forgets every request and group; the started ones hand their cache back."""
+        for g in self.groups:
+            if g.steps is not None:
+                with contextlib.suppress(Exception):   # called while handling an error: do not add one
+                    g.steps.close()
+        self.jobs, self.groups = {}, []

@@ -492,18 +492,22 @@ def test_a_generation_hook_that_raises_fails_only_its_request():
     from service.generate_api import GenerateAPI
 
     api = GenerateAPI(Settings(), CancelBoard())
-    api.engines, api.default_model = {"m": Exploding()}, "m"
+    api.use_engines({"m": Exploding()})
     requests = [{"prompt": "ok", "temperature": 0, "max_new_tokens": 8},
                 {"prompt": "boom"},                                        # decode_request raises
                 {"prompt": "ok", "top_k": 7, "max_new_tokens": 8},         # its engine group raises
-                {"prompt": "ok", "top_k": 9, "max_new_tokens": 8},         # encode_response raises
+                {"prompt": "ok", "top_k": 9, "max_new_tokens": 8},         # its first token has no text
                 {"prompt": "ok", "temperature": 0, "max_new_tokens": 8}]
     jobs = [api.decode_request(r | {"number": n + 1}) for n, r in enumerate(requests)]
     events = [[] for _ in jobs]
-    for step in api.encode_response(api.unbatch(api.predict(api.batch(jobs)))):
-        for j, event in enumerate(step):
-            if event:
+    api.scheduler.admit(dict(enumerate(jobs)))
+    while True:   # as the worker loop drives it
+        for j, job, _ in api.scheduler.take_progress():
+            if event := api.encode_response(job):
                 events[j].append(event)
+        if not api.scheduler.busy:
+            break
+        api.scheduler.step()
     for j in (1, 2, 3):
         assert events[j][-1] == {"error": {"type": "internal_error", "message": events[j][-1]["error"]["message"]},
                                  "status": 500}, events[j]

@@ -1,8 +1,9 @@
 """The worker side of service/litserve_bridge.py, on a real queue with LitServe's own queue transport: the
 batch collector (what it takes, when it stops waiting, what it tells the HTTP process) and the loop that
 runs a LitAPI's scheduler (each request answered when done, the requests that arrive meanwhile joining;
-a scheduler that raises failing its requests, not the loop)."""
+a generation request's events streamed; a scheduler that raises failing its requests, not the loop)."""
 
+import json
 import pickle
 import queue
 import sys
@@ -19,12 +20,14 @@ from service import litserve_bridge
 from service.cancel import CancelBoard
 from service.config import Settings
 from service.engine import Engine
+from service.generate_api import GenerateAPI
 from service.litserve_bridge import SchedulerLoop, collect
 from service.translate_api import TranslateAPI
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from fairness import large_texts  # noqa: E402
+from test_scheduler import EchoLM  # noqa: E402
 
 DE_EN = ROOT / "models" / "de-en"
 SMALL = {"texts": ["Hallo"], "source_lang": "de", "target_lang": "en", "number": 0}
@@ -46,6 +49,7 @@ def item(uid, queued_at=None):
 def test_the_translate_api_uses_this_collector():
     api, *_ = make()
     assert isinstance(api.loop, SchedulerLoop)
+    assert isinstance(GenerateAPI(Settings(), CancelBoard()).loop, SchedulerLoop)
 
 
 def test_takes_everything_already_queued_up_to_the_batch_size_without_waiting():
@@ -143,6 +147,24 @@ def test_the_worker_loop_answers_a_small_request_before_the_large_ones_taken_bef
     assert [uid for uid, _ in answered] == ["small", "large-a", "large-b"] or \
         [uid for uid, _ in answered] == ["small", "large-b", "large-a"], [uid for uid, _ in answered]
     assert all("translations" in body for _, body in answered)
+
+
+def test_a_generation_request_is_streamed_step_by_step_and_finished():
+    _, loop, requests, transport, responses = make()
+    api = GenerateAPI(Settings(), CancelBoard())
+    api.use_engines({"lm": EchoLM()})
+    payloads = [(0, "ok", {"prompt": "abc", "temperature": 0, "max_new_tokens": 8, "stop": ["c"]}),
+                (0, "bad", {"prompt": "abc", "beam_size": 2, "num_return_sequences": 3})]
+    assert loop._serve(api, requests, transport, payloads)
+    sent = answers(responses)
+    events = {uid: [json.loads(body) for u, body, status in sent if u == uid and status == LitAPIStatus.OK]
+              for uid in ("ok", "bad")}
+    assert events["bad"] == [{"error": {"type": "invalid_request", "message": events["bad"][0]["error"]["message"]},
+                              "status": 422}]
+    assert "".join(p["text"] for e in events["ok"] for p in e["pieces"]) == "ab"
+    assert events["ok"][-1]["done"]["choices"] == [{"index": 0, "finish_reason": "stop", "tokens": 3}]
+    finished = [uid for uid, _, status in sent if status == LitAPIStatus.FINISH_STREAMING]
+    assert sorted(finished) == ["bad", "ok"] and sent[-1][2] == LitAPIStatus.FINISH_STREAMING
 
 
 def test_a_scheduler_that_raises_fails_its_requests_and_the_loop_goes_on(engine, monkeypatch):

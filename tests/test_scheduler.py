@@ -1,8 +1,9 @@
 """The worker's scheduler (service/scheduler.py), driven directly as the worker loop drives it, without a
 server or LitServe: fairness between translation requests (issue 27: a one-word request beside large ones
-is scheduled first and answered first, with the same answer it gets alone) on models/de-en, and what a
-small fake engine shows plainly: a request failing alone, a client that went away. What fairness buys in
-latency is measured by benchmarks/fairness.py, not asserted here."""
+is scheduled first and answered first, with the same answer it gets alone) on models/de-en, and what small
+fake engines show plainly: a request failing alone, a client that went away, generation's sequences
+leaving at their eos, a stop sequence or a disconnect. What fairness buys in latency is measured by
+benchmarks/fairness.py, not asserted here."""
 
 import sys
 import time
@@ -15,7 +16,8 @@ from service.cancel import CancelBoard
 from service.config import Settings
 from service.engine import Engine
 from service import scheduler as scheduling
-from service.scheduler import Failure, Job, TranslationScheduler, cost_tier, request_cost
+from service.scheduler import (Failure, GenerationScheduler, GenJob, Job, TranslationScheduler, cost_tier,
+                               request_cost)
 from service.shared.options import SearchOptions
 from service.text import split_sentences
 
@@ -213,3 +215,130 @@ def test_abandon_forgets_everything_and_closes_started_searches(engine):
     started = s.batches[0].steps
     s.abandon()
     assert not s.busy and not s.jobs and s.take_finished() == [] and started.gi_frame is None
+
+
+# --- generation, on a fake engine -----------------------------------------------------------------------
+
+class EchoLM:
+    """A generation engine whose every row writes its prompt (less bos) back, one token a step, then eos;
+    piece i is the letter chr(96 + i), but "y" has no text (piece_text raises). Beam search returns the
+    echo whole, at once. Options with top_k 7 raise. Counts the rows of each step."""
+    eos_id, bos_id, max_positions = 0, 30, 64
+
+    def __init__(self):
+        self.rows_per_step: list[int] = []
+
+    def prompt_ids(self, texts):
+        return [[self.bos_id] + [ord(c) - 96 for c in text] for text in texts]
+
+    def piece_text(self, ids):
+        if 25 in ids:
+            raise ValueError("no such piece")
+        return "".join(chr(96 + i) for i in ids)
+
+    def generate_steps(self, prompts, options, *, seeds=None, cancel=None):
+        if options.top_k == 7:
+            raise RuntimeError("engine failure")
+        if options.beam_size > 1:
+            return whole([[SimpleNamespace(tokens=list(p[1:]))] * options.num_hypotheses for p in prompts])
+        return self._steps([list(p[1:]) + [self.eos_id] for p in prompts], cancel)
+
+    def _steps(self, scripts, cancel):
+        done = set()
+        for t in range(max(map(len, scripts))):
+            rows = [i for i in range(len(scripts)) if i not in done and i not in cancel]
+            if not rows:
+                break
+            self.rows_per_step.append(len(rows))
+            tokens = [scripts[i][t] for i in rows]
+            done |= {i for i, tok in zip(rows, tokens) if tok == self.eos_id}
+            yield SimpleNamespace(sentence=rows, tokens=tokens)
+        return []
+
+
+def whole(result):
+    """A generator that yields nothing and returns `result`: how the engine hands back a beam search."""
+    return result
+    yield  # unreachable: makes this a generator
+
+
+def gen_job(text: str, request_id: str, *, n: int = 1, stop=(), number: int = -1, beam: int = 1,
+            top_k: int = 0) -> GenJob:
+    options = SearchOptions(beam_size=beam, num_hypotheses=n if beam > 1 else 1, max_length=33,
+                            sampling=beam == 1 and n > 1,
+                            top_k=top_k)
+    (prompt,) = EchoLM().prompt_ids([text])
+    return GenJob(request_id, number, "lm", options, prompt, n, [None] * n, list(stop), 32, time.monotonic(),
+                  texts=[""] * n, emitted=[0] * n, tokens=[0] * n, finish=[None] * n)
+
+
+def run_generation(s: GenerationScheduler, jobs: dict, after_step=lambda s: None) -> tuple[dict, list]:
+    """As the worker loop drives it: every request's job once over, and how many were held at each take."""
+    s.admit(jobs)
+    over, held = {}, []
+    while True:
+        progress = s.take_progress()
+        held.append(len(progress))
+        over.update({key: job for key, job, done in progress if done})
+        if not s.busy:
+            return over, held
+        s.step()
+        after_step(s)
+
+
+def test_generation_streams_each_sequence_until_its_eos_and_finished_rows_leave():
+    lm = EchoLM()
+    s = GenerationScheduler({"lm": lm}, CancelBoard())
+    over, held = run_generation(s, {"ab": gen_job("ab", "ab"), "long": gen_job("abcdef", "long")})
+    assert over["ab"].texts == ["ab"] and over["long"].texts == ["abcdef"] and over["long"].tokens == [6]
+    assert over["ab"].finish == over["long"].finish == ["stop"] and not s.jobs and not s.wants_new_requests()
+    assert lm.rows_per_step == [2, 2, 2, 1, 1, 1, 1]
+    assert held[0] == 2 and held[-1] == 0
+
+
+def test_each_sampled_sequence_is_a_row_of_its_own():
+    s = GenerationScheduler({"lm": EchoLM()}, CancelBoard())
+    over, _ = run_generation(s, {"two": gen_job("xw", "two", n=2)})
+    assert over["two"].texts == ["xw", "xw"] and over["two"].finish == ["stop", "stop"]
+
+
+def test_a_stop_sequence_ends_its_sequence_and_its_row_leaves():
+    lm = EchoLM()
+    s = GenerationScheduler({"lm": lm}, CancelBoard())
+    over, _ = run_generation(s, {"a": gen_job("abcdefgh", "a", stop=["cd", "zz"])})
+    assert over["a"].texts == ["ab"] and over["a"].finish == ["stop"] and over["a"].tokens == [4]
+    assert lm.rows_per_step == [1, 1, 1, 1]
+
+
+def test_a_request_whose_client_went_away_ends_cancelled_and_its_rows_leave():
+    board, lm = CancelBoard(), EchoLM()
+    s = GenerationScheduler({"lm": lm}, board)
+
+    def cancel_after_two_steps(s):
+        if len(lm.rows_per_step) == 2:
+            board.cancel(5)
+
+    over, _ = run_generation(s, {"gone": gen_job("abcdefgh", "gone", number=5), "here": gen_job("abcdef", "here")},
+                             after_step=cancel_after_two_steps)
+    assert over["gone"].finish == ["cancelled"] and over["gone"].texts == ["abc"]   # seen after the third step
+    assert over["here"].finish == ["stop"] and over["here"].texts == ["abcdef"]
+    assert lm.rows_per_step == [2, 2, 2, 1, 1, 1, 1]
+
+
+def test_a_failing_generation_group_fails_only_its_requests():
+    s = GenerationScheduler({"lm": EchoLM()}, CancelBoard())
+    refused = Failure(413, "too_many_tokens", "too long")
+    s.admit({"refused": refused})
+    assert s.take_progress() == [("refused", refused, True)] and not s.jobs    # reported before any step
+    over, _ = run_generation(s, {"ok": gen_job("ab", "ok"), "bad": gen_job("ab", "bad", top_k=7),
+                                 "beam": gen_job("abc", "beam", n=2, beam=4)})
+    assert over["bad"].failure.status == 500 and over["ok"].failure is None and over["ok"].texts == ["ab"]
+    assert over["beam"].texts == ["abc", "abc"] and over["beam"].finish == ["stop", "stop"]
+
+
+def test_a_sequence_whose_text_cannot_be_made_fails_its_request_alone():
+    lm = EchoLM()
+    s = GenerationScheduler({"lm": lm}, CancelBoard())
+    over, _ = run_generation(s, {"bad": gen_job("aaay", "bad"), "ok": gen_job("abcdef", "ok")})
+    assert over["bad"].failure.status == 500 and over["ok"].texts == ["abcdef"]
+    assert lm.rows_per_step == [2, 2, 2, 2, 1, 1, 1]         # the failed row leaves at the next step
