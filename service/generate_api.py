@@ -1,15 +1,14 @@
 """The LitAPI behind POST /generate: decoder-only generation, batched and streamed, in each inference
-worker process.
+worker process; a thin adapter over the worker's scheduler.
 
-    decode_request  validate against the loaded generation packages, tokenize the prompt
-    batch           every sequence of every request, grouped by model and decoding options
-    predict         arrays only: one engine step per group per iteration, yielding what each chose
-    encode_response per request and step: the new text, stop sequences, the final event
+    setup           load the generation packages, start a GenerationScheduler over them, warm up
+    decode_request  validate against the loaded generation packages, tokenize the prompt: a GenJob
+    encode_response per request and step: the new text, the final event
 
-LitServe's batched streaming loop chains these as generators, so `encode_response` sees each step
-before `predict` takes the next one: when it finds a stop sequence it adds the sequence to the
-group's `cancel` set, and the engine drops that row on the very next step. A request whose client
-went away is found on the `CancelBoard`, shared with the HTTP processes, and dropped the same way.
+The worker's loop (litserve_bridge.SchedulerLoop) admits each decoded request into `self.scheduler`
+(service/scheduler.py), runs it one engine step at a time and, after each step, encodes every request
+it holds: the scheduler has added each sequence's new text (and ended a sequence at a stop sequence, its
+eos, or its client's disconnect), this sends what of it may be sent.
 
 Every request is streamed from the worker; the HTTP layer either forwards the events as
 server-sent events or collects them into one JSON response, so a streamed text is by construction
@@ -20,62 +19,18 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 
 import litserve as ls
-import numpy as np
 
-from .litserve_bridge import PromptBatchedStreamingLoop
+from .cancel import CancelBoard
 from .config import Settings, lower_worker_priority
 from .engine import Engine, SearchOptions
-from .cancel import CancelBoard
+from .litserve_bridge import SchedulerLoop
 from .metrics import metrics
-from .translate_api import Failure, for_one_request, internal_failure
+from .scheduler import Failure, GenerationScheduler, GenJob, for_one_request
 
 log = logging.getLogger("transerve")
-ENDPOINT = "generate"
-
-
-@dataclass
-class GenJob:
-    """One request: its prompt and, as the worker goes, each returned sequence's text."""
-    request_id: str
-    number: int                           # CancelBoard number
-    model: str
-    options: SearchOptions
-    prompt: list[int]
-    n: int                                # sequences returned
-    seeds: list[int | None]
-    stop: list[str]
-    max_new_tokens: int
-    received: float
-    texts: list[str] = field(default_factory=list)
-    emitted: list[int] = field(default_factory=list)     # characters of texts[k] already sent
-    tokens: list[int] = field(default_factory=list)
-    finish: list[str | None] = field(default_factory=list)
-    started: float = 0.0
-    reported: bool = False                # the final event was sent
-
-
-@dataclass
-class Group:
-    """Sequences decoded together: same model and options."""
-    model: str
-    options: SearchOptions
-    rows: list[tuple[int, int]]           # (job index, sequence index) of each engine row
-    prompts: list[list[int]]
-    seeds: list[int | None]
-    beam: bool                            # beam search: one row per job, its n best hypotheses
-
-
-@dataclass
-class StepEvents:
-    """What one iteration produced for each job: (sequence index, new token ids, ended)."""
-    jobs: list[GenJob | Failure]
-    events: list[list[tuple[int, list[int], bool]]]
-    cancels: list[set[int]]               # per group, rows to drop (written by encode_response)
-    groups: list[Group]
-    gone: np.ndarray | None = None        # per job: its client went away (read once per step in predict)
+ENDPOINT = GenerationScheduler.endpoint
 
 
 def _held_back(text: str, stops: list[str]) -> int:
@@ -92,7 +47,7 @@ def _held_back(text: str, stops: list[str]) -> int:
 class GenerateAPI(ls.LitAPI):
     def __init__(self, settings: Settings, board: CancelBoard):
         super().__init__(max_batch_size=settings.max_batch_size, batch_timeout=settings.batch_timeout_ms / 1000,
-                         api_path="/generate", stream=True, loop=PromptBatchedStreamingLoop())
+                         api_path="/generate", stream=True, loop=SchedulerLoop())
         self.settings = settings
         self.board = board
 
@@ -100,19 +55,25 @@ class GenerateAPI(ls.LitAPI):
         self.board.worker_started(ENDPOINT)   # first: the gateway fails what a dead predecessor held
         lower_worker_priority(self.settings)
         provider = "cpu" if self.settings.device == "cpu" or not str(device).startswith("cuda") else "cuda"
-        self.engines: dict[str, Engine] = {}
+        engines: dict[str, Engine] = {}
         for path in self.settings.model_paths:
             engine = Engine(path, device=provider, intra_op_threads=self.settings.threads,
                             spin_wait=self.settings.spin_wait)
             if engine.task != "generation":
                 continue
-            name = engine.package.name
-            self.engines[name] = engine
-            metrics().model_info.labels(model=name, directions="generation", precision=engine.package.meta["precision"],
-                                  provider=engine.device_type).set(1)
+            engines[engine.package.name] = engine
+            metrics().model_info.labels(model=engine.package.name, directions="generation",
+                                        precision=engine.package.meta["precision"], provider=engine.device_type).set(1)
             engine.generate(["Hallo"], max_new_tokens=4)  # warm-up before /ready
-        self.default_model = next(iter(self.engines))
+        self.use_engines(engines)
         log.info("generation worker ready: %s", list(self.engines))
+
+    def use_engines(self, engines: dict[str, Engine]) -> None:
+        """Serves these engines (by package name; setup() loads them, a test may pass its own), the first the
+        default, and the scheduler that runs them."""
+        self.engines = engines
+        self.default_model = next(iter(engines))
+        self.scheduler = GenerationScheduler(engines, self.board)
 
     # --- per request -------------------------------------------------------------------------------
     def decode_request(self, request: dict) -> GenJob | Failure:
@@ -159,121 +120,26 @@ class GenerateAPI(ls.LitAPI):
                       list(request.get("stop") or []), max_new, request.get("received", time.monotonic()),
                       texts=[""] * n, emitted=[0] * n, tokens=[0] * n, finish=[None] * n)
 
-    def batch(self, jobs: list[GenJob | Failure]) -> StepEvents:
-        metrics().batch_requests.labels(ENDPOINT).observe(len(jobs))
-        groups: dict[tuple, Group] = {}
-        started = time.monotonic()
-        for j, job in enumerate(jobs):
-            if not isinstance(job, GenJob):
-                continue
-            job.started = started
-            beam = job.options.beam_size > 1
-            g = groups.setdefault((job.model, job.options.batch_key()),
-                                  Group(job.model, job.options, [], [], [], beam))
-            for k in range(1 if beam else job.n):
-                g.rows.append((j, k))
-                g.prompts.append(job.prompt)
-                g.seeds.append(job.seeds[k])
-        gs = list(groups.values())
-        return StepEvents(list(jobs), [], [set() for _ in gs], gs)
-
-    def predict(self, plan: StepEvents):
-        """Arrays only: advances every group one engine step per iteration and yields, per job, the
-        tokens each sequence chose."""
-        steps = {}
-        for gi, g in enumerate(plan.groups):
-            try:  # beam search runs whole here
-                steps[gi] = self.engines[g.model].generate_steps(g.prompts, g.options, seeds=g.seeds,
-                                                                 cancel=plan.cancels[gi])
-            except Exception:
-                self._fail_group(plan, g)
-        live = list(steps)
-        numbers = np.array([job.number if isinstance(job, GenJob) else -1 for job in plan.jobs], dtype=np.int64)
-        t0 = time.perf_counter()
-        # One event first: a Failure job learns its error without waiting for the others' decoding.
-        yield StepEvents(plan.jobs, [[] for _ in plan.jobs], plan.cancels, plan.groups)
-        while live:
-            events: list[list[tuple[int, list[int], bool]]] = [[] for _ in plan.jobs]
-            for gi in list(live):
-                g = plan.groups[gi]
-                eos = self.engines[g.model].eos_id
-                try:
-                    step = next(steps[gi])
-                except StopIteration as done:
-                    live.remove(gi)
-                    metrics().inference.labels(ENDPOINT, g.model).observe(time.perf_counter() - t0)
-                    metrics().batch_sentences.labels(ENDPOINT, g.model).observe(len(g.rows))
-                    if g.beam:  # beam search streams nothing: its hypotheses arrive whole
-                        for (j, _), hyps in zip(g.rows, done.value):
-                            for k in range(getattr(plan.jobs[j], "n", 0)):   # 0: it failed meanwhile
-                                events[j].append((k, list(hyps[k].tokens) if k < len(hyps) else [], True))
-                    continue
-                except Exception:
-                    live.remove(gi)
-                    self._fail_group(plan, g)
-                    continue
-                for s, tok in zip(step.sentence, step.tokens):
-                    j, k = g.rows[s]
-                    events[j].append((k, [] if tok == eos else [int(tok)], tok == eos))
-            gone = self.board.cancelled(numbers)
-            if gone.any():
-                for gi, g in enumerate(plan.groups):
-                    plan.cancels[gi].update(r for r, (j, _) in enumerate(g.rows) if gone[j])
-            yield StepEvents(plan.jobs, events, plan.cancels, plan.groups, gone)
-
-    @staticmethod
-    def _fail_group(plan: StepEvents, g: Group) -> None:
-        """Called from an except block: the group's requests get a 500 at the next event; the other
-        groups go on."""
-        log.exception("generation failed for %d sequences of %s; their requests fail alone", len(g.rows), g.model)
-        for j in {j for j, _ in g.rows}:
-            if isinstance(plan.jobs[j], GenJob) and not plan.jobs[j].reported:
-                plan.jobs[j] = internal_failure()
-
-    def unbatch(self, output):
-        yield from output  # each item already carries every job's events
-
-    def encode_response(self, stream):
-        """Per step, one dict per job: {"pieces": [{"index", "text"}], "done": {...}} or an error."""
-        for step in stream:
-            out = []
-            for j, job in enumerate(step.jobs):
-                if isinstance(job, Failure):
-                    out.append(job.to_dict() if not getattr(job, "reported", False) else "")
-                    job.reported = True
-                    continue
-                try:
-                    out.append(self._job_event(step, j, job))
-                except Exception:  # raised here, it would end every request of the batch
-                    log.exception("encode_response failed for request %s", job.request_id)
-                    step.jobs[j] = failure = internal_failure()
-                    failure.reported = True
-                    out.append(failure.to_dict())
-                    for k in range(job.n):
-                        self._cancel(step, j, k)
-            yield out
-
-    def _job_event(self, step: StepEvents, j: int, job: GenJob):
+    def encode_response(self, job: GenJob | Failure) -> dict | str:
+        """The request's event for this step: {"pieces": [{"index", "text"}], "done": {...}} (done: its last),
+        an error, or "" when there is nothing new to send."""
+        if isinstance(job, Failure):
+            return job.to_dict()       # a request that failed before it started: its one event
         if job.reported:
             return ""
-        engine = self.engines[job.model]
+        if job.failure is not None:
+            job.reported = True
+            return job.failure.to_dict()
+        event = for_one_request("encode_response", job.request_id, self._event, job)
+        if isinstance(event, Failure):
+            job.failure = event        # the scheduler's next take_progress() ends it, its rows leave
+            job.reported = True
+            return event.to_dict()
+        return event
+
+    def _event(self, job: GenJob) -> dict | str:
         pieces = []
-        for k, tokens, ended in step.events[j]:
-            if job.finish[k] is not None:
-                continue
-            job.tokens[k] += len(tokens)
-            job.texts[k] += engine.piece_text(tokens)
-            stop_at = min((i for i in (job.texts[k].find(s) for s in job.stop) if i >= 0), default=-1)
-            if stop_at >= 0:
-                job.texts[k] = job.texts[k][:stop_at]
-                job.finish[k] = "stop"
-                self._cancel(step, j, k)
-            elif ended:
-                job.finish[k] = "length" if job.tokens[k] >= job.max_new_tokens else "stop"
-        gone = step.gone is not None and bool(step.gone[j])
         for k in range(job.n):
-            if gone and job.finish[k] is None:
-                job.finish[k] = "cancelled"
             # Everything is sent once a sequence is over; until then, a possible stop sequence's start waits.
             upto = len(job.texts[k]) - (0 if job.finish[k] else _held_back(job.texts[k], job.stop))
             if upto > job.emitted[k]:
@@ -294,10 +160,3 @@ class GenerateAPI(ls.LitAPI):
                 "queue_ms": round((job.started - job.received) * 1000, 2),
             }
         return event if pieces or "done" in event else ""
-
-    @staticmethod
-    def _cancel(step: StepEvents, j: int, k: int) -> None:
-        for gi, g in enumerate(step.groups):
-            for r, row in enumerate(g.rows):
-                if row == (j, k):
-                    step.cancels[gi].add(r)

@@ -1,5 +1,6 @@
 """The one module that touches LitServe's internals (litserve==0.2.19 is pinned for them): the worker loop
-that takes requests off a queue, and the HTTP side's way into and out of the workers (`Workers`).
+that takes requests off a queue and runs the worker's scheduler (service/scheduler.py, which knows no
+LitServe), and the HTTP side's way into and out of the workers (`Workers`).
 
 How an inference worker takes requests off its queue: the moment it is free. LitServe's collector opens
 a window of `batch_timeout` whenever the worker asks for work, queue empty or not, and closes it only
@@ -29,13 +30,11 @@ from typing import AsyncIterator
 import litserve as ls
 from fastapi import HTTPException, Request
 from litserve import LitAPI
-from litserve.callbacks import CallbackRunner, EventTypes
-from litserve.loops import BatchedLoop, BatchedStreamingLoop
-from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
+from litserve.callbacks import CallbackRunner
+from litserve.loops.base import _SENTINEL_VALUE, LitLoop, _StopLoopError
 from litserve.server import RegularRequestHandler, StreamingRequestHandler
 from litserve.transport.base import MessageTransport
-from litserve.utils import (LitAPIStatus, LoopResponseType, PickleableHTTPException, ResponseBufferItem,
-                            WorkerSetupStatus)
+from litserve.utils import LitAPIStatus, LoopResponseType, ResponseBufferItem, WorkerSetupStatus
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .cancel import CancelBoard
@@ -49,110 +48,94 @@ POLL_S = 0.005      # a busy translation worker looks for new requests this ofte
 
 
 # --- the worker side -----------------------------------------------------------------------------
-class PromptBatchedLoop(BatchedLoop):
-    """LitServe's batched loop with the collector described above, and requests served side by side: the
-    LitAPI's plan (TranslateAPI: batch, admit, advance, take_finished) runs one decoder step at a time;
-    between steps (every POLL_S at most, while the plan holds work a new request would overtake: a
-    look at the queue is a round trip to LitServe's manager process) requests that arrived join it, and
-    each request is answered as soon as it is done, so a one-word request does not wait for the large
-    ones taken before it."""
+class SchedulerLoop(LitLoop):
+    """The inference worker's loop: LitServe's queue and transport around a LitAPI's scheduler
+    (service/scheduler.py, `lit_api.scheduler`), with the collector described above. The requests it takes
+    are decoded (`lit_api.decode_request`) and admitted; the scheduler then runs one step at a time, and
+    after each step whatever it has ready goes out through `lit_api.encode_response`: a translation once,
+    when done, a generation request (a streaming LitAPI) as every step brings it new text. Between steps
+    (every POLL_S at most, and only while the scheduler wants them: a look at the queue is a round trip to
+    LitServe's manager process) requests that arrived join the work under way, so a one-word request does
+    not wait for the large ones taken before it."""
 
-    def get_batch_requests(self, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport):
-        return collect(self, lit_api, request_queue, transport)
-
-    def run_batched_loop(self, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport,
-                         callback_runner: CallbackRunner, lit_spec=None) -> None:
+    def __call__(self, lit_api: LitAPI, device: str, worker_id: int, request_queue: Queue,
+                 transport: MessageTransport, workers_setup_status: dict, callback_runner: CallbackRunner) -> None:
         while True:
             try:
                 payloads, timed_out = collect(self, lit_api, request_queue, transport)
             except _StopLoopError:
                 return
-            self._time_out(transport, timed_out)
+            self._time_out(lit_api, transport, timed_out)
             if payloads and not self._serve(lit_api, request_queue, transport, payloads):
                 return
 
-    def _time_out(self, transport: MessageTransport, timed_out: list) -> None:
+    def _time_out(self, lit_api: LitAPI, transport: MessageTransport, timed_out: list) -> None:
         for response_queue_id, uid in timed_out:
             self.put_response(transport, response_queue_id, uid, HTTPException(504, "Request timed out"),
-                              LitAPIStatus.ERROR, LoopResponseType.REGULAR)
+                              LitAPIStatus.ERROR, response_type(lit_api))
 
     def _serve(self, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport, payloads: list) -> bool:
-        """Runs a plan until every request in it, those that joined included, is answered; False when the
-        server is stopping (the plan is finished first)."""
-        regular, more, polled = LoopResponseType.REGULAR, True, time.monotonic()
-        plan = lit_api.batch([lit_api.decode_request(p) for _, _, p in payloads])
-        who = {j: (q, uid) for j, (q, uid, _) in zip(sorted(plan.jobs), payloads)}
+        """Runs the scheduler until every request it holds, those that joined included, is answered; False
+        when the server is stopping (the work under way is finished first)."""
+        scheduler, waiting = lit_api.scheduler, {}     # waiting: uid -> response queue id, until answered
+        more, polled = True, time.monotonic()
         try:
+            self._admit(lit_api, payloads, waiting)
             while True:
-                for j in lit_api.take_finished(plan):
-                    q, uid = who.pop(j)
-                    self.put_response(transport, q, uid, lit_api.encode_response(plan.jobs.pop(j)),
-                                      LitAPIStatus.OK, regular)
-                if not plan.batches:
+                self._answer(lit_api, transport, waiting)
+                if not scheduler.busy:
                     return more
-                if more and lit_api.overtakable(plan) and time.monotonic() - polled >= POLL_S:
-                    try:
-                        payloads, timed_out = collect(self, lit_api, request_queue, transport, wait=False)
-                    except _StopLoopError:
-                        payloads, timed_out, more = [], [], False
-                    self._time_out(transport, timed_out)
-                    if payloads:
-                        keys = lit_api.admit(plan, [lit_api.decode_request(p) for _, _, p in payloads])
-                        who.update({j: (q, uid) for j, (q, uid, _) in zip(keys, payloads)})
+                if more and scheduler.wants_new_requests() and time.monotonic() - polled >= POLL_S:
+                    more = self._admit_arrivals(lit_api, request_queue, transport, waiting)
                     polled = time.monotonic()
-                lit_api.advance(plan)
+                scheduler.step()
         except Exception as e:
-            log.exception("the translation worker's plan failed; its %d unanswered requests fail", len(who))
-            for q, uid in who.values():
-                self.put_error_response(transport, q, uid, e, regular)
+            log.exception("the %s worker's scheduler failed; its %d unanswered requests fail",
+                          lit_api.api_path.strip("/"), len(waiting))
+            scheduler.abandon()
+            for uid, response_queue_id in waiting.items():
+                self.put_error_response(transport, response_queue_id, uid, e, response_type(lit_api))
             return more
 
+    @staticmethod
+    def _admit(lit_api: LitAPI, payloads: list, waiting: dict) -> None:
+        waiting.update({uid: response_queue_id for response_queue_id, uid, _ in payloads})
+        lit_api.scheduler.admit({uid: lit_api.decode_request(payload) for _, uid, payload in payloads})
 
-class PromptBatchedStreamingLoop(BatchedStreamingLoop):
-    """LitServe's batched streaming loop with the collector described above. That loop calls LitServe's
-    collector directly rather than through `get_batch_requests`, so this is its body, less the
-    LitSpec contexts we do not use: decode_request and batch once, then every item predict yields goes
-    through unbatch and encode_response and out to each request's HTTP process, then FINISH."""
+    def _admit_arrivals(self, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport,
+                        waiting: dict) -> bool:
+        """Admits what is queued now, without waiting; False when the server is stopping."""
+        try:
+            payloads, timed_out = collect(self, lit_api, request_queue, transport, wait=False)
+        except _StopLoopError:
+            return False
+        self._time_out(lit_api, transport, timed_out)
+        if payloads:
+            self._admit(lit_api, payloads, waiting)
+        return True
 
-    def run_batched_streaming_loop(self, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport,
-                                   callback_runner: CallbackRunner, lit_spec=None) -> None:
+    def _answer(self, lit_api: LitAPI, transport: MessageTransport, waiting: dict) -> None:
+        """A translation is answered once, when done; a generation request (a streaming LitAPI) gets each
+        step's new text as an event, and FINISH once over."""
+        if not lit_api.stream:
+            for uid, job in lit_api.scheduler.take_finished():
+                self.put_response(transport, waiting.pop(uid), uid, lit_api.encode_response(job), LitAPIStatus.OK,
+                                  LoopResponseType.REGULAR)
+            return
         stream = LoopResponseType.STREAMING
-        while True:
-            try:
-                payloads, timed_out = collect(self, lit_api, request_queue, transport)
-            except _StopLoopError:
-                return
-            for response_queue_id, uid in timed_out:
-                self.put_response(transport, response_queue_id, uid, HTTPException(504, "Request timed out"),
-                                  LitAPIStatus.ERROR, stream)
-            if not payloads:
-                continue
-            response_queue_ids, uids, inputs = zip(*payloads)
-            try:
-                callback_runner.trigger_event(EventTypes.BEFORE_DECODE_REQUEST.value, lit_api=lit_api)
-                x = [lit_api.decode_request(i) for i in inputs]
-                callback_runner.trigger_event(EventTypes.AFTER_DECODE_REQUEST.value, lit_api=lit_api)
-                x = lit_api.batch(x)
-                callback_runner.trigger_event(EventTypes.BEFORE_PREDICT.value, lit_api=lit_api)
-                y = lit_api.predict(x)
-                callback_runner.trigger_event(EventTypes.AFTER_PREDICT.value, lit_api=lit_api)
-                for y_batch in lit_api.encode_response(lit_api.unbatch(y)):
-                    for response_queue_id, y_enc, uid in zip(response_queue_ids, y_batch, uids):
-                        self.put_response(transport, response_queue_id, uid, lit_api.format_encoded_response(y_enc),
-                                          LitAPIStatus.OK, stream)
-                for response_queue_id, uid in zip(response_queue_ids, uids):
-                    self.put_response(transport, response_queue_id, uid, "", LitAPIStatus.FINISH_STREAMING, stream)
-            except HTTPException as e:
-                for response_queue_id, uid in zip(response_queue_ids, uids):
-                    self.put_response(transport, response_queue_id, uid, PickleableHTTPException.from_exception(e),
-                                      LitAPIStatus.ERROR, stream)
-            except Exception as e:
-                log.exception("the generation batch failed")
-                for response_queue_id, uid in zip(response_queue_ids, uids):
-                    self.put_error_response(transport, response_queue_id, uid, e, stream)
+        for uid, job, over in lit_api.scheduler.take_progress():
+            if event := lit_api.encode_response(job):
+                self.put_response(transport, waiting[uid], uid, lit_api.format_encoded_response(event),
+                                  LitAPIStatus.OK, stream)
+            if over:
+                self.put_response(transport, waiting.pop(uid), uid, "", LitAPIStatus.FINISH_STREAMING, stream)
 
 
-def collect(loop: BatchedLoop | BatchedStreamingLoop, lit_api: LitAPI, request_queue: Queue,
+def response_type(lit_api: LitAPI) -> LoopResponseType:
+    return LoopResponseType.STREAMING if lit_api.stream else LoopResponseType.REGULAR
+
+
+def collect(loop: LitLoop, lit_api: LitAPI, request_queue: Queue,
             transport: MessageTransport, wait: bool = True) -> tuple[list, list]:
     """(payloads, timed_out): up to `max_batch_size` requests as `(response_queue_id, uid, payload)`,
     and `(response_queue_id, uid)` of those that waited longer than `request_timeout` (LitServe
@@ -161,7 +144,6 @@ def collect(loop: BatchedLoop | BatchedStreamingLoop, lit_api: LitAPI, request_q
     payloads: list = []
     timed_out: list = []
     check_age = lit_api.request_timeout not in (-1, False)
-    response_type = LoopResponseType.STREAMING if lit_api.stream else LoopResponseType.REGULAR
     queue_depth = metrics().queue_depth.labels(lit_api.api_path.strip("/"))
 
     def take(item) -> None:
@@ -173,7 +155,7 @@ def collect(loop: BatchedLoop | BatchedStreamingLoop, lit_api: LitAPI, request_q
         response_queue_id, uid, queued_at, payload = item
         # Tells the HTTP process which worker holds the request (it fails them if that worker dies).
         loop.put_response(transport=transport, response_queue_id=response_queue_id, uid=uid, response_data=(),
-                          status=LitAPIStatus.START, response_type=response_type)
+                          status=LitAPIStatus.START, response_type=response_type(lit_api))
         if check_age and time.monotonic() - queued_at > lit_api.request_timeout:
             timed_out.append((response_queue_id, uid))
         else:

@@ -437,7 +437,7 @@ def test_nothing_raised_in_the_server(server):
 
 class Exploding:
     """An engine that fails on the text "boom" (tokenizing) and on token 99 (detokenizing)."""
-    eos_id, max_positions, task = 3, 64, "generation"
+    eos_id, max_positions, task, directions = 3, 64, "generation", ["de-en"]
 
     def source_ids(self, texts, target_lang):
         if "boom" in texts:
@@ -472,14 +472,15 @@ class Exploding:
 def test_a_translation_hook_that_raises_fails_only_its_request():
     from service.cancel import CancelBoard
     from service.config import Settings
-    from service.translate_api import Failure, Job, TranslateAPI
+    from service.scheduler import Failure, Job
+    from service.translate_api import TranslateAPI
 
     api = TranslateAPI(Settings(), CancelBoard())
-    api.engines, api.routes = {"m": Exploding()}, {("de", "en"): "m"}
+    api.use_engines({"m": Exploding()})
     texts = ("a", "boom", "bad-out", "b")   # fine, decode_request raises, encode_response raises, fine
     jobs = [api.decode_request({"texts": [t], "source_lang": "de", "target_lang": "en"}) for t in texts]
     assert [type(j) for j in jobs] == [Job, Failure, Job, Job]
-    out = [api.encode_response(j) for j in api.unbatch(api.predict(api.batch(jobs)))]
+    out = [api.encode_response(j) for j in api.scheduler.run(dict(enumerate(jobs))).values()]
     for o in out[1:3]:
         assert o["status"] == 500 and o["error"]["type"] == "internal_error", o
     assert [o["translations"][0]["text"] for o in (out[0], out[3])] == ["xx", "xx"]
@@ -491,18 +492,22 @@ def test_a_generation_hook_that_raises_fails_only_its_request():
     from service.generate_api import GenerateAPI
 
     api = GenerateAPI(Settings(), CancelBoard())
-    api.engines, api.default_model = {"m": Exploding()}, "m"
+    api.use_engines({"m": Exploding()})
     requests = [{"prompt": "ok", "temperature": 0, "max_new_tokens": 8},
                 {"prompt": "boom"},                                        # decode_request raises
                 {"prompt": "ok", "top_k": 7, "max_new_tokens": 8},         # its engine group raises
-                {"prompt": "ok", "top_k": 9, "max_new_tokens": 8},         # encode_response raises
+                {"prompt": "ok", "top_k": 9, "max_new_tokens": 8},         # its first token has no text
                 {"prompt": "ok", "temperature": 0, "max_new_tokens": 8}]
     jobs = [api.decode_request(r | {"number": n + 1}) for n, r in enumerate(requests)]
     events = [[] for _ in jobs]
-    for step in api.encode_response(api.unbatch(api.predict(api.batch(jobs)))):
-        for j, event in enumerate(step):
-            if event:
+    api.scheduler.admit(dict(enumerate(jobs)))
+    while True:   # as the worker loop drives it
+        for j, job, _ in api.scheduler.take_progress():
+            if event := api.encode_response(job):
                 events[j].append(event)
+        if not api.scheduler.busy:
+            break
+        api.scheduler.step()
     for j in (1, 2, 3):
         assert events[j][-1] == {"error": {"type": "internal_error", "message": events[j][-1]["error"]["message"]},
                                  "status": 500}, events[j]

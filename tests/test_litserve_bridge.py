@@ -1,0 +1,179 @@
+"""The worker side of service/litserve_bridge.py, on a real queue with LitServe's own queue transport: the
+batch collector (what it takes, when it stops waiting, what it tells the HTTP process) and the loop that
+runs a LitAPI's scheduler (each request answered when done, the requests that arrive meanwhile joining;
+a generation request's events streamed; a scheduler that raises failing its requests, not the loop)."""
+
+import json
+import pickle
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
+from litserve.transport.process_transport import MPQueueTransport
+from litserve.utils import LitAPIStatus
+
+from service import litserve_bridge
+from service.cancel import CancelBoard
+from service.config import Settings
+from service.engine import Engine
+from service.generate_api import GenerateAPI
+from service.litserve_bridge import SchedulerLoop, collect
+from service.translate_api import TranslateAPI
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from fairness import large_texts  # noqa: E402
+from test_scheduler import EchoLM  # noqa: E402
+
+DE_EN = ROOT / "models" / "de-en"
+SMALL = {"texts": ["Hallo"], "source_lang": "de", "target_lang": "en", "number": 0}
+
+
+def make(max_batch_size=4, batch_timeout_ms=0.0, request_timeout=60.0):
+    api = TranslateAPI(Settings(max_batch_size=max_batch_size, batch_timeout_ms=batch_timeout_ms), CancelBoard())
+    api.request_timeout = request_timeout          # LitServer sets this from --request-timeout-s
+    loop = SchedulerLoop()
+    loop._restart_workers = True                   # as in our server: START tells which worker holds a request
+    responses = queue.Queue()
+    return api, loop, queue.Queue(), MPQueueTransport(None, [responses]), responses
+
+
+def item(uid, queued_at=None):
+    return (0, uid, time.monotonic() if queued_at is None else queued_at, {"uid": uid})
+
+
+def test_the_translate_api_uses_this_collector():
+    api, *_ = make()
+    assert isinstance(api.loop, SchedulerLoop)
+    assert isinstance(GenerateAPI(Settings(), CancelBoard()).loop, SchedulerLoop)
+
+
+def test_takes_everything_already_queued_up_to_the_batch_size_without_waiting():
+    api, loop, requests, transport, responses = make(max_batch_size=4, batch_timeout_ms=0)
+    for i in range(6):
+        requests.put(item(f"r{i}"))
+    payloads, timed_out = collect(loop, api, requests, transport)
+    assert [p[1] for p in payloads] == ["r0", "r1", "r2", "r3"] and timed_out == []
+    assert payloads[0] == (0, "r0", {"uid": "r0"})
+    payloads, _ = collect(loop, api, requests, transport)
+    assert [p[1] for p in payloads] == ["r4", "r5"]
+    starts = [responses.get_nowait() for _ in range(6)]
+    assert [s[0] for s in starts] == [f"r{i}" for i in range(6)]
+    assert all(s[1][1] == LitAPIStatus.START for s in starts)
+
+
+@pytest.mark.parametrize("window_ms,together", [(0, False), (3000, True)])
+def test_after_the_first_request_it_waits_only_for_the_window(window_ms, together):
+    """Window 0: a request arriving 0.3 s after the first is left for the next batch. A 3 s window:
+    the batch waits for it (and no longer than that: the batch size is not reached)."""
+    api, loop, requests, transport, _ = make(max_batch_size=8, batch_timeout_ms=window_ms)
+    requests.put(item("first"))
+    late = threading.Timer(0.3, lambda: requests.put(item("late")))
+    late.start()
+    try:
+        payloads, _ = collect(loop, api, requests, transport)
+    finally:
+        late.join()
+    assert [p[1] for p in payloads] == (["first", "late"] if together else ["first"])
+    if not together:
+        assert [p[1] for p in collect(loop, api, requests, transport)[0]] == ["late"]
+
+
+def test_an_idle_worker_blocks_until_a_request_comes(monkeypatch):
+    monkeypatch.setattr(litserve_bridge, "IDLE_WAKE_S", 5.0)
+    api, loop, requests, transport, _ = make()
+    threading.Timer(0.2, lambda: requests.put(item("r0"))).start()
+    payloads, _ = collect(loop, api, requests, transport)
+    assert [p[1] for p in payloads] == ["r0"]
+
+
+def test_nothing_queued_returns_empty_after_the_idle_wake(monkeypatch):
+    monkeypatch.setattr(litserve_bridge, "IDLE_WAKE_S", 0.05)
+    api, loop, requests, transport, _ = make()
+    assert collect(loop, api, requests, transport) == ([], [])
+
+
+def test_requests_older_than_the_request_timeout_are_set_aside():
+    api, loop, requests, transport, _ = make(request_timeout=1.0)
+    requests.put(item("stale", queued_at=time.monotonic() - 5))
+    requests.put(item("fresh"))
+    payloads, timed_out = collect(loop, api, requests, transport)
+    assert [p[1] for p in payloads] == ["fresh"] and timed_out == [(0, "stale")]
+
+
+def test_the_shutdown_sentinel_stops_the_loop():
+    api, loop, requests, transport, _ = make()
+    requests.put(item("r0"))
+    requests.put(_SENTINEL_VALUE)
+    with pytest.raises(_StopLoopError):
+        collect(loop, api, requests, transport)
+
+
+# --- the loop around the scheduler ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(DE_EN, device="cpu", intra_op_threads=1)
+
+
+def large(n_texts: int, beam: int, request_id: str) -> dict:
+    return {"texts": large_texts(n_texts), "source_lang": "de", "target_lang": "en", "beam_size": beam,
+            "request_id": request_id, "number": 0}
+
+
+def answers(responses: queue.Queue) -> list[tuple[str, object, LitAPIStatus]]:
+    """(uid, body, status) of every response sent, START aside."""
+    out = []
+    while not responses.empty():
+        uid, (body, status, *_) = responses.get_nowait()
+        if status != LitAPIStatus.START:
+            out.append((uid, body, status))
+    return out
+
+
+def test_the_worker_loop_answers_a_small_request_before_the_large_ones_taken_before_it(engine):
+    api, loop, requests, transport, responses = make(max_batch_size=8)
+    api.use_engines({engine.package.name: engine})
+    requests.put((0, "small", time.monotonic(), SMALL | {"request_id": "s"}))  # queued meanwhile
+    payloads = [(0, "large-a", large(2, 8, "a")), (0, "large-b", large(2, 8, "b"))]
+    worker = threading.Thread(target=loop._serve, args=(api, requests, transport, payloads))
+    worker.start()
+    worker.join(timeout=600)
+    answered = [(uid, body) for uid, body, status in answers(responses) if status == LitAPIStatus.OK]
+    assert [uid for uid, _ in answered] == ["small", "large-a", "large-b"] or \
+        [uid for uid, _ in answered] == ["small", "large-b", "large-a"], [uid for uid, _ in answered]
+    assert all("translations" in body for _, body in answered)
+
+
+def test_a_generation_request_is_streamed_step_by_step_and_finished():
+    _, loop, requests, transport, responses = make()
+    api = GenerateAPI(Settings(), CancelBoard())
+    api.use_engines({"lm": EchoLM()})
+    payloads = [(0, "ok", {"prompt": "abc", "temperature": 0, "max_new_tokens": 8, "stop": ["c"]}),
+                (0, "bad", {"prompt": "abc", "beam_size": 2, "num_return_sequences": 3})]
+    assert loop._serve(api, requests, transport, payloads)
+    sent = answers(responses)
+    events = {uid: [json.loads(body) for u, body, status in sent if u == uid and status == LitAPIStatus.OK]
+              for uid in ("ok", "bad")}
+    assert events["bad"] == [{"error": {"type": "invalid_request", "message": events["bad"][0]["error"]["message"]},
+                              "status": 422}]
+    assert "".join(p["text"] for e in events["ok"] for p in e["pieces"]) == "ab"
+    assert events["ok"][-1]["done"]["choices"] == [{"index": 0, "finish_reason": "stop", "tokens": 3}]
+    finished = [uid for uid, _, status in sent if status == LitAPIStatus.FINISH_STREAMING]
+    assert sorted(finished) == ["bad", "ok"] and sent[-1][2] == LitAPIStatus.FINISH_STREAMING
+
+
+def test_a_scheduler_that_raises_fails_its_requests_and_the_loop_goes_on(engine, monkeypatch):
+    api, loop, requests, transport, responses = make()
+    api.use_engines({engine.package.name: engine})
+    monkeypatch.setattr(api.scheduler, "step", lambda: 1 / 0)
+    payloads = [(0, "a", SMALL | {"request_id": "a"}), (0, "b", SMALL | {"request_id": "b", "texts": ["Welt"]})]
+    assert loop._serve(api, requests, transport, payloads)
+    sent = answers(responses)
+    assert [(uid, status) for uid, _, status in sent] == [("a", LitAPIStatus.ERROR), ("b", LitAPIStatus.ERROR)]
+    assert isinstance(pickle.loads(sent[0][1]), ZeroDivisionError)
+    assert not api.scheduler.busy and not api.scheduler.jobs

@@ -1,0 +1,344 @@
+"""The worker's scheduler (service/scheduler.py), driven directly as the worker loop drives it, without a
+server or LitServe: fairness between translation requests (issue 27: a one-word request beside large ones
+is scheduled first and answered first, with the same answer it gets alone) on models/de-en, and what small
+fake engines show plainly: a request failing alone, a client that went away, generation's sequences
+leaving at their eos, a stop sequence or a disconnect. What fairness buys in latency is measured by
+benchmarks/fairness.py, not asserted here."""
+
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from service.cancel import CancelBoard
+from service.config import Settings
+from service.engine import Engine
+from service import scheduler as scheduling
+from service.scheduler import (Failure, GenerationScheduler, GenJob, Job, TranslationScheduler, cost_tier,
+                               request_cost)
+from service.shared.options import SearchOptions
+from service.text import split_sentences
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from fairness import large_texts  # noqa: E402
+
+DE_EN = ROOT / "models" / "de-en"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(DE_EN, device="cpu", intra_op_threads=1)
+
+
+def translation(engine, texts: list[str], beam: int, request_id: str, number: int = 0) -> Job:
+    """A request as TranslateAPI.decode_request makes it: its texts' sentences, tokenized, and its cost."""
+    sentences, spans, separators = [], [], []
+    for text in texts:
+        sents, sep = split_sentences(text)
+        spans.append((len(sentences), len(sentences) + len(sents)))
+        separators.append(sep)
+        sentences += sents
+    ids = engine.source_ids(sentences, "en")
+    options = SearchOptions(beam_size=beam, max_length=Settings().max_output_tokens)
+    return Job(request_id, engine.package.name, "de", "en", options, ids, spans, separators, time.monotonic(),
+               number, request_cost(sum(map(len, ids)), beam))
+
+
+def large(engine, n_texts: int, beam: int, request_id: str) -> Job:
+    return translation(engine, large_texts(n_texts), beam, request_id)
+
+
+def small(engine, request_id: str) -> Job:
+    return translation(engine, ["Hallo"], 4, request_id)
+
+
+def scheduler_for(engine) -> TranslationScheduler:
+    return TranslationScheduler({engine.package.name: engine}, CancelBoard(), Settings().max_batch_tokens)
+
+
+# --- translation: tiers and fairness --------------------------------------------------------------------
+
+def test_tiers_double():
+    assert [cost_tier(c) for c in (1, 1024, 1025, 2048, 2049, 32768)] == [0, 0, 1, 1, 2, 5]
+
+
+def test_a_small_request_queued_beside_two_large_ones_is_in_the_first_engine_call(engine):
+    s = scheduler_for(engine)
+    s.admit({"a": large(engine, 4, 8, "a"), "b": large(engine, 4, 8, "b"), "s": small(engine, "s")})
+    first = s.batches[0]
+    assert {s.jobs[j].request_id for j, _ in first.rows} == {"s"}
+    assert [len(eb.rows) for eb in s.batches if any(s.jobs[j].request_id == "s" for j, _ in eb.rows)] == [1]
+
+
+def test_a_small_request_joining_a_plan_under_way_goes_next_and_answers_as_alone(engine):
+    """Two large requests started; a one-word request admitted between two decoder steps runs at the
+    next step and is answered first; every sentence's answer is the one it gets alone."""
+    s = scheduler_for(engine)
+    s.admit({"a": large(engine, 2, 8, "a"), "b": large(engine, 2, 8, "b")})
+    for _ in range(3):
+        s.step()
+    paused = s.batches[0]
+    assert paused.steps is not None and s.take_finished() == []
+    s.admit({"s": small(engine, "s")})
+    assert s.batches[0].rows == [("s", 0)] and s.batches[1] is paused
+    answered = []
+    while s.busy:
+        s.step()
+        answered += s.take_finished()
+    assert answered[0][0] == "s" and sorted(key for key, _ in answered) == ["a", "b", "s"] and not s.jobs
+    for _, job in answered:
+        alone = engine.search(job.sentences, job.options)
+        assert [h[0].tokens for h in job.hyps] == [h[0].tokens for h in alone]
+
+
+def test_it_wants_new_requests_only_while_a_batch_above_tier_0_runs(engine):
+    """The worker loop looks at its queue between steps only when a request arriving now would overtake."""
+    s = scheduler_for(engine)
+    assert not s.wants_new_requests()
+    s.admit({"s": small(engine, "s")})
+    assert not s.wants_new_requests()       # tier 0: a request arriving now would wait its turn anyway
+    s.abandon()
+    s.admit({"a": large(engine, 2, 8, "a")})
+    assert s.batches[0].tier > 0 and s.wants_new_requests()
+    s.abandon()
+
+
+def test_a_paused_large_batch_gets_steps_back_under_a_steady_stream_of_small_ones(engine):
+    """Bursts of small requests go first; once they have run LEND_S more than the large batch they paused,
+    it gets a step between theirs (it would otherwise wait for its timeout under a steady stream)."""
+    s = scheduler_for(engine)
+    s.admit({"a": large(engine, 2, 8, "a")})
+    s.step()
+    paused = s.batches[0]
+    s.admit({f"s{i}": small(engine, f"s{i}") for i in range(3)})
+    first_small = s.batches[0]
+    s.step()
+    assert first_small.steps is not None and s.batches[1] is paused and 0 < s.lent < scheduling.LEND_S
+    s.lent = scheduling.LEND_S + 0.01         # as after half a second of small requests
+    before = s.lent
+    s.step()                                   # the large batch's step: it pays back
+    assert s.lent < before and s.batches[0] is first_small
+    s.abandon()
+
+
+def test_on_cpu_an_engine_batch_holds_at_most_cpu_batch_rows(engine):
+    """A decoder step, what an overtaking request may wait for, stays short: rows = sentences x beams."""
+    s = scheduler_for(engine)
+    s.admit({"a": large(engine, 8, 16, "a")})
+    rows = [len(eb.rows) * 16 for eb in s.batches]
+    assert max(rows) <= scheduling.CPU_BATCH_ROWS and sum(rows) == 16 * len(s.jobs["a"].sentences)
+
+
+def test_max_batch_tokens_cuts_engine_batches(engine):
+    """--max-batch-tokens bounds an engine batch's padded source tokens times its beams."""
+    s = TranslationScheduler({engine.package.name: engine}, CancelBoard(), max_batch_tokens=256)
+    s.admit({"a": large(engine, 2, 4, "a")})
+    for eb in s.batches:
+        assert max(map(len, eb.src_ids)) * len(eb.rows) <= 256 // 4
+
+
+# --- translation: failures and cancellation, on a fake engine ------------------------------------------
+
+class EchoTranslator:
+    """A translation engine that echoes each source; a batch holding token 99 raises, as does that sentence
+    alone. Counts the searches it starts."""
+    device_type = "cpu"
+
+    def __init__(self):
+        self.searches = 0
+
+    def search_steps(self, src_ids, options):
+        self.searches += 1
+        if any(99 in s for s in src_ids):
+            raise RuntimeError("engine failure")
+        yield None
+        return [[SimpleNamespace(tokens=list(s), score=-1.0)] for s in src_ids]
+
+    def search(self, src_ids, options):
+        if any(99 in s for s in src_ids):
+            raise RuntimeError("engine failure")
+        return [[SimpleNamespace(tokens=list(s), score=-1.0)] for s in src_ids]
+
+
+def echo_job(ids: list[list[int]], request_id: str, number: int = 0) -> Job:
+    return Job(request_id, "echo", "de", "en", SearchOptions(), ids, [(0, len(ids))], [[]], time.monotonic(),
+               number, request_cost(sum(map(len, ids)), 4))
+
+
+def drain(s: TranslationScheduler) -> dict:
+    """Steps to the end, as the worker loop does: every request taken meanwhile."""
+    done = {}
+    while s.busy:
+        s.step()
+        done.update(s.take_finished())
+    return done
+
+
+def test_a_failing_sentence_fails_its_request_alone():
+    """The engine batch raises: it is run again one sentence at a time, and only the request whose sentence
+    fails is answered 500; a Failure admitted with them (a bad request) is answerable at once."""
+    s = TranslationScheduler({"echo": EchoTranslator()}, CancelBoard(), 8192)
+    bad = Failure(400, "unsupported_language_pair", "no model")
+    s.admit({"a": echo_job([[5, 6]], "a"), "bad": bad, "b": echo_job([[7], [99]], "b"), "c": echo_job([[8]], "c")})
+    assert s.take_finished() == [("bad", bad)] and len(s.batches) == 1
+    done = drain(s)
+    assert done["b"].failure == Failure(500, "internal_error", "the engine failed on this text")
+    assert [h[0].tokens for h in done["a"].hyps] == [[5, 6]] and done["a"].failure is None
+    assert [h[0].tokens for h in done["c"].hyps] == [[8]] and done["c"].failure is None
+    assert not s.jobs
+
+
+def test_a_request_whose_client_went_away_is_dropped_before_its_engine_batch_starts():
+    board, echo = CancelBoard(), EchoTranslator()
+    s = TranslationScheduler({"echo": echo}, board, 8192)
+    s.admit({"gone": echo_job([[5]], "gone", number=7), "here": echo_job([[6]], "here", number=8)})
+    board.cancel(7)
+    s.step()                                   # the engine batch starts without it
+    ((key, job),) = s.take_finished()
+    assert key == "gone" and job.failure.status == 499 and s.batches[0].rows == [("here", 0)]
+    s.step()
+    assert [(key, job.failure) for key, job in s.take_finished()] == [("here", None)]
+    board.cancel(9)
+    s.admit({"later": echo_job([[5]], "later", number=9)})
+    s.step()
+    assert [(key, job.failure.status) for key, job in s.take_finished()] == [("later", 499)]
+    assert echo.searches == 1 and not s.busy
+
+
+def test_abandon_forgets_everything_and_closes_started_searches(engine):
+    s = scheduler_for(engine)
+    s.admit({"a": large(engine, 1, 4, "a")})
+    s.step()
+    started = s.batches[0].steps
+    s.abandon()
+    assert not s.busy and not s.jobs and s.take_finished() == [] and started.gi_frame is None
+
+
+# --- generation, on a fake engine -----------------------------------------------------------------------
+
+class EchoLM:
+    """A generation engine whose every row writes its prompt (less bos) back, one token a step, then eos;
+    piece i is the letter chr(96 + i), but "y" has no text (piece_text raises). Beam search returns the
+    echo whole, at once. Options with top_k 7 raise. Counts the rows of each step."""
+    eos_id, bos_id, max_positions = 0, 30, 64
+
+    def __init__(self):
+        self.rows_per_step: list[int] = []
+
+    def prompt_ids(self, texts):
+        return [[self.bos_id] + [ord(c) - 96 for c in text] for text in texts]
+
+    def piece_text(self, ids):
+        if 25 in ids:
+            raise ValueError("no such piece")
+        return "".join(chr(96 + i) for i in ids)
+
+    def generate_steps(self, prompts, options, *, seeds=None, cancel=None):
+        if options.top_k == 7:
+            raise RuntimeError("engine failure")
+        if options.beam_size > 1:
+            return whole([[SimpleNamespace(tokens=list(p[1:]))] * options.num_hypotheses for p in prompts])
+        return self._steps([list(p[1:]) + [self.eos_id] for p in prompts], cancel)
+
+    def _steps(self, scripts, cancel):
+        done = set()
+        for t in range(max(map(len, scripts))):
+            rows = [i for i in range(len(scripts)) if i not in done and i not in cancel]
+            if not rows:
+                break
+            self.rows_per_step.append(len(rows))
+            tokens = [scripts[i][t] for i in rows]
+            done |= {i for i, tok in zip(rows, tokens) if tok == self.eos_id}
+            yield SimpleNamespace(sentence=rows, tokens=tokens)
+        return []
+
+
+def whole(result):
+    """A generator that yields nothing and returns `result`: how the engine hands back a beam search."""
+    return result
+    yield  # unreachable: makes this a generator
+
+
+def gen_job(text: str, request_id: str, *, n: int = 1, stop=(), number: int = -1, beam: int = 1,
+            top_k: int = 0) -> GenJob:
+    options = SearchOptions(beam_size=beam, num_hypotheses=n if beam > 1 else 1, max_length=33,
+                            sampling=beam == 1 and n > 1,
+                            top_k=top_k)
+    (prompt,) = EchoLM().prompt_ids([text])
+    return GenJob(request_id, number, "lm", options, prompt, n, [None] * n, list(stop), 32, time.monotonic(),
+                  texts=[""] * n, emitted=[0] * n, tokens=[0] * n, finish=[None] * n)
+
+
+def run_generation(s: GenerationScheduler, jobs: dict, after_step=lambda s: None) -> tuple[dict, list]:
+    """As the worker loop drives it: every request's job once over, and how many were held at each take."""
+    s.admit(jobs)
+    over, held = {}, []
+    while True:
+        progress = s.take_progress()
+        held.append(len(progress))
+        over.update({key: job for key, job, done in progress if done})
+        if not s.busy:
+            return over, held
+        s.step()
+        after_step(s)
+
+
+def test_generation_streams_each_sequence_until_its_eos_and_finished_rows_leave():
+    lm = EchoLM()
+    s = GenerationScheduler({"lm": lm}, CancelBoard())
+    over, held = run_generation(s, {"ab": gen_job("ab", "ab"), "long": gen_job("abcdef", "long")})
+    assert over["ab"].texts == ["ab"] and over["long"].texts == ["abcdef"] and over["long"].tokens == [6]
+    assert over["ab"].finish == over["long"].finish == ["stop"] and not s.jobs and not s.wants_new_requests()
+    assert lm.rows_per_step == [2, 2, 2, 1, 1, 1, 1]
+    assert held[0] == 2 and held[-1] == 0
+
+
+def test_each_sampled_sequence_is_a_row_of_its_own():
+    s = GenerationScheduler({"lm": EchoLM()}, CancelBoard())
+    over, _ = run_generation(s, {"two": gen_job("xw", "two", n=2)})
+    assert over["two"].texts == ["xw", "xw"] and over["two"].finish == ["stop", "stop"]
+
+
+def test_a_stop_sequence_ends_its_sequence_and_its_row_leaves():
+    lm = EchoLM()
+    s = GenerationScheduler({"lm": lm}, CancelBoard())
+    over, _ = run_generation(s, {"a": gen_job("abcdefgh", "a", stop=["cd", "zz"])})
+    assert over["a"].texts == ["ab"] and over["a"].finish == ["stop"] and over["a"].tokens == [4]
+    assert lm.rows_per_step == [1, 1, 1, 1]
+
+
+def test_a_request_whose_client_went_away_ends_cancelled_and_its_rows_leave():
+    board, lm = CancelBoard(), EchoLM()
+    s = GenerationScheduler({"lm": lm}, board)
+
+    def cancel_after_two_steps(s):
+        if len(lm.rows_per_step) == 2:
+            board.cancel(5)
+
+    over, _ = run_generation(s, {"gone": gen_job("abcdefgh", "gone", number=5), "here": gen_job("abcdef", "here")},
+                             after_step=cancel_after_two_steps)
+    assert over["gone"].finish == ["cancelled"] and over["gone"].texts == ["abc"]   # seen after the third step
+    assert over["here"].finish == ["stop"] and over["here"].texts == ["abcdef"]
+    assert lm.rows_per_step == [2, 2, 2, 1, 1, 1, 1]
+
+
+def test_a_failing_generation_group_fails_only_its_requests():
+    s = GenerationScheduler({"lm": EchoLM()}, CancelBoard())
+    refused = Failure(413, "too_many_tokens", "too long")
+    s.admit({"refused": refused})
+    assert s.take_progress() == [("refused", refused, True)] and not s.jobs    # reported before any step
+    over, _ = run_generation(s, {"ok": gen_job("ab", "ok"), "bad": gen_job("ab", "bad", top_k=7),
+                                 "beam": gen_job("abc", "beam", n=2, beam=4)})
+    assert over["bad"].failure.status == 500 and over["ok"].failure is None and over["ok"].texts == ["ab"]
+    assert over["beam"].texts == ["abc", "abc"] and over["beam"].finish == ["stop", "stop"]
+
+
+def test_a_sequence_whose_text_cannot_be_made_fails_its_request_alone():
+    lm = EchoLM()
+    s = GenerationScheduler({"lm": lm}, CancelBoard())
+    over, _ = run_generation(s, {"bad": gen_job("aaay", "bad"), "ok": gen_job("abcdef", "ok")})
+    assert over["bad"].failure.status == 500 and over["ok"].texts == ["abcdef"]
+    assert lm.rows_per_step == [2, 2, 2, 2, 1, 1, 1]         # the failed row leaves at the next step
