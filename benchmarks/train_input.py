@@ -20,7 +20,7 @@ On one torch thread (one core) it measures, for the same corpus, tokenizer and b
                 share of the step spent outside forward, backward and optimizer
 
 The old path is the per-example reference code the flat-array pipeline replaced and is tested against:
-`model.train.load_examples`, `model.batching.token_batches` and `model.batching.collate`. Nothing is asserted
+`load_examples` and `token_batches` (tests/oracles.py) and `model.batching.collate`. Nothing is asserted
 about speed: figures vary with the machine and its load (the load average is printed before and after
 each part), so the command, the machine and the date are written next to them.
 """
@@ -41,11 +41,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]     # the repository, and tests/oracles.py (the old code)
 
-from model.batching import Batch, Prefetcher, batch_indices, collate, collate_ids, token_batches  # noqa: E402
+from model.batching import Batch, Prefetcher, batch_indices, collate, collate_ids  # noqa: E402
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer  # noqa: E402
-from model.train import TrainConfig, directions_for, load_examples, load_token_arrays, lr_at  # noqa: E402
+from model.train import TrainConfig, directions_for, load_token_arrays, lr_at  # noqa: E402
+from oracles import load_examples, token_batches  # noqa: E402
 from model.transformer import Transformer, preset  # noqa: E402
 
 

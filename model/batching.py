@@ -10,7 +10,7 @@ The training input pipeline works on flat arrays, never on one Python list per e
   per corpus and tokenizer and cached on disk (`cached_token_arrays`, keyed by the corpus's and the
   tokenizer's contents and the settings that shape the examples);
 - `batch_indices`: the token-budget batches from the length arrays with numpy (the same batches, in
-  the same order, as `token_batches` on the same examples and seed);
+  the same order, as `token_batches` (tests/oracles.py) on the same examples and seed);
 - `collate_ids`: one batch's padded (B, S) / (B, T) ids by numpy fancy indexing, straight into one
   (pinned, on CUDA) buffer; `IdBatch.to(device)` copies it in one non-blocking transfer and builds
   the masks there with `padding_mask` / `causal_mask`;
@@ -244,34 +244,6 @@ def batch_indices(src_len: np.ndarray, tgt_len: np.ndarray, max_tokens: int, *, 
             rows = max(1, int(np.searchsorted(cost > max_tokens, True)))   # first row that does not fit
             batches.append(bucket[i:i + rows])
             i += rows
-    if shuffle:
-        rng.shuffle(batches)
-    return batches
-
-
-def token_batches(examples: Sequence[Example], max_tokens: int, *, shuffle: bool = True, seed: int = 0,
-                  bucket_size: int = 100_000) -> list[list[int]]:
-    """`batch_indices` one example at a time in Python: the readable reference it is tested against
-    (and the baseline of benchmarks/train_input.py)."""
-    rng = random.Random(seed)
-    order = list(range(len(examples)))
-    if shuffle:
-        rng.shuffle(order)
-    batches: list[list[int]] = []
-    for start in range(0, len(order), bucket_size):
-        bucket = sorted(order[start:start + bucket_size],
-                        key=lambda i: (len(examples[i].tgt), len(examples[i].src)))
-        batch: list[int] = []
-        width = 0
-        for i in bucket:
-            n = max(len(examples[i].src), len(examples[i].tgt) + 1)
-            if batch and max(width, n) * (len(batch) + 1) > max_tokens:
-                batches.append(batch)
-                batch, width = [], 0
-            batch.append(i)
-            width = max(width, n)
-        if batch:
-            batches.append(batch)
     if shuffle:
         rng.shuffle(batches)
     return batches

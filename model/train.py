@@ -54,7 +54,7 @@ from tqdm import tqdm
 
 from service.shared.options import SearchOptions
 
-from .batching import (Batch, Example, IdBatch, Prefetcher, TokenArrays, batch_indices, cached_token_arrays,
+from .batching import (Batch, IdBatch, Prefetcher, TokenArrays, batch_indices, cached_token_arrays,
                        collate_ids, concat_ranges, flatten, select_rows)
 from .checkpoint import (Progress, load_training_checkpoint, restore_training, save_best,
                          save_training_checkpoint)
@@ -264,22 +264,6 @@ def load_token_arrays(path: Path, tok: Tokenizer, directions: list[tuple[str, st
                                lambda: encode_pairs(path, tok, directions, tagged, max_positions),
                                kind="pairs", directions=[f"{s}-{t}" for s, t in directions], tagged=tagged,
                                max_positions=max_positions)
-
-
-def load_examples(path: Path, tok: Tokenizer, directions: list[tuple[str, str]], tagged: bool,
-                  max_positions: int) -> list[Example]:
-    """`encode_pairs` one example at a time in Python, every direction's columns tokenized again:
-    the readable reference it is tested against (and the baseline of benchmarks/train_input.py)."""
-    examples: list[Example] = []
-    for src_lang, tgt_lang in directions:
-        pairs = read_pairs(path, direction=f"{src_lang}-{tgt_lang}")
-        srcs = tok.encode_batch([s for s, _ in pairs])
-        tgts = tok.encode_batch([t for _, t in pairs])
-        tag = [tok.lang_id(tgt_lang)] if tagged else []
-        for s, t in zip(srcs, tgts):
-            if 0 < len(s) < max_positions and 0 < len(t) < max_positions:
-                examples.append(Example(tag + s + [tok.special.eos], t))
-    return examples
 
 
 def dev_loss_sum(model: Transformer, dev: TokenArrays, max_tokens: int, device,

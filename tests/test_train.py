@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from model import evaluate, train
-from model.batching import (Example, Prefetcher, TokenArrays, batch_indices, cache_key, collate, collate_ids,
-                            token_batches)
+from model.batching import Example, Prefetcher, TokenArrays, batch_indices, cache_key, collate, collate_ids
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
 
 from conftest import FIXTURES, ROOT, TINY
+from oracles import load_examples, token_batches
 
 
 def test_tokenizer_has_fixed_special_ids_and_language_tags(tmp_path):
@@ -123,7 +123,7 @@ def test_torchrun_processes_stop_together(stop, data_dir, tmp_path):
 
 
 # --- the flat-array input pipeline against the per-example reference code it replaced -----------------
-# (model.batching.token_batches / collate and model.train.load_examples: the code as it was)
+# (tests/oracles.py's token_batches and load_examples, and model.batching.collate: the code as it was)
 
 def random_examples(n, seed, vocab=300):
     rng = random.Random(seed)
@@ -183,7 +183,7 @@ def test_examples_are_those_of_the_per_example_loader(tmp_path):
     kept = []
     for directions, tagged, max_positions in [([("de", "en"), ("en", "de")], True, 200), ([("en", "de")], False, 200),
                                               ([("de", "en"), ("en", "de")], True, 13)]:
-        want = train.load_examples(corpus, tok, directions, tagged, max_positions)
+        want = load_examples(corpus, tok, directions, tagged, max_positions)
         assert train.encode_pairs(corpus, tok, directions, tagged, max_positions).examples() == want
         kept.append(len(want))
     assert kept[0] == 2 * kept[1] == 128 and 20 < kept[2] < 100       # 13 pieces leave some pairs out
@@ -213,7 +213,7 @@ def test_token_cache_is_reused_and_rebuilt_when_the_corpus_tokenizer_or_settings
     assert not hit and len(builds) == 1 and len(list(cache.glob("train-*.npz"))) == 1
     second, hit = load()
     assert hit and len(builds) == 1
-    assert second.examples() == first.examples() == train.load_examples(corpus, tok, both, True, 200)
+    assert second.examples() == first.examples() == load_examples(corpus, tok, both, True, 200)
 
     corpus.write_text(corpus.read_text(encoding="utf-8") + "Hallo Welt\thello world\n", encoding="utf-8")
     third, hit = load()
@@ -222,7 +222,7 @@ def test_token_cache_is_reused_and_rebuilt_when_the_corpus_tokenizer_or_settings
 
     other = tokenizer_for(tmp_path, "spm2", vocab_size=250)
     fourth, hit = load(other)
-    assert not hit and fourth.examples() == train.load_examples(corpus, other, both, True, 200)
+    assert not hit and fourth.examples() == load_examples(corpus, other, both, True, 200)
     assert load(other)[1] and load()[1]                     # both tokenizers' entries stay
 
     assert not load(directions=[("de", "en")])[1]
