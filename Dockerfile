@@ -50,7 +50,7 @@ COPY service/ service/
 RUN /opt/venv/bin/pip install --no-cache-dir --no-deps . \
  && /opt/venv/bin/pip check \
  && /opt/venv/bin/python -c "import importlib.util as u, sys; sys.exit('torch must not be in the serving image' if u.find_spec('torch') else 0)" \
- && /opt/venv/bin/python -c "import service.app, onnxruntime; print('onnxruntime', onnxruntime.__version__, onnxruntime.get_available_providers())"
+ && /opt/venv/bin/python -c "import service.server, onnxruntime; print('onnxruntime', onnxruntime.__version__, onnxruntime.get_available_providers())"
 
 # --- model: a model package alone, copied into pods by deploy/k8s's init container ---------------
 FROM ${MODEL_BASE_IMAGE} AS model
