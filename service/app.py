@@ -45,7 +45,9 @@ from .openai_api import ENDPOINT as COMPLETIONS, OpenAIRoutes
 from .shared.schemas import (AUTO, DetectedLanguage, ErrorResponse, GenerateRequest, GenerateResponse, Language,
                              LibreTranslateDetectRequest, LibreTranslateError, LibreTranslateRequest,
                              LibreTranslateResponse, TranslateRequest, TranslateResponse)
+from .stopping import Stopping
 from .translate_api import ENDPOINT, TranslateAPI, check_packages
+from .uvicorn_bridge import hold_signals
 
 log = logging.getLogger("transerve")
 
@@ -61,8 +63,9 @@ class Gateway:
     workers (litserve_bridge.Workers) and shapes the answer."""
 
     def __init__(self, server: ls.LitServer, api: TranslateAPI | None, settings: Settings, packages: list[dict],
-                 generate_api: GenerateAPI | None, board: CancelBoard, device: str = "cpu"):
+                 generate_api: GenerateAPI | None, board: CancelBoard, stopping: Stopping, device: str = "cpu"):
         self.server, self.settings, self.packages, self.board, self.device = server, settings, packages, board, device
+        self.stopping = stopping
         self.workers = Workers(server, {ENDPOINT: api, GENERATE: generate_api}, board, settings.request_timeout_s)
         self.admission = Admission(settings.max_queue)
         self.generators = [p["name"] for p in packages if p["task"] == "generation"]
@@ -269,8 +272,10 @@ class Gateway:
         return PlainTextResponse("not ready", status_code=503)
 
     def drain_and_stop(self, grace_s: float) -> None:
-        """SIGTERM: refuse new requests (and fail /ready), let the admitted ones finish, then stop."""
+        """SIGINT or SIGTERM: refuse new requests (and fail /ready), let the admitted ones finish, then stop
+        every process (service/stopping.py)."""
         self.admission.drain(grace_s)
+        self.stopping.order()
         self.workers.stop()
 
     def info(self) -> dict:
@@ -448,15 +453,17 @@ def build_server(settings: Settings) -> tuple[ls.LitServer, Gateway]:
     tasks = {p["task"] for p in packages}
     # One LitAPI per endpoint, each with its own workers, loading only its own packages.
     board = CancelBoard(endpoints=(ENDPOINT, GENERATE))
-    api = TranslateAPI(settings, board) if "translation" in tasks else None
-    generate_api = GenerateAPI(settings, board) if "generation" in tasks else None
+    stopping = Stopping()   # before LitServe starts any process
+    api = TranslateAPI(settings, board, stopping) if "translation" in tasks else None
+    generate_api = GenerateAPI(settings, board, stopping) if "generation" in tasks else None
     server = ls.LitServer([a for a in (api, generate_api) if a], accelerator="cuda" if cuda else "cpu",
                           devices=1 if cuda else "auto",
                           workers_per_device=settings.workers, timeout=settings.request_timeout_s,
                           restart_workers=True,  # a dead worker is replaced; without this the server exits
                           healthcheck_path="/ready", info_path=LITSERVE_INFO,
                           max_payload_size=None)  # enforced before reading: middleware.limited_receive
-    gateway = Gateway(server, api, settings, packages, generate_api, board, device="cuda" if cuda else "cpu")
+    gateway = Gateway(server, api, settings, packages, generate_api, board, stopping, device="cuda" if cuda else "cpu")
     gateway.install()
+    hold_signals(server.app, stopping)   # the HTTP processes wait for the main process's drain
     OpenAIRoutes(gateway).install(server.app)   # /v1/completions, /v1/models: OpenAI's API over /generate's path
     return server, gateway

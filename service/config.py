@@ -47,7 +47,7 @@ class Settings:
     max_request_cost: int = 32768
     max_queue: int = 256                # requests waiting or running, over all HTTP processes; beyond: 503
     request_timeout_s: float = 60.0     # longest a request may wait in the queue; then 504
-    drain_timeout_s: float = 30.0       # on SIGTERM: how long admitted requests may take to finish
+    drain_timeout_s: float = 30.0       # on SIGINT or SIGTERM: how long admitted requests may take to finish
     max_payload_bytes: int = 1_000_000  # request body size; beyond: 413
     # Every connection bounded at the server (docs/serving.md, "Slow clients"; service/uvicorn_bridge.py).
     header_timeout_s: float = 10.0      # request line and headers, from the first byte; then 408 and close

@@ -30,6 +30,7 @@ from .config import Settings, lower_worker_priority
 from .engine import Engine, SearchOptions
 from .cancel import CancelBoard
 from .metrics import metrics
+from .stopping import Stopping, die
 from .translate_api import Failure, for_one_request, internal_failure
 
 log = logging.getLogger("transerve")
@@ -90,14 +91,17 @@ def _held_back(text: str, stops: list[str]) -> int:
 
 
 class GenerateAPI(ls.LitAPI):
-    def __init__(self, settings: Settings, board: CancelBoard):
+    def __init__(self, settings: Settings, board: CancelBoard, stopping: Stopping | None = None):
         super().__init__(max_batch_size=settings.max_batch_size, batch_timeout=settings.batch_timeout_ms / 1000,
                          api_path="/generate", stream=True, loop=PromptBatchedStreamingLoop())
         self.settings = settings
         self.board = board
+        self.stopping = stopping   # None outside a server (tests): the signals are left alone
 
     def setup(self, device: str) -> None:
         self.board.worker_started(ENDPOINT)   # first: the gateway fails what a dead predecessor held
+        if self.stopping is not None:   # SIGINT, SIGTERM: stop once the main process has drained
+            self.stopping.guard(die)
         lower_worker_priority(self.settings)
         provider = "cpu" if self.settings.device == "cpu" or not str(device).startswith("cuda") else "cuda"
         self.engines: dict[str, Engine] = {}

@@ -39,6 +39,7 @@ from .config import Settings, lower_worker_priority
 from .engine import Engine, SearchOptions, load_package
 from .shared.options import DEFAULTS
 from .metrics import metrics
+from .stopping import Stopping, die
 from .shared.search import Hypothesis
 from .text import join_sentences, split_sentences
 
@@ -140,15 +141,18 @@ class Plan:
 
 
 class TranslateAPI(ls.LitAPI):
-    def __init__(self, settings: Settings, board: CancelBoard):
+    def __init__(self, settings: Settings, board: CancelBoard, stopping: Stopping | None = None):
         super().__init__(max_batch_size=settings.max_batch_size, batch_timeout=settings.batch_timeout_ms / 1000,
                          api_path="/translate", loop=PromptBatchedLoop())
         self.settings = settings
         self.board = board      # requests whose client went away: skipped before each engine batch
+        self.stopping = stopping   # None outside a server (tests): the signals are left alone
 
     # --- worker start-up -------------------------------------------------------------------------
     def setup(self, device: str) -> None:
         self.board.worker_started(ENDPOINT)   # first: the gateway fails what a dead predecessor held
+        if self.stopping is not None:   # SIGINT, SIGTERM: stop once the main process has drained
+            self.stopping.guard(die)
         lower_worker_priority(self.settings)
         provider = "cuda" if str(device).startswith("cuda") else "cpu"
         if self.settings.device == "cpu":

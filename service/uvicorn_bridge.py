@@ -24,6 +24,11 @@ use every file descriptor and the probes get no answer (issue 27). GuardedHTTPPr
 The body's deadline (`--body-timeout-s`) is the ASGI middleware's (service/middleware.py), which can
 answer it in the request's own error shape. uvicorn's `limit_concurrency` is not used: it counts open
 connections, slow ones included, and answers every request over it 503, the probes' too.
+
+Signals (`hold_signals`): uvicorn's Server shuts its process down on SIGINT or SIGTERM, with handlers it sets
+with signal.signal when it starts (Server.capture_signals), before the app's lifespan. Ctrl+C and a SIGTERM to
+the process group reach every HTTP process with the main process; the lifespan puts a guard over uvicorn's
+handler so that the HTTP process goes on answering until the main process has drained (service/stopping.py).
 """
 
 from __future__ import annotations
@@ -32,9 +37,13 @@ import heapq
 import json
 import logging
 import resource
+import signal
 import uuid
+from contextlib import asynccontextmanager
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+from .stopping import Stopping
 
 log = logging.getLogger("transerve")
 
@@ -187,3 +196,19 @@ def uvicorn_options(header_timeout_s: float, keep_alive_timeout_s: float, max_co
     protocol = type("GuardedHTTPProtocol", (GuardedHTTPProtocol,),
                     {"header_timeout_s": header_timeout_s, "max_connections": cap, "ceiling": ceiling})
     return {"http": protocol, "timeout_keep_alive": keep_alive_timeout_s}
+
+
+def hold_signals(app, stopping: Stopping) -> None:
+    """`app`'s lifespan wrapped: in each HTTP process, uvicorn's handler of SIGINT and SIGTERM runs only once
+    the main process has ordered the stop (see the module's docstring)."""
+    lifespan = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def held(app_):
+        uvicorn_exit = signal.getsignal(signal.SIGTERM)   # Server.handle_exit, set by capture_signals
+        if callable(uvicorn_exit):
+            stopping.guard(uvicorn_exit)
+        async with lifespan(app_) as state:
+            yield state
+
+    app.router.lifespan_context = held
