@@ -56,6 +56,9 @@ LANGUAGE_NAMES = {"de": "German", "en": "English", "fr": "French", "es": "Spanis
                   "ja": "Japanese", "cs": "Czech", "da": "Danish", "sv": "Swedish", "fi": "Finnish"}
 
 LITSERVE_INFO = "/litserve/info"   # LitServe always adds an info route; Gateway.install removes it
+# The paths whose requests the metrics count (middleware.request_context), each with its `endpoint` label.
+COUNTED = {"/translate": ENDPOINT, "/libretranslate/translate": libretranslate.ENDPOINT,
+           "/libretranslate/detect": libretranslate.DETECT, "/generate": GENERATE, "/v1/completions": COMPLETIONS}
 
 
 class Gateway:
@@ -292,7 +295,7 @@ class Gateway:
         app = self.server.app
         # Error and rejection series exist at 0 from the start: rate() over a series that appears
         # with its first event misses that event, so alerts would not see the first burst.
-        for endpoint in ("translate", "libretranslate", GENERATE, COMPLETIONS):
+        for endpoint in COUNTED.values():
             metrics().rejected.labels(endpoint)
             for kind in sorted(set(ERROR_KIND.values()) | {"internal"}):
                 metrics().errors.labels(endpoint, kind)
@@ -342,9 +345,7 @@ class Gateway:
         self._describe_served_values(app)
         ui.install(app, self.settings)   # GET /ui, the translate page; /docs and /redoc offline
         install_handlers(app, self.settings.max_payload_bytes)
-        endpoints = {"/translate": ENDPOINT, "/libretranslate/translate": libretranslate.ENDPOINT,
-                     "/generate": GENERATE, "/v1/completions": COMPLETIONS}
-        app.add_middleware(request_context, endpoints=endpoints, max_payload_bytes=self.settings.max_payload_bytes,
+        app.add_middleware(request_context, endpoints=COUNTED, max_payload_bytes=self.settings.max_payload_bytes,
                            api_keys=tuple(self.settings.api_keys),
                            open_paths=open_paths(public_docs=self.settings.public_docs),
                            body_timeout_s=self.settings.body_timeout_s)

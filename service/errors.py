@@ -118,7 +118,7 @@ def install_handlers(app, max_payload_bytes: int) -> None:
 
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
         kinds = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
-                 408: "timeout", 504: "timeout"}
+                 408: "timeout", 499: "client_closed", 504: "timeout"}
         kind, limit = kinds.get(e.status_code, "error"), None
         message = str(e.detail) if e.status_code < 500 else "internal error"
         if e.status_code == 400 and e.__cause__ is not None:  # FastAPI's "There was an error parsing the body"

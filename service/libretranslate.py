@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .app import Gateway
 
 ENDPOINT = "libretranslate"   # the metrics' endpoint label; the work goes to the translate workers
+DETECT = "detect"             # /detect's endpoint label
 MAX_FIELDS = 1000             # a form's fields at most (Starlette's default for the forms it parses)
 # Our field names where our checks (TranslateRequest, Gateway) name a field in a message: LibreTranslate's
 # clients sent q, source, target.

@@ -112,8 +112,11 @@ def limited_receive(scope, receive, limit: int, timeout_s: float = 30.0):
     """`receive` counting the body as the app reads it: past `limit` it reads and drops the rest (see
     DRAIN_BYTES) and raises a 413 (an HTTPException, which FastAPI's body parsing passes on to the error
     handlers), and the connection closes. The whole body must arrive within `timeout_s` (uvicorn times out
-    no body read): then a 408, and the connection closes. None when the declared Content-Length is over
-    the limit: that body is refused without being parsed (drain_declared, then the 413)."""
+    no body read): then a 408, and the connection closes. A client that goes away before its body is whole
+    gets a 499 here, where every route reads its body (FastAPI's parsing, the LibreTranslate and OpenAI
+    routes' own): counted as `client_closed`, not as the 400 of a body cut short or the 500 of Starlette's
+    ClientDisconnect. None when the declared Content-Length is over the limit: that body is refused without
+    being parsed (drain_declared, then the 413)."""
     declared = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
     if declared.isdigit() and int(declared) > limit:
         return None
@@ -127,6 +130,8 @@ def limited_receive(scope, receive, limit: int, timeout_s: float = 30.0):
         message = await body_part(receive, deadline, timeout_s)
         seen += len(message.get("body", b""))
         done = not message.get("more_body", False)   # the last part, or a disconnect
+        if message["type"] == "http.disconnect":
+            raise StarletteHTTPException(499, "the client closed the connection before its body was whole")
         if seen > limit:
             if not done:
                 await drain(receive, deadline, DRAIN_BYTES)

@@ -195,6 +195,31 @@ def test_generation_clients_that_leave_at_once_give_their_places_back(server, st
     assert post_raw(server.url, "/generate", {"prompt": "Das", "max_new_tokens": 4})[0] == 200
 
 
+@pytest.mark.parametrize("path,endpoint", [("/translate", "translate"), ("/generate", "generate"),
+                                           ("/v1/completions", "completions"),
+                                           ("/libretranslate/translate", "libretranslate"),
+                                           ("/libretranslate/detect", "detect")])
+def test_a_client_that_leaves_mid_body_is_client_closed_not_our_failure(server, path, endpoint):
+    """A client that closes its connection with its body cut short gets no answer, and counts as 499
+    `client_closed`: not as a 500 `internal` (the alert that means a bug), nor a 400 for a body it never
+    finished, and no traceback in the log."""
+    key = ("transerve_requests_total", ("endpoint", endpoint), ("status", "499"))
+    before, errors_before = metrics(server.url), errors(server.url, endpoint)
+    u = urlsplit(server.url)
+    with socket.create_connection((u.hostname, u.port)) as conn:
+        conn.sendall(request_head(path, "Content-Length: 100") + b"{")
+    deadline = time.time() + 10
+    while metrics(server.url).get(key, 0) == before.get(key, 0) and time.time() < deadline:
+        time.sleep(0.05)
+    after = metrics(server.url)
+    assert after.get(key, 0) - before.get(key, 0) == 1, {k: v for k, v in after.items() if endpoint in str(k)}
+    changed = {kind: n - errors_before.get(kind, 0) for kind, n in errors(server.url, endpoint).items()
+               if n != errors_before.get(kind, 0)}
+    assert changed == {"client_closed": 1}, changed
+    log = server_log(server.proc)
+    assert "unhandled error" not in log and "Traceback" not in log, log[-4000:]
+
+
 @pytest.mark.parametrize("path", ["/translate", "/generate", "/libretranslate/translate"])
 def test_a_declared_content_length_over_the_limit_is_answered_at_once(server, path):
     """Content-Length: 1000000000000 and a few bytes: 413 without waiting for the rest (it used to
