@@ -51,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     gateway.stopping.handle_in_main(on_signal)
     try:
         server.run(host=settings.host, port=settings.port, num_api_servers=settings.api_servers,
-                   log_level=settings.log_level, generate_client_file=False, **uvicorn_options(
-                       settings.header_timeout_s, settings.keep_alive_timeout_s, settings.max_connections))
+                   log_level=settings.log_level, generate_client_file=False, **uvicorn_options(settings))
     except KeyboardInterrupt:   # a signal before anything was started
         log.info("stopped while starting")
     return 0

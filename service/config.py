@@ -51,6 +51,10 @@ class Settings:
     max_payload_bytes: int = 1_000_000  # request body size; beyond: 413
     # Every connection bounded at the server (docs/serving.md, "Slow clients"; service/uvicorn_bridge.py).
     header_timeout_s: float = 10.0      # request line and headers, from the first byte; then 408 and close
+    # A request's line and headers as sent, and its header fields; beyond either: 431 and close. nginx's
+    # default buffers hold 32 KiB of headers; 100 fields is Apache's LimitRequestFields.
+    max_header_bytes: int = 32768
+    max_headers: int = 100
     body_timeout_s: float = 30.0        # the whole body, from the end of the headers; then 408 and close
     keep_alive_timeout_s: float = 5.0   # an idle connection between requests is closed after this
     max_connections: int = 1024         # open connections per HTTP process; beyond: the longest waiting closed
@@ -97,6 +101,8 @@ _HELP = {
     "header_timeout_s": "seconds a request's line and headers may take, from the connection's opening or the "
                         "first byte after the previous answer; then 408 and the connection closes",
     "body_timeout_s": "seconds a request's whole body may take after its headers; then 408 and the connection closes",
+    "max_header_bytes": "bytes a request's line and headers may take, as sent; beyond: 431 and the connection closes",
+    "max_headers": "header fields a request may have; beyond: 431 and the connection closes",
     "keep_alive_timeout_s": "seconds an idle connection is kept open between requests (behind a proxy that "
                             "reuses connections, set it above the proxy's idle timeout)",
     "max_connections": "open connections per HTTP process (lowered to fit the file-descriptor limit); a new one "
@@ -184,7 +190,7 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         if not getattr(s, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be more than 0, got {getattr(s, name)}")
     for name in ("workers", "api_servers", "max_batch_size", "max_texts", "max_queue", "max_connections",
-                 "max_request_cost"):
+                 "max_request_cost", "max_header_bytes", "max_headers"):
         if getattr(s, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(s, name)}")
     return s
