@@ -81,6 +81,8 @@ class Settings:
 
 _HELP = {
     "models": "model package directory (repeatable; requests are routed by language pair)",
+    "host": "address to listen on (0.0.0.0: every interface, reachable from other machines)",
+    "port": "port to listen on",
     "device": "auto (CUDA when available), cpu or cuda",
     "workers": "inference worker processes per device",
     "api_servers": "HTTP server processes",
@@ -88,11 +90,28 @@ _HELP = {
     "spin_wait": "let onnxruntime's threads busy-wait between operators (lower latency on cores the HTTP "
                  "process does not need; off: they sleep)",
     "worker_nice": "how much lower the inference workers' CPU priority is than the HTTP process's (0-19; 0 = the same)",
+    "max_batch_size": "requests an inference worker takes into one batch at most",
+    "max_batch_tokens": "padded source tokens per engine call (beams multiply them); a batch's sentences are cut "
+                        "into engine calls of at most this",
+    "max_texts": "texts (or prompts) per request; beyond: 413",
+    "max_text_chars": "characters per text or prompt; beyond: 413",
+    "max_sentence_tokens": "source tokens per sentence, once a text is split into sentences; beyond: 413",
+    "max_request_tokens": "source tokens per translation request; beyond: 413",
+    "max_queue": "requests waiting or running at once, over all HTTP processes; beyond: 503 with Retry-After",
+    "request_timeout_s": "seconds a request may wait in the queue for a worker (then 504); twice this bounds its "
+                         "whole wait for an answer",
+    "drain_timeout_s": "on SIGINT or SIGTERM (Ctrl+C, the process group or the main process): seconds admitted "
+                       "requests may take to finish, while new ones get 503, before every process stops",
+    "max_payload_bytes": "bytes a request's body may take; beyond: 413 (a body declared larger is refused unread)",
+    "max_output_tokens": "tokens written per sentence or generation at most, whatever a request asks",
+    "max_prompt_tokens": "tokens a generation prompt may have; beyond: 413",
+    "log_level": "critical, error, warning, info or debug",
     "batch_timeout_ms": "after an inference worker takes a request, how long it waits for more to join the batch "
                         "(0: it takes only those already queued; under load they queue while it is busy)",
     "max_request_cost": "a request's cost at most: source tokens x beam_size for /translate, (prompt tokens + "
                         "max_new_tokens) x beams or sequences for /generate; beyond: 413 naming the limit",
-    "api_keys": "comma-separated API keys; when set, requests need Authorization: Bearer KEY",
+    "api_keys": "comma-separated API keys; when set, requests need one, as Authorization: Bearer KEY or "
+                "X-API-Key: KEY (LibreTranslate's routes: or their api_key field)",
     "api_keys_file": "file of API keys, one per line (blank lines and # comments ignored), read at start-up and "
                      "added to --api-keys; a missing, unreadable or keyless file is an error",
     "metrics_port": "serve /metrics on this port instead, with no key (for the cluster's scraper; keep the "
@@ -157,7 +176,8 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
     for f in fields(Settings):
         default = _env_value(f.name, getattr(defaults, f.name))
         flag = "--model" if f.name == "models" else "--" + f.name.replace("_", "-")
-        help_text = _HELP.get(f.name, "") + f" (env TRANSERVE_{f.name.upper()}; default {default})"
+        shown = ("given" if default else "none") if f.name == "api_keys" else default   # never a key itself
+        help_text = f"{_HELP[f.name]} (env TRANSERVE_{f.name.upper()}; default {shown})"
         if isinstance(default, list):
             p.add_argument(flag, dest=f.name, action="append", default=None, help=help_text)
         elif isinstance(default, bool):
