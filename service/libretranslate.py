@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import html_text
-from .errors import ApiError, first_error, parse_error
+from .errors import ApiError, declares_json, first_error, parse_error
 from .shared.schemas import AUTO, TranslateRequest
 
 if TYPE_CHECKING:
@@ -33,14 +33,19 @@ LIBRE_NAMES = {"text": "q", "source_lang": "source", "target_lang": "target"}
 
 
 async def read_fields(request: Request) -> tuple[dict, bool]:
-    """The request's fields and whether they came as a form (every value then text)."""
-    ctype = request.headers.get("content-type", "")
+    """The request's fields and whether they came as a form (every value then text). As LibreTranslate reads
+    them: JSON when the Content-Type says so, a form when it says one, and no fields from anything else
+    (there a 400 saying what to send, where LibreTranslate says q is missing)."""
+    ctype = request.headers.get("content-type", "").lower()
     if ctype.startswith(("application/x-www-form-urlencoded", "multipart/form-data")):
         pairs = await read_form(request, ctype)
         data: dict = dict(pairs)              # a field given twice: its last value, as Starlette's forms
         if len(qs := [v for k, v in pairs if k == "q"]) > 1:
             data["q"] = qs
         return data, True
+    if not declares_json(ctype):
+        raise ApiError(400, "invalid_request", "send the fields as JSON (Content-Type: application/json) or as a "
+                       "form (application/x-www-form-urlencoded or multipart/form-data)")
     try:
         data = await request.json()
     except (ValueError, RecursionError) as e:

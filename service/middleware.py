@@ -1,5 +1,7 @@
 """What wraps every request: the request id in (`request.state.request_id`) and out (`X-Request-ID`), the
-body limit, the request and error counters, the duration, and a JSON 500 instead of a stack trace.
+body limit, the request and error counters, the duration, and a JSON 500 instead of a stack trace. HEAD is
+answered by every GET route, as HTTP asks of a server (RFC 9110 section 9.3.2; uptime checkers send it):
+FastAPI's routes answer only the methods they name.
 
 Plain ASGI rather than Starlette's `BaseHTTPMiddleware` (`app.middleware("http")`), which runs the route
 in a task of its own and streams the response body back through a memory channel: that cost more CPU per
@@ -58,6 +60,8 @@ def request_context(app, endpoints: dict[str, str], max_payload_bytes: int, api_
             await send(message)
 
         limited = limited_receive(scope, receive, max_payload_bytes, body_timeout_s)
+        if scope["method"] == "HEAD":   # a GET route's answer without its body (uvicorn drops it, by its own scope)
+            scope = scope | {"method": "GET"}
         try:
             if api_keys and scope["path"] not in open_paths and (refused := key_refusal(api_keys, scope)):
                 await error_response(scope["path"], rid, refused)(scope, receive, send_with_id)

@@ -29,7 +29,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
-from .errors import ApiError, parse_error
+from .errors import NOT_JSON, ApiError, declares_json, parse_error
 from .shared.schemas import GenerateRequest, StopSequence, _json_types
 
 if TYPE_CHECKING:
@@ -140,7 +140,10 @@ def _printable(name: str) -> str:
 
 # --- the request ------------------------------------------------------------------------------------
 async def read_request(request: Request) -> CompletionRequest:
-    """The body as a CompletionRequest, or a 400 naming the field at fault."""
+    """The body as a CompletionRequest, or a 400 naming the field at fault (or the Content-Type, which must
+    say JSON, as on /generate: OpenAI's clients send application/json)."""
+    if not declares_json(request.headers.get("content-type", "")):
+        raise OpenAIError(400, "invalid_json", NOT_JSON)
     try:
         data = await request.json()
     except (ValueError, RecursionError) as e:
