@@ -34,16 +34,19 @@ if [[ ! -x $PY || $(cat "$STAMP" 2>/dev/null) != "$want" ]]; then
   echo "test.sh: $("$PY" -c 'import torch; print("torch", torch.__version__)')" >&2
   echo "$want" >"$STAMP"
 fi
-# promtool (Debian's prometheus package) checks the /metrics exposition; without it that test skips.
-if ! command -v promtool >/dev/null && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+# Debian packages for the tests that drive tools pip does not install, below: only as root, with apt-get, and
+# not with TRANSERVE_APT=0. Without them those tests skip, each saying what it lacks.
+can_apt() { [[ ${TRANSERVE_APT:-1} != 0 ]] && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; }
+# promtool (Debian's prometheus package) checks the /metrics exposition and the alert rules, and the prometheus
+# server scrapes a served model in the dashboards' test; without them those tests skip.
+if ! command -v promtool >/dev/null && can_apt; then
   (apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
     || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1; }) \
     || echo "warning: could not install promtool; its test will be skipped" >&2
 fi
 # Debian's chromium and its chromedriver run the translate page in a headless browser (tests/test_ui.py,
 # driven by selenium from the dev extra); without them, as without root, those tests skip and say why.
-if ! { command -v chromium && command -v chromedriver; } >/dev/null && command -v apt-get >/dev/null \
-   && [[ $(id -u) == 0 ]]; then
+if ! { command -v chromium && command -v chromedriver; } >/dev/null && can_apt; then
   (apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1 \
     || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1; }) \
     || echo "warning: could not install chromium/chromium-driver; the browser tests will be skipped" >&2
@@ -52,8 +55,7 @@ fi
 # base and serves from it: minutes of downloads and disk, little CPU. With no arguments it runs in
 # a second pytest beside the main one; TRANSERVE_IMAGE_TEST=0 skips it, =1 forces it into the main run.
 IMAGE=${TRANSERVE_IMAGE_TEST:-auto}
-if [[ $IMAGE != 0 ]] && ! { command -v buildah && command -v debootstrap; } >/dev/null \
-   && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+if [[ $IMAGE != 0 ]] && ! { command -v buildah && command -v debootstrap; } >/dev/null && can_apt; then
   (apt-get install -y -q --no-install-recommends buildah debootstrap >/dev/null 2>&1 \
     || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends buildah debootstrap >/dev/null 2>&1; }) \
     || echo "warning: could not install buildah/debootstrap; the image test will be skipped" >&2

@@ -7,6 +7,8 @@ import signal
 import sys
 import threading
 
+log = logging.getLogger("transerve")
+
 
 def main(argv: list[str] | None = None) -> int:
     from .config import parse_settings
@@ -27,19 +29,31 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot serve: {e}", file=sys.stderr)
         return 2
 
-    def on_sigterm(signum, frame):
+    stopping = []   # the signal that began the drain
+
+    def on_signal(signum: int) -> None:
+        """SIGINT or SIGTERM, from the terminal's Ctrl+C, the process group or this process alone
+        (service/stopping.py): drain, then stop every process; a second signal changes nothing."""
         if not serving(server):  # still starting: nothing to drain
             raise KeyboardInterrupt
+        if stopping:
+            log.info("%s: already stopping (draining for up to %g s)", signal.Signals(signum).name,
+                     settings.drain_timeout_s)
+            return
+        stopping.append(signum)
+        log.info("%s: draining for up to %g s, then stopping", signal.Signals(signum).name, settings.drain_timeout_s)
         threading.Thread(target=gateway.drain_and_stop, args=(settings.drain_timeout_s,), daemon=True).start()
 
     if settings.metrics_port:
         from .metrics import serve_metrics
 
         serve_metrics(settings.host, settings.metrics_port)
-    signal.signal(signal.SIGTERM, on_sigterm)
-    server.run(host=settings.host, port=settings.port, num_api_servers=settings.api_servers,
-               log_level=settings.log_level, generate_client_file=False,
-               **uvicorn_options(settings.header_timeout_s, settings.keep_alive_timeout_s, settings.max_connections))
+    gateway.stopping.handle_in_main(on_signal)
+    try:
+        server.run(host=settings.host, port=settings.port, num_api_servers=settings.api_servers,
+                   log_level=settings.log_level, generate_client_file=False, **uvicorn_options(settings))
+    except KeyboardInterrupt:   # a signal before anything was started
+        log.info("stopped while starting")
     return 0
 
 

@@ -1,5 +1,6 @@
 """Admission: the bound on requests waiting or running, shared by every HTTP process, and the drain on
-SIGTERM. Each endpoint holds a place for as long as its request is queued or running:
+SIGINT and SIGTERM (service/stopping.py). Each endpoint holds a place for as long as its request is queued
+or running:
 
     with admission.admitted("translate"):
         answer = await workers.call(...)
@@ -22,7 +23,7 @@ class Admission:
     def __init__(self, max_queue: int):
         self.max_queue = max_queue
         # Shared by every HTTP process (LitServe forks them after this): the bound is global, and
-        # SIGTERM in the main process can see when the last request has been answered.
+        # a signal's drain in the main process can see when the last request has been answered.
         self.active = mp.Value("i", 0)
         self.draining = mp.Event()
 

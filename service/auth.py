@@ -32,9 +32,19 @@ def check_key(api_keys: list[str] | tuple[str, ...], request: Request, body_key:
     check_headers(api_keys, request.headers.get("authorization", ""), request.headers.get("x-api-key"), body_key)
 
 
+# What surrounds a header's value and is no part of it (RFC 9110 section 5.5, OWS); the parsers drop it
+# before a value, not always after it.
+OWS = " \t"
+
+
 def given_key(authorization: str, x_api_key: str | None, body_key: str | None = None) -> str:
-    """The key a request gives: its bearer token, else X-API-Key, else LibreTranslate's api_key field; "" for none."""
-    return authorization[7:] if authorization.lower().startswith("bearer ") else x_api_key or body_key or ""
+    """The key a request gives: its bearer token, else X-API-Key, else LibreTranslate's api_key field; "" for none.
+    A header's key is read without the whitespace around it, and the token after "Bearer" and one or more
+    spaces (RFC 9110 section 11.4); a body's field is taken as it is."""
+    scheme, _, token = authorization.strip(OWS).partition(" ")
+    if scheme.lower() == "bearer" and token:
+        return token.strip(OWS)
+    return (x_api_key or "").strip(OWS) or body_key or ""
 
 
 def check_headers(api_keys, authorization: str, x_api_key: str | None, body_key: str | None = None) -> None:

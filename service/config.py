@@ -47,10 +47,14 @@ class Settings:
     max_request_cost: int = 32768
     max_queue: int = 256                # requests waiting or running, over all HTTP processes; beyond: 503
     request_timeout_s: float = 60.0     # longest a request may wait in the queue; then 504
-    drain_timeout_s: float = 30.0       # on SIGTERM: how long admitted requests may take to finish
+    drain_timeout_s: float = 30.0       # on SIGINT or SIGTERM: how long admitted requests may take to finish
     max_payload_bytes: int = 1_000_000  # request body size; beyond: 413
     # Every connection bounded at the server (docs/serving.md, "Slow clients"; service/uvicorn_bridge.py).
     header_timeout_s: float = 10.0      # request line and headers, from the first byte; then 408 and close
+    # A request's line and headers as sent, and its header fields; beyond either: 431 and close. nginx's
+    # default buffers hold 32 KiB of headers; 100 fields is Apache's LimitRequestFields.
+    max_header_bytes: int = 32768
+    max_headers: int = 100
     body_timeout_s: float = 30.0        # the whole body, from the end of the headers; then 408 and close
     keep_alive_timeout_s: float = 5.0   # an idle connection between requests is closed after this
     max_connections: int = 1024         # open connections per HTTP process; beyond: the longest waiting closed
@@ -77,6 +81,8 @@ class Settings:
 
 _HELP = {
     "models": "model package directory (repeatable; requests are routed by language pair)",
+    "host": "address to listen on (0.0.0.0: every interface, reachable from other machines)",
+    "port": "port to listen on",
     "device": "auto (CUDA when available), cpu or cuda",
     "workers": "inference worker processes per device",
     "api_servers": "HTTP server processes",
@@ -84,11 +90,28 @@ _HELP = {
     "spin_wait": "let onnxruntime's threads busy-wait between operators (lower latency on cores the HTTP "
                  "process does not need; off: they sleep)",
     "worker_nice": "how much lower the inference workers' CPU priority is than the HTTP process's (0-19; 0 = the same)",
+    "max_batch_size": "requests an inference worker takes into one batch at most",
+    "max_batch_tokens": "padded source tokens per engine call (beams multiply them); a batch's sentences are cut "
+                        "into engine calls of at most this",
+    "max_texts": "texts (or prompts) per request; beyond: 413",
+    "max_text_chars": "characters per text or prompt; beyond: 413",
+    "max_sentence_tokens": "source tokens per sentence, once a text is split into sentences; beyond: 413",
+    "max_request_tokens": "source tokens per translation request; beyond: 413",
+    "max_queue": "requests waiting or running at once, over all HTTP processes; beyond: 503 with Retry-After",
+    "request_timeout_s": "seconds a request may wait in the queue for a worker (then 504); twice this bounds its "
+                         "whole wait for an answer",
+    "drain_timeout_s": "on SIGINT or SIGTERM (Ctrl+C, the process group or the main process): seconds admitted "
+                       "requests may take to finish, while new ones get 503, before every process stops",
+    "max_payload_bytes": "bytes a request's body may take; beyond: 413 (a body declared larger is refused unread)",
+    "max_output_tokens": "tokens written per sentence or generation at most, whatever a request asks",
+    "max_prompt_tokens": "tokens a generation prompt may have; beyond: 413",
+    "log_level": "critical, error, warning, info or debug",
     "batch_timeout_ms": "after an inference worker takes a request, how long it waits for more to join the batch "
                         "(0: it takes only those already queued; under load they queue while it is busy)",
     "max_request_cost": "a request's cost at most: source tokens x beam_size for /translate, (prompt tokens + "
                         "max_new_tokens) x beams or sequences for /generate; beyond: 413 naming the limit",
-    "api_keys": "comma-separated API keys; when set, requests need Authorization: Bearer KEY",
+    "api_keys": "comma-separated API keys; when set, requests need one, as Authorization: Bearer KEY or "
+                "X-API-Key: KEY (LibreTranslate's routes: or their api_key field)",
     "api_keys_file": "file of API keys, one per line (blank lines and # comments ignored), read at start-up and "
                      "added to --api-keys; a missing, unreadable or keyless file is an error",
     "metrics_port": "serve /metrics on this port instead, with no key (for the cluster's scraper; keep the "
@@ -97,6 +120,8 @@ _HELP = {
     "header_timeout_s": "seconds a request's line and headers may take, from the connection's opening or the "
                         "first byte after the previous answer; then 408 and the connection closes",
     "body_timeout_s": "seconds a request's whole body may take after its headers; then 408 and the connection closes",
+    "max_header_bytes": "bytes a request's line and headers may take, as sent; beyond: 431 and the connection closes",
+    "max_headers": "header fields a request may have; beyond: 431 and the connection closes",
     "keep_alive_timeout_s": "seconds an idle connection is kept open between requests (behind a proxy that "
                             "reuses connections, set it above the proxy's idle timeout)",
     "max_connections": "open connections per HTTP process (lowered to fit the file-descriptor limit); a new one "
@@ -151,7 +176,8 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
     for f in fields(Settings):
         default = _env_value(f.name, getattr(defaults, f.name))
         flag = "--model" if f.name == "models" else "--" + f.name.replace("_", "-")
-        help_text = _HELP.get(f.name, "") + f" (env TRANSERVE_{f.name.upper()}; default {default})"
+        shown = ("given" if default else "none") if f.name == "api_keys" else default   # never a key itself
+        help_text = f"{_HELP[f.name]} (env TRANSERVE_{f.name.upper()}; default {shown})"
         if isinstance(default, list):
             p.add_argument(flag, dest=f.name, action="append", default=None, help=help_text)
         elif isinstance(default, bool):
@@ -184,7 +210,7 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         if not getattr(s, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be more than 0, got {getattr(s, name)}")
     for name in ("workers", "api_servers", "max_batch_size", "max_texts", "max_queue", "max_connections",
-                 "max_request_cost"):
+                 "max_request_cost", "max_header_bytes", "max_headers"):
         if getattr(s, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(s, name)}")
     return s

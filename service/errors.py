@@ -56,6 +56,18 @@ def raise_worker_error(event: dict) -> dict:
     return event
 
 
+# What a body must be on our routes and OpenAI's (one rule per API flavour; LibreTranslate's also takes forms,
+# service/libretranslate.py). FastAPI holds /translate and /generate to it; openai_api.read_request the rest.
+NOT_JSON = "the body must be a JSON object sent with Content-Type: application/json"
+
+
+def declares_json(content_type: str) -> bool:
+    """Whether a Content-Type names JSON, as FastAPI reads it: application/json or application/*+json,
+    whatever its parameters (charset)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 def parse_error(e: BaseException | None) -> str:
     """Why a body is not JSON, for the client."""
     if isinstance(e, UnicodeDecodeError):
@@ -112,15 +124,14 @@ def install_handlers(app, max_payload_bytes: int, respond: Responder) -> None:
                            f"({repr(bad.get('input'))[:40]}), which is not Unicode text; send its pair or drop it")
         elif any(tuple(err.get("loc", ())) == ("body",) and err.get("type") != "value_error" for err in errs):
             # (a value_error at the body itself is a model validator's: a 422 like any field's)
-            err = ApiError(400, "invalid_json",
-                           "the body must be a JSON object sent with Content-Type: application/json")
+            err = ApiError(400, "invalid_json", NOT_JSON)
         else:
             err = ApiError(422, "invalid_request", first_error(e))
         return await api_error(request, err)
 
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
         kinds = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
-                 408: "timeout", 504: "timeout"}
+                 408: "timeout", 499: "client_closed", 504: "timeout"}
         kind, limit = kinds.get(e.status_code, "error"), None
         message = str(e.detail) if e.status_code < 500 else "internal error"
         if e.status_code == 400 and e.__cause__ is not None:  # FastAPI's "There was an error parsing the body"
@@ -128,7 +139,10 @@ def install_handlers(app, max_payload_bytes: int, respond: Responder) -> None:
         elif e.status_code == 413:
             limited = too_large(max_payload_bytes)
             message, limit = limited.message, limited.limit
-        return await api_error(request, ApiError(e.status_code, kind, message, limit, dict(e.headers or {})))
+        headers = dict(e.headers or {})
+        if "GET" in headers.get("Allow", "").split(", "):
+            headers["Allow"] += ", HEAD"   # answered by every GET route (middleware.request_context)
+        return await api_error(request, ApiError(e.status_code, kind, message, limit, headers))
 
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(RequestValidationError, validation_error)

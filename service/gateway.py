@@ -32,6 +32,7 @@ from .generate_api import ENDPOINT as GENERATE, GenerateAPI
 from .litserve_bridge import Workers, until_disconnected
 from .metrics import metrics
 from .shared.schemas import AUTO, GenerateRequest, TranslateRequest
+from .stopping import Stopping
 from .translate_api import ENDPOINT, TranslateAPI
 
 LANGUAGE_NAMES = {"de": "German", "en": "English", "fr": "French", "es": "Spanish", "it": "Italian",
@@ -43,8 +44,9 @@ class Gateway:
     """Checks, admits and hands work to the workers; knows no API flavour."""
 
     def __init__(self, server: ls.LitServer, api: TranslateAPI | None, settings: Settings, packages: list[dict],
-                 generate_api: GenerateAPI | None, board: CancelBoard, device: str = "cpu"):
+                 generate_api: GenerateAPI | None, board: CancelBoard, stopping: Stopping, device: str = "cpu"):
         self.settings, self.packages, self.board, self.device = settings, packages, board, device
+        self.stopping = stopping
         self.workers = Workers(server, {ENDPOINT: api, GENERATE: generate_api}, board, settings.request_timeout_s)
         self.admission = Admission(settings.max_queue)
         self.generators = [p["name"] for p in packages if p["task"] == "generation"]
@@ -195,8 +197,10 @@ class Gateway:
         return (True, "ok") if self.workers.ready() else (False, "not ready")
 
     def drain_and_stop(self, grace_s: float) -> None:
-        """SIGTERM: refuse new requests (and fail /ready), let the admitted ones finish, then stop."""
+        """SIGINT or SIGTERM: refuse new requests (and fail /ready), let the admitted ones finish, then stop
+        every process (service/stopping.py)."""
         self.admission.drain(grace_s)
+        self.stopping.order()
         self.workers.stop()
 
     def info(self) -> dict:

@@ -28,6 +28,7 @@ from .engine import Engine, SearchOptions
 from .litserve_bridge import SchedulerLoop
 from .metrics import metrics
 from .scheduler import Failure, GenerationScheduler, GenJob, for_one_request
+from .stopping import Stopping, die
 
 log = logging.getLogger("transerve")
 ENDPOINT = GenerationScheduler.endpoint
@@ -45,14 +46,17 @@ def _held_back(text: str, stops: list[str]) -> int:
 
 
 class GenerateAPI(ls.LitAPI):
-    def __init__(self, settings: Settings, board: CancelBoard):
+    def __init__(self, settings: Settings, board: CancelBoard, stopping: Stopping | None = None):
         super().__init__(max_batch_size=settings.max_batch_size, batch_timeout=settings.batch_timeout_ms / 1000,
                          api_path="/generate", stream=True, loop=SchedulerLoop())
         self.settings = settings
         self.board = board
+        self.stopping = stopping   # None outside a server (tests): the signals are left alone
 
     def setup(self, device: str) -> None:
         self.board.worker_started(ENDPOINT)   # first: the gateway fails what a dead predecessor held
+        if self.stopping is not None:   # SIGINT, SIGTERM: stop once the main process has drained
+            self.stopping.guard(die)
         lower_worker_priority(self.settings)
         provider = "cpu" if self.settings.device == "cpu" or not str(device).startswith("cuda") else "cuda"
         engines: dict[str, Engine] = {}

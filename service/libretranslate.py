@@ -17,13 +17,14 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import html_text
-from .errors import ApiError, first_error, parse_error
+from .errors import ApiError, declares_json, first_error, parse_error
 from .flavour import Flavour, describe_pairs
 from .gateway import Gateway
 from .shared.schemas import (AUTO, DetectedLanguage, Language, LibreTranslateDetectRequest, LibreTranslateError,
                              LibreTranslateRequest, LibreTranslateResponse, TranslateRequest)
 
 ENDPOINT = "libretranslate"   # the metrics' endpoint label; the work goes to the translate workers
+DETECT = "detect"             # /detect's endpoint label
 MAX_FIELDS = 1000             # a form's fields at most (Starlette's default for the forms it parses)
 # Our field names where our checks (TranslateRequest, Gateway) name a field in a message: LibreTranslate's
 # clients sent q, source, target.
@@ -32,14 +33,19 @@ LIBRE_NAMES = {"text": "q", "source_lang": "source", "target_lang": "target"}
 
 
 async def read_fields(request: Request) -> tuple[dict, bool]:
-    """The request's fields and whether they came as a form (every value then text)."""
-    ctype = request.headers.get("content-type", "")
+    """The request's fields and whether they came as a form (every value then text). As LibreTranslate reads
+    them: JSON when the Content-Type says so, a form when it says one, and no fields from anything else
+    (there a 400 saying what to send, where LibreTranslate says q is missing)."""
+    ctype = request.headers.get("content-type", "").lower()
     if ctype.startswith(("application/x-www-form-urlencoded", "multipart/form-data")):
         pairs = await read_form(request, ctype)
         data: dict = dict(pairs)              # a field given twice: its last value, as Starlette's forms
         if len(qs := [v for k, v in pairs if k == "q"]) > 1:
             data["q"] = qs
         return data, True
+    if not declares_json(ctype):
+        raise ApiError(400, "invalid_request", "send the fields as JSON (Content-Type: application/json) or as a "
+                       "form (application/x-www-form-urlencoded or multipart/form-data)")
     try:
         data = await request.json()
     except (ValueError, RecursionError) as e:
@@ -306,6 +312,6 @@ def describe(schema: dict, gateway: Gateway) -> None:
 
 PATHS = ("/libretranslate/translate", "/libretranslate/detect")
 FLAVOUR = Flavour("libretranslate", install, prefix="/libretranslate/", error_body=error_body,
-                  endpoints={"/libretranslate/translate": ENDPOINT},
+                  endpoints={"/libretranslate/translate": ENDPOINT, "/libretranslate/detect": DETECT},
                   open_paths=frozenset({"/libretranslate/languages"}),   # its clients ask for it without a key
                   key_in_body=frozenset(PATHS), describe=describe)

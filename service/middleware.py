@@ -1,5 +1,7 @@
 """What wraps every request: the request id in (`request.state.request_id`) and out (`X-Request-ID`), the
-body limit, the request and error counters, the duration, and a JSON 500 instead of a stack trace.
+body limit, the request and error counters, the duration, and a JSON 500 instead of a stack trace. HEAD is
+answered by every GET route, as HTTP asks of a server (RFC 9110 section 9.3.2; uptime checkers send it):
+FastAPI's routes answer only the methods they name.
 
 Plain ASGI rather than Starlette's `BaseHTTPMiddleware` (`app.middleware("http")`), which runs the route
 in a task of its own and streams the response body back through a memory channel: that cost more CPU per
@@ -59,6 +61,8 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
             await send(message)
 
         limited = limited_receive(scope, receive, max_payload_bytes, body_timeout_s)
+        if scope["method"] == "HEAD":   # a GET route's answer without its body (uvicorn drops it, by its own scope)
+            scope = scope | {"method": "GET"}
         try:
             if api_keys and scope["path"] not in open_paths and (refused := key_refusal(api_keys, scope, key_in_body)):
                 await respond(scope["path"], rid, refused)(scope, receive, send_with_id)
@@ -113,8 +117,11 @@ def limited_receive(scope, receive, limit: int, timeout_s: float = 30.0):
     """`receive` counting the body as the app reads it: past `limit` it reads and drops the rest (see
     DRAIN_BYTES) and raises a 413 (an HTTPException, which FastAPI's body parsing passes on to the error
     handlers), and the connection closes. The whole body must arrive within `timeout_s` (uvicorn times out
-    no body read): then a 408, and the connection closes. None when the declared Content-Length is over
-    the limit: that body is refused without being parsed (drain_declared, then the 413)."""
+    no body read): then a 408, and the connection closes. A client that goes away before its body is whole
+    gets a 499 here, where every route reads its body (FastAPI's parsing, the LibreTranslate and OpenAI
+    routes' own): counted as `client_closed`, not as the 400 of a body cut short or the 500 of Starlette's
+    ClientDisconnect. None when the declared Content-Length is over the limit: that body is refused without
+    being parsed (drain_declared, then the 413)."""
     declared = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
     if declared.isdigit() and int(declared) > limit:
         return None
@@ -128,6 +135,8 @@ def limited_receive(scope, receive, limit: int, timeout_s: float = 30.0):
         message = await body_part(receive, deadline, timeout_s)
         seen += len(message.get("body", b""))
         done = not message.get("more_body", False)   # the last part, or a disconnect
+        if message["type"] == "http.disconnect":
+            raise StarletteHTTPException(499, "the client closed the connection before its body was whole")
         if seen > limit:
             if not done:
                 await drain(receive, deadline, DRAIN_BYTES)

@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
 from . import sse
-from .errors import ApiError, parse_error
+from .errors import NOT_JSON, ApiError, declares_json, parse_error
 from .flavour import Flavour
 from .gateway import Finished, Gateway, GenerationStream
 from .shared.schemas import GenerateRequest, StopSequence, _json_types
@@ -147,7 +147,10 @@ def _printable(name: str) -> str:
 
 # --- the request ------------------------------------------------------------------------------------
 async def read_request(request: Request) -> CompletionRequest:
-    """The body as a CompletionRequest, or a 400 naming the field at fault."""
+    """The body as a CompletionRequest, or a 400 naming the field at fault (or the Content-Type, which must
+    say JSON, as on /generate: OpenAI's clients send application/json)."""
+    if not declares_json(request.headers.get("content-type", "")):
+        raise OpenAIError(400, "invalid_json", NOT_JSON)
     try:
         data = await request.json()
     except (ValueError, RecursionError) as e:

@@ -30,7 +30,9 @@ from .gateway import Gateway
 from .generate_api import ENDPOINT as GENERATE, GenerateAPI
 from .metrics import metrics, render
 from .middleware import request_context
+from .stopping import Stopping
 from .translate_api import ENDPOINT, TranslateAPI, check_packages
+from .uvicorn_bridge import hold_signals
 
 FLAVOURS: tuple[Flavour, ...] = (api_native.FLAVOUR, openai_api.FLAVOUR, libretranslate.FLAVOUR, ui.FLAVOUR)
 
@@ -44,16 +46,19 @@ def build_server(settings: Settings, flavours: tuple[Flavour, ...] = FLAVOURS) -
     tasks = {p["task"] for p in packages}
     # One LitAPI per endpoint, each with its own workers, loading only its own packages.
     board = CancelBoard(endpoints=(ENDPOINT, GENERATE))
-    api = TranslateAPI(settings, board) if "translation" in tasks else None
-    generate_api = GenerateAPI(settings, board) if "generation" in tasks else None
+    stopping = Stopping()   # before LitServe starts any process
+    api = TranslateAPI(settings, board, stopping) if "translation" in tasks else None
+    generate_api = GenerateAPI(settings, board, stopping) if "generation" in tasks else None
     server = ls.LitServer([a for a in (api, generate_api) if a], accelerator="cuda" if cuda else "cpu",
                           devices=1 if cuda else "auto",
                           workers_per_device=settings.workers, timeout=settings.request_timeout_s,
                           restart_workers=True,  # a dead worker is replaced; without this the server exits
                           healthcheck_path="/ready", info_path=LITSERVE_INFO,
                           max_payload_size=None)  # enforced before reading: middleware.limited_receive
-    gateway = Gateway(server, api, settings, packages, generate_api, board, device="cuda" if cuda else "cpu")
+    gateway = Gateway(server, api, settings, packages, generate_api, board, stopping,
+                      device="cuda" if cuda else "cpu")
     install(server.app, gateway, flavours)
+    hold_signals(server.app, stopping)   # the HTTP processes wait for the main process's drain
     return server, gateway
 
 

@@ -31,6 +31,7 @@ from .litserve_bridge import SchedulerLoop
 from .metrics import metrics
 from .scheduler import Failure, Job, TranslationScheduler, for_one_request, request_cost
 from .shared.options import DEFAULTS
+from .stopping import Stopping, die
 from .text import join_sentences, split_sentences
 
 log = logging.getLogger("transerve")
@@ -38,15 +39,18 @@ ENDPOINT = TranslationScheduler.endpoint
 
 
 class TranslateAPI(ls.LitAPI):
-    def __init__(self, settings: Settings, board: CancelBoard):
+    def __init__(self, settings: Settings, board: CancelBoard, stopping: Stopping | None = None):
         super().__init__(max_batch_size=settings.max_batch_size, batch_timeout=settings.batch_timeout_ms / 1000,
                          api_path="/translate", loop=SchedulerLoop())
         self.settings = settings
         self.board = board      # shared with the HTTP processes: worker starts, requests whose client went away
+        self.stopping = stopping   # None outside a server (tests): the signals are left alone
 
     # --- worker start-up -------------------------------------------------------------------------
     def setup(self, device: str) -> None:
         self.board.worker_started(ENDPOINT)   # first: the gateway fails what a dead predecessor held
+        if self.stopping is not None:   # SIGINT, SIGTERM: stop once the main process has drained
+            self.stopping.guard(die)
         lower_worker_priority(self.settings)
         provider = "cuda" if str(device).startswith("cuda") else "cpu"
         if self.settings.device == "cpu":

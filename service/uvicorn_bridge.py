@@ -14,6 +14,12 @@ use every file descriptor and the probes get no answer (issue 27). GuardedHTTPPr
 
 - a deadline for a request's line and headers (`--header-timeout-s`), from the connection's opening or
   from the first byte after the previous response: then 408 (when part of a request came) and close;
+- a bound on a request's line and headers (`--max-header-bytes`, as sent, and `--max-headers` fields), counted
+  as the bytes arrive, before the parser sees them: httptools keeps a header it has not finished in memory,
+  whatever its size (one 32 MB header was answered 200; 16 connections each trickling 64 MB of headers held
+  462 MB). Beyond: 431, as nginx and h11 answer it, and the connection closes once the client has had time
+  to read it (LINGER_S; closing with the rest of the request unread would reset the connection under the
+  answer);
 - a cap on open connections per HTTP process (`--max-connections`, kept below the file-descriptor
   limit, which start-up raises to its hard limit): a connection opened over the cap closes those that
   have waited longest on their clients (for headers, a body or a next request), so a new one, a
@@ -24,6 +30,11 @@ use every file descriptor and the probes get no answer (issue 27). GuardedHTTPPr
 The body's deadline (`--body-timeout-s`) is the ASGI middleware's (service/middleware.py), which can
 answer it in the request's own error shape. uvicorn's `limit_concurrency` is not used: it counts open
 connections, slow ones included, and answers every request over it 503, the probes' too.
+
+Signals (`hold_signals`): uvicorn's Server shuts its process down on SIGINT or SIGTERM, with handlers it sets
+with signal.signal when it starts (Server.capture_signals), before the app's lifespan. Ctrl+C and a SIGTERM to
+the process group reach every HTTP process with the main process; the lifespan puts a guard over uvicorn's
+handler so that the HTTP process goes on answering until the main process has drained (service/stopping.py).
 """
 
 from __future__ import annotations
@@ -31,30 +42,43 @@ from __future__ import annotations
 import heapq
 import json
 import logging
+import re
 import resource
+import signal
 import uuid
+from contextlib import asynccontextmanager
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+from .config import Settings
+from .stopping import Stopping
 
 log = logging.getLogger("transerve")
 
 FD_HEADROOM = 128   # descriptors kept for everything but connections: model files, pipes, the metrics port
+HEAD_END = re.compile(rb"\r?\n\r?\n")   # the empty line that ends a request's headers
+# After a 431: how long, and how many more bytes of the refused request, are read and dropped before the close.
+LINGER_S = 2.0
+LINGER_BYTES = 4 * 2**20
 # How long a new connection is safe from the cap: time for its client's request to arrive and be read. A
 # probe opened in a burst of slow connections is then answered, not closed by the burst's own newcomers.
 GRACE_S = 1.0
 
 
-def write_error(protocol, status: bytes, type_: str, message: str, extra: list[bytes] = ()) -> None:
-    """A JSON error written straight to the connection, which is then closed (no request was parsed, or
-    its app never sees this answer: the parser's state no longer matters)."""
+def write_error(protocol, status: bytes, type_: str, message: str, extra: list[bytes] = (),
+                limit: int | None = None, close: bool = True) -> None:
+    """A JSON error written straight to the connection, which is then closed unless `close` is False (no
+    request was parsed, or its app never sees this answer: the parser's state no longer matters)."""
     rid = uuid.uuid4().hex   # no request was parsed, so none came with one
-    body = json.dumps({"error": {"type": type_, "message": message}, "request_id": rid}).encode()
+    error: dict = {"type": type_, "message": message} | ({} if limit is None else {"limit": limit})
+    body = json.dumps({"error": error, "request_id": rid}).encode()
     head = [b"HTTP/1.1 " + status]
     head += [name + b": " + value for name, value in protocol.server_state.default_headers]
     head += [b"content-type: application/json", b"content-length: %d" % len(body), b"connection: close",
              b"x-request-id: " + rid.encode(), *extra]
     protocol.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
-    protocol.transport.close()
+    if close:
+        protocol.transport.close()
 
 
 class JsonErrorHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
@@ -64,10 +88,12 @@ class JsonErrorHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
 
 
 class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
-    """JsonErrorHTTPProtocol with a header deadline and a connection cap (see the module's docstring);
-    `guarded_protocol` makes one with the settings."""
+    """JsonErrorHTTPProtocol with a header deadline, bounded headers and a connection cap (see the module's
+    docstring); `uvicorn_options` makes one with the settings (these class values are placeholders)."""
 
     header_timeout_s = 10.0
+    max_header_bytes = 32768
+    max_headers = 100
     max_connections = 1024
     ceiling = 1024
     recheck = None      # the pending make_room of this process (see make_room)
@@ -77,6 +103,8 @@ class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
         self.head_timer = None
         self.head_started = False       # some bytes of the awaited request arrived
         self.seen_cycle = None          # the request whose headers were complete last
+        self.head: list | None = [0, 0, b""]   # of the head arriving: bytes, line ends, its last 3 bytes
+        self.refused_bytes: int | None = None  # after a 431: the bytes read and dropped since
         self.waiting_since = self.loop.time()
         self.await_head()
         if len(self.connections) > self.max_connections:
@@ -87,10 +115,17 @@ class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self.refused_bytes is not None:
+            self.drop(data)
+            return
         if self.head_timer is None and self.between_requests():
             self.waiting_since = self.loop.time()   # the next request (or the rest of an unread body) begins
             self.await_head()
         self.head_started = True
+        if self.head is None and (self.cycle is None or not self.cycle.more_body):
+            self.head = [0, 0, b""]   # the last request is whole: what comes is the next one's head
+        if self.head is not None and not self.count_head(data):
+            return
         super().data_received(data)
         if self.cycle is not None and self.cycle is not self.seen_cycle:   # a request's headers are complete
             self.seen_cycle = self.cycle
@@ -123,6 +158,41 @@ class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
             return
         write_error(self, b"408 Request Timeout", "timeout", f"the request line and headers did not arrive "
                     f"within {self.header_timeout_s:g} s (--header-timeout-s)")
+
+    # --- bounded headers -------------------------------------------------------------------------
+    def count_head(self, data: bytes) -> bool:
+        """Counts the part of `data` that belongs to the head arriving; False when that takes it over a bound
+        (then 431). The rest of a read that ends a head (a body, a pipelined request) is not counted: the next
+        head is counted from the next read after its request's body is whole."""
+        size, lines, tail = self.head
+        end = HEAD_END.search(tail + data)
+        part = data if end is None else data[:max(0, end.end() - len(tail))]
+        size, lines = size + len(part), lines + part.count(b"\n")
+        fields = lines - (1 if end is None else 2)   # neither the request line nor the empty line after the headers
+        if size > self.max_header_bytes:
+            self.refuse_head(f"the request line and headers are over {self.max_header_bytes} bytes "
+                             "(--max-header-bytes)", self.max_header_bytes)
+            return False
+        if fields > self.max_headers:
+            self.refuse_head(f"the request has over {self.max_headers} header fields (--max-headers)",
+                             self.max_headers)
+            return False
+        self.head = None if end is not None else [size, lines, (tail + part)[-3:]]
+        return True
+
+    def refuse_head(self, message: str, limit: int) -> None:
+        self.stop_head_timer()
+        self.head, self.refused_bytes = None, 0
+        write_error(self, b"431 Request Header Fields Too Large", "headers_too_large", message, limit=limit,
+                    close=False)
+        self.loop.call_later(LINGER_S, self.transport.close)
+
+    def drop(self, data: bytes) -> None:
+        """After a 431, the rest of the request read and dropped (LINGER_BYTES at most), so the client that
+        writes it whole before reading reads the 431 rather than a reset."""
+        self.refused_bytes += len(data)
+        if self.refused_bytes > LINGER_BYTES:
+            self.transport.close()
 
     # --- the connection cap ----------------------------------------------------------------------
     def waiting_on_client(self, now: float) -> bool:
@@ -181,9 +251,29 @@ def connection_limits(wanted: int) -> tuple[int, int]:
     return min(wanted, ceiling), ceiling
 
 
-def uvicorn_options(header_timeout_s: float, keep_alive_timeout_s: float, max_connections: int) -> dict:
+def uvicorn_options(settings: Settings) -> dict:
     """The keyword arguments for LitServer.run (passed on to uvicorn.Config)."""
-    cap, ceiling = connection_limits(max_connections)
+    cap, ceiling = connection_limits(settings.max_connections)
     protocol = type("GuardedHTTPProtocol", (GuardedHTTPProtocol,),
-                    {"header_timeout_s": header_timeout_s, "max_connections": cap, "ceiling": ceiling})
-    return {"http": protocol, "timeout_keep_alive": keep_alive_timeout_s}
+                    {"header_timeout_s": settings.header_timeout_s, "max_header_bytes": settings.max_header_bytes,
+                     "max_headers": settings.max_headers, "max_connections": cap, "ceiling": ceiling})
+    # h11 (where httptools is not installed) bounds a head itself, at 16 KiB by default: at ours instead,
+    # which count_head enforces first, with its 431.
+    return {"http": protocol, "timeout_keep_alive": settings.keep_alive_timeout_s,
+            "h11_max_incomplete_event_size": settings.max_header_bytes}
+
+
+def hold_signals(app, stopping: Stopping) -> None:
+    """`app`'s lifespan wrapped: in each HTTP process, uvicorn's handler of SIGINT and SIGTERM runs only once
+    the main process has ordered the stop (see the module's docstring)."""
+    lifespan = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def held(app_):
+        uvicorn_exit = signal.getsignal(signal.SIGTERM)   # Server.handle_exit, set by capture_signals
+        if callable(uvicorn_exit):
+            stopping.guard(uvicorn_exit)
+        async with lifespan(app_) as state:
+            yield state
+
+    app.router.lifespan_context = held

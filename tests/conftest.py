@@ -69,16 +69,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(package, *extra, env=None):
-    """`python -m service` on a free port of 127.0.0.1, in a session of its own so that stop_server ends its
-    workers with it; (proc, url) once /ready answers 200."""
-    port = free_port()
+def start_server(package, *extra, env=None, port=None, preexec_fn=None):
+    """`python -m service` on a free port of 127.0.0.1 (or `port`), in a session of its own so that stop_server
+    ends its workers with it; (proc, url) once /ready answers 200. `preexec_fn` runs in the child before the
+    service starts (e.g. to ignore SIGINT, as a shell does for a background job)."""
+    port = port or free_port()
     cmd = [sys.executable, "-m", "service", "--model", str(package), "--host", "127.0.0.1", "--port", str(port),
            "--threads", "1", *extra]
     # The log goes to a file: a pipe no one reads fills up (64 KiB of access log) and blocks the server.
     log = tempfile.NamedTemporaryFile("w+", prefix="transerve-test-", suffix=".log", delete=False)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, **(env or {})), start_new_session=True)
+                            env=dict(os.environ, **(env or {})), start_new_session=True, preexec_fn=preexec_fn)
     proc.log_path = log.name
     url = f"http://127.0.0.1:{port}"
     if wait_ready(url, proc, 180):

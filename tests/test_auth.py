@@ -4,6 +4,10 @@ read; LibreTranslate's routes read theirs only for its api_key field); /docs, /o
 unless --public-docs; /metrics on the main port too, or on its own port with no key (--metrics-port, for
 the cluster's scraper). LitServe's own routes are not served."""
 
+import json
+import socket
+from urllib.parse import urlsplit
+
 import httpx
 import pytest
 
@@ -89,6 +93,34 @@ def test_a_libretranslate_key_in_the_body_is_checked_before_any_other_field(keye
         assert r.status_code == status, r.text
     r = httpx.post(url + "/libretranslate/detect", json={"q": "Guten Morgen, wie geht es dir?"}, headers=KEY)
     assert r.status_code == 200 and r.json()[0]["language"] == "de"
+
+
+def status_of(url: str, head: bytes, body: bytes = b"") -> int:
+    """The status of a request sent as raw bytes: httpx refuses to send a header value that ends in whitespace,
+    which is what this asks of the server."""
+    u = urlsplit(url)
+    with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+        s.sendall(head.replace(b"\n", b"\r\n") + b"Connection: close\r\n\r\n" + body)
+        answer = b""
+        while part := s.recv(65536):
+            answer += part
+    return int(answer.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize("header", [b"X-API-Key: s3cret\t", b"X-API-Key: s3cret ", b"X-API-Key:\t s3cret \t",
+                                    b"Authorization: Bearer s3cret ", b"Authorization: Bearer  s3cret\t",
+                                    b"Authorization: bearer s3cret"])
+def test_a_key_with_whitespace_around_it_in_its_header_is_the_key(keyed, header):
+    """HTTP does not count the whitespace around a field's value as part of it (RFC 9110 section 5.5): operators
+    paste keys with a trailing space or tab."""
+    url, _ = keyed
+    assert status_of(url, b"GET /info HTTP/1.1\nHost: test\n" + header + b"\n") == 200
+    body = json.dumps(LIBRE).encode()
+    head = b"POST /libretranslate/translate HTTP/1.1\nHost: test\nContent-Type: application/json\n" \
+           b"Content-Length: %d\n%s\n" % (len(body), header)
+    assert status_of(url, head, body) == 200
+    wrong = header.replace(b"s3cret", b"s3cre")
+    assert status_of(url, b"GET /info HTTP/1.1\nHost: test\n" + wrong + b"\n") == 403
 
 
 def test_metrics_have_their_own_port_without_a_key_and_leave_the_main_one(keyed):

@@ -1,6 +1,6 @@
 """Settings from flags and TRANSERVE_* variables: the API keys file (--api-keys-file /
 TRANSERVE_API_KEYS_FILE), which deploy/k8s mounts from a Secret instead of passing keys in the
-environment."""
+environment; what --help says of each flag."""
 
 from __future__ import annotations
 
@@ -60,3 +60,34 @@ def test_missing_keys_file_is_refused_not_ignored(tmp_path, capsys):
 def test_no_keys_file_means_no_authentication():
     s = parse_settings([])
     assert s.api_keys == [] and s.api_keys_file == "" and s.public()["auth"] is False
+
+
+def help_lines(monkeypatch, capsys) -> dict[str, str]:
+    """`python -m service --help`: each flag's description (after the flag on its line, or on the next)."""
+    monkeypatch.setenv("COLUMNS", "1000")   # no wrapping within a description
+    with pytest.raises(SystemExit):
+        parse_settings(["--help"])
+    out: dict[str, str] = {}
+    flag = None
+    for line in capsys.readouterr().out.splitlines():
+        if line.startswith("  --"):
+            flag, _, text = line.strip().partition("  ")
+            flag = flag.split()[0].rstrip(",")
+            out[flag] = text.strip()
+        elif flag and line.startswith("   "):
+            out[flag] = (out[flag] + " " + line.strip()).strip()
+    return out
+
+
+def test_every_flag_says_what_it_does(monkeypatch, capsys):
+    flags = help_lines(monkeypatch, capsys)
+    assert len(flags) > 30, flags
+    bare = [flag for flag, text in flags.items() if text.startswith("(env") or not text]
+    assert bare == [], bare
+    assert "X-API-Key" in flags["--api-keys"] and "Bearer" in flags["--api-keys"]
+
+
+def test_help_never_shows_a_key_from_the_environment(monkeypatch, capsys):
+    monkeypatch.setenv("TRANSERVE_API_KEYS", "s3cret-from-env")
+    text = help_lines(monkeypatch, capsys)["--api-keys"]
+    assert "s3cret" not in text and "default given" in text, text

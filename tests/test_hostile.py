@@ -195,6 +195,31 @@ def test_generation_clients_that_leave_at_once_give_their_places_back(server, st
     assert post_raw(server.url, "/generate", {"prompt": "Das", "max_new_tokens": 4})[0] == 200
 
 
+@pytest.mark.parametrize("path,endpoint", [("/translate", "translate"), ("/generate", "generate"),
+                                           ("/v1/completions", "completions"),
+                                           ("/libretranslate/translate", "libretranslate"),
+                                           ("/libretranslate/detect", "detect")])
+def test_a_client_that_leaves_mid_body_is_client_closed_not_our_failure(server, path, endpoint):
+    """A client that closes its connection with its body cut short gets no answer, and counts as 499
+    `client_closed`: not as a 500 `internal` (the alert that means a bug), nor a 400 for a body it never
+    finished, and no traceback in the log."""
+    key = ("transerve_requests_total", ("endpoint", endpoint), ("status", "499"))
+    before, errors_before = metrics(server.url), errors(server.url, endpoint)
+    u = urlsplit(server.url)
+    with socket.create_connection((u.hostname, u.port)) as conn:
+        conn.sendall(request_head(path, "Content-Length: 100") + b"{")
+    deadline = time.time() + 10
+    while metrics(server.url).get(key, 0) == before.get(key, 0) and time.time() < deadline:
+        time.sleep(0.05)
+    after = metrics(server.url)
+    assert after.get(key, 0) - before.get(key, 0) == 1, {k: v for k, v in after.items() if endpoint in str(k)}
+    changed = {kind: n - errors_before.get(kind, 0) for kind, n in errors(server.url, endpoint).items()
+               if n != errors_before.get(kind, 0)}
+    assert changed == {"client_closed": 1}, changed
+    log = server_log(server.proc)
+    assert "unhandled error" not in log and "Traceback" not in log, log[-4000:]
+
+
 @pytest.mark.parametrize("path", ["/translate", "/generate", "/libretranslate/translate"])
 def test_a_declared_content_length_over_the_limit_is_answered_at_once(server, path):
     """Content-Length: 1000000000000 and a few bytes: 413 without waiting for the rest (it used to
@@ -246,12 +271,69 @@ def test_a_body_that_is_not_json_gets_400_in_the_error_shape(server, content, fr
     assert r.status_code == 400 and fragment in r.json()["error"], r.text
 
 
+JSON_BODIES = {"/translate": {"text": DE[0], "source_lang": "de", "target_lang": "en"},
+               "/generate": {"prompt": "Das", "max_new_tokens": 2},
+               "/v1/completions": {"model": "tiny-lm", "prompt": "Das", "max_tokens": 2},
+               "/libretranslate/translate": {"q": DE[0], "source": "de", "target": "en"},
+               "/libretranslate/detect": {"q": DE[0]}}
+
+
+@pytest.mark.parametrize("path", list(JSON_BODIES))
+@pytest.mark.parametrize("ctype,taken", [(None, False), ("text/plain", False), ("application/json", True),
+                                         ("application/json; charset=utf-8", True),
+                                         ("application/vnd.example+json", True),
+                                         ("application/x-www-form-urlencoded", False)])
+def test_one_content_type_rule_per_api_flavour(server, path, ctype, taken):
+    """Ours and OpenAI's: a JSON body declared as JSON, anything else a 400 in the route's shape.
+    LibreTranslate's, as LibreTranslate reads them: JSON declared as JSON, or a form (a JSON body
+    declared as a form is a form without q)."""
+    head = {} if ctype is None else {"content-type": ctype}
+    r = httpx.post(server.url + path, content=json.dumps(JSON_BODIES[path]).encode(), headers=head, timeout=60)
+    assert r.status_code == (200 if taken else 400), r.text
+    if taken:
+        return
+    if path.startswith("/libretranslate/"):
+        form = ctype == "application/x-www-form-urlencoded"
+        assert ("missing q" if form else "Content-Type: application/json") in r.json()["error"], r.text
+        r = httpx.post(server.url + path, data=JSON_BODIES[path], timeout=60)   # the fields as a form
+        assert r.status_code == 200, r.text
+    elif path.startswith("/v1/"):
+        assert r.json()["error"]["code"] == "invalid_json" and "Content-Type" in r.json()["error"]["message"]
+    else:
+        assert r.json()["error"]["type"] == "invalid_json" and "Content-Type" in r.json()["error"]["message"]
+
+
+def test_an_empty_prompt_starts_a_new_text_where_an_empty_text_is_422(server):
+    """The README's rule: /translate refuses empty text (422), LibreTranslate an empty q (400), and the
+    generation routes take an empty prompt."""
+    status, _, body = post_raw(server.url, "/generate", {"prompt": "", "max_new_tokens": 3})
+    assert status == 200 and body["choices"][0]["tokens"] >= 1, body
+    r = httpx.post(server.url + "/v1/completions", json={"model": "tiny-lm", "prompt": "", "max_tokens": 3})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 0, r.text
+    for text in ("", "  "):
+        status, _, body = post_raw(server.url, "/translate", {"text": text, "source_lang": "de", "target_lang": "en"})
+        assert status == 422 and "empty" in body["error"]["message"], body
+    status, _, body = post_raw(server.url, "/libretranslate/translate", {"q": "", "source": "de", "target": "en"})
+    assert status == 400 and "missing q" in body["error"], body
+
+
 def test_405_keeps_its_allow_header(server):
     r = httpx.get(server.url + "/translate")
     assert r.status_code == 405 and r.headers["allow"] == "POST"
     assert r.json()["error"]["type"] == "method_not_allowed" and r.json()["request_id"]
     r = httpx.put(server.url + "/health")
-    assert r.status_code == 405 and r.headers["allow"] == "GET" and r.json()["error"]["message"]
+    assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD" and r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["/health", "/ready", "/languages", "/info"])
+def test_head_is_answered_by_every_get_route(server, path):
+    """Uptime checkers send HEAD: a GET route's status and headers, no body."""
+    get, head = httpx.get(server.url + path), httpx.head(server.url + path)
+    assert head.status_code == get.status_code == 200 and head.content == b"", head
+    assert head.headers["content-type"] == get.headers["content-type"]
+    assert head.headers["content-length"] == get.headers["content-length"]
+    r = httpx.head(server.url + "/translate")
+    assert r.status_code == 405 and r.headers["allow"] == "POST" and r.content == b""
 
 
 def test_405_and_404_count_as_validation_errors_not_internal_ones(server):

@@ -126,6 +126,7 @@ def test_the_sdk_snippet_runs_in_the_main_commands_environment(main_command):
     assert proc.returncode == 0, proc.stderr[-3000:]
     translated, generated, streamed = proc.stdout.split("\n", 2)
     assert translated.strip() and generated.strip() and streamed.strip()
+    assert streamed.endswith("\n") and streamed.count("\n") == 1, proc.stdout   # the stream ends its line
 
 
 def test_the_main_command_starts_again_without_a_package_index(main_command):
@@ -154,6 +155,18 @@ def test_the_readme_installs_torch_as_the_test_script_does():
     assert [w for w in words if w not in ("--progress-bar", "off")] == readme
     assert readme[readme.index("--index-url") + 1] == "https://download.pytorch.org/whl/cpu"
     assert readme[readme.index("--extra-index-url") + 1] == "https://pypi.org/simple"
+
+
+def test_the_readme_says_what_the_test_script_installs_as_root_and_how_to_do_without():
+    """scripts/test.sh run as root installs Debian packages: the README names each, and the switch that runs
+    the suite without them."""
+    script = (ROOT / "scripts" / "test.sh").read_text(encoding="utf-8")
+    packages = {word for found in re.findall(r"--no-install-recommends ([^>|&]+)", script) for word in found.split()}
+    assert {"prometheus", "chromium", "buildah"} <= packages, packages
+    start = README.index("bash scripts/test.sh\n```")
+    said = README[start:README.index("\n## ", start)]
+    assert [p for p in sorted(packages) if f"`{p}`" not in said] == [], said
+    assert "TRANSERVE_APT=0 bash scripts/test.sh" in said and "TRANSERVE_APT" in script
 
 
 def test_the_readme_starts_where_a_user_starts():

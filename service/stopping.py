@@ -1,0 +1,77 @@
+"""SIGINT and SIGTERM: the main process drains and stops every process; the others wait to be stopped.
+
+Ctrl+C in a terminal sends SIGINT to the whole process group, as systemd, `docker stop` of a shell wrapper and
+`kill -- -PGID` send SIGTERM to it: the main process, LitServe's multiprocessing manager, the HTTP processes
+and the inference workers all get the signal at once. Were each to act on it, a worker would die under the
+requests in flight, the manager under the main process (whose shutdown wait then fails with EOFError), and an
+HTTP process would stop answering while the others lived on holding the port. So only the main process acts
+(service/__main__.py): it refuses new requests, lets the admitted ones finish (--drain-timeout-s,
+Admission.drain), orders the stop (`Stopping.order`), and LitServe ends the others in turn: the HTTP
+processes and the workers with SIGTERM, the manager with a message.
+
+A child acts on SIGINT or SIGTERM only once the stop is ordered, or when the main process is gone (a killed
+main process must not leave children that no signal stops). Forked children (the manager, the HTTP
+processes) inherit the main process's handler, which leaves them to `child_signal`; the spawned workers set
+theirs in setup (`guard`), the HTTP processes theirs over uvicorn's (uvicorn_bridge.hold_signals).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+from types import FrameType
+from typing import Callable
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+Handler = Callable[[int, "FrameType | None"], None]
+
+
+class Stopping:
+    """Made in the main process before any child: shared with the forked children by inheritance and
+    pickled into the spawned workers."""
+
+    def __init__(self):
+        self._ordered = mp.get_context("spawn").Event()   # spawn: picklable into LitServe's workers
+        self.main_pid = os.getpid()
+
+    def order(self) -> None:
+        """The main process has drained: the children may now act on the signals LitServe stops them with."""
+        self._ordered.set()
+
+    def obeyed(self) -> bool:
+        """Whether a child acts on SIGINT or SIGTERM now: the stop is ordered, or the main process is gone."""
+        return self._ordered.is_set() or os.getppid() != self.main_pid
+
+    def guard(self, act: Handler) -> None:
+        """In a child process: SIGINT and SIGTERM go to `act` once obeyed(), and are ignored before."""
+        def handler(signum: int, frame: FrameType | None) -> None:
+            if self.obeyed():
+                act(signum, frame)
+
+        for sig in SIGNALS:
+            signal.signal(sig, handler)
+
+    def handle_in_main(self, on_signal: Callable[[int], None]) -> None:
+        """The main process's handler, `on_signal(signum)`, installed before LitServe forks: a forked child
+        that inherits it leaves the signal to child_signal. Set whatever the disposition inherited: a shell
+        starts a background job with SIGINT ignored, and Ctrl+C must still stop the server."""
+        def handler(signum: int, frame: FrameType | None) -> None:
+            if os.getpid() != self.main_pid:
+                self.child_signal(signum, frame)
+            else:
+                on_signal(signum)
+
+        for sig in SIGNALS:
+            signal.signal(sig, handler)
+
+    def child_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.obeyed():
+            die(signum, frame)
+
+
+def die(signum: int, frame: FrameType | None = None) -> None:
+    """What the signal does by default: the process ends, killed by it."""
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)

@@ -1,0 +1,126 @@
+"""Stopping the server as operators do (service/stopping.py), on a real server: Ctrl+C in a terminal (SIGINT to
+the whole process group), SIGTERM to the process group (systemd, `docker stop` of a shell wrapper) and SIGINT to
+the main process alone, of a server a shell started in the background (with SIGINT ignored, as a shell starts
+one). Each time the request in flight is answered, every process of the group ends within the drain timeout,
+the main process exits 0 with no traceback in the log, and the port is free: a new server starts on it."""
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+
+from conftest import pairs64, server_log, start_server, stop_server
+
+DRAIN_S = 10                 # --drain-timeout-s of these servers: every process must be gone within it
+TEXTS = [de for de, _ in pairs64()]
+
+
+def alive(pgid: int) -> list[int]:
+    """The processes of a process group that still run (a zombie holds nothing: no port, no memory)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a server could listen on the port now (SO_REUSEADDR, as uvicorn binds: closed connections
+    waiting out TIME_WAIT do not count, a listening socket still held does)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def stop_while_busy(proc, url: str, deliver) -> dict:
+    """Sends a request that takes a while, calls `deliver()` (the signal) once it is in flight, and waits for
+    every process of the server's group to end: what happened, with the request's answer and times."""
+    members = alive(proc.pid)
+    assert len(members) >= 4, members          # main, manager, HTTP process, worker (and the resource tracker)
+    got: dict = {}
+    body = {"text": TEXTS, "source_lang": "de", "target_lang": "en", "beam_size": 16}
+
+    def ask():
+        got["answer"] = httpx.post(url + "/translate", json=body, timeout=60)
+        got["answered_at"] = time.monotonic()
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    deadline = time.monotonic() + 30
+    while "in_flight" not in got and time.monotonic() < deadline:   # admitted: counted in flight
+        metrics = httpx.get(url + "/metrics").text
+        if 'transerve_requests_in_flight{endpoint="translate"} 1.0' in metrics:
+            got["in_flight"] = True
+        time.sleep(0.02)
+    signalled = time.monotonic()
+    deliver()
+    asker.join(60)
+    try:
+        got["exit"] = proc.wait(timeout=max(0.1, signalled + DRAIN_S - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        got["exit"] = "still running"
+    while alive(proc.pid) and time.monotonic() < signalled + DRAIN_S:
+        time.sleep(0.05)
+    got["left"] = alive(proc.pid)
+    got["stopped_s"] = time.monotonic() - signalled
+    got["signalled"] = signalled
+    return got
+
+
+def check_stopped(proc, url: str, got: dict) -> None:
+    assert got.get("in_flight") and got["answered_at"] > got["signalled"], "the request was not in flight"
+    answer = got["answer"]
+    assert answer.status_code == 200 and len(answer.json()["translations"]) == len(TEXTS), answer.text[:500]
+    assert got["exit"] == 0 and got["left"] == [] and got["stopped_s"] < DRAIN_S, got
+    assert port_is_free(urlsplit(url).port)
+    log = server_log(proc)
+    assert "Traceback" not in log and "ERROR" not in log, log[-4000:]
+
+
+def test_ctrl_c_answers_the_request_in_flight_stops_every_process_and_frees_the_port(tiny_package):
+    proc, url = start_server(tiny_package, "--drain-timeout-s", str(DRAIN_S))
+    try:
+        got = stop_while_busy(proc, url, lambda: os.killpg(proc.pid, signal.SIGINT))
+    finally:
+        stop_server(proc)
+    check_stopped(proc, url, got)
+    again, url_again = start_server(tiny_package, port=urlsplit(url).port)   # a restart on the same port
+    try:
+        assert url_again == url and httpx.get(url + "/health").text == "ok"
+    finally:
+        stop_server(again)
+
+
+def test_sigterm_to_the_process_group_drains_and_exits_0_without_a_traceback(tiny_package):
+    proc, url = start_server(tiny_package, "--drain-timeout-s", str(DRAIN_S))
+    try:
+        got = stop_while_busy(proc, url, lambda: os.killpg(proc.pid, signal.SIGTERM))
+    finally:
+        stop_server(proc)
+    check_stopped(proc, url, got)
+
+
+def test_sigint_to_the_main_process_of_a_background_server_stops_it(tiny_package):
+    """`python -m service &` in a script: the shell starts it with SIGINT ignored, and the service's own
+    handler must still take it."""
+    proc, url = start_server(tiny_package, "--drain-timeout-s", str(DRAIN_S),
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        got = stop_while_busy(proc, url, lambda: os.kill(proc.pid, signal.SIGINT))
+    finally:
+        stop_server(proc)
+    check_stopped(proc, url, got)
