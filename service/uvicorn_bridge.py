@@ -51,6 +51,7 @@ from contextlib import asynccontextmanager
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from .config import Settings
+from .errors import ApiError
 from .stopping import Stopping
 
 log = logging.getLogger("transerve")
@@ -70,8 +71,8 @@ def write_error(protocol, status: bytes, type_: str, message: str, extra: list[b
     """A JSON error written straight to the connection, which is then closed unless `close` is False (no
     request was parsed, or its app never sees this answer: the parser's state no longer matters)."""
     rid = uuid.uuid4().hex   # no request was parsed, so none came with one
-    error: dict = {"type": type_, "message": message} | ({} if limit is None else {"limit": limit})
-    body = json.dumps({"error": error, "request_id": rid}).encode()
+    # Our shape: no path was read, so no flavour's (errors.responder) can be chosen.
+    body = json.dumps(ApiError(int(status.split()[0]), type_, message, limit).body(rid)).encode()
     head = [b"HTTP/1.1 " + status]
     head += [name + b": " + value for name, value in protocol.server_state.default_headers]
     head += [b"content-type: application/json", b"content-length: %d" % len(body), b"connection: close",
