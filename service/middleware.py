@@ -127,6 +127,9 @@ def limited_receive(scope, receive, limit: int, timeout_s: float = 30.0):
         return None
     deadline = asyncio.get_running_loop().time() + timeout_s
     seen, done = 0, False
+    # A request without a body (a GET) is whole from the start: its disconnect, whenever it comes, is passed on
+    # (a streaming response listens for it), not answered.
+    has_body = (declared.isdigit() and int(declared) > 0) or any(k == b"transfer-encoding" for k, _ in scope["headers"])
 
     async def limited():
         nonlocal seen, done
@@ -135,7 +138,7 @@ def limited_receive(scope, receive, limit: int, timeout_s: float = 30.0):
         message = await body_part(receive, deadline, timeout_s)
         seen += len(message.get("body", b""))
         done = not message.get("more_body", False)   # the last part, or a disconnect
-        if message["type"] == "http.disconnect":
+        if message["type"] == "http.disconnect" and has_body:
             raise StarletteHTTPException(499, "the client closed the connection before its body was whole")
         if seen > limit:
             if not done:
