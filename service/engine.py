@@ -606,8 +606,9 @@ class Engine:
             decoder.close()
 
     def generate(self, texts: Sequence[str], *, max_new_tokens: int = 64, **options) -> list[Generation]:
-        """Continues each text (best hypothesis). Options: see SearchOptions; e.g. sampling=True, seed=1."""
-        opts = SearchOptions(**options | {"max_length": max_new_tokens + 1})
+        """Continues each text (best hypothesis). Options: see SearchOptions; e.g. sampling=True, seed=1.
+        min_length defaults to 0 here, as the generation API's min_new_tokens: a continuation may stop at once."""
+        opts = SearchOptions(**{"min_length": 0} | options | {"max_length": max_new_tokens + 1})
         prompts = self.prompt_ids(texts)
         hyps = finish(self.generate_steps(prompts, opts))
         out = []

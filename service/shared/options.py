@@ -19,7 +19,11 @@ class SearchOptions:
     max_length_a: float = 1.5         # output budget a * source_length + b tokens ...
     max_length_b: int = 10
     max_length: int = 256             # ... never more than this (also capped by the model)
-    min_length: int = 0               # 0 = off
+    # eos is not a candidate before this many tokens. 1: never an empty output, as CTranslate2's translate_batch
+    # (min_decoding_length=1) and fairseq (min_len=1) default to; without it a beam search can finish eos at its
+    # first step, score it log p(eos) / 1 and return "" ahead of every real translation. 0 = off (transformers'
+    # generate(); the generation API's min_new_tokens).
+    min_length: int = 1
     no_repeat_ngram_size: int = 0     # 0 = off
     repetition_penalty: float = 1.0   # 1.0 = off
     sampling: bool = False            # True = ancestral sampling instead of search

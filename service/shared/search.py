@@ -355,7 +355,9 @@ def _next_beams(cand: np.ndarray, scores: np.ndarray, a: int, W: int, K: int, id
     """Sentence a's next beams as (row, token, score), at most K, from its candidates best first, and whether
     its best candidate has ended at this step or before. A candidate among the first K that ends in eos, or
     any of them at the last step its budget allows (`last`), becomes a finished hypothesis, length-normalised
-    once, here (length counts eos); every such one is kept, as both transformers and CTranslate2 keep them."""
+    once, here; every such one is kept, as both transformers and CTranslate2 keep them. Its length counts the eos,
+    as both count it (transformers: cur_len + 1 - prompt length; CTranslate2 scores hypotheses with their eos and
+    drops it afterwards), so an eos at the first step is "" of length 1: min_length=1 (the default) keeps it out."""
     chosen: list[tuple[int, int, float]] = []
     for c in range(len(cand)):
         score = scores[c]
