@@ -42,8 +42,11 @@ import sentencepiece as spm
 from .device_memory import BlockPool, InPlaceCache, KVCache, Tensors
 from .onnxruntime_bridge import Binder
 from .shared.package import CACHE_BY_POSITION, INT8_SCHEMES, ModelPackage, PackageError, load_package
-from .shared.search import (Hypothesis, SearchOptions, Steps, beam_search, beam_steps, finish, greedy_steps,
-                            max_lengths, sample_steps)
+from .shared.options import SearchOptions
+from .shared.search import Hypothesis, Search, Step, decode, finish, max_lengths
+
+# Engine.generate_steps: a Step per decoder call, then one Hypothesis per prompt (or a list: beam search).
+Steps = Generator[Step, None, list]
 
 __all__ = ["Engine", "SearchOptions", "PackageError", "DeviceError", "ModelPackage", "load_package", "probe_device",
            "Translation", "Generation", "OrtDecoder", "OrtLmDecoder", "session_options", "COLUMNS_STEP"]
@@ -533,12 +536,6 @@ class Engine:
         runs one decoder step; the return value is search()'s. The caller may run other searches between
         the steps (the translate worker does, so a small request need not wait for a large one's batch):
         each search has its own cache, so its answer is the same. Closing it early hands its blocks back."""
-        # Checked here, not only in beam_search: greedy search and sampling would silently return one.
-        most = 1 if options.sampling else options.beam_size
-        if not 1 <= options.num_hypotheses <= most:
-            raise ValueError(f"num_hypotheses must be between 1 and {most} "
-                             f"({'sampling returns one per input' if options.sampling else 'beam_size'}), "
-                             f"got {options.num_hypotheses}")
         B = len(src_ids)
         width = columns_for(max(len(s) for s in src_ids))    # as OrtLmDecoder's cache, for the same reason
         src = np.full((B, width), self.pad_id, dtype=np.int64)
@@ -549,27 +546,11 @@ class Engine:
         decoder = OrtDecoder(self, self.encode(src), src != self.pad_id, max_positions=int(max(limits)) + 1,
                              max_rows=B * (1 if options.sampling else options.beam_size))
         try:
-            return (yield from self._search(decoder, B, limits, options, seeds))
+            # Greedy search and sampling yield their Steps too: the caller ignores them.
+            return (yield from decode(decoder, B, options, bos_id=self.bos_id, eos_id=self.eos_id, max_length=limits,
+                                      banned_ids=self.banned_ids, seeds=seeds))
         finally:
             decoder.close()
-
-    def _search(self, decoder: OrtDecoder, B: int, limits: np.ndarray, options: SearchOptions,
-                seeds: Sequence[int | None] | None) -> Generator[object, None, list[list[Hypothesis]]]:
-        common = dict(bos_id=self.bos_id, eos_id=self.eos_id, max_length=limits, min_length=options.min_length,
-                      no_repeat_ngram_size=options.no_repeat_ngram_size,
-                      repetition_penalty=options.repetition_penalty, banned_ids=self.banned_ids,
-                      rule=options.length_rule)
-        if options.sampling:
-            seeds = list(seeds) if seeds is not None else [options.seed] * B
-            steps = sample_steps(decoder, B, seeds=seeds, temperature=options.temperature, top_k=options.top_k,
-                                 top_p=options.top_p, **common)
-        elif options.beam_size == 1:
-            steps = greedy_steps(decoder, B, **common)
-        else:
-            return (yield from beam_steps(decoder, B, beam_size=options.beam_size,
-                                          length_penalty=options.length_penalty,
-                                          num_hypotheses=options.num_hypotheses, **common))
-        return [[h] for h in (yield from steps)]    # its Steps are yielded too: the caller ignores them
 
     # --- generation (decoder-only packages) -------------------------------------------------------------
     def prompt_ids(self, texts: Sequence[str]) -> list[list[int]]:
@@ -590,18 +571,12 @@ class Engine:
         budget = [min(options.max_length, self.max_positions - len(p)) for p in prompts]
         decoder = OrtLmDecoder(self, prompts, max_rows=N * (1 if options.sampling else options.beam_size),
                                max_new_positions=max(budget) + 1)
-        common = dict(bos_id=self.bos_id, eos_id=self.eos_id, max_length=budget, min_length=options.min_length,
-                      no_repeat_ngram_size=options.no_repeat_ngram_size, repetition_penalty=options.repetition_penalty,
-                      banned_ids=self.banned_ids, start_tokens=decoder.start_tokens)
-        if options.sampling:
-            seeds = list(seeds) if seeds is not None else [options.seed] * N
-            return _closing(decoder, sample_steps(decoder, N, seeds=seeds, temperature=options.temperature,
-                                                  top_k=options.top_k, top_p=options.top_p, cancel=cancel, **common))
-        if options.beam_size == 1:
-            return _closing(decoder, greedy_steps(decoder, N, cancel=cancel, **common))
+        search = decode(decoder, N, options, bos_id=self.bos_id, eos_id=self.eos_id, max_length=budget,
+                        banned_ids=self.banned_ids, start_tokens=decoder.start_tokens, seeds=seeds, cancel=cancel)
+        if options.sampling or options.beam_size == 1:
+            return _closing(decoder, _one_each(search))
         try:
-            return _no_steps(beam_search(decoder, N, beam_size=options.beam_size, length_penalty=options.length_penalty,
-                                         num_hypotheses=options.num_hypotheses, **common))
+            return _no_steps(finish(search))
         finally:
             decoder.close()
 
@@ -644,6 +619,11 @@ def _closing(decoder: OrtLmDecoder, steps: Steps) -> Steps:
         return (yield from steps)
     finally:
         decoder.close()
+
+
+def _one_each(search: Search) -> Steps:
+    """A greedy search's or sampling's Steps, returning each prompt's one Hypothesis (as the API streams them)."""
+    return [hyps[0] for hyps in (yield from search)]
 
 
 def _no_steps(result):
