@@ -187,7 +187,7 @@ def test_decoder_log_probs_match_pytorch(engine, reference):
 
     model, _ = reference
     prompts = engine.prompt_ids(PROMPTS[:40])
-    ours = OrtLmDecoder(engine, prompts)
+    ours = OrtLmDecoder(engine.graph, prompts)
     ref = TorchPromptDecoder(model, prompts)
     tokens = ours.start_tokens
     for _ in range(3):
