@@ -51,21 +51,19 @@ def torch_runtime(model, *, cached: bool, beam: int, settings: dict) -> DecodeFn
 
     from model.batching import pad
     from model.decoding import TorchDecoder, UncachedTorchDecoder
-    from service.shared.search import beam_search, greedy_search, max_lengths
+    from service.shared.options import SearchOptions
+    from service.shared.search import decode, finish, max_lengths
 
     cls = TorchDecoder if cached else UncachedTorchDecoder
+    options = SearchOptions(beam_size=beam, **settings)
 
     @torch.no_grad()
     def run(batch: list[list[int]]) -> int:
         src = pad(batch)
         limits = max_lengths([len(s) for s in batch], a=settings["max_length_a"], b=settings["max_length_b"],
                              cap=settings["max_length"])
-        dec = cls(model, src)
-        common = dict(bos_id=model.config.bos_id, eos_id=model.config.eos_id, max_length=limits)
-        if beam == 1:
-            hyps = greedy_search(dec, len(batch), **common)
-        else:
-            hyps = [h[0] for h in beam_search(dec, len(batch), beam_size=beam, **common)]
+        hyps = [h[0] for h in finish(decode(cls(model, src), len(batch), options, bos_id=model.config.bos_id,
+                                            eos_id=model.config.eos_id, max_length=limits))]
         return sum(len(h.tokens) + h.finished for h in hyps)
 
     return run

@@ -42,7 +42,7 @@ model rarely writes </s>, so outputs run to that budget: equal work per sentence
                        (--one-sample sentences spread over the lengths) and 32, --speed-sentences (the same
                        sentences repeated) sorted by length; the best of --repeat passes, all engines taking
                        turns. Each package twice: with onnxruntime's SkipLayerNormFusion (what the engine did
-                       before) and without (what service.engine does on the CPU now)
+                       before) and without (what service/device.py's open_session does on the CPU now)
     p50 ms             the median time of one batch, fusion off
 
 Last, SkipLayerNormalization alone: the fused kernel against the Add, Add and LayerNormalization it
@@ -56,7 +56,6 @@ the figures depend on the machine and its load, written beside them.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -75,8 +74,8 @@ from onnx import TensorProto, helper, numpy_helper
 import vs_ctranslate2 as v          # benchmarks/ is this script's directory; it puts the repository on sys.path
 
 from model.quantize import quantize_int8, replace_nodes, rewrite_matmuls, row_scale
-from service import engine as engine_module
-from service.engine import Engine, SearchOptions, session_options
+from service.device import session_options
+from service.engine import Engine, SearchOptions
 from service.shared.package import INT8_ROWS, INT8_STATIC, file_entries
 
 MAX_LENGTH = 32                     # output budget, eos included (vs_ctranslate2.py's default)
@@ -206,24 +205,10 @@ def build_packages(work: Path, calibration: list[str]) -> dict[str, Path]:
     return packages
 
 
-@contextlib.contextmanager
-def fusion_kept():
-    """Engines opened inside keep onnxruntime's SkipLayerNormFusion, as every CPU engine did before.
-
-    service.engine now passes disabled_optimizers=["SkipLayerNormFusion"] on the CPU; to measure the engine
-    as it was, its module's ort.InferenceSession is swapped for a subclass that drops that argument, and put
-    back on the way out (the sessions are made in Engine(), so only the constructor needs the swap)."""
-    original = engine_module.ort.InferenceSession
-
-    class Fused(original):
-        def __init__(self, *args, disabled_optimizers=None, **kwargs):
-            super().__init__(*args, **kwargs)
-
-    engine_module.ort.InferenceSession = Fused
-    try:
-        yield
-    finally:
-        engine_module.ort.InferenceSession = original
+def fused_session(path: str, options: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
+    """A session factory for Engine(open_session=...) that keeps onnxruntime's SkipLayerNormFusion, as every
+    CPU engine did before (service/device.py's open_session disables it on the CPU now)."""
+    return ort.InferenceSession(path, options, providers=providers)
 
 
 def open_engines(packages: dict[str, Path], threads: int) -> dict[tuple[str, bool], Engine]:
@@ -231,8 +216,7 @@ def open_engines(packages: dict[str, Path], threads: int) -> dict[tuple[str, boo
     engines = {}
     for name, path in packages.items():
         engines[name, False] = Engine(path, device="cpu", intra_op_threads=threads)
-        with fusion_kept():
-            engines[name, True] = Engine(path, device="cpu", intra_op_threads=threads)
+        engines[name, True] = Engine(path, device="cpu", intra_op_threads=threads, open_session=fused_session)
     return engines
 
 

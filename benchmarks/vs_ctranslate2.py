@@ -227,8 +227,9 @@ def ct2_runner(path: Path, *, beam: int, max_length: int, threads: int, device: 
     translator = ctranslate2.Translator(str(path), device=device, intra_threads=threads, inter_threads=inter)
 
     def run(batch: list[list[str]]) -> int:
+        # min_decoding_length=1: CTranslate2's default and ours (SearchOptions.min_length), no empty translation.
         results = translator.translate_batch(batch, beam_size=beam, max_decoding_length=max_length,
-                                             min_decoding_length=0, length_penalty=1.0, return_end_token=True,
+                                             min_decoding_length=1, length_penalty=1.0, return_end_token=True,
                                              max_batch_size=math.ceil(len(batch) / inter) if inter > 1 else 0)
         if outputs is not None:
             outputs.extend([p for p in r.hypotheses[0] if p != "</s>"] for r in results)

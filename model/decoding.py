@@ -1,8 +1,8 @@
-"""PyTorch reference decoding: the Transformer behind the search algorithms of `service.shared.search`.
+"""PyTorch reference decoding: the Transformer behind the search of `service.shared.search`.
 
 `TorchDecoder` implements the incremental-decoder protocol (step / select) on top of
-`Transformer.decode()` with its key/value cache, so greedy search, beam search and sampling run
-the very code the service runs over onnxruntime; only the network differs.
+`Transformer.decode()` with its key/value cache, so `translate` runs `decode()`, the very search the
+service runs over onnxruntime, with every option; only the network differs.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from service.shared.search import SearchOptions, beam_search, greedy_search, max_lengths
+from service.shared.options import SearchOptions
+from service.shared.search import decode, finish, max_lengths
 
 from .batching import pad
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
@@ -80,11 +81,13 @@ class UncachedTorchDecoder:
 @torch.no_grad()
 def translate(model: Transformer, tokenizer: Tokenizer, texts: Sequence[str], *, target_lang: str | None = None,
               settings: SearchOptions = GREEDY, batch_size: int = 64) -> list[str]:
-    """Translates `texts` (best hypothesis each) with the served search and its options (beam_size,
-    length_penalty, the length budget and length_rule are read). Sources are sorted by length so batches
-    pad little."""
+    """Translates `texts` (best hypothesis each) with the served search and every one of its options, as the
+    engine runs it (service.engine: the same budget, the same ids never written). Sources are sorted by
+    length so batches pad little."""
     model.eval()
     srcs = [tokenizer.source_ids(t, target_lang)[: model.config.max_len] for t in texts]
+    # The engine's banned ids: pad, bos, and the language tags where the model is tagged.
+    banned = [PAD_ID, BOS_ID, *(tokenizer.tag_ids if target_lang else ())]
     order = sorted(range(len(srcs)), key=lambda i: len(srcs[i]))
     out: list[str] = [""] * len(texts)
     for start in range(0, len(order), batch_size):
@@ -92,16 +95,10 @@ def translate(model: Transformer, tokenizer: Tokenizer, texts: Sequence[str], *,
         src = pad([srcs[i] for i in idx]).to(model.embed.weight.device)
         limits = max_lengths([len(srcs[i]) for i in idx], a=settings.max_length_a, b=settings.max_length_b,
                              cap=min(settings.max_length, model.config.max_len))
-        decoder = TorchDecoder(model, src)
-        if settings.beam_size == 1:
-            hyps = greedy_search(decoder, len(idx), bos_id=BOS_ID, eos_id=EOS_ID, max_length=limits,
-                                 rule=settings.length_rule)
-        else:
-            hyps = [h[0] for h in beam_search(decoder, len(idx), bos_id=BOS_ID, eos_id=EOS_ID,
-                                              beam_size=settings.beam_size, max_length=limits,
-                                              length_penalty=settings.length_penalty, rule=settings.length_rule)]
+        hyps = finish(decode(TorchDecoder(model, src), len(idx), settings, bos_id=BOS_ID, eos_id=EOS_ID,
+                             max_length=limits, banned_ids=banned))
         for i, h in zip(idx, hyps):
-            out[i] = tokenizer.decode(h.tokens)
+            out[i] = tokenizer.decode(h[0].tokens)
     return out
 
 

@@ -146,7 +146,7 @@ def package_nll(engine, seqs: list[list[int]], batch_size: int) -> list[float]:
     out = []
     for start in range(0, len(seqs), batch_size):
         batch = [s + [engine.eos_id] for s in seqs[start:start + batch_size]]
-        decoder = OrtLmDecoder(engine, [[engine.bos_id]] * len(batch))
+        decoder = OrtLmDecoder(engine.graph, [[engine.bos_id]] * len(batch))
         alive = np.arange(len(batch))
         tokens = np.full(len(batch), engine.bos_id, dtype=np.int64)
         nll = np.zeros(len(batch))

@@ -55,7 +55,7 @@ reads a whole batch of right-padded prompts in one call, then one token per row 
 Each row's keys sit at the columns of their positions, padding only after them: a row's attention
 sums the same values in the same order alone or next to longer rows, which left padding (packages
 whose model.json has no "cache": "by-position") does not, so int8 roundings downstream could
-differ with the batch. The engine widens W in steps of 8 columns (service/engine.py says why).
+differ with the batch. The engine widens W in steps of 8 columns (service/decoders.py says why).
 """
 
 from __future__ import annotations

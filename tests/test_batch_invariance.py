@@ -13,7 +13,7 @@ Tokens and texts are identical; scores agree to float32 precision, not always bi
 beam search and seeded sampling are checked. What makes the float parts (attention, layer norms) sum a
 row's values in the same order alone and batched: padding only after a row's own values (generation
 packages write each token's keys at its position's cache column, model/export.py) and widths in steps of
-8 columns (service/engine.py); left-padded prompts and odd widths changed the last bit, which an int8
+8 columns (service/decoders.py); left-padded prompts and odd widths changed the last bit, which an int8
 rounding step can turn into another token.
 """
 

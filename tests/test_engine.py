@@ -22,7 +22,7 @@ from model.decoding import TorchDecoder, translate
 from model.export import export_package, export_translation
 from model.quantize import SCHEMES
 from model.transformer import Transformer, TransformerConfig
-import service.engine as engine_module
+import service.device as device_module
 from service.engine import (DeviceError, Engine, OrtDecoder, PackageError, SearchOptions, load_package, probe_device,
                             source_groups)
 from service.shared.package import INT8_STATIC
@@ -138,7 +138,7 @@ def test_decoder_steps_match_pytorch_through_select(engine, reference, ids):
     src = np.zeros((4, max(map(len, batch))), dtype=np.int64)                # (B, S), 0 = pad
     for i, s in enumerate(batch):
         src[i, :len(s)] = s
-    ort_dec = OrtDecoder(engine, engine.encode(src), src != engine.pad_id)
+    ort_dec = OrtDecoder(engine.graph, engine.encode(src), src != engine.pad_id)
     torch_dec = TorchDecoder(model, torch.from_numpy(src))
     toks = np.full(4, engine.bos_id, dtype=np.int64)                          # (N,)
     steps, groups = 0, []
@@ -167,8 +167,8 @@ def test_a_cache_that_outgrows_its_blocks_moves_to_larger_ones_with_the_same_out
     src = np.zeros((3, max(map(len, batch))), dtype=np.int64)
     for i, s in enumerate(batch):
         src[i, :len(s)] = s
-    small = OrtDecoder(engine, engine.encode(src), src != engine.pad_id, max_rows=1, max_positions=1)
-    roomy = OrtDecoder(engine, engine.encode(src), src != engine.pad_id, max_rows=12, max_positions=12)
+    small = OrtDecoder(engine.graph, engine.encode(src), src != engine.pad_id, max_rows=1, max_positions=1)
+    roomy = OrtDecoder(engine.graph, engine.encode(src), src != engine.pad_id, max_rows=12, max_positions=12)
     first = (small.cache.read.size, small.cache.write.size)
     toks = np.full(3, engine.bos_id, dtype=np.int64)
     for rows in (None, [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2], None, None, [1, 5, 9, 10], None, None):
@@ -205,8 +205,8 @@ def test_one_binding_serves_full_and_top_k_steps_in_turn(engine, ids):
     src = np.zeros((4, max(map(len, batch))), dtype=np.int64)
     for i, s in enumerate(batch):
         src[i, :len(s)] = s
-    mixed = OrtDecoder(engine, engine.encode(src), src != engine.pad_id)
-    full = OrtDecoder(engine, engine.encode(src), src != engine.pad_id)
+    mixed = OrtDecoder(engine.graph, engine.encode(src), src != engine.pad_id)
+    full = OrtDecoder(engine.graph, engine.encode(src), src != engine.pad_id)
     toks = np.full(4, engine.bos_id, dtype=np.int64)
     for kind in ("full", "top", "top", "full", "top"):
         ref = full.step(toks)                                                 # (N, V)
@@ -497,9 +497,9 @@ def test_a_cuda_provider_that_does_not_load_is_refused_not_run_on_cpu(tiny_packa
     its sessions run on CPU with one log line. Played here by a CPU onnxruntime that claims CUDA: asked
     for CUDA, its sessions fall back exactly so."""
     preloaded = []
-    monkeypatch.setattr(engine_module.ort, "get_available_providers",
+    monkeypatch.setattr(device_module.ort, "get_available_providers",
                         lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
-    monkeypatch.setattr(engine_module.ort, "preload_dlls", lambda *a, **k: preloaded.append(1), raising=False)
+    monkeypatch.setattr(device_module.ort, "preload_dlls", lambda *a, **k: preloaded.append(1), raising=False)
     with pytest.raises(DeviceError, match="CUDA provider did not load.*runs on \\['CPUExecutionProvider'\\]"):
         Engine(tiny_package, device="cuda")
     with pytest.raises(DeviceError, match="did not load"):

@@ -24,7 +24,7 @@ from model.corpus.man import detect_lang, roff_paragraphs
 from model.mono import split_paragraphs, Paragraph
 from model.transformer import causal_mask
 from service.engine import Engine, PackageError, SearchOptions
-from service.shared.search import beam_search, finish, greedy_search, sample
+from service.shared.search import decode, finish
 
 from conftest import ROOT, pairs64, torch_reference
 
@@ -151,7 +151,8 @@ def test_greedy_generation_equals_pytorch_token_for_token(engine, reference):
     limits = [24] * len(prompts)
     common = dict(bos_id=engine.bos_id, eos_id=engine.eos_id, max_length=limits, banned_ids=engine.banned_ids)
     ref = TorchPromptDecoder(model, prompts)
-    expected = greedy_search(ref, len(prompts), start_tokens=ref.start_tokens, **common)
+    expected = [h[0] for h in finish(decode(ref, len(prompts), SearchOptions(beam_size=1),
+                                            start_tokens=ref.start_tokens, **common))]
     got = finish(engine.generate_steps(prompts, SearchOptions(beam_size=1, max_length=24)))
     assert [h.tokens for h in got] == [h.tokens for h in expected]
     assert np.allclose([h.log_prob for h in got], [h.log_prob for h in expected], atol=1e-3)
@@ -186,7 +187,7 @@ def test_decoder_log_probs_match_pytorch(engine, reference):
 
     model, _ = reference
     prompts = engine.prompt_ids(PROMPTS[:40])
-    ours = OrtLmDecoder(engine, prompts)
+    ours = OrtLmDecoder(engine.graph, prompts)
     ref = TorchPromptDecoder(model, prompts)
     tokens = ours.start_tokens
     for _ in range(3):
@@ -213,8 +214,9 @@ def test_sampling_matches_pytorch_with_the_same_seed(engine, reference):
     prompts = engine.prompt_ids(PROMPTS[:10])
     ref = TorchPromptDecoder(model, prompts)
     kw = dict(bos_id=engine.bos_id, eos_id=engine.eos_id, max_length=[16] * 10, banned_ids=engine.banned_ids,
-              seeds=list(range(10)), temperature=0.8, top_k=20)
-    expected = sample(ref, 10, start_tokens=ref.start_tokens, **kw)
+              seeds=list(range(10)))
+    expected = [h[0] for h in finish(decode(ref, 10, SearchOptions(sampling=True, temperature=0.8, top_k=20),
+                                            start_tokens=ref.start_tokens, **kw))]
     got = finish(engine.generate_steps(prompts, SearchOptions(sampling=True, temperature=0.8, top_k=20,
                                                               max_length=16), seeds=list(range(10))))
     assert [h.tokens for h in got] == [h.tokens for h in expected]
@@ -251,9 +253,9 @@ def test_length_limit_and_beam_search(engine, reference):
     model, _ = reference
     prompts = engine.prompt_ids(PROMPTS[16:24])
     ref = TorchPromptDecoder(model, prompts)
-    expected = beam_search(ref, len(prompts), bos_id=engine.bos_id, eos_id=engine.eos_id, beam_size=4,
-                           num_hypotheses=4, max_length=[30] * len(prompts), banned_ids=engine.banned_ids,
-                           start_tokens=ref.start_tokens)
+    expected = finish(decode(ref, len(prompts), SearchOptions(beam_size=4, num_hypotheses=4), bos_id=engine.bos_id,
+                             eos_id=engine.eos_id, max_length=[30] * len(prompts), banned_ids=engine.banned_ids,
+                             start_tokens=ref.start_tokens))
     got = finish(engine.generate_steps(prompts, SearchOptions(beam_size=4, num_hypotheses=4, max_length=30)))
     assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in expected]
     for prompt, hyps in zip(prompts, got):

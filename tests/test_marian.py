@@ -189,7 +189,7 @@ def test_decoder_log_probs_within_1e4_of_transformers(marian_package, hf):
         logits = model(**enc, decoder_input_ids=out).logits                        # (B, T, V)
     theirs = torch.log_softmax(logits.double(), -1).numpy()
     src = enc.input_ids.numpy()
-    decoder = OrtDecoder(engine, engine.encode(src), src != engine.pad_id)
+    decoder = OrtDecoder(engine.graph, engine.encode(src), src != engine.pad_id)
     worst = 0.0
     for t in range(out.shape[1]):
         ours = decoder.step(out[:, t].numpy())                                      # (B, V)

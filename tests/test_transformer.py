@@ -10,7 +10,6 @@ from model.batching import pad
 from model.decoding import TorchDecoder
 from model.transformer import (Transformer, causal_mask, padding_mask, preset,
                                sinusoidal_positional_encoding)
-from service.shared.search import beam_search, greedy_search
 
 torch.manual_seed(0)
 
@@ -122,31 +121,6 @@ def _brute_force_best(model, src, length, vocab):
             s = sum(lp[i, tok].item() for i, tok in enumerate(seq)) + lp[length, 3].item()
             best = max(best, (s, list(seq)))
     return best
-
-
-def test_beam_search_finds_better_or_equal_scores_than_greedy_and_is_sorted():
-    model = make()
-    src = pad([[11, 12, 13, 14, 3], [15, 16, 3], [17, 18, 19, 3]])
-    greedy = greedy_search(TorchDecoder(model, src), 3, bos_id=2, eos_id=3, max_length=[8, 8, 8])
-    beams = beam_search(TorchDecoder(model, src), 3, bos_id=2, eos_id=3, beam_size=5, max_length=[8, 8, 8],
-                        length_penalty=0.0, num_hypotheses=3)
-    for g, hyps in zip(greedy, beams):
-        assert len(hyps) == 3
-        assert [h.score for h in hyps] == sorted([h.score for h in hyps], reverse=True)
-        assert hyps[0].score >= g.score - 1e-4
-
-
-def test_beam_search_scores_are_the_models_log_probs():
-    model = make()
-    src = pad([[11, 12, 13, 14, 3]])
-    hyp = beam_search(TorchDecoder(model, src), 1, bos_id=2, eos_id=3, beam_size=4, max_length=[6],
-                      length_penalty=1.0)[0][0]
-    tgt = torch.tensor([[2, *hyp.tokens]])
-    with torch.no_grad():
-        lp = torch.log_softmax(model(src, tgt, padding_mask(src, 0), causal_mask(tgt.size(1))), -1)[0]
-    total = sum(lp[i, t].item() for i, t in enumerate(hyp.tokens)) + lp[len(hyp.tokens), 3].item()
-    assert hyp.log_prob == pytest.approx(total, abs=1e-4)
-    assert hyp.score == pytest.approx(total / (len(hyp.tokens) + 1), abs=1e-4)
 
 
 def test_fairseq_init_draws_qkv_as_one_matrix_and_zeroes_the_biases():

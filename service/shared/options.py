@@ -19,7 +19,11 @@ class SearchOptions:
     max_length_a: float = 1.5         # output budget a * source_length + b tokens ...
     max_length_b: int = 10
     max_length: int = 256             # ... never more than this (also capped by the model)
-    min_length: int = 0               # 0 = off
+    # eos is not a candidate before this many tokens. 1: never an empty output, as CTranslate2's translate_batch
+    # (min_decoding_length=1) and fairseq (min_len=1) default to; without it a beam search can finish eos at its
+    # first step, score it log p(eos) / 1 and return "" ahead of every real translation. 0 = off (transformers'
+    # generate(); the generation API's min_new_tokens).
+    min_length: int = 1
     no_repeat_ngram_size: int = 0     # 0 = off
     repetition_penalty: float = 1.0   # 1.0 = off
     sampling: bool = False            # True = ancestral sampling instead of search
@@ -29,8 +33,7 @@ class SearchOptions:
     seed: int | None = None           # sampling only; None = random
     # "transformers" (default): the budget's last place may only be eos, as Marian's generate() writes it;
     # "ctranslate2": it takes any token, so a cut output has one token more and no eos, token for token
-    # CTranslate2's. Greedy search, beam search and sampling of translations honour it; generation
-    # (Engine.generate_steps) always uses the default.
+    # CTranslate2's. Every search honours it (service/shared/search.py's decode).
     length_rule: str = "transformers"
 
     def __post_init__(self):
@@ -38,6 +41,12 @@ class SearchOptions:
         if self.length_rule not in RULES:
             raise ValueError(f"length_rule must be one of {', '.join(map(repr, RULES))}, "
                              f"got {self.length_rule!r}")
+        # Greedy search and sampling would silently return one.
+        most = 1 if self.sampling else self.beam_size
+        if not 1 <= self.num_hypotheses <= most:
+            raise ValueError(f"num_hypotheses must be between 1 and {most} "
+                             f"({'sampling returns one per input' if self.sampling else 'beam_size'}), "
+                             f"got {self.num_hypotheses}")
 
     def batch_key(self) -> tuple:
         """What the rows of one engine batch must share: every option but the seed (each row samples with

@@ -1,0 +1,121 @@
+"""Where the graphs run: onnxruntime's providers (CUDA when asked or found, else CPU), what really runs, and the
+sessions, made by a session factory that the engine takes as an argument (a benchmark passes its own).
+
+    probe_device("models/de-en", "auto")      # "cuda" or "cpu", before any worker starts
+    Engine(path, open_session=my_factory)     # my_factory(path, session_options, providers) -> InferenceSession
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+import onnxruntime as ort
+
+from .shared.package import load_package
+
+log = logging.getLogger(__name__)
+
+# (graph file, session options, providers in order of preference) -> a session of that graph
+SessionFactory = Callable[[str, ort.SessionOptions, list[str]], ort.InferenceSession]
+
+
+class DeviceError(RuntimeError):
+    """device=cuda was asked for and onnxruntime's CUDA provider is not the one running."""
+
+
+def session_options(intra_op_threads: int = 0, inter_op_threads: int = 1, *, spin_wait: bool = False
+                    ) -> ort.SessionOptions:
+    """`spin_wait=False` (the default) makes idle intra-op threads sleep instead of busy-waiting for the
+    next operator. Spinning took the cores the HTTP process needed, and even alone it did not pay: on 2
+    threads, one sentence at beam 4 took 19.2 ms spinning against 17.0 ms not, and batch 32 ran at the
+    same speed (benchmarks/results/vs-ctranslate2-cpu.md)."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = intra_op_threads       # 0 = one per physical core
+    so.inter_op_num_threads = inter_op_threads
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if not spin_wait:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return so
+
+
+def open_session(path: str, options: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
+    """The engine's session factory. On the CPU, onnxruntime's SkipLayerNormalization kernel (what its fusion
+    makes of residual Add, bias Add and LayerNormalization) took 5x as long as the three operators unfused,
+    e.g. 170 against 34 us for a (128, 1, 256) beam-4 step; without the fusion int8 beam 4 batch 32 ran 14%
+    faster, greedy 18% (onnxruntime 1.31, benchmarks/results/int8-graph.md). CUDA keeps it."""
+    disabled = [] if providers[0] == "CUDAExecutionProvider" else ["SkipLayerNormFusion"]
+    return ort.InferenceSession(path, options, providers=providers, disabled_optimizers=disabled)
+
+
+def pick_providers(device: str) -> list[str]:
+    """"auto": CUDA when onnxruntime has it and a GPU answers, else CPU. "cpu" or "cuda" force one.
+    What the wheel was built with is only a wish: Engine checks what its sessions really run on."""
+    available = ort.get_available_providers()
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
+    if device == "cuda" and "CUDAExecutionProvider" not in available:
+        raise DeviceError(f"device=cuda but onnxruntime {ort.__version__} has no CUDAExecutionProvider, only "
+                          f"{available}: install onnxruntime-gpu (pip install -e '.[gpu]')")
+    if device in ("auto", "cuda") and "CUDAExecutionProvider" in available:
+        preload_cuda_libraries()
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def preload_cuda_libraries() -> None:
+    """Loads CUDA and cuDNN from the nvidia-* pip packages (PyTorch's) where they are installed, so the
+    CUDA provider finds them without LD_LIBRARY_PATH; where they are not, the system's are used."""
+    try:
+        ort.preload_dlls()
+    except Exception as e:  # older onnxruntime, or no nvidia-* packages: the loader's paths decide
+        log.debug("onnxruntime.preload_dlls(): %s", e)
+
+
+def missing_cuda_libraries() -> list[str]:
+    """The libraries onnxruntime's CUDA provider links that the loader cannot find (ldd's "not found"), the
+    nvidia-* wheels' folders included, where preload_cuda_libraries found them (ldd runs in a process of its
+    own, which sees only LD_LIBRARY_PATH)."""
+    provider = Path(ort.__file__).parent / "capi" / "libonnxruntime_providers_cuda.so"
+    if not provider.exists() or shutil.which("ldd") is None:
+        return []
+    wheels = sorted(str(d) for d in (Path(ort.__file__).parent.parent / "nvidia").glob("*/lib"))
+    path = ":".join(wheels + [p for p in [os.environ.get("LD_LIBRARY_PATH", "")] if p])
+    out = subprocess.run(["ldd", str(provider)], capture_output=True, text=True, timeout=30,
+                         env=dict(os.environ, LD_LIBRARY_PATH=path)).stdout
+    return [line.split()[0] for line in out.splitlines() if "not found" in line]
+
+
+def running_device(session: ort.InferenceSession, device: str, wanted: list[str]) -> str:
+    """"cuda" or "cpu": the provider the session really runs on. onnxruntime falls back to CPU with only a
+    log line when the CUDA provider cannot load (CUDA or cuDNN missing or of another major version, no
+    GPU); for device="cuda" that is an error, for "auto" a warning."""
+    if session.get_providers()[0] == "CUDAExecutionProvider":
+        return "cuda"
+    if "CUDAExecutionProvider" not in wanted:
+        return "cpu"
+    if device == "cuda":
+        missing = missing_cuda_libraries()
+        why = (f"the loader cannot find {', '.join(missing)}" if missing
+               else "its libraries load, so no GPU answered (check nvidia-smi) or ldd is missing")
+        raise DeviceError(f"device=cuda but onnxruntime {ort.__version__}'s CUDA provider did not load ({why}); "
+                          f"the session runs on {session.get_providers()}. onnxruntime's error above names the "
+                          "CUDA and cuDNN major versions it needs (deploy/README.md: the GPU image)")
+    log.warning("onnxruntime's CUDA provider did not load; serving on CPU (onnxruntime's error above says why)")
+    return "cpu"
+
+
+def probe_device(package: str | Path, device: str) -> str:
+    """"cuda" or "cpu": where `package`'s engines will run, found by loading its decoder graph once (the
+    HTTP process asks before it starts workers, so device=cuda without a working CUDA provider stops the
+    server with DeviceError's message rather than with workers that fail to start)."""
+    providers = pick_providers(device)
+    if providers[0] != "CUDAExecutionProvider":
+        return "cpu"
+    session = ort.InferenceSession(str(load_package(package).file("decoder.onnx")), providers=providers)
+    return running_device(session, device, providers)
