@@ -40,7 +40,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]     # the repository, and tests/oracles.py (the baseline)
 
 # (batch of source id lists) -> number of target tokens produced
 DecodeFn = Callable[[list[list[int]]], int]
@@ -50,7 +51,8 @@ def torch_runtime(model, *, cached: bool, beam: int, settings: dict) -> DecodeFn
     import torch
 
     from model.batching import pad
-    from model.decoding import TorchDecoder, UncachedTorchDecoder
+    from model.decoding import TorchDecoder
+    from oracles import UncachedTorchDecoder          # tests/oracles.py, on sys.path above
     from service.shared.options import SearchOptions
     from service.shared.search import decode, finish, max_lengths
 

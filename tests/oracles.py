@@ -1,5 +1,5 @@
-"""Test oracles: the plain, per-example Python that the fast code was written against, kept to test it (and as
-the baselines of benchmarks/train_input.py). Nothing outside tests/ and benchmarks/ uses them."""
+"""Test oracles: the plain Python that the fast code was written against, kept to test it (and as the baselines
+of benchmarks/train_input.py and benchmarks/decode.py). Nothing outside tests/ and benchmarks/ uses them."""
 
 from __future__ import annotations
 
@@ -7,9 +7,13 @@ import random
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+import torch
+
 from model.batching import Example
 from model.corpus.tsv import read_pairs
-from model.tokenizer import Tokenizer
+from model.tokenizer import PAD_ID, Tokenizer
+from model.transformer import Transformer, causal_mask, padding_mask
 
 
 def token_batches(examples: Sequence[Example], max_tokens: int, *, shuffle: bool = True, seed: int = 0,
@@ -54,3 +58,52 @@ def load_examples(path: Path, tok: Tokenizer, directions: list[tuple[str, str]],
             if 0 < len(s) < max_positions and 0 < len(t) < max_positions:
                 examples.append(Example(tag + s + [tok.special.eos], t))
     return examples
+
+
+class UncachedTorchDecoder:
+    """The naive loop the cache exists to avoid: every step re-runs the decoder over the whole prefix
+    and the cross-attention projections over the whole memory. Same protocol and outputs as
+    `TorchDecoder`; kept as the baseline `benchmarks/decode.py` measures the engine against."""
+
+    def __init__(self, model: Transformer, src: torch.Tensor):
+        self.model = model
+        self.src_mask = padding_mask(src, PAD_ID)                            # (B, 1, 1, S)
+        self.memory = model.encode(src, self.src_mask)                       # (B, S, d_model)
+        self.prefix = torch.empty(src.size(0), 0, dtype=torch.long, device=src.device)  # (N, T)
+
+    @torch.no_grad()
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        new = torch.as_tensor(tokens, dtype=torch.long, device=self.prefix.device)[:, None]  # (N, 1)
+        self.prefix = torch.cat([self.prefix, new], dim=1)                  # (N, T)
+        logits, _ = self.model.decode(self.prefix, causal_mask(self.prefix.size(1), self.prefix.device),
+                                      memory=self.memory, src_mask=self.src_mask)  # (N, T, V)
+        return torch.log_softmax(logits[:, -1].float(), dim=-1).cpu().numpy()  # (N, V)
+
+    def select(self, rows: np.ndarray) -> None:
+        idx = torch.as_tensor(rows, dtype=torch.long, device=self.prefix.device)
+        self.prefix, self.memory, self.src_mask = self.prefix[idx], self.memory[idx], self.src_mask[idx]
+
+
+class TorchPromptDecoder:
+    """The PyTorch reference for decoder-only generation: each row keeps its own whole sequence and
+    every step re-runs the model over it, without padding, masks beyond the causal one, or a cache.
+    Nothing is shared with the engine's padded, cached graph but the weights, which is what
+    makes it a reference. Same step/select protocol; `start_tokens` are the prompts' last tokens."""
+
+    def __init__(self, model: Transformer, prompts: Sequence[Sequence[int]]):
+        self.model = model
+        self.seqs = [list(p[:-1]) for p in prompts]
+        self.start_tokens = np.array([p[-1] for p in prompts], dtype=np.int64)
+
+    @torch.no_grad()
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        out = []
+        for seq, tok in zip(self.seqs, tokens):
+            seq.append(int(tok))
+            ids = torch.tensor([seq], dtype=torch.long, device=self.model.embed.weight.device)  # (1, T)
+            logits, _ = self.model.decode(ids, causal_mask(ids.size(1), ids.device))           # (1, T, V)
+            out.append(torch.log_softmax(logits[0, -1].float(), dim=-1).cpu().numpy())
+        return np.stack(out)                                                                     # (N, V)
+
+    def select(self, rows: np.ndarray) -> None:
+        self.seqs = [list(self.seqs[r]) for r in rows]

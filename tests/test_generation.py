@@ -19,7 +19,6 @@ import torch
 
 from model import evaluate
 from model.export import cache_names
-from model.decoding import TorchPromptDecoder
 from model.corpus.man import detect_lang, roff_paragraphs
 from model.mono import split_paragraphs, Paragraph
 from model.transformer import causal_mask
@@ -27,6 +26,7 @@ from service.engine import Engine, PackageError, SearchOptions
 from service.shared.search import decode, finish
 
 from conftest import ROOT, pairs64, torch_reference
+from oracles import TorchPromptDecoder
 
 SENTENCES = [s for pair in pairs64() for s in pair]
 # Prompts of every length: a word, half a sentence, a whole sentence, and text the model never saw.
