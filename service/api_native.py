@@ -86,5 +86,5 @@ def describe(schema: dict, gateway: Gateway) -> None:
         gen["model"]["anyOf"][0]["enum"] = gateway.generators
 
 
-FLAVOUR = Flavour("transerve", install, endpoints={"/translate": TRANSLATE, "/generate": GENERATE},
+FLAVOUR = Flavour(install, endpoints={"/translate": TRANSLATE, "/generate": GENERATE},
                   open_paths=frozenset({"/languages"}), describe=describe)

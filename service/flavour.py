@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Flavour:
-    name: str
     install: Callable[[FastAPI, Gateway], None]           # adds the flavour's routes to the app
     prefix: str = "/"                                     # its paths: an error under it takes its shape
     error_body: Callable[[ApiError, str | None], dict] | None = None   # (error, request id) -> JSON; None: ours

@@ -311,7 +311,7 @@ def describe(schema: dict, gateway: Gateway) -> None:
 
 
 PATHS = ("/libretranslate/translate", "/libretranslate/detect")
-FLAVOUR = Flavour("libretranslate", install, prefix="/libretranslate/", error_body=error_body,
+FLAVOUR = Flavour(install, prefix="/libretranslate/", error_body=error_body,
                   endpoints={"/libretranslate/translate": ENDPOINT, "/libretranslate/detect": DETECT},
                   open_paths=frozenset({"/libretranslate/languages"}),   # its clients ask for it without a key
                   key_in_body=frozenset(PATHS), describe=describe)

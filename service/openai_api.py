@@ -390,5 +390,5 @@ def install(app: FastAPI, gateway: Gateway) -> None:
     OpenAIRoutes(gateway).install(app)
 
 
-FLAVOUR = Flavour("openai", install, prefix="/v1/", error_body=error_body,
+FLAVOUR = Flavour(install, prefix="/v1/", error_body=error_body,
                   endpoints={"/v1/completions": ENDPOINT})

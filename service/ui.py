@@ -132,4 +132,4 @@ def _file(path: Path, media_type: str):
 
 
 # The pages are a flavour of their own: the translate page calls our JSON API from the browser, as any client.
-FLAVOUR = Flavour("pages", install, open_paths=frozenset({PAGE}))
+FLAVOUR = Flavour(install, open_paths=frozenset({PAGE}))
