@@ -6,7 +6,7 @@
 #   GPU: docker build -t transerve:gpu --build-arg ORT_EXTRA=gpu .
 #        CUDA 13 and cuDNN 9 come from PyPI as nvidia-* wheels, which onnxruntime-gpu's own cuda and cudnn
 #        extras name, pinned with hashes in the GPU lock like every other dependency; onnxruntime's
-#        preload_dlls() (service/engine.py) loads them from the venv. No nvidia/cuda base image: the driver
+#        preload_dlls() (service/inference/engine.py) loads them from the venv. No nvidia/cuda base image: the driver
 #        (libcuda.so.1) is the host's, mounted by the NVIDIA container toolkit, and a CUDA base would only
 #        add a second copy of the libraries. tests/test_gpu_image.py holds the lock's nvidia-* pins to
 #        what the locked onnxruntime-gpu's CUDA provider needs (deploy/docker/onnxruntime-gpu-needs.yaml).

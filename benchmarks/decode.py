@@ -9,7 +9,7 @@ prints one table:
 
     runtime        which decoder: torch-nocache re-runs the whole decoder over the prefix every step
                    (the naive loop), torch-cache is model.decoding.TorchDecoder with its key/value cache,
-                   ort-fp32 / ort-int8 / ort-int8-rows / ort-fp16 are service.engine.Engine on a package:
+                   ort-fp32 / ort-int8 / ort-int8-rows / ort-fp16 are service.inference.engine.Engine on a package:
                    ort-int8 is `model.export --quantize int8` (int8-static: constant activation scales
                    calibrated on text, model/quantize.py), ort-int8-rows `--quantize int8-rows` (each row's
                    scale at run time)
@@ -72,7 +72,7 @@ def torch_runtime(model, *, cached: bool, beam: int, settings: dict) -> DecodeFn
 
 
 def engine_runtime(engine, *, beam: int, settings: dict) -> DecodeFn:
-    from service.engine import SearchOptions
+    from service.inference.engine import SearchOptions
 
     opts = SearchOptions(beam_size=beam, **settings)
 
@@ -189,7 +189,7 @@ EXPORTS = {"fp32": {}, "int8": {"quantize": "int8"}, "int8-rows": {"quantize": "
 def load_engines(args: argparse.Namespace, runtimes: list[str], tmp: Path, threads: int) -> tuple[dict, str | None]:
     """An Engine on a package exported into `tmp` for each ort-* runtime, and how ort-int8 was calibrated."""
     from model.export import export_package
-    from service.engine import Engine
+    from service.inference.engine import Engine
 
     engines, calibrated = {}, None
     for rt in runtimes:

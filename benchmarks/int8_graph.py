@@ -24,7 +24,7 @@ engine serves them; refreshed file hashes):
     nbits8-b32    com.microsoft MatMulNBits, 8 bits, blocks of 32 (64) along K, accuracy_level 4: onnxruntime
     nbits8-b64    quantizes the activations per block inside its kernel
 
-Every engine is service.engine.Engine on --threads intra-op threads; searches end as CTranslate2's do
+Every engine is service.inference.engine.Engine on --threads intra-op threads; searches end as CTranslate2's do
 (SearchOptions(length_rule="ctranslate2"), an output budget of 32 tokens, as vs_ctranslate2.py). A random
 model rarely writes </s>, so outputs run to that budget: equal work per sentence. Figures:
 
@@ -42,7 +42,7 @@ model rarely writes </s>, so outputs run to that budget: equal work per sentence
                        (--one-sample sentences spread over the lengths) and 32, --speed-sentences (the same
                        sentences repeated) sorted by length; the best of --repeat passes, all engines taking
                        turns. Each package twice: with onnxruntime's SkipLayerNormFusion (what the engine did
-                       before) and without (what service/device.py's open_session does on the CPU now)
+                       before) and without (what service/inference/device.py's open_session does on the CPU now)
     p50 ms             the median time of one batch, fusion off
 
 Last, SkipLayerNormalization alone: the fused kernel against the Add, Add and LayerNormalization it
@@ -74,8 +74,8 @@ from onnx import TensorProto, helper, numpy_helper
 import vs_ctranslate2 as v          # benchmarks/ is this script's directory; it puts the repository on sys.path
 
 from model.quantize import quantize_int8, replace_nodes, rewrite_matmuls, row_scale
-from service.device import session_options
-from service.engine import Engine, SearchOptions
+from service.inference.device import session_options
+from service.inference.engine import Engine, SearchOptions
 from service.shared.package import INT8_ROWS, INT8_STATIC, file_entries
 
 MAX_LENGTH = 32                     # output budget, eos included (vs_ctranslate2.py's default)
@@ -207,7 +207,7 @@ def build_packages(work: Path, calibration: list[str]) -> dict[str, Path]:
 
 def fused_session(path: str, options: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
     """A session factory for Engine(open_session=...) that keeps onnxruntime's SkipLayerNormFusion, as every
-    CPU engine did before (service/device.py's open_session disables it on the CPU now)."""
+    CPU engine did before (service/inference/device.py's open_session disables it on the CPU now)."""
     return ort.InferenceSession(path, options, providers=providers)
 
 

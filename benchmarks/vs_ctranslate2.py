@@ -13,7 +13,7 @@ by default, a Marian model built here with the `small` preset's shape
 models/de-en, randomly initialised. From it:
 
     CTranslate2   ct2-transformers-converter, fp32 and --quantization int8
-    ours          model.import_marian: the fp32 package for service.engine.Engine; its int8 package is the
+    ours          model.import_marian: the fp32 package for service.inference.engine.Engine; its int8 package is the
                   default form, int8-static (model/quantize.py), made from a copy of that fp32 package
                   by model.export.quantize_package, as write_package makes one (after a multi-directional
                   package's target tag is in place, so the calibration sentences carry it as the measured
@@ -245,7 +245,7 @@ def ours_runner(package: Path, *, beam: int, max_length: int, threads: int, devi
     (onnxruntime releases the GIL while a graph runs); the server does the same with --workers. shared:
     one engine (one session, one copy of the weights) searches them all at once instead, as CTranslate2's
     workers share one copy of the model."""
-    from service.engine import Engine, SearchOptions
+    from service.inference.engine import Engine, SearchOptions
 
     engines = [Engine(package, device=device, intra_op_threads=threads) for _ in range(1 if shared else inter)]
     engines *= inter // len(engines)

@@ -58,7 +58,7 @@ class TorchDecoder:
 def translate(model: Transformer, tokenizer: Tokenizer, texts: Sequence[str], *, target_lang: str | None = None,
               settings: SearchOptions = GREEDY, batch_size: int = 64) -> list[str]:
     """Translates `texts` (best hypothesis each) with the served search and every one of its options, as the
-    engine runs it (service.engine: the same budget, the same ids never written). Sources are sorted by
+    engine runs it (service.inference.engine: the same budget, the same ids never written). Sources are sorted by
     length so batches pad little."""
     model.eval()
     srcs = [tokenizer.source_ids(t, target_lang)[: model.config.max_len] for t in texts]

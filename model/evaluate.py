@@ -9,7 +9,7 @@ Perplexity is exp(mean negative log-likelihood per SentencePiece piece), the clo
 over every held-out paragraph (cut into the training windows), overall and per language.
 
 `--checkpoint` decodes in PyTorch: the reference the ONNX engine must match. `--package` decodes
-an exported model package through `service.engine.Engine`, exactly as the service does, so the
+an exported model package through `service.inference.engine.Engine`, exactly as the service does, so the
 score of what is deployed (int8 or fp16 included) is measured rather than assumed. Both run the
 same search code (`service.shared.search`) and are scored and printed by the same functions.
 """
@@ -72,7 +72,7 @@ def checkpoint_subject(path: str, device: str, length_penalty: float, batch_size
 def package_subject(path: str, device: str, length_penalty: float, batch_size: int) -> Subject:
     """A model package decoded by the serving engine (onnxruntime; imported here so that the
     PyTorch path does not need it)."""
-    from service.engine import Engine, PackageError
+    from service.inference.engine import Engine, PackageError
 
     try:
         engine = Engine(path, device=_engine_device(device))
@@ -141,7 +141,7 @@ def package_nll(engine, seqs: list[list[int]], batch_size: int) -> list[float]:
     """The same through the serving engine's decoder graph, one position per call with its cache."""
     import numpy as np
 
-    from service.engine import OrtLmDecoder
+    from service.inference.engine import OrtLmDecoder
 
     out = []
     for start in range(0, len(seqs), batch_size):
@@ -172,7 +172,7 @@ def perplexity(args) -> None:
     if args.limit:
         rows = rows[: args.limit]
     if args.package:
-        from service.engine import Engine
+        from service.inference.engine import Engine
 
         engine = Engine(args.package, device=_engine_device(args.device))
         trained = (engine.package.meta.get("training") or {}).get("max_positions") or engine.max_positions

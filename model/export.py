@@ -30,7 +30,7 @@ The decoder step (translation):
 
 The graph does not reorder rows: the engine does, between steps and only when they change (beam
 back-pointers, finished sentences dropped), and keeps the cross tensors to the groups still searched
-(service/device_memory.py). A search that needs no more than the best few tokens of each row reads
+(service/inference/device_memory.py). A search that needs no more than the best few tokens of each row reads
 top_* and eos_log_probs, so (N, V) values never reach the host (service/shared/search.py). Older
 layouts (a `past_rows` input that reordered and appended the cache in the graph, copying it twice a
 step, and a `sources` input that gathered the cross tensors every step; before that a stacked cache
@@ -55,7 +55,7 @@ reads a whole batch of right-padded prompts in one call, then one token per row 
 Each row's keys sit at the columns of their positions, padding only after them: a row's attention
 sums the same values in the same order alone or next to longer rows, which left padding (packages
 whose model.json has no "cache": "by-position") does not, so int8 roundings downstream could
-differ with the batch. The engine widens W in steps of 8 columns (service/decoders.py says why).
+differ with the batch. The engine widens W in steps of 8 columns (service/inference/decoders.py says why).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ whose reference implementation is the plain attention of model.transformer:
   fixed-width (N, h, W, d_k) buffer; row r's new keys and values go to column `seqlens[r]` and its query
   attends over columns 0..seqlens[r]. Bound as both `past_*` and `present_*` (one address), onnxruntime
   writes the new column in place and copies nothing; the engine reorders rows between steps only when
-  they change (service/device_memory.py).
+  they change (service/inference/device_memory.py).
 - `cross_attention` -> MultiHeadAttention with keys and values already split into heads, (A, h, S, d_k),
   read where the encoder left them, and a key padding mask.
 

@@ -19,9 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     configure()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .server import build_server
-    from .engine import DeviceError, PackageError
-    from .litserve_bridge import serving
-    from .uvicorn_bridge import uvicorn_options
+    from .inference.engine import DeviceError, PackageError
+    from .worker.litserve_bridge import serving
+    from .http.uvicorn_bridge import uvicorn_options
 
     try:
         server, gateway = build_server(settings)

@@ -35,7 +35,7 @@ class Settings:
     worker_nice: int = 10
     max_batch_size: int = 32            # requests one worker takes at once
     # After a worker takes a request, how long it waits for more. 0: a lone request starts at once, and
-    # requests that arrive while a worker is busy still form its next batch (service/litserve_bridge.py).
+    # requests that arrive while a worker is busy still form its next batch (service/worker/litserve_bridge.py).
     batch_timeout_ms: float = 0.0
     max_batch_tokens: int = 8192        # padded source tokens per engine call (beams multiply this)
     max_texts: int = 64                 # texts per request
@@ -49,7 +49,7 @@ class Settings:
     request_timeout_s: float = 60.0     # longest a request may wait in the queue; then 504
     drain_timeout_s: float = 30.0       # on SIGINT or SIGTERM: how long admitted requests may take to finish
     max_payload_bytes: int = 1_000_000  # request body size; beyond: 413
-    # Every connection bounded at the server (docs/serving.md, "Slow clients"; service/uvicorn_bridge.py).
+    # Every connection bounded at the server (docs/serving.md, "Slow clients"; service/http/uvicorn_bridge.py).
     header_timeout_s: float = 10.0      # request line and headers, from the first byte; then 408 and close
     # A request's line and headers as sent, and its header fields; beyond either: 431 and close. nginx's
     # default buffers hold 32 KiB of headers; 100 fields is Apache's LimitRequestFields.

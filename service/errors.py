@@ -4,7 +4,7 @@ answer it (LitServe's and Starlette's own errors included). Our shape, the docum
     {"error": {"type": "...", "message": "...", "limit": 1000}, "request_id": "..."}
 
 An API flavour with its own (LibreTranslate's `{"error": "..."}`, OpenAI's) gives it in its Flavour
-(service/flavour.py), and `responder` answers each path in its flavour's shape.
+(service/api/flavour.py), and `responder` answers each path in its flavour's shape.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def raise_worker_error(event: dict) -> dict:
 
 
 # What a body must be on our routes and OpenAI's (one rule per API flavour; LibreTranslate's also takes forms,
-# service/libretranslate.py). FastAPI holds /translate and /generate to it; openai_api.read_request the rest.
+# service/api/libretranslate.py). FastAPI holds /translate and /generate to it; openai_api.read_request the rest.
 NOT_JSON = "the body must be a JSON object sent with Content-Type: application/json"
 
 

@@ -1,7 +1,7 @@
 """The HTTP server composed: a LitServer with one LitAPI per endpoint (its workers), the Gateway over them, the
 operations routes, and the API flavours, each installing its own routes:
 
-    FLAVOURS    api_native (POST /translate, /generate, GET /languages), openai_api (/v1/), libretranslate
+    FLAVOURS    native (POST /translate, /generate, GET /languages), openai_api (/v1/), libretranslate
                 (/libretranslate/), ui (GET /ui, and /docs and /redoc offline)
     GET /health     liveness: the HTTP process answers
     GET /ready      readiness: every inference worker loaded and warmed up, not draining
@@ -10,7 +10,7 @@ operations routes, and the API flavours, each installing its own routes:
 
 LitServe's own POST routes would accept any JSON into an unbounded queue: they are removed, and the flavours'
 routes submit through LitServe's request handler (litserve_bridge.Workers), so batching is untouched. A new
-flavour is a module with a FLAVOUR (service/flavour.py) and its line in FLAVOURS.
+flavour is a module with a FLAVOUR (service/api/flavour.py) and its line in FLAVOURS.
 """
 
 from __future__ import annotations
@@ -19,22 +19,23 @@ import litserve as ls
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse, Response
 
-from . import __version__, api_native, libretranslate, openai_api, ui
-from .auth import open_paths
-from .cancel import CancelBoard
+from . import __version__
+from .api import libretranslate, native, openai_api, ui
+from .http.auth import open_paths
+from .worker.cancel import CancelBoard
 from .config import Settings
-from .engine import probe_device
+from .inference.engine import probe_device
 from .errors import ERROR_KIND, install_handlers, responder
-from .flavour import Flavour
-from .gateway import Gateway
-from .generate_api import ENDPOINT as GENERATE, GenerateAPI
+from .api.flavour import Flavour
+from .http.gateway import Gateway
+from .worker.generate_api import ENDPOINT as GENERATE, GenerateAPI
 from .metrics import metrics, render
-from .middleware import request_context
+from .http.middleware import request_context
 from .stopping import Stopping
-from .translate_api import ENDPOINT, TranslateAPI, check_packages
-from .uvicorn_bridge import hold_signals
+from .worker.translate_api import ENDPOINT, TranslateAPI, check_packages
+from .http.uvicorn_bridge import hold_signals
 
-FLAVOURS: tuple[Flavour, ...] = (api_native.FLAVOUR, openai_api.FLAVOUR, libretranslate.FLAVOUR, ui.FLAVOUR)
+FLAVOURS: tuple[Flavour, ...] = (native.FLAVOUR, openai_api.FLAVOUR, libretranslate.FLAVOUR, ui.FLAVOUR)
 
 LITSERVE_INFO = "/litserve/info"   # LitServe always adds an info route; install() removes it
 

@@ -1,4 +1,4 @@
-"""What an API key protects (service/auth.py, README "API keys"): every route but the probes and the
+"""What an API key protects (service/http/auth.py, README "API keys"): every route but the probes and the
 language lists, unknown ones included, whatever the body (401 with WWW-Authenticate before the body is
 read; LibreTranslate's routes read theirs only for its api_key field); /docs, /openapi.json and /info too
 unless --public-docs; /metrics on the main port too, or on its own port with no key (--metrics-port, for

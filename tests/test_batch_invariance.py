@@ -13,7 +13,7 @@ Tokens and texts are identical; scores agree to float32 precision, not always bi
 beam search and seeded sampling are checked. What makes the float parts (attention, layer norms) sum a
 row's values in the same order alone and batched: padding only after a row's own values (generation
 packages write each token's keys at its position's cache column, model/export.py) and widths in steps of
-8 columns (service/decoders.py); left-padded prompts and odd widths changed the last bit, which an int8
+8 columns (service/inference/decoders.py); left-padded prompts and odd widths changed the last bit, which an int8
 rounding step can turn into another token.
 """
 
@@ -33,8 +33,8 @@ from model.calibrate import read_calibration
 from model.export import CACHE_BY_POSITION as EXPORTED_CACHE_LAYOUT, write_package
 from model.quantize import SCHEMES
 from model.upgrade import load_weights, main as upgrade_main
-from service.engine import CACHE_BY_POSITION, INT8_SCHEMES, Engine, PackageError, SearchOptions
-from service.device import session_options
+from service.inference.engine import CACHE_BY_POSITION, INT8_SCHEMES, Engine, PackageError, SearchOptions
+from service.inference.device import session_options
 from service.shared.package import INT8_ROWS, INT8_STATIC
 
 from conftest import ROOT, pairs64, start_server, stop_server

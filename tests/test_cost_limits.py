@@ -8,11 +8,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.cancel import CancelBoard
+from service.worker.cancel import CancelBoard
 from service.config import Settings, parse_settings
-from service.engine import Engine
-from service.scheduler import Job, request_cost
-from service.translate_api import TranslateAPI
+from service.inference.engine import Engine
+from service.worker.scheduler import Job, request_cost
+from service.worker.translate_api import TranslateAPI
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -443,7 +443,7 @@ def test_settings_are_ones_the_server_knows_and_accepts(overlay, rendered, monke
 
 def test_boolean_settings_read_flags_and_environment(monkeypatch):
     from service.config import parse_settings
-    from service.engine import session_options
+    from service.inference.engine import session_options
 
     monkeypatch.delenv("TRANSERVE_SPIN_WAIT", raising=False)
     assert parse_settings([]).spin_wait is False
@@ -1282,7 +1282,7 @@ def translates_as_the_engine(url: str, package: Path) -> dict:
                                              "target_lang": "en"}, timeout=60, trust_env=False)
     assert r.status_code == 200, r.text
     # What the image serves is what the engine computes outside it (the service's default: beam 4).
-    from service.engine import Engine
+    from service.inference.engine import Engine
     expected = Engine(package, device="cpu").translate(["Das geht zu weit."], source_lang="de",
                                                         target_lang="en", beam_size=4)[0].text
     assert r.json()["translations"][0]["text"] == expected

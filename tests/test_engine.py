@@ -22,10 +22,10 @@ from model.decoding import TorchDecoder, translate
 from model.export import export_package, export_translation
 from model.quantize import SCHEMES
 from model.transformer import Transformer, TransformerConfig
-import service.device as device_module
-from service.engine import (DeviceError, Engine, OrtDecoder, PackageError, SearchOptions, load_package, probe_device,
-                            source_groups)
-from service.device import session_options
+import service.inference.device as device_module
+from service.inference.engine import (DeviceError, Engine, OrtDecoder, PackageError, SearchOptions, load_package,
+                                      probe_device, source_groups)
+from service.inference.device import session_options
 from service.shared.package import INT8_STATIC
 
 from conftest import ROOT, pairs64, torch_reference
@@ -475,7 +475,7 @@ def test_an_unknown_direction_names_the_valid_ones(engine):
 
 
 def test_service_never_imports_torch_or_model():
-    code = ("import sys; import service.engine, service.shared.search; "
+    code = ("import sys; import service.inference.engine, service.shared.search; "
             "assert 'torch' not in sys.modules and 'model' not in sys.modules, sorted(sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

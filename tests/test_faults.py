@@ -33,7 +33,7 @@ def worker_pids(url: str, model: str) -> set[int]:
 def engine_translation(package, text: str) -> str:
     """What the service should answer for text (its default, beam 4): the package's engine in this process.
     Not the memorised pair itself, which the tiny model may get slightly wrong on another processor."""
-    from service.engine import Engine
+    from service.inference.engine import Engine
 
     (t,) = Engine(package, device="cpu", intra_op_threads=1).translate([text], source_lang="de", target_lang="en",
                                                                         beam_size=4)

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.client import AsyncClient, Client
-from service.engine import Engine
+from service.inference.engine import Engine
 
 from conftest import pairs64, start_server, stop_server
 

@@ -1,4 +1,4 @@
-"""A request's line and headers are bounded where they are read (service/uvicorn_bridge.py): over
+"""A request's line and headers are bounded where they are read (service/http/uvicorn_bridge.py): over
 --max-header-bytes (32 KiB) or --max-headers (100 fields) a request gets 431 at once, in the error shape, and
 its connection closes; a 1 MB header is refused at once, and 16 connections each sending megabytes of headers
 leave the server's memory where it was. Real server on 127.0.0.1, real sockets, the default limits."""

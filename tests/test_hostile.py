@@ -552,10 +552,10 @@ class Exploding:
 
 
 def test_a_translation_hook_that_raises_fails_only_its_request():
-    from service.cancel import CancelBoard
+    from service.worker.cancel import CancelBoard
     from service.config import Settings
-    from service.scheduler import Failure, Job
-    from service.translate_api import TranslateAPI
+    from service.worker.scheduler import Failure, Job
+    from service.worker.translate_api import TranslateAPI
 
     api = TranslateAPI(Settings(), CancelBoard())
     api.use_engines({"m": Exploding()})
@@ -569,9 +569,9 @@ def test_a_translation_hook_that_raises_fails_only_its_request():
 
 
 def test_a_generation_hook_that_raises_fails_only_its_request():
-    from service.cancel import CancelBoard
+    from service.worker.cancel import CancelBoard
     from service.config import Settings
-    from service.generate_api import GenerateAPI
+    from service.worker.generate_api import GenerateAPI
 
     api = GenerateAPI(Settings(), CancelBoard())
     api.use_engines({"m": Exploding()})

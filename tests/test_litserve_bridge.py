@@ -1,4 +1,4 @@
-"""The worker side of service/litserve_bridge.py, on a real queue with LitServe's own queue transport: the
+"""The worker side of service/worker/litserve_bridge.py, on a real queue with LitServe's own queue transport: the
 batch collector (what it takes, when it stops waiting, what it tells the HTTP process) and the loop that
 runs a LitAPI's scheduler (each request answered when done, the requests that arrive meanwhile joining;
 a generation request's events streamed; a scheduler that raises failing its requests, not the loop)."""
@@ -16,13 +16,13 @@ from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
 from litserve.transport.process_transport import MPQueueTransport
 from litserve.utils import LitAPIStatus
 
-from service import litserve_bridge
-from service.cancel import CancelBoard
+from service.worker import litserve_bridge
+from service.worker.cancel import CancelBoard
 from service.config import Settings
-from service.engine import Engine
-from service.generate_api import GenerateAPI
-from service.litserve_bridge import SchedulerLoop, collect
-from service.translate_api import TranslateAPI
+from service.inference.engine import Engine
+from service.worker.generate_api import GenerateAPI
+from service.worker.litserve_bridge import SchedulerLoop, collect
+from service.worker.translate_api import TranslateAPI
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))

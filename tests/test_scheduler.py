@@ -1,4 +1,4 @@
-"""The worker's scheduler (service/scheduler.py), driven directly as the worker loop drives it, without a
+"""The worker's scheduler (service/worker/scheduler.py), driven directly as the worker loop drives it, without a
 server or LitServe: fairness between translation requests (issue 27: a one-word request beside large ones
 is scheduled first and answered first, with the same answer it gets alone) on models/de-en, and what small
 fake engines show plainly: a request failing alone, a client that went away, generation's sequences
@@ -12,14 +12,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from service.cancel import CancelBoard
+from service.worker.cancel import CancelBoard
 from service.config import Settings
-from service.engine import Engine
-from service import scheduler as scheduling
-from service.scheduler import (Failure, GenerationScheduler, GenJob, Job, TranslationScheduler, cost_tier,
+from service.inference.engine import Engine
+from service.worker import scheduler as scheduling
+from service.worker.scheduler import (Failure, GenerationScheduler, GenJob, Job, TranslationScheduler, cost_tier,
                                request_cost)
 from service.shared.options import SearchOptions
-from service.text import split_sentences
+from service.worker.text import split_sentences
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))

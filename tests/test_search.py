@@ -287,7 +287,7 @@ def test_the_training_sides_translate_runs_the_served_search_with_every_option(t
     pytest.importorskip("torch")
     from conftest import pairs64, torch_reference
     from model.decoding import translate
-    from service.engine import Engine
+    from service.inference.engine import Engine
 
     sources = [de for de, _ in pairs64()]
     engine = Engine(tiny_package, device="cpu", intra_op_threads=1)

@@ -63,7 +63,7 @@ def alone(url, texts, headers=None, **options) -> list[str]:
 @pytest.fixture(scope="module")
 def engine(tiny_package):
     """The package loaded in this process, on one thread as the servers here run it."""
-    from service.engine import Engine
+    from service.inference.engine import Engine
 
     return Engine(tiny_package, device="cpu", intra_op_threads=1)
 
@@ -149,7 +149,7 @@ def test_32_concurrent_clients_are_batched_and_answered_as_if_alone(server):
 def test_without_a_batch_window_requests_queued_behind_a_running_batch_go_together(tiny_package):
     """The default window is 0: a worker takes a request the moment it is free, and the requests
     that arrive while it is busy join its plan between two decoder steps, ahead of the larger work
-    (service/litserve_bridge.py). One worker; a long request keeps it busy (256 sentences at beam 16,
+    (service/worker/litserve_bridge.py). One worker; a long request keeps it busy (256 sentences at beam 16,
     above the default --max-request-cost) while 8 short ones arrive: answered as alone, before it."""
     proc, url = start_server(tiny_package, "--workers", "1", "--max-request-cost", "1000000")
     try:

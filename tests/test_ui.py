@@ -1,4 +1,4 @@
-"""The translate page (GET /ui, service/ui.py) and the API docs (/docs, /redoc), in a real headless browser:
+"""The translate page (GET /ui, service/api/ui.py) and the API docs (/docs, /redoc), in a real headless browser:
 Debian's chromium driven by Selenium, its network blocked beyond 127.0.0.1 (every name but 127.0.0.1
 unresolvable, every other connection sent to a proxy where nothing listens). Typed German shows what
 POST /translate answers for the same text (the page adds nothing of its own), the detected language, an
@@ -254,6 +254,6 @@ def test_docs_and_redoc_render_offline(server, browser):
     browser.get(server + "/redoc")
     WebDriverWait(browser, WAIT_S).until(lambda d: "Translate one text" in d.find_element("tag name", "body").text)
     only_local(requests_made(browser), server)
-    # Redocly's logo from its CDN, refused by the page's policy before any request (service/ui.py REDOC_POLICY).
+    # Redocly's logo from its CDN, refused by the page's policy before any request (service/api/ui.py REDOC_POLICY).
     errors = severe(browser)
     assert all("cdn.redoc.ly" in m for m in errors), errors

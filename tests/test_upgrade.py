@@ -15,7 +15,7 @@ import torch
 from model import evaluate
 from model.export import export_package
 from model.upgrade import load_weights, main as upgrade_main
-from service.engine import Engine, PackageError
+from service.inference.engine import Engine, PackageError
 
 from conftest import FIXTURES, pairs64
 

@@ -1,5 +1,5 @@
 """The model package: the one contract between the training side (model/export.py writes it) and the
-service (service/engine.py serves it). A directory with model.json, the ONNX graphs and the tokenizer
+service (service/inference/engine.py serves it). A directory with model.json, the ONNX graphs and the tokenizer
 files; model.json names its format, task, directions, precision and config, and every file's sha256 and
 size, so a package that was changed or cut short is refused naming the file.
 """

@@ -6,7 +6,7 @@ worker process; a thin adapter over the worker's scheduler.
     encode_response per request and step: the new text, the final event
 
 The worker's loop (litserve_bridge.SchedulerLoop) admits each decoded request into `self.scheduler`
-(service/scheduler.py), runs it one engine step at a time and, after each step, encodes every request
+(service/worker/scheduler.py), runs it one engine step at a time and, after each step, encodes every request
 it holds: the scheduler has added each sequence's new text (and ended a sequence at a stop sequence, its
 eos, or its client's disconnect), this sends what of it may be sent.
 
@@ -23,12 +23,12 @@ import time
 import litserve as ls
 
 from .cancel import CancelBoard
-from .config import Settings, lower_worker_priority
-from .engine import Engine, SearchOptions
+from ..config import Settings, lower_worker_priority
+from ..inference.engine import Engine, SearchOptions
 from .litserve_bridge import SchedulerLoop
-from .metrics import metrics
+from ..metrics import metrics
 from .scheduler import Failure, GenerationScheduler, GenJob, for_one_request
-from .stopping import Stopping, die
+from ..stopping import Stopping, die
 
 log = logging.getLogger("transerve")
 ENDPOINT = GenerationScheduler.endpoint

@@ -1,11 +1,11 @@
 """The decoder graphs' layouts, one class each: the incremental-decoder protocol of service.shared.search
 (step, step_top, select) over a translation package's decoder graph (`OrtDecoder`) and over a decoder-only
 package's (`OrtLmDecoder`), each with the check that refuses a graph of another layout. model/export.py
-writes the graphs; service/device_memory.py holds their caches.
+writes the graphs; service/inference/device_memory.py holds their caches.
 
 The key/value cache stays where the model runs between steps (IO binding: on the GPU it never leaves the
 device), in blocks the engine owns and reuses from search to search rather than in onnxruntime's arena
-(service/device_memory.py says why). A translation decoder writes each step's keys and values into the
+(service/inference/device_memory.py says why). A translation decoder writes each step's keys and values into the
 cache in place; rows are reordered between steps, only when they change (beam back-pointers, finished
 sentences dropped), and the encoder's keys/values are kept to the sentences still searched, one copy per
 sentence that its beams share. Searches read each row's best few tokens, selected in the graph (`top_k`),
@@ -24,7 +24,7 @@ import onnxruntime as ort
 
 from .device_memory import BlockPool, InPlaceCache, KVCache, Tensors
 from .onnxruntime_bridge import Binder
-from .shared.package import CACHE_BY_POSITION, INT8_SCHEMES, ModelPackage, PackageError
+from ..shared.package import CACHE_BY_POSITION, INT8_SCHEMES, ModelPackage, PackageError
 
 COLUMNS_STEP = 8              # sources are padded, and generation caches widened, to multiples of this
 ONNX_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
@@ -128,7 +128,7 @@ class OrtDecoder:
 
     The graph reorders nothing: `select` reorders the self-attention cache (only when the rows change)
     and keeps the cross tensors to the sources still searched (only when one is dropped). `max_rows` and
-    `max_positions` size the cache's blocks (service.device_memory) for the whole search; without them
+    `max_positions` size the cache's blocks (service.inference.device_memory) for the whole search; without them
     the first steps reallocate until the blocks fit. `close()` hands the blocks back. top_k=False: no
     step_top, so searches read the whole distribution (for comparisons).
 

@@ -36,9 +36,9 @@ from typing import Generator, Hashable
 import numpy as np
 
 from .cancel import CancelBoard
-from .engine import Engine, SearchOptions, Steps
-from .metrics import metrics
-from .shared.search import Hypothesis
+from ..inference.engine import Engine, SearchOptions, Steps
+from ..metrics import metrics
+from ..shared.search import Hypothesis
 
 log = logging.getLogger("transerve")
 

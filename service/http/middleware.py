@@ -19,8 +19,8 @@ import uuid
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .auth import check_headers, given_key
-from .errors import ERROR_KIND, ApiError, Responder, too_large
-from .metrics import metrics
+from ..errors import ERROR_KIND, ApiError, Responder, too_large
+from ..metrics import metrics
 
 log = logging.getLogger("transerve")
 

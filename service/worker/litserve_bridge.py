@@ -1,5 +1,5 @@
 """The one module that touches LitServe's internals (litserve==0.2.19 is pinned for them): the worker loop
-that takes requests off a queue and runs the worker's scheduler (service/scheduler.py, which knows no
+that takes requests off a queue and runs the worker's scheduler (service/worker/scheduler.py, which knows no
 LitServe), and the HTTP side's way into and out of the workers (`Workers`).
 
 How an inference worker takes requests off its queue: the moment it is free. LitServe's collector opens
@@ -38,8 +38,8 @@ from litserve.utils import LitAPIStatus, LoopResponseType, ResponseBufferItem, W
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .cancel import CancelBoard
-from .errors import ApiError, queue_timeout, worker_failed
-from .metrics import metrics
+from ..errors import ApiError, queue_timeout, worker_failed
+from ..metrics import metrics
 
 log = logging.getLogger("transerve")
 
@@ -50,7 +50,7 @@ POLL_S = 0.005      # a busy translation worker looks for new requests this ofte
 # --- the worker side -----------------------------------------------------------------------------
 class SchedulerLoop(LitLoop):
     """The inference worker's loop: LitServe's queue and transport around a LitAPI's scheduler
-    (service/scheduler.py, `lit_api.scheduler`), with the collector described above. The requests it takes
+    (service/worker/scheduler.py, `lit_api.scheduler`), with the collector described above. The requests it takes
     are decoded (`lit_api.decode_request`) and admitted; the scheduler then runs one step at a time, and
     after each step whatever it has ready goes out through `lit_api.encode_response`: a translation once,
     when done, a generation request (a streaming LitAPI) as every step brings it new text. Between steps

@@ -1,7 +1,7 @@
 """The pages a person opens in a browser, served with nothing from outside: the translate page (GET /ui) and
 the API docs (/docs, /redoc) with their scripts from a package rather than a CDN.
 
-The translate page is service/static/ui.html with ui.css and ui.js put inline, one document built once at
+The translate page is service/api/static/ui.html with ui.css and ui.js put inline, one document built once at
 start-up: no framework, no build step, one open path (FLAVOUR.open_paths), and a Content-Security-Policy that
 allows exactly those two inline blocks (by their SHA-256) and requests to this origin. It calls the JSON API
 (GET /languages, POST /translate) with the key the user types; every text goes into the page as text.
@@ -26,11 +26,11 @@ from fastapi import Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import FileResponse, HTMLResponse
 
-from .config import Settings
+from ..config import Settings
 from .flavour import Flavour
 
 if TYPE_CHECKING:
-    from .gateway import Gateway
+    from ..http.gateway import Gateway
 
 log = logging.getLogger("transerve")
 
@@ -58,7 +58,7 @@ def translate_page(settings: Settings) -> tuple[str, dict[str, str]]:
     style = (STATIC / "ui.css").read_text(encoding="utf-8")
     script = (STATIC / "ui.js").read_text(encoding="utf-8")
     if "</" in style or "</script" in script.lower():
-        raise ValueError("service/static: an inline block must not close its own element")
+        raise ValueError("service/api/static: an inline block must not close its own element")
     html = (STATIC / "ui.html").read_text(encoding="utf-8")
     html = (html.replace("{{key_required}}", "true" if settings.api_keys else "false")
                 .replace("{{max_chars}}", str(settings.max_text_chars))

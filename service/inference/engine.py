@@ -13,9 +13,9 @@ Layers, so the HTTP service can split the work across LitServe's hooks:
 - `Engine.search(src_ids, options)` (arrays only: encoder once per batch, then the decoder step
   by step under `service.shared.search`'s decode()).
 
-Where the graphs run is service/device.py's (providers, the sessions); how a graph of each layout is
-stepped and which layouts are refused, service/decoders.py's; the memory of the caches,
-service/device_memory.py's.
+Where the graphs run is service/inference/device.py's (providers, the sessions); how a graph of each layout is
+stepped and which layouts are refused, service/inference/decoders.py's; the memory of the caches,
+service/inference/device_memory.py's.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from .device import DeviceError, SessionFactory, open_session, pick_providers, p
 from .device import session_options
 from .device_memory import BlockPool, Tensors
 from .onnxruntime_bridge import Binder
-from .shared.options import SearchOptions
-from .shared.package import CACHE_BY_POSITION, INT8_SCHEMES, ModelPackage, PackageError, load_package
-from .shared.search import Hypothesis, Search, Step, decode, finish, max_lengths
+from ..shared.options import SearchOptions
+from ..shared.package import CACHE_BY_POSITION, INT8_SCHEMES, ModelPackage, PackageError, load_package
+from ..shared.search import Hypothesis, Search, Step, decode, finish, max_lengths
 
 # Imported from here by the API modules, tests and benchmarks (until the files move into folders).
 __all__ = ["Engine", "SearchOptions", "PackageError", "DeviceError", "ModelPackage", "load_package", "probe_device",
@@ -67,7 +67,7 @@ class Generation:
 
 class Engine:
     """A loaded model package: tokenizer and onnxruntime sessions (encoder and decoder for
-    translation, the decoder alone for generation). `open_session` makes the sessions (service/device.py's
+    translation, the decoder alone for generation). `open_session` makes the sessions (service/inference/device.py's
     open_session; a benchmark may pass its own)."""
 
     def __init__(self, package: str | Path | ModelPackage, *, device: str = "auto", intra_op_threads: int = 0,

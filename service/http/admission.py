@@ -13,8 +13,8 @@ import multiprocessing as mp
 import time
 from contextlib import contextmanager
 
-from .errors import ApiError
-from .metrics import metrics
+from ..errors import ApiError
+from ..metrics import metrics
 
 log = logging.getLogger("transerve")
 

@@ -17,13 +17,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from . import sse
-from .errors import ApiError
+from ..errors import ApiError
 from .flavour import Flavour, describe_pairs
-from .gateway import Finished, Gateway, GenerationStream
-from .generate_api import ENDPOINT as GENERATE
-from .shared.schemas import (ErrorResponse, GenerateRequest, GenerateResponse, Language, TranslateRequest,
+from ..http.gateway import Finished, Gateway, GenerationStream
+from ..worker.generate_api import ENDPOINT as GENERATE
+from ..shared.schemas import (ErrorResponse, GenerateRequest, GenerateResponse, Language, TranslateRequest,
                              TranslateResponse)
-from .translate_api import ENDPOINT as TRANSLATE
+from ..worker.translate_api import ENDPOINT as TRANSLATE
 
 ERRORS = {c: {"model": ErrorResponse} for c in (400, 401, 403, 413, 422, 503, 504)}
 

@@ -6,7 +6,7 @@ queue): runs in each inference worker process, a thin adapter over the worker's 
     encode_response one JSON-ready dict per request
 
 The worker's loop (litserve_bridge.SchedulerLoop) admits each decoded request into `self.scheduler`
-(service/scheduler.py: the plan, cost tiers, steps, fairness), runs it step by step and encodes each
+(service/worker/scheduler.py: the plan, cost tiers, steps, fairness), runs it step by step and encodes each
 request as soon as the scheduler has finished it.
 
 No hook raises for a single request: LitServe would fail the whole batch. A request that cannot
@@ -25,13 +25,13 @@ import litserve as ls
 import numpy as np
 
 from .cancel import CancelBoard
-from .config import Settings, lower_worker_priority
-from .engine import Engine, SearchOptions, load_package
+from ..config import Settings, lower_worker_priority
+from ..inference.engine import Engine, SearchOptions, load_package
 from .litserve_bridge import SchedulerLoop
-from .metrics import metrics
+from ..metrics import metrics
 from .scheduler import Failure, Job, TranslationScheduler, for_one_request, request_cost
-from .shared.options import DEFAULTS
-from .stopping import Stopping, die
+from ..shared.options import DEFAULTS
+from ..stopping import Stopping, die
 from .text import join_sentences, split_sentences
 
 log = logging.getLogger("transerve")

@@ -27,7 +27,7 @@ use every file descriptor and the probes get no answer (issue 27). GuardedHTTPPr
   burst may pass the cap for that long, up to what the descriptors allow; past that ceiling, with none
   to close, a new connection is refused (503).
 
-The body's deadline (`--body-timeout-s`) is the ASGI middleware's (service/middleware.py), which can
+The body's deadline (`--body-timeout-s`) is the ASGI middleware's (service/http/middleware.py), which can
 answer it in the request's own error shape. uvicorn's `limit_concurrency` is not used: it counts open
 connections, slow ones included, and answers every request over it 503, the probes' too.
 
@@ -50,9 +50,9 @@ from contextlib import asynccontextmanager
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from .config import Settings
-from .errors import ApiError
-from .stopping import Stopping
+from ..config import Settings
+from ..errors import ApiError
+from ..stopping import Stopping
 
 log = logging.getLogger("transerve")
 

@@ -1,6 +1,6 @@
 """What an API flavour tells the HTTP core, so that a flavour is one module plus its line in server.FLAVOURS.
 
-A flavour (api_native.py: ours; openai_api.py; libretranslate.py; ui.py: the pages) installs its own routes
+A flavour (native.py: ours; openai_api.py; libretranslate.py; ui.py: the pages) installs its own routes
 over the Gateway, owns its request and response models and its error shape, and consumes the Gateway's typed
 results and events; it never calls another flavour. server.py reads these fields: the error handlers and the
 middleware answer an error under `prefix` with `error_body`, the middleware counts `endpoints` and leaves
@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from .shared.schemas import AUTO
+from ..shared.schemas import AUTO
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from .errors import ApiError
-    from .gateway import Gateway
+    from ..errors import ApiError
+    from ..http.gateway import Gateway
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ import hmac
 
 from fastapi import Request
 
-from .errors import ApiError
+from ..errors import ApiError
 
 OPEN_PATHS = frozenset({"/health", "/ready"})   # the probes; each flavour adds its own (Flavour.open_paths)
 DOC_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/info",
-                       # their scripts (service/ui.py)
+                       # their scripts (service/api/ui.py)
                        "/docs/swagger-ui-bundle.js", "/docs/swagger-ui.css", "/docs/favicon.png",
                        "/redoc/redoc.standalone.js"})
 # Sent with every 401 (RFC 9110 section 11.6.1): the scheme a client is to answer with.

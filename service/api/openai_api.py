@@ -31,10 +31,10 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
 from . import sse
-from .errors import NOT_JSON, ApiError, declares_json, parse_error
+from ..errors import NOT_JSON, ApiError, declares_json, parse_error
 from .flavour import Flavour
-from .gateway import Finished, Gateway, GenerationStream
-from .shared.schemas import GenerateRequest, StopSequence, _json_types
+from ..http.gateway import Finished, Gateway, GenerationStream
+from ..shared.schemas import GenerateRequest, StopSequence, _json_types
 
 ENDPOINT = "completions"      # the metrics' endpoint label of POST /v1/completions
 OWNER = "transerve"

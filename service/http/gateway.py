@@ -7,7 +7,7 @@ full), hands it to the workers (litserve_bridge.Workers) and gives back typed re
     languages()                   -> [{"code", "name", "targets"}]
     generate(body, request)       -> a started GenerationStream: Pieces events, then one Finished
 
-Its errors are ApiError, which each flavour answers in its own shape. The flavours (api_native.py,
+Its errors are ApiError, which each flavour answers in its own shape. The flavours (api/native.py,
 openai_api.py, libretranslate.py, ui.py) install their routes over it; server.py composes them.
 """
 
@@ -22,18 +22,19 @@ from typing import AsyncIterator
 import litserve as ls
 from fastapi import Request
 
-from . import __version__, langid
+from .. import __version__
+from . import langid
 from .admission import Admission
 from .auth import check_key
-from .cancel import CancelBoard
-from .config import Settings
-from .errors import ERROR_KIND, ApiError, raise_worker_error
-from .generate_api import ENDPOINT as GENERATE, GenerateAPI
-from .litserve_bridge import Workers, until_disconnected
-from .metrics import metrics
-from .shared.schemas import AUTO, GenerateRequest, TranslateRequest
-from .stopping import Stopping
-from .translate_api import ENDPOINT, TranslateAPI
+from ..worker.cancel import CancelBoard
+from ..config import Settings
+from ..errors import ERROR_KIND, ApiError, raise_worker_error
+from ..worker.generate_api import ENDPOINT as GENERATE, GenerateAPI
+from ..worker.litserve_bridge import Workers, until_disconnected
+from ..metrics import metrics
+from ..shared.schemas import AUTO, GenerateRequest, TranslateRequest
+from ..stopping import Stopping
+from ..worker.translate_api import ENDPOINT, TranslateAPI
 
 LANGUAGE_NAMES = {"de": "German", "en": "English", "fr": "French", "es": "Spanish", "it": "Italian",
                   "nl": "Dutch", "pt": "Portuguese", "pl": "Polish", "ru": "Russian", "zh": "Chinese",
@@ -164,7 +165,7 @@ class Gateway:
 
     # --- language detection -----------------------------------------------------------------------
     async def detect(self, texts: list[str]) -> list[list[tuple[str, float]]]:
-        """Each text's served languages with their confidence, best first (service/langid.py), in a thread:
+        """Each text's served languages with their confidence, best first (service/http/langid.py), in a thread:
         the first call loads the model, which must not stall the other requests on this event loop."""
         langs = self.source_languages()   # what /languages lists: each is a source
         if not langs:

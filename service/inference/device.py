@@ -16,7 +16,7 @@ from typing import Callable
 
 import onnxruntime as ort
 
-from .shared.package import load_package
+from ..shared.package import load_package
 
 log = logging.getLogger(__name__)
 
