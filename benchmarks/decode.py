@@ -72,7 +72,7 @@ def torch_runtime(model, *, cached: bool, beam: int, settings: dict) -> DecodeFn
 
 
 def engine_runtime(engine, *, beam: int, settings: dict) -> DecodeFn:
-    from service.inference.engine import SearchOptions
+    from service.shared.options import SearchOptions
 
     opts = SearchOptions(beam_size=beam, **settings)
 

@@ -139,7 +139,7 @@ def low_precision(device: str) -> str:
 
 def search_all(engine, ids: list[list[int]], beam: int, order: list[int], size: int, max_length: int) -> list:
     """Each sentence's best hypothesis, searched in batches of `size` taken in `order`."""
-    from service.inference.engine import SearchOptions
+    from service.shared.options import SearchOptions
 
     options = SearchOptions(beam_size=beam, max_length_a=0, max_length_b=max_length, max_length=max_length)
     out: list = [None] * len(ids)
@@ -196,7 +196,7 @@ def invariance(engine, ids: list[list[int]], label: str, max_length: int) -> tup
 
 
 def ours_runner(engine, beam: int, max_length: int):
-    from service.inference.engine import SearchOptions
+    from service.shared.options import SearchOptions
 
     options = SearchOptions(beam_size=beam, max_length_a=0, max_length_b=max_length, max_length=max_length)
 

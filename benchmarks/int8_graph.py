@@ -75,7 +75,8 @@ import vs_ctranslate2 as v          # benchmarks/ is this script's directory; it
 
 from model.quantize import quantize_int8, replace_nodes, rewrite_matmuls, row_scale
 from service.inference.device import session_options
-from service.inference.engine import Engine, SearchOptions
+from service.inference.engine import Engine
+from service.shared.options import SearchOptions
 from service.shared.package import INT8_ROWS, INT8_STATIC, file_entries
 
 MAX_LENGTH = 32                     # output budget, eos included (vs_ctranslate2.py's default)

@@ -42,7 +42,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from service.inference.engine import Engine, SearchOptions  # noqa: E402
+from service.inference.engine import Engine  # noqa: E402
+from service.shared.options import SearchOptions  # noqa: E402
 
 
 def per_tensor_copy(fp32: Path, out: Path) -> Path:

@@ -245,7 +245,8 @@ def ours_runner(package: Path, *, beam: int, max_length: int, threads: int, devi
     (onnxruntime releases the GIL while a graph runs); the server does the same with --workers. shared:
     one engine (one session, one copy of the weights) searches them all at once instead, as CTranslate2's
     workers share one copy of the model."""
-    from service.inference.engine import Engine, SearchOptions
+    from service.inference.engine import Engine
+    from service.shared.options import SearchOptions
 
     engines = [Engine(package, device=device, intra_op_threads=threads) for _ in range(1 if shared else inter)]
     engines *= inter // len(engines)

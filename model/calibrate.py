@@ -93,7 +93,7 @@ class _Watched:
 
 def activation_ranges(package: Path, calibration: Calibration) -> Ranges:
     """Runs the fp32 package at `package` over the calibration text; each graph's watched tensor ranges."""
-    from service.inference.engine import Engine      # the package's own tokenization and special ids
+    from service.inference.engine import Engine  # the package's own tokenization and special ids
 
     engine = Engine(package, device="cpu", intra_op_threads=1, verify=False)
     meta = engine.package.meta

@@ -72,7 +72,8 @@ def checkpoint_subject(path: str, device: str, length_penalty: float, batch_size
 def package_subject(path: str, device: str, length_penalty: float, batch_size: int) -> Subject:
     """A model package decoded by the serving engine (onnxruntime; imported here so that the
     PyTorch path does not need it)."""
-    from service.inference.engine import Engine, PackageError
+    from service.inference.engine import Engine
+    from service.shared.package import PackageError
 
     try:
         engine = Engine(path, device=_engine_device(device))
@@ -141,7 +142,7 @@ def package_nll(engine, seqs: list[list[int]], batch_size: int) -> list[float]:
     """The same through the serving engine's decoder graph, one position per call with its cache."""
     import numpy as np
 
-    from service.inference.engine import OrtLmDecoder
+    from service.inference.decoders import OrtLmDecoder
 
     out = []
     for start in range(0, len(seqs), batch_size):

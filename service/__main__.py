@@ -19,7 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     configure()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .server import build_server
-    from .inference.engine import DeviceError, PackageError
+    from .inference.device import DeviceError
+    from .shared.package import PackageError
     from .worker.litserve_bridge import serving
     from .http.uvicorn_bridge import uvicorn_options
 

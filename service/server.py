@@ -24,7 +24,7 @@ from .api import libretranslate, native, openai_api, ui
 from .http.auth import open_paths
 from .worker.cancel import CancelBoard
 from .config import Settings
-from .inference.engine import probe_device
+from .inference.device import probe_device
 from .errors import ERROR_KIND, install_handlers, responder
 from .api.flavour import Flavour
 from .http.gateway import Gateway

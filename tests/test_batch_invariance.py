@@ -33,7 +33,9 @@ from model.calibrate import read_calibration
 from model.export import CACHE_BY_POSITION as EXPORTED_CACHE_LAYOUT, write_package
 from model.quantize import SCHEMES
 from model.upgrade import load_weights, main as upgrade_main
-from service.inference.engine import CACHE_BY_POSITION, INT8_SCHEMES, Engine, PackageError, SearchOptions
+from service.inference.engine import Engine
+from service.shared.options import SearchOptions
+from service.shared.package import CACHE_BY_POSITION, INT8_SCHEMES, PackageError
 from service.inference.device import session_options
 from service.shared.package import INT8_ROWS, INT8_STATIC
 

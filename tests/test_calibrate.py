@@ -16,7 +16,8 @@ from onnx import numpy_helper
 from model.calibrate import activation_ranges, quantized_inputs, read_calibration
 from model.export import export_package
 from model.quantize import static_constants
-from service.inference.engine import Engine, SearchOptions
+from service.inference.engine import Engine
+from service.shared.options import SearchOptions
 from service.inference.device import session_options
 from service.shared.package import INT8_STATIC
 from service.shared.search import finish

@@ -23,7 +23,8 @@ pytest.importorskip("transformers")
 ctranslate2 = pytest.importorskip("ctranslate2")
 
 from conftest import pairs64  # noqa: E402
-from service.inference.engine import Engine, SearchOptions  # noqa: E402
+from service.inference.engine import Engine  # noqa: E402
+from service.shared.options import SearchOptions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = [de for de, _ in pairs64()][:50]

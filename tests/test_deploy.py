@@ -443,7 +443,7 @@ def test_settings_are_ones_the_server_knows_and_accepts(overlay, rendered, monke
 
 def test_boolean_settings_read_flags_and_environment(monkeypatch):
     from service.config import parse_settings
-    from service.inference.engine import session_options
+    from service.inference.device import session_options
 
     monkeypatch.delenv("TRANSERVE_SPIN_WAIT", raising=False)
     assert parse_settings([]).spin_wait is False

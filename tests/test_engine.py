@@ -23,8 +23,11 @@ from model.export import export_package, export_translation
 from model.quantize import SCHEMES
 from model.transformer import Transformer, TransformerConfig
 import service.inference.device as device_module
-from service.inference.engine import (DeviceError, Engine, OrtDecoder, PackageError, SearchOptions, load_package,
-                                      probe_device, source_groups)
+from service.inference.decoders import OrtDecoder, source_groups
+from service.inference.device import DeviceError, probe_device
+from service.inference.engine import Engine
+from service.shared.options import SearchOptions
+from service.shared.package import PackageError, load_package
 from service.inference.device import session_options
 from service.shared.package import INT8_STATIC
 

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 pytest.importorskip("schemathesis")
 
 from conftest import pairs64, server_log, start_server, stop_server  # noqa: E402
-from service.inference.engine import Engine, SearchOptions  # noqa: E402
+from service.inference.engine import Engine  # noqa: E402
+from service.shared.options import SearchOptions  # noqa: E402
 
 
 class Url(str):

@@ -22,7 +22,9 @@ from model.export import cache_names
 from model.corpus.man import detect_lang, roff_paragraphs
 from model.mono import split_paragraphs, Paragraph
 from model.transformer import causal_mask
-from service.inference.engine import Engine, PackageError, SearchOptions
+from service.inference.engine import Engine
+from service.shared.options import SearchOptions
+from service.shared.package import PackageError
 from service.shared.search import decode, finish
 
 from conftest import ROOT, pairs64, torch_reference
@@ -183,7 +185,7 @@ def test_a_generation_stopped_early_hands_its_blocks_back(tiny_lm_package):
 
 def test_decoder_log_probs_match_pytorch(engine, reference):
     """After a right-padded batched prompt read, every row's next-token distribution is PyTorch's."""
-    from service.inference.engine import OrtLmDecoder
+    from service.inference.decoders import OrtLmDecoder
 
     model, _ = reference
     prompts = engine.prompt_ids(PROMPTS[:40])

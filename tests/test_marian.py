@@ -19,7 +19,9 @@ transformers = pytest.importorskip("transformers")
 import sentencepiece as spm  # noqa: E402
 
 from conftest import pairs64, start_server, stop_server  # noqa: E402
-from service.inference.engine import Engine, OrtDecoder, SearchOptions  # noqa: E402
+from service.inference.decoders import OrtDecoder  # noqa: E402
+from service.inference.engine import Engine  # noqa: E402
+from service.shared.options import SearchOptions  # noqa: E402
 
 TEXTS = [de for de, _ in pairs64()][:50]
 MAX_NEW = 40

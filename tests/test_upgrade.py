@@ -15,7 +15,8 @@ import torch
 from model import evaluate
 from model.export import export_package
 from model.upgrade import load_weights, main as upgrade_main
-from service.inference.engine import Engine, PackageError
+from service.inference.engine import Engine
+from service.shared.package import PackageError
 
 from conftest import FIXTURES, pairs64
 

@@ -30,19 +30,14 @@ import numpy as np
 import onnxruntime as ort
 import sentencepiece as spm
 
-from .decoders import COLUMNS_STEP, DecoderGraph, OrtDecoder, OrtLmDecoder, columns_for, source_groups
-from .device import DeviceError, SessionFactory, open_session, pick_providers, probe_device, running_device
+from .decoders import DecoderGraph, OrtDecoder, OrtLmDecoder, columns_for
+from .device import SessionFactory, open_session, pick_providers, running_device
 from .device import session_options
 from .device_memory import BlockPool, Tensors
 from .onnxruntime_bridge import Binder
 from ..shared.options import SearchOptions
-from ..shared.package import CACHE_BY_POSITION, INT8_SCHEMES, ModelPackage, PackageError, load_package
+from ..shared.package import ModelPackage, PackageError, load_package
 from ..shared.search import Hypothesis, Search, Step, decode, finish, max_lengths
-
-# Imported from here by the API modules, tests and benchmarks (until the files move into folders).
-__all__ = ["Engine", "SearchOptions", "PackageError", "DeviceError", "ModelPackage", "load_package", "probe_device",
-           "Translation", "Generation", "OrtDecoder", "OrtLmDecoder", "session_options", "COLUMNS_STEP",
-           "source_groups", "CACHE_BY_POSITION", "INT8_SCHEMES"]
 
 log = logging.getLogger(__name__)
 # Engine.generate_steps: a Step per decoder call, then one Hypothesis per prompt (or a list: beam search).

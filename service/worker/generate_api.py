@@ -24,7 +24,8 @@ import litserve as ls
 
 from .cancel import CancelBoard
 from ..config import Settings, lower_worker_priority
-from ..inference.engine import Engine, SearchOptions
+from ..inference.engine import Engine
+from ..shared.options import SearchOptions
 from .litserve_bridge import SchedulerLoop
 from ..metrics import metrics
 from .scheduler import Failure, GenerationScheduler, GenJob, for_one_request

@@ -36,7 +36,8 @@ from typing import Generator, Hashable
 import numpy as np
 
 from .cancel import CancelBoard
-from ..inference.engine import Engine, SearchOptions, Steps
+from ..inference.engine import Engine, Steps
+from ..shared.options import SearchOptions
 from ..metrics import metrics
 from ..shared.search import Hypothesis
 

@@ -26,7 +26,9 @@ import numpy as np
 
 from .cancel import CancelBoard
 from ..config import Settings, lower_worker_priority
-from ..inference.engine import Engine, SearchOptions, load_package
+from ..inference.engine import Engine
+from ..shared.options import SearchOptions
+from ..shared.package import load_package
 from .litserve_bridge import SchedulerLoop
 from ..metrics import metrics
 from .scheduler import Failure, Job, TranslationScheduler, for_one_request, request_cost
