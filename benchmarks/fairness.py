@@ -22,10 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,8 +34,8 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from conftest import pairs64  # noqa: E402
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import cpu_name, free_port, pairs64  # noqa: E402
 
 SMALL = {"text": ["Hallo"], "source_lang": "de", "target_lang": "en"}
 
@@ -138,20 +136,6 @@ def start_server(model: str, port: int, extra: list[str]) -> subprocess.Popen:
         time.sleep(0.5)
     proc.terminate()
     raise SystemExit("the server did not become ready within 300 s")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
 
 
 def main() -> None:

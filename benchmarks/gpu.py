@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import vs_ctranslate2 as vs  # noqa: E402
+import common  # noqa: E402
 
 SIZES = (1, 8, 32, 64)
 LARGE = 64
@@ -215,7 +215,7 @@ def speed(packages: dict, ct2: Path, ids: list[list[int]], pieces: list[list[str
 
     def make(engine: str, intra: int, inter: int):
         if engine == "ctranslate2":
-            return vs.ct2_runner(ct2, beam=4, max_length=max_length, threads=intra, inter=inter, device=device)
+            return common.ct2_runner(ct2, beam=4, max_length=max_length, threads=intra, inter=inter, device=device)
         if intra not in engines:
             engines[intra] = load_engine(packages[low], device, low, intra)
         return ours_runner(engines[intra], 4, max_length)
@@ -224,17 +224,17 @@ def speed(packages: dict, ct2: Path, ids: list[list[int]], pieces: list[list[str
     for size in SIZES:
         runs, settings = {}, {}
         for engine, items in (("ctranslate2", pieces), ("ours", ids)):
-            groups = vs.batches(items, size)
+            groups = common.batches(items, size)
             if size == 1:
                 groups = groups[:16]                     # batch 1 is slow; a sample is enough
-            candidates = vs.thread_candidates(facts, size, engine) if device == "cpu" else [(1, 1)]
-            pick = candidates[0] if len(candidates) == 1 else vs.choose_threads(
+            candidates = common.thread_candidates(facts, size, engine) if device == "cpu" else [(1, 1)]
+            pick = candidates[0] if len(candidates) == 1 else common.choose_threads(
                 lambda i, n: make(engine, i, n), groups[:8 if size == 1 else 2], candidates)[0]
-            runs[engine], settings[engine] = (make(engine, *pick), groups), vs.describe_threads(engine, *pick)
+            runs[engine], settings[engine] = (make(engine, *pick), groups), common.describe_threads(engine, *pick)
         best: dict[str, dict] = {}
         for _ in range(repeat):
             for engine, (run, groups) in runs.items():
-                r = vs.measure(run, groups)
+                r = common.measure(run, groups)
                 if engine not in best or r["tok_s"] > best[engine]["tok_s"]:
                     best[engine] = r
         row = {"batch": size, "ours": best["ours"], "ct2": best["ctranslate2"],
@@ -252,9 +252,7 @@ def read_sentences(data: Path | None, n: int) -> list[str]:
     """The first n sources of --data (or of the tests' 64 sentences), each once: agreement over repeated
     sentences would count them twice."""
     if data is None:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from conftest import pairs64
-        everything = [de for de, _ in pairs64()]
+        everything = [de for de, _ in common.pairs64()]
     else:
         everything = [line.split("\t")[0] for line in data.read_text(encoding="utf-8").splitlines() if line.strip()]
     return everything[:n]
@@ -322,13 +320,14 @@ def prepare(args: argparse.Namespace) -> Setup:
     meta = json.loads((args.package / "model.json").read_text(encoding="utf-8"))
     direction = args.direction or meta["directions"][0]
     source, target = direction.split("-")
-    return Setup(device, problems, vs.cpu_facts(), meta, direction, target)
+    return Setup(device, problems, common.cpu_facts(), meta, direction, target)
 
 
 def opening_lines(setup: Setup) -> tuple[list[str], list[str]]:
     """The device line (the report's first) and, without CUDA, the SKIPPED line; both printed."""
     facts = setup.facts
-    report = [f"device: {setup.device}" + (f" ({vs.gpu_name()})" if setup.gpu else f" ({vs.describe_cpu(facts)})")]
+    device = common.gpu_name() if setup.gpu else common.describe_cpu(facts)
+    report = [f"device: {setup.device} ({device})"]
     skipped = []
     if not setup.gpu:
         why = "; ".join(setup.problems) if setup.problems else "--device cpu"
@@ -370,7 +369,7 @@ def run_checks(args: argparse.Namespace, setup: Setup, packages: dict, marian: P
     texts = read_sentences(args.data, args.sentences)
     ids = engines["fp32"].source_ids(texts, setup.target)
     tok = MarianTokenizer.from_pretrained(str(marian))
-    tag = vs.target_tag(args.package, tok, setup.target)
+    tag = common.target_tag(args.package, tok, setup.target)
     pieces = [tok.convert_ids_to_tokens(tag + tok(t).input_ids) for t in texts]
 
     record(agreement(engines, ids, low, args.max_length, setup.device), report, failed)
@@ -381,12 +380,12 @@ def run_checks(args: argparse.Namespace, setup: Setup, packages: dict, marian: P
 
 
 def serve(args: argparse.Namespace, setup: Setup, package: Path, texts: list[str]) -> dict:
-    """The HTTP service on the low-precision package (vs.served); exit status 2 if its /info is not cuda
+    """The HTTP service on the low-precision package (common.served); exit status 2 if its /info is not cuda
     where CUDA runs."""
     gpu = setup.gpu
     workers = 1 if gpu else max(1, setup.facts["cores"])
     clients = 32 if gpu or not args.quick else 8
-    http = vs.served(package, texts * (4 if gpu or not args.quick else 1), workers=workers, threads=1,
+    http = common.served(package, texts * (4 if gpu or not args.quick else 1), workers=workers, threads=1,
                      max_length=args.max_length, clients=clients, repeat=args.repeat, device=setup.device,
                      max_batch=LARGE)
     if gpu and http["device"] != "cuda":
@@ -452,8 +451,8 @@ def header_lines(args: argparse.Namespace, argv, setup: Setup, texts: list[str],
 
     command = "python benchmarks/gpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
     return [f"- command: `{command.strip()}`", f"- date: {datetime.date.today()}",
-            f"- machine: {vs.describe_cpu(setup.facts)}; {platform.system()} {platform.release()}"
-            + (f"; GPU: {vs.gpu_name()}" if setup.gpu else ""),
+            f"- machine: {common.describe_cpu(setup.facts)}; {platform.system()} {platform.release()}"
+            + (f"; GPU: {common.gpu_name()}" if setup.gpu else ""),
             f"- versions: ctranslate2 {ctranslate2.__version__}, onnxruntime {onnxruntime.__version__}",
             f"- package: {args.package} ({setup.meta['precision']}), {setup.direction}; {len(texts)} sentences "
             f"({args.data or 'the tests’ 64 Ding sentences'}); output budget {args.max_length} tokens",

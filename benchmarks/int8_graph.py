@@ -71,7 +71,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-import vs_ctranslate2 as v          # benchmarks/ is this script's directory; it puts the repository on sys.path
+import common                  # benchmarks/ is this script's directory; it puts the repository on sys.path
 
 from model.quantize import quantize_int8, replace_nodes, rewrite_matmuls, row_scale
 from service.inference.device import session_options
@@ -192,7 +192,7 @@ def build_packages(work: Path, calibration: list[str]) -> dict[str, Path]:
 
     marian = work / "marian"
     if not (marian / "config.json").is_file():
-        v.build_marian(marian, v.ROOT / "models" / "de-en" / "spm.model")
+        common.build_marian(marian, common.ROOT / "models" / "de-en" / "spm.model")
     fp32 = work / "fp32"
     if not (fp32 / "model.json").is_file():
         shutil.rmtree(fp32, ignore_errors=True)
@@ -228,7 +228,8 @@ def options(beam: int) -> SearchOptions:
 
 def best_outputs(engine: Engine, ids: list[list[int]], beam: int, size: int) -> list[tuple[tuple, float]]:
     """(tokens, score) of each sentence's best hypothesis, searched in batches of `size` (1: alone)."""
-    return [(tuple(h[0].tokens), h[0].score) for g in v.batches(ids, size) for h in engine.search(g, options(beam))]
+    return [(tuple(h[0].tokens), h[0].score)
+            for g in common.batches(ids, size) for h in engine.search(g, options(beam))]
 
 
 def encoder_error(engine: Engine, reference: Engine, ids: list[list[int]]) -> float:
@@ -291,11 +292,11 @@ def measure_speed(engines: dict, ids: list[list[int]], repeat: int, one_sample: 
     rows = {}
     for beam in (4, 1):
         for size in (1, LARGE):
-            groups = v.batches(by_length, size)
+            groups = common.batches(by_length, size)
             if size == 1:         # one sentence at a time is slow; a sample, spread over the lengths
                 groups = groups[::max(1, len(groups) // one_sample)][:one_sample]
             runs = {key: (runner(engine, beam), groups) for key, engine in engines.items()}
-            for (name, fused), r in v.best_passes(runs, repeat).items():
+            for (name, fused), r in common.best_passes(runs, repeat).items():
                 rows[name, fused, beam, size] = r
             print(f"speed: beam {beam} batch {size} done", flush=True)
     return rows
@@ -374,11 +375,11 @@ def micro_table(rows: list[tuple]) -> list[str]:
 
 
 def header(args: argparse.Namespace, argv, load_start: tuple, n: int, calibration: str) -> list[str]:
-    facts, load_end = v.cpu_facts(), os.getloadavg()
+    facts, load_end = common.cpu_facts(), os.getloadavg()
     command = "python benchmarks/int8_graph.py " + " ".join(argv if argv is not None else sys.argv[1:])
     busy = max(load_start[0], load_end[0]) > 0.5 * facts["usable"]
     return [f"- command: `{command.strip()}`", f"- date: {datetime.datetime.now():%Y-%m-%d %H:%M}",
-            f"- machine: {v.describe_cpu(facts)}; {platform.system()} {platform.release()}",
+            f"- machine: {common.describe_cpu(facts)}; {platform.system()} {platform.release()}",
             f"- load average (1 min) at the start and the end: {load_start[0]:.2f}, {load_end[0]:.2f} on "
             f"{facts['usable']} CPUs" + (" (other processes shared the CPUs: expect noise)" if busy else ""),
             f"- versions: onnxruntime {ort.__version__}, onnx {onnx.__version__}, numpy {np.__version__}",
@@ -419,17 +420,17 @@ def main(argv=None) -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="int8-graph-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        measured = v.read_sentences(None, max(args.sentences, args.speed_sentences))
-        calibration, calibration_named = v.calibration_sentences(None, measured)
+        measured = common.read_sentences(None, max(args.sentences, args.speed_sentences))
+        calibration, calibration_named = common.calibration_sentences(None, measured)
         packages = build_packages(work, calibration)
         tok = MarianTokenizer.from_pretrained(str(work / "marian"))
-        tag = v.target_tag(None, tok)               # [] for this model: no language tags
-        ids = [tag + tok(s).input_ids for s in v.read_sentences(None, args.sentences)]
+        tag = common.target_tag(None, tok)               # [] for this model: no language tags
+        ids = [tag + tok(s).input_ids for s in common.read_sentences(None, args.sentences)]
         names = list(packages)
         engines = open_engines(packages, args.threads)
         found = answers(engines, names, ids)
         nodes = {(name, fused): decoder_nodes(packages[name], fused) for name in names for fused in (False, True)}
-        speed_ids = [tag + tok(s).input_ids for s in v.read_sentences(None, args.speed_sentences)]
+        speed_ids = [tag + tok(s).input_ids for s in common.read_sentences(None, args.speed_sentences)]
         speed = measure_speed(engines, speed_ids, args.repeat, args.one_sample)
         micro = layer_norm_micro(calls=100 if args.quick else 300, repeat=args.repeat)
     finally:

@@ -28,7 +28,6 @@ import os
 import platform
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,8 +41,8 @@ from locust import FastHttpUser, constant, constant_throughput, task
 from locust.env import Environment
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from conftest import pairs64  # noqa: E402
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import free_port, pairs64  # noqa: E402
 
 SENTENCES = [de for de, _ in pairs64()]
 
@@ -83,12 +82,6 @@ class Phase:
                 "shed_with_retry_after": sum(r for _, r in shed), "shed": len(shed),
                 "other_5xx": sum(st >= 500 and st != 503 for st, _, _ in self.rows),
                 "no_answer": sum(st == 0 for st, _, _ in self.rows)}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tree_pss_mb(pid: int) -> float:

@@ -40,7 +40,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 from service.config import parse_settings  # noqa: E402
+from common import cpu_name  # noqa: E402
 
 HEADS = {
     "silent": b"",
@@ -206,13 +208,6 @@ def report(args, clients, latencies, most, statuses, broken, seconds) -> str:
     lines += ["", f"oversized bodies through urllib ({args.oversized} POSTs of 1-2 MB): statuses "
               f"{dict(sorted(statuses.items()))}, broken: {len(broken)} {broken[:3] if broken else ''}"]
     return "\n".join(lines)
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def main(argv=None) -> None:
