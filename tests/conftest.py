@@ -62,6 +62,24 @@ def descendants(root: int) -> list[int]:
     return out
 
 
+def read_answer(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 answer read off a raw socket (for the tests that must send what httpx will not): its status,
+    its headers (lower-case names) and its body, Content-Length bytes of it."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        part = s.recv(65536)
+        assert part, f"connection closed after {data!r}"
+        data += part
+    head, body = data.split(b"\r\n\r\n", 1)
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    while len(body) < int(headers.get("content-length", 0)):
+        part = s.recv(65536)
+        assert part, f"connection closed inside the body after {body!r}"
+        body += part
+    return int(lines[0].split()[1]), headers, body[:int(headers.get("content-length", 0))]
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (the OS picks it; a server started next can bind it)."""
     with socket.socket() as s:

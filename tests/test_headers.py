@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from conftest import descendants, start_server, stop_server
+from conftest import descendants, read_answer, start_server, stop_server
 
 MAX_BYTES, MAX_FIELDS = 32768, 100      # Settings' defaults, which this module's server keeps
 
@@ -36,23 +36,10 @@ def exchange(server, head: bytes, timeout: float = 10) -> tuple[int, dict, dict 
     with socket.create_connection((server.host, server.port), timeout=timeout) as s:
         t0 = time.monotonic()
         s.sendall(head)
-        data = b""
-        while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < length(data):
-            part = s.recv(65536)
-            assert part, f"closed after {data!r}"
-            data += part
+        status, headers, body = read_answer(s)
         seconds = time.monotonic() - t0
-    head_part, body = data.split(b"\r\n\r\n", 1)
-    lines = head_part.decode("latin-1").split("\r\n")
-    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
-    body = body[:length(data)]
     text = json.loads(body) if headers.get("content-type") == "application/json" else body.decode()
-    return int(lines[0].split()[1]), headers, text, seconds
-
-
-def length(data: bytes) -> int:
-    head = data.split(b"\r\n\r\n", 1)[0].lower()
-    return int(head.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0]) if b"content-length:" in head else 0
+    return status, headers, text, seconds
 
 
 def get(*fields: bytes) -> bytes:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import pairs64, server_log, start_server, stop_server
+from conftest import pairs64, read_answer, server_log, start_server, stop_server
 from service.client import AsyncClient, BadRequestError, Client
 
 PAIRS = dict(pairs64())
@@ -163,18 +163,8 @@ def raw_exchange(url: str, head: bytes, chunks=(), timeout: float = 10) -> tuple
                 s.settimeout(timeout)
             if data:
                 break
-        data = b""
-        while b"\r\n\r\n" not in data:
-            part = s.recv(65536)
-            assert part, f"connection closed after {data!r}"
-            data += part
-        seconds = time.monotonic() - t0
-        head_bytes, body = data.split(b"\r\n\r\n", 1)
-        lines = head_bytes.decode("latin-1").split("\r\n")
-        headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
-        while len(body) < int(headers["content-length"]):
-            body += s.recv(65536)
-        return int(lines[0].split()[1]), headers, body, seconds
+        status, headers, body = read_answer(s)
+        return status, headers, body, time.monotonic() - t0
 
 
 def request_head(path: str, *headers: str) -> bytes:
