@@ -36,7 +36,7 @@ from model.upgrade import load_weights, main as upgrade_main
 from service.inference.engine import Engine
 from service.shared.options import SearchOptions
 from service.shared.package import CACHE_BY_POSITION, INT8_SCHEMES, PackageError
-from service.inference.device import session_options
+from service.inference.device import int8_products_saturate, session_options
 from service.shared.package import INT8_ROWS, INT8_STATIC
 
 from conftest import ROOT, pairs64, start_server, stop_server
@@ -199,20 +199,10 @@ def assert_int8_as_written(model, scheme: str) -> None:
                 n.output[0]
 
 
-def has_vnni() -> bool:
-    """Whether this x86 CPU multiplies uint8 by int8 without saturating (AVX-512 VNNI or AVX-VNNI); True
-    elsewhere (no /proc/cpuinfo, another architecture)."""
-    try:
-        flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "")
-    except OSError:
-        return True
-    return not flags or "avx2" not in flags.split() or bool({"avx512_vnni", "avx_vnni"} & set(flags.split()))
-
-
-@pytest.mark.skipif(not has_vnni(), reason="without VNNI onnxruntime's unoptimised graph saturates its uint8 x int8 "
-                    "products (session.x64quantprecision takes effect in the optimised one only), so the graph as "
-                    "written has no exact reference on this CPU; test_int8_products_are_exact_with_the_engines_"
-                    "session_options checks the served path")
+@pytest.mark.skipif(int8_products_saturate(), reason="without VNNI onnxruntime's unoptimised graph saturates its "
+                    "uint8 x int8 products (session.x64quantprecision takes effect in the optimised one only), so "
+                    "the graph as written has no exact reference on this CPU; "
+                    "test_int8_products_are_exact_with_the_engines_session_options checks the served path")
 @pytest.mark.parametrize("scheme", INT8_SCHEMES)
 def test_the_optimised_int8_graph_computes_what_the_graph_says(scheme, data_dir, tmp_path_factory):
     """onnxruntime's graph optimisations must leave int8 as written. They once fused MatMulInteger ->

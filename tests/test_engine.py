@@ -6,6 +6,7 @@ outputs are known, and its decoding is fast enough to run every search option ov
 
 import hashlib
 import json
+import platform
 import re
 import shutil
 import subprocess
@@ -24,12 +25,10 @@ from model.quantize import SCHEMES
 from model.transformer import Transformer, TransformerConfig
 import service.inference.device as device_module
 from service.inference.decoders import OrtDecoder, source_groups
-from service.inference.device import DeviceError, probe_device
+from service.inference.device import DeviceError, probe_device, session_options
 from service.inference.engine import Engine
 from service.shared.options import SearchOptions
-from service.shared.package import PackageError, load_package
-from service.inference.device import session_options
-from service.shared.package import INT8_STATIC
+from service.shared.package import INT8_STATIC, PackageError, load_package
 
 from conftest import ROOT, pairs64, torch_reference
 
@@ -527,9 +526,26 @@ def test_the_server_with_device_cuda_and_no_cuda_stops_before_starting_workers(t
     assert "error: cannot serve: device=cuda" in proc.stderr and "onnxruntime-gpu" in proc.stderr
 
 
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the saturating kernel is x86's")
+def test_the_exact_int8_product_setting_is_for_x86_cpus_without_vnni_only(tmp_path):
+    """session.x64quantprecision costs CPU time where VNNI is already exact, so only CPUs without VNNI get it."""
+    from service.inference.device import int8_products_saturate
+
+    def cpu(flags: str):
+        f = tmp_path / "cpuinfo"
+        f.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+        return f
+    assert int8_products_saturate(cpu("fpu sse2 avx2 fma"))
+    assert int8_products_saturate(cpu("avx2 avx512f avx512bw"))              # AVX-512 without VNNI
+    assert not int8_products_saturate(cpu("avx2 avx512f avx512_vnni"))
+    assert not int8_products_saturate(cpu("avx2 avx_vnni"))
+    assert int8_products_saturate(tmp_path / "missing")                      # unreadable: the safe path
+
+
 def test_int8_products_are_exact_with_the_engines_session_options():
     """uint8 x int8 products whose 16-bit pair sums would saturate (VPMADDUBSW on x86 CPUs without VNNI: 8,160
-    for 1,032,256 here) come out exact with the engine's sessions, on every CPU (session.x64quantprecision)."""
+    for 1,032,256 here) come out exact with the engine's sessions, on every CPU (session.x64quantprecision where
+    there is no VNNI)."""
     from onnx import TensorProto, helper, numpy_helper
 
     k = 64
