@@ -1,0 +1,121 @@
+"""The served path's cost in CPU time: the CPU seconds of the server's whole process tree (from /proc) per request,
+which waiting for a shared CPU does not inflate, beside wall-clock tok/s. For comparing two checkouts on a busy
+machine, alternating their order round by round:
+
+    python benchmarks/served_cpu.py --tree /work/wt-before --tree . --rounds 4
+
+Each round starts `python -m service` from each tree (its own code) on the same package (int8 models/de-en by
+default, `--workers 2 --threads 1`), sends 32 sentences one at a time, then 256 at 32 concurrent clients (beam 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import ROOT, cpu_name, free_port, pairs64
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(root: int) -> list[int]:
+    kids: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        kids.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [root], [root]
+    while todo:
+        for kid in kids.get(todo.pop(), []):
+            out.append(kid)
+            todo.append(kid)
+    return out
+
+
+def cpu_seconds(root: int) -> float:
+    """User + system CPU seconds of every live process in root's tree."""
+    total = 0
+    for pid in process_tree(root):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / TICK
+
+
+def start(tree: Path, package: Path, workers: int, threads: int) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "service", "--model", str(package), "--port", str(port),
+                             "--workers", str(workers), "--threads", str(threads), "--device", "cpu",
+                             "--max-batch-size", "32"], cwd=tree, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(360):
+        try:
+            if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGTERM)
+    raise RuntimeError(f"the service from {tree} did not become ready")
+
+
+def measure(tree: Path, args: argparse.Namespace, sentences: list[str]) -> str:
+    import httpx
+
+    proc, url = start(tree, args.package, args.workers, args.threads)
+    body = {"source_lang": "de", "target_lang": "en", "beam_size": 4, "max_length": 32}
+    try:
+        with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=32)) as client:
+            def one(text: str) -> int:
+                r = client.post(url + "/translate", json=body | {"text": text})
+                r.raise_for_status()
+                return r.json()["translations"][0]["output_tokens"]
+            [one(t) for t in sentences[:8]]                       # warm-up
+            c0 = cpu_seconds(proc.pid)
+            [one(t) for t in sentences[:32]]
+            alone = (cpu_seconds(proc.pid) - c0) / 32 * 1000
+            c0, t0 = cpu_seconds(proc.pid), time.perf_counter()
+            with cf.ThreadPoolExecutor(32) as pool:
+                tokens = sum(pool.map(one, sentences * 4))
+            wall, used = time.perf_counter() - t0, cpu_seconds(proc.pid) - c0
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    return (f"{tree}: alone {alone:.1f} CPU ms/request; under load {used / (4 * len(sentences)) * 1000:.1f} CPU "
+            f"ms/request, {tokens / used:.0f} tokens per server CPU s, {tokens / wall:.0f} tok/s wall; "
+            f"load avg {os.getloadavg()[0]:.1f}")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tree", type=Path, action="append", help="a checkout to serve from (repeatable; default: "
+                   "this one)")
+    p.add_argument("--package", type=Path, default=ROOT / "models" / "de-en")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    trees = [t.resolve() for t in args.tree or [ROOT]]
+    args.package = args.package.resolve()
+    print(f"CPU: {cpu_name()}; package {args.package}", flush=True)
+    sentences = [de for de, _ in pairs64()]
+    for r in range(args.rounds):
+        for tree in trees if r % 2 == 0 else trees[::-1]:
+            print(measure(tree, args, sentences), flush=True)
+
+
+if __name__ == "__main__":
+    main()
