@@ -4,6 +4,7 @@ Ding dictionary and other programs' German catalogs come from them."""
 from __future__ import annotations
 
 import glob
+import re
 import subprocess
 from pathlib import Path
 from urllib.parse import unquote
@@ -51,3 +52,17 @@ def fetch_deb(name: str, cache: Path) -> Path:
     if proc.returncode != 0:
         raise CorpusError(f"'dpkg -x {debs[-1]}' failed: {proc.stderr.strip()}")
     return root
+
+
+def deb_licence(root: Path, name: str) -> str | None:
+    """The licence of ``Files: *`` in an unpacked package's machine-readable copyright file (DEP-5), if it
+    has one: most of a package's catalogs are its own program's text. Packages whose copyright file is free
+    text (wesnoth) or a link into another package (gcc-12-locales) give None; the docs name theirs."""
+    path = root / "usr/share/doc" / name / "copyright"
+    if not path.is_file():
+        return None
+    for paragraph in re.split(r"\n\s*\n", path.read_text(encoding="utf-8", errors="replace")):
+        fields = dict(re.findall(r"^(Files|License):[ \t]*(.*)$", paragraph, re.M))
+        if fields.get("Files", "").split()[:1] == ["*"] and fields.get("License", "").strip():
+            return fields["License"].strip()
+    return None
