@@ -14,6 +14,7 @@ import polib
 import pytest
 
 from model.corpus.catalogs import german_members, package_catalogs
+from model.corpus.debian import deb_licence
 from model.corpus.debref import align_blocks, read_blocks, read_debian_reference
 from model.corpus.split import split_corpus
 from model.corpus.text import Pair
@@ -97,6 +98,17 @@ def test_catalogs_zipped_inside_a_debian_package(tmp_path: Path) -> None:
     assert [c.relative_to(root).as_posix() for c in cats] == [
         "usr/share/calibre/localization/locales.zip.unpacked/de/messages.mo"]
     assert package_catalogs(root) == cats                                   # unpacked once, reused
+
+
+def test_package_licence_from_its_copyright_file(tmp_path: Path) -> None:
+    copyright_file = tmp_path / "calibre/usr/share/doc/calibre/copyright"
+    copyright_file.parent.mkdir(parents=True)
+    copyright_file.write_text("Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\n"
+                              "Files: src/odf/*\nLicense: GPL-2+\n\nFiles: *\nCopyright: Kovid Goyal\n"
+                              "License: GPL-3\n\nLicense: GPL-3\n full text\n")
+    assert deb_licence(tmp_path / "calibre", "calibre") == "GPL-3"
+    assert deb_licence(tmp_path / "calibre", "wesnoth-1.16-httt") == "GPL-2+"     # free text: read by hand
+    assert deb_licence(tmp_path / "calibre", "unknown-package") is None
 
 
 PAGE = """<html><body><div class="chapter"><h1 class="title"><a id="_{s1}"/>2. {title}</h1>
