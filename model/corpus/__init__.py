@@ -6,11 +6,13 @@ Every source is a function that yields records with an ``origin`` tag: parallel 
 :class:`~model.corpus.text.Paragraph` (``man``, and ``model.mono``). A new source needs only another
 reader: cleaning (``clean``), deduplication and splitting (``split``) never look at where a pair came
 from, except that dev/test are drawn from Ding *sentences* (dictionary terms and UI strings make a poor
-test set).
+test set) and test-software from the sources it was first drawn from (``split.SOFTWARE_TEST_ORIGINS``).
 
 - ``text``: the records, the error type and the text normalisation every source applies
 - ``ding``: the Ding dictionary; ``debian``: Debian packages downloaded (never installed);
-  ``catalogs``: gettext catalogs; ``user``: the user's TSV and Moses files; ``man``: manual pages
+  ``catalogs``: gettext catalogs; ``wheels``: the German catalogs of PyPI wheels (``pip download``);
+  ``lohelp``: LibreOffice's help; ``debref``: the Debian Reference, aligned by section and paragraph;
+  ``user``: the user's TSV and Moses files; ``man``: manual pages
 - ``sources``: the parallel readers the command-line flags ask for
 - ``clean``: normalise, filter and deduplicate pairs; ``split``: train/dev/test without leaks
 - ``tsv``: the parallel corpus files (``de<TAB>en<TAB>origin``) written and read

@@ -1,11 +1,14 @@
 """gettext catalogs (``.po``/``.mo``): English ``msgid`` / German ``msgstr`` pairs of user interface
-strings, from locally installed programs or Debian packages (``--fetch-deb``)."""
+strings, from locally installed programs, Debian packages (``--fetch-deb``) and Python wheels
+(:mod:`model.corpus.wheels`); catalogs shipped inside zip archives (calibre's ``locales.zip``, wheels)
+are unpacked next to their archive first."""
 
 from __future__ import annotations
 
 import html
 import re
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -14,6 +17,9 @@ from .text import CorpusError, Pair
 
 LOCALE_DIR = Path("/usr/share/locale/de/LC_MESSAGES")
 DEB_LOCALE_DIR = Path("usr/share/locale/de/LC_MESSAGES")
+# Locale directories of German catalogs in archives: gettext's ``de``, Babel's ``de_DE`` (indico); not the
+# regional variants (de_AT, de_CH), which repeat de's strings with a few local words.
+GERMAN_LOCALES = ("de", "de_DE")
 MAX_GETTEXT_WORDS = 60
 
 _MARKUP_RE = re.compile(r"</?[A-Za-z][A-Za-z0-9:-]*(?:\s[^<>]*)?/?>")
@@ -158,3 +164,42 @@ def catalog_origin(path: Path, prefix: str = "gettext") -> str:
     """``gettext:<domain>``; for ``de.po`` files the domain is the enclosing directory name."""
     domain = path.stem if path.stem != "de" else path.parent.name
     return f"{prefix}:{domain}"
+
+
+def german_members(names: list[str]) -> list[str]:
+    """The German catalogs among an archive's member names: ``.../de/LC_MESSAGES/x.mo`` (wheels) or
+    ``de/x.mo`` (calibre's ``locales.zip``); of a ``.po`` and ``.mo`` of one domain only the ``.mo``, the
+    compiled text the program shows (the ``.po`` gives the same pairs and would count them twice)."""
+    found = []
+    for name in names:
+        path = Path(name)
+        locale = path.parent.parent.name if path.parent.name == "LC_MESSAGES" else path.parent.name
+        if path.suffix in (".po", ".mo") and locale in GERMAN_LOCALES:
+            found.append(name)
+    chosen = set(found)
+    return sorted(n for n in found if not (n.endswith(".po") and n[:-3] + ".mo" in chosen))
+
+
+def unzip_catalogs(archive: Path, dest: Path) -> list[Path]:
+    """Unpack the German catalogs of a zip archive (a wheel, calibre's ``locales.zip``) under ``dest``
+    (once: a second run reads what is there) and return their paths."""
+    with zipfile.ZipFile(archive) as zf:
+        members = german_members(zf.namelist())
+        paths = [dest / member for member in members]
+        for member, path in zip(members, paths):
+            if not path.is_file():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(zf.read(member))
+    return paths
+
+
+def package_catalogs(root: Path) -> list[Path]:
+    """German catalogs of an unpacked Debian package: ``usr/share/locale/de/LC_MESSAGES``, else a program's
+    own ``.../de/LC_MESSAGES`` (LibreOffice's ``resource/de``, wesnoth's ``games/wesnoth/1.16/locale/de``),
+    plus those inside ``locales.zip`` archives (calibre keeps its catalogs zipped: ``de/messages.mo``)."""
+    locales = [root / DEB_LOCALE_DIR] if (root / DEB_LOCALE_DIR).is_dir() else sorted(
+        d for d in root.rglob("LC_MESSAGES") if d.parent.name == "de")
+    cats = [cat for locale in locales for cat in find_catalogs(locale, require_de=False)]
+    for archive in sorted(root.rglob("locales.zip")):
+        cats += unzip_catalogs(archive, archive.with_name(archive.name + ".unpacked"))
+    return cats

@@ -37,13 +37,13 @@ def clean_pair(
 
 
 def source_name(origin: str) -> str:
-    """Group origins for the summary: all ``gettext:*`` catalogs count as one source, and all
-    ``lohelp:*`` pages."""
+    """Group origins for the summary: all ``gettext:*`` catalogs count as one source, all ``lohelp:*``
+    pages and all ``debref:*`` pages; a Debian package's or a wheel's catalogs count as that package."""
     kind, _, rest = origin.partition(":")
-    if kind in ("gettext", "lohelp"):
+    if kind in ("gettext", "lohelp", "debref"):
         return kind
-    if kind == "deb":
-        return "deb:" + rest.split(":", 1)[0]
+    if kind in ("deb", "wheel"):
+        return f"{kind}:" + rest.split(":", 1)[0]
     return origin
 
 

@@ -4,6 +4,7 @@ Ding dictionary and other programs' German catalogs come from them."""
 from __future__ import annotations
 
 import glob
+import re
 import subprocess
 from pathlib import Path
 from urllib.parse import unquote
@@ -11,6 +12,16 @@ from urllib.parse import unquote
 from .text import CorpusError
 
 DEFAULT_CACHE = Path("~/.cache/transerve/debs")
+# Packages whose copyright file is free text or a link into another package (no DEP-5 "Files: *"), their
+# licence as read by hand from those files (Debian 12): the prefix of the name is enough for wesnoth's
+# campaigns, which all carry the same text.
+FREE_TEXT_LICENCES = {
+    "wesnoth-1.16-": "GPL-2+",
+    "digikam-data": "GPL-2+",
+    "inkscape": "GPL (free-text copyright file; some portions public domain)",
+    "evolution-common": "LGPL-2 or LGPL-3",
+    "gcc-12-locales": "GPL-3+ (gcc-12-base's copyright file)",
+}
 
 
 def deb_version(name: str, cache: Path) -> str | None:
@@ -51,3 +62,19 @@ def fetch_deb(name: str, cache: Path) -> Path:
     if proc.returncode != 0:
         raise CorpusError(f"'dpkg -x {debs[-1]}' failed: {proc.stderr.strip()}")
     return root
+
+
+def deb_licence(root: Path, name: str) -> str | None:
+    """The licence of ``Files: *`` in an unpacked package's machine-readable copyright file (DEP-5), if it
+    has one: most of a package's catalogs are its own program's text. Packages whose copyright file is free
+    text (wesnoth) or a link into another package (gcc-12-locales) give ``FREE_TEXT_LICENCES``' entry, or
+    None."""
+    path = root / "usr/share/doc" / name / "copyright"
+    read_by_hand = next((v for k, v in FREE_TEXT_LICENCES.items() if name.startswith(k)), None)
+    if not path.is_file():
+        return read_by_hand
+    for paragraph in re.split(r"\n\s*\n", path.read_text(encoding="utf-8", errors="replace")):
+        fields = dict(re.findall(r"^(Files|License):[ \t]*(.*)$", paragraph, re.M))
+        if fields.get("Files", "").split()[:1] == ["*"] and fields.get("License", "").strip():
+            return fields["License"].strip()
+    return read_by_hand

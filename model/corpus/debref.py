@@ -1,0 +1,124 @@
+"""The Debian Reference (Debian's ``debian-reference-de`` and ``debian-reference-en``, GPL-2+) as
+sentence-level parallel text.
+
+Both packages hold the same DocBook-generated HTML pages (``usr/share/debian-reference/ch02.de.html`` /
+``ch02.en.html``), translated with po4a paragraph by paragraph: the German page keeps the English one's
+sections (``<a id="_package_configuration"/>`` in each heading) and, inside them, its paragraphs, list
+items, table cells and headings in the same order. A page aligns block for block where both languages
+have the same sequence of blocks; otherwise section by section, keeping the sections whose sequences
+agree (po4a adds or drops nothing inside a section unless the translation is out of date). Paragraphs
+po4a left in English (untranslated or outdated strings) are dropped, and aligned paragraphs are cut
+into sentences where both sides have as many (as LibreOffice's help is).
+"""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Iterator
+
+from .ding import is_sentence
+from .lohelp import aligned_sentences
+from .man import detect_lang
+from .text import Pair, normalize_text
+
+PACKAGES = {"de": "debian-reference-de", "en": "debian-reference-en"}
+PAGE_DIR = "usr/share/debian-reference"
+LICENSE = "GPL-2+"
+# Elements whose own text is one translation unit (po4a's): the innermost one owns its text.
+_BLOCKS = {"p", "td", "th", "dt", "caption", "h1", "h2", "h3", "h4", "h5", "h6", "title"}
+# Screen output and command lines: not prose, and po4a leaves them untranslated.
+_SKIP = {"pre", "script", "style"}
+# "2.1.1. " or "A.3. " before a heading: the same on both sides, no text to learn.
+_NUMBERING = re.compile(r"^(?:[A-Z]|\d+)(?:\.\d+)*\.\s+")
+
+
+class _Blocks(HTMLParser):
+    """A page as (section id, tag, text) blocks in document order; the section id is the last heading
+    anchor (``<a id="_…"/>``) seen."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.blocks: list[tuple[str, str, str]] = []
+        self.section = ""
+        self._open: list[tuple[str, list[str]]] = []    # the open blocks, innermost last
+        self._skip = 0
+
+    def handle_starttag(self, tag, attrs):
+        ident = dict(attrs).get("id") or ""
+        if tag == "a" and ident.startswith("_"):
+            self.section = ident
+        if tag in _SKIP:
+            self._skip += 1
+        elif tag in _BLOCKS:
+            self._open.append((tag, []))
+
+    def handle_startendtag(self, tag, attrs):
+        self.handle_starttag(tag, attrs)            # <a id="_x"/>: an anchor with nothing inside
+        if tag in _BLOCKS:
+            self.handle_endtag(tag)
+
+    def handle_endtag(self, tag):
+        if tag in _SKIP:
+            self._skip = max(0, self._skip - 1)
+        elif tag in _BLOCKS and any(t == tag for t, _ in self._open):
+            while self._open:
+                open_tag, text = self._open.pop()
+                if open_tag == tag:
+                    self.blocks.append((self.section, tag, normalize_text("".join(text))))
+                    break
+
+    def handle_data(self, data):
+        if self._open and not self._skip:
+            self._open[-1][1].append(data)
+
+
+def read_blocks(page: Path) -> list[tuple[str, str, str]]:
+    parser = _Blocks()
+    parser.feed(page.read_text(encoding="utf-8", errors="replace"))
+    parser.close()
+    return parser.blocks
+
+
+def _by_section(blocks: list[tuple[str, str, str]]) -> dict[str, list[tuple[str, str, str]]]:
+    sections: dict[str, list[tuple[str, str, str]]] = {}
+    for block in blocks:
+        sections.setdefault(block[0], []).append(block)
+    return sections
+
+
+def align_blocks(de: list[tuple[str, str, str]], en: list[tuple[str, str, str]]) -> list[tuple[str, str]]:
+    """Text pairs of two pages' blocks: all of them where the (section, tag) sequences agree, else those of
+    the sections whose sequences agree."""
+    shape = [b[:2] for b in de]
+    if shape == [b[:2] for b in en]:
+        return [(d[2], e[2]) for d, e in zip(de, en)]
+    de_sections, en_sections = _by_section(de), _by_section(en)
+    pairs = []
+    for section, de_blocks in de_sections.items():
+        en_blocks = en_sections.get(section, [])
+        if [b[1] for b in de_blocks] == [b[1] for b in en_blocks]:
+            pairs.extend((d[2], e[2]) for d, e in zip(de_blocks, en_blocks))
+    return pairs
+
+
+def translated(de: str, en: str) -> bool:
+    """False for a block po4a left in English (the same text, or English words on the German side)."""
+    return bool(de) and bool(en) and de != en and detect_lang(de) != "en"
+
+
+def read_debian_reference(de_root: Path, en_root: Path) -> Iterator[Pair]:
+    """Sentence pairs of every page both unpacked packages hold, origin ``debref:<page>``."""
+    de_dir, en_dir = de_root / PAGE_DIR, en_root / PAGE_DIR
+    for de_page in sorted(de_dir.glob("*.de.html")):
+        page = de_page.name.removesuffix(".de.html")
+        en_page = en_dir / f"{page}.en.html"
+        if not en_page.is_file():
+            continue
+        for de_text, en_text in align_blocks(read_blocks(de_page), read_blocks(en_page)):
+            de_text, en_text = _NUMBERING.sub("", de_text), _NUMBERING.sub("", en_text)
+            if not translated(de_text, en_text):
+                continue
+            for de, en in aligned_sentences(de_text, en_text):
+                yield Pair(de=de, en=en, origin=f"debref:{page}", sentence=is_sentence(de, en))

