@@ -62,8 +62,16 @@ def stop(signum, frame):
     raise Stopped(signal.Signals(signum).name)
 
 
+def catalog_runner():
+    """po.py's runner; polib is the files extra's, so a missing one is named (before the model loads)."""
+    try:
+        from .po import run_catalog
+    except ModuleNotFoundError as e:
+        raise ValueError(f"the po format needs {e.name}: pip install 'transerve[files]'") from None
+    return run_catalog
+
+
 def main(argv: list[str] | None = None) -> int:
-    from .po import run_catalog
     from .run import run_stream
     from .translators import translator
     from ..shared.package import PackageError
@@ -72,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     t = None
     try:
+        run = catalog_runner() if options.format == "po" else run_stream
         t = translator(options)
-        (run_catalog if options.format == "po" else run_stream)(options, t)
+        run(options, t)
     except (ResumeError, PackageError, ValueError, OSError) as e:
         print(f"transerve translate: error: {e}", file=sys.stderr)
         return 2
