@@ -34,7 +34,7 @@ PROTECTED = re.compile(r"""
 
 def pieces(text: str) -> list[tuple[str, bool]]:
     """text -> [(piece, translate it?)]; concatenated, the pieces are text. A run is translated without the
-    spaces around it (kept as they were) and only when it has a letter."""
+    spaces around it and the punctuation before it (kept as they were), and only when it has a letter."""
     out, pos = [], 0
     for m in PROTECTED.finditer(text):
         out += _run(text[pos:m.start()])
@@ -43,12 +43,16 @@ def pieces(text: str) -> list[tuple[str, bool]]:
     return out + _run(text[pos:])
 
 
+# Not translated around a run: spaces, and the punctuation that joins it to a placeholder before it ("%s: Text").
+LEAD = re.compile(r"^[\s:;,.)\]\-–—]*")
+
+
 def _run(run: str) -> list[tuple[str, bool]]:
-    core = run.strip()
-    if not any(c.isalpha() for c in core):
+    if not any(c.isalpha() for c in run):
         return [(run, False)] if run else []
-    lead, trail = run[: len(run) - len(run.lstrip())], run[len(run.rstrip()):]
-    return [(lead, False), (core, True), (trail, False)]
+    lead = LEAD.match(run).group()
+    core = run[len(lead):].rstrip()
+    return [(lead, False), (core, True), (run[len(lead) + len(core):], False)]
 
 
 def untranslated(catalog: polib.POFile) -> list[polib.POEntry]:

@@ -19,6 +19,7 @@ class Progress:
         self.bar = mode == "bar" or (mode == "auto" and stream.isatty())
         self.quiet = mode == "off"
         self.total, self.done, self.stream, self.every = total, done, stream, every
+        self.resumed = done                      # records a stopped run had written
         self.segments = self.tokens = 0          # this run's (a resumed run's rates leave the earlier out)
         self.start = self.shown = time.monotonic()
 
@@ -46,6 +47,6 @@ class Progress:
             filled = min(int(30 * self.done / self.total), 30)
             text = f"[{'#' * filled}{'.' * (30 - filled)}] {100 * self.done / self.total:5.1f}% {text}"
         if what:
-            text = f"{what}: {text} in {clock(elapsed)}"
+            text = f"{what}: {text} in {clock(elapsed)}" + (f" (resumed after {self.resumed})" if self.resumed else "")
         self.stream.write(("\r\x1b[K" if self.bar else "") + "transerve translate: " + text + end)
         self.stream.flush()
