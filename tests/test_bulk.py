@@ -161,6 +161,49 @@ def test_url_through_a_running_service_equals_in_process(tmp_path):
     assert remote == local and remote.endswith("\n\n")
 
 
+def test_subtitles_keep_numbers_timings_tags_and_speakers(tmp_path, reference):
+    a, b, c, d = GERMAN[:4]
+    one, two = a.split(" ", 2)[:2], a.split(" ", 2)[2]
+    srt = (f"1\n00:00:01,000 --> 00:00:04,000\n{' '.join(one)}\n{two}\n\n"
+           f"2\n00:00:05,000 --> 00:00:07,500\n<i>{b}</i>\n\n"
+           f"3\n00:00:08,000 --> 00:00:09,000\n- {c}\n- {d}\n")
+    (tmp_path / "in.srt").write_text(srt, encoding="utf-8")
+    translate(tmp_path / "in.srt", "-o", tmp_path / "out.srt")
+    cues = [cue.split("\n") for cue in (tmp_path / "out.srt").read_text(encoding="utf-8").split("\n\n")]
+    assert [cue[:2] for cue in cues] == [["1", "00:00:01,000 --> 00:00:04,000"], ["2", "00:00:05,000 --> 00:00:07,500"],
+                                         ["3", "00:00:08,000 --> 00:00:09,000"]]
+    assert len(cues[0]) == 4 and " ".join(cues[0][2:]) == reference[a]     # one sentence, broken in two again
+    assert cues[1][2:] == [f"<i>{reference[b]}</i>"]
+    assert cues[2][2:] == [f"- {reference[c]}", f"- {reference[d]}", ""]   # a line per speaker
+    vtt = (f"WEBVTT\n\nNOTE made by hand\n\nintro\n00:01.000 --> 00:04.000 align:start line:0\n<v Anna>{b}\n\n"
+           f"00:05.000 --> 00:06.000\n\n")
+    (tmp_path / "in.vtt").write_text(vtt, encoding="utf-8")
+    translate(tmp_path / "in.vtt", "-o", tmp_path / "out.vtt")
+    assert (tmp_path / "out.vtt").read_text(encoding="utf-8") == vtt.replace(b, reference[b])
+
+
+def test_markdown_keeps_its_blocks_and_inline_markup(tmp_path, reference):
+    a, b, c, d = GERMAN[:4]
+    first, rest = a.split(" ", 1)
+    md = (f"# {b}\n\n{first}\n{rest}\n\n- **{c}**\n- [ ] [{d}](https://example.org/a_b) `rm -rf`\n\n> {b}\n\n"
+          f"```python\nprint('{c}')\n```\n\n| {c} | 42 |\n|---|---|\n\n    {d}\n")
+    (tmp_path / "in.md").write_text(md, encoding="utf-8")
+    translate(tmp_path / "in.md", "-o", tmp_path / "out.md")
+    r = reference
+    assert (tmp_path / "out.md").read_text(encoding="utf-8") == (
+        f"# {r[b]}\n\n{r[a]}\n\n- **{r[c]}**\n- [ ] [{r[d]}](https://example.org/a_b) `rm -rf`\n\n> {r[b]}\n\n"
+        f"```python\nprint('{c}')\n```\n\n| {r[c]} | 42 |\n|---|---|\n\n    {d}\n")
+
+
+def test_batches_are_cut_at_sentences_or_padded_tokens_and_sorted_by_length():
+    from service.bulk.translators import batches
+
+    ids = [[1] * n for n in (5, 3, 100, 3, 40, 41)]
+    # 3 sentences at most, 90 padded tokens at most; the 100-token sentence goes alone
+    assert batches(ids, 3, 90) == [[1, 3, 0], [4, 5], [2]]
+    assert batches(ids, 32, 10_000) == [[1, 3, 0, 4, 5, 2]]
+
+
 def test_options_are_the_apis_and_refused_as_it_refuses_them():
     bad = transerve("translate", "--beam-size", "0")
     assert bad.returncode == 2 and "beam_size" in bad.stderr and "greater than or equal to 1" in bad.stderr

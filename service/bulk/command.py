@@ -18,8 +18,8 @@ def parser() -> argparse.ArgumentParser:
                                 "segment by segment, to a file or standard output (docs/bulk.md).")
     p.add_argument("input", nargs="?", default=d.input, help="a file, or - for standard input (default)")
     p.add_argument("-o", "--output", default=d.output, help="a file, or - for standard output (default)")
-    p.add_argument("--format", choices=("txt", "tsv", "csv", "jsonl", "po"),
-                   help="default: from the input's suffix (.tsv .csv .jsonl .po .pot), else txt")
+    p.add_argument("--format", choices=("txt", "tsv", "csv", "jsonl", "po", "srt", "vtt", "md"),
+                   help="default: from the input's suffix (.tsv .csv .jsonl .po .pot .srt .vtt .md), else txt")
     p.add_argument("--column", default=d.column, help="tsv/csv: the column translated, 1-based or a header name")
     p.add_argument("--header", action="store_true", help="tsv/csv: the first row is a header (copied)")
     p.add_argument("--field", default=d.field, help="jsonl: the field translated (default: text)")
@@ -33,6 +33,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=d.threads, help="onnxruntime's threads; 0 = all cores")
     p.add_argument("--chunk", type=int, default=d.chunk, help="segments read, sorted and written at a time")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="sentences per engine batch / request")
+    p.add_argument("--batch-tokens", type=int, default=d.batch_tokens,
+                   help="in-process: padded source tokens per engine batch at most (bounds the memory)")
     p.add_argument("--resume", action="store_true", help="go on where a stopped run left the output")
     p.add_argument("--progress", choices=("auto", "bar", "lines", "off"), default=d.progress,
                    help="auto: a bar on a terminal, a line every 10 s otherwise (standard error)")
@@ -44,13 +46,14 @@ def read_options(argv: list[str] | None) -> BulkOptions:
     p = parser()
     args = p.parse_args(argv)
     fmt = args.format or SUFFIXES.get(Path(args.input).suffix.lower(), "txt")
-    if min(args.chunk, args.batch_size, args.concurrency) < 1:
-        p.error("--chunk, --batch-size and --concurrency must be at least 1")
+    if min(args.chunk, args.batch_size, args.batch_tokens, args.concurrency) < 1:
+        p.error("--chunk, --batch-size, --batch-tokens and --concurrency must be at least 1")
     return BulkOptions(input=args.input, output=args.output, format=fmt, column=args.column, header=args.header,
                        field=args.field, to_field=args.to_field, source_lang=args.source_lang,
                        target_lang=args.target_lang, model=args.model, url=args.url, api_key=args.api_key,
                        concurrency=args.concurrency, threads=args.threads, chunk=args.chunk,
-                       batch_size=args.batch_size, resume=args.resume, progress=args.progress,
+                       batch_size=args.batch_size, batch_tokens=args.batch_tokens, resume=args.resume,
+                       progress=args.progress,
                        search=search_fields(args, p))
 
 

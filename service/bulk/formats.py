@@ -14,7 +14,7 @@ from typing import Iterator, TextIO
 from .options import BulkOptions
 
 SUFFIXES = {".txt": "txt", ".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".po": "po",
-            ".pot": "po"}
+            ".pot": "po", ".srt": "srt", ".vtt": "vtt", ".md": "md", ".markdown": "md"}
 
 
 @dataclass
@@ -100,14 +100,3 @@ class JsonLines:
             obj[self.options.to_field or self.options.field] = translation if record.segment.strip() \
                 else record.segment
         return json.dumps(obj, ensure_ascii=False) + "\n"
-
-
-def streamed_format(options: BulkOptions):
-    """The reader and writer of options.format (po is not streamed: po.py)."""
-    if options.format == "txt":
-        return Lines(options)
-    if options.format in ("tsv", "csv"):
-        return Columns(options, delimiter="\t" if options.format == "tsv" else ",")
-    if options.format == "jsonl":
-        return JsonLines(options)
-    raise ValueError(f"unknown format {options.format!r}; one of txt, tsv, csv, jsonl, po")

@@ -32,6 +32,7 @@ class BulkOptions:
     threads: int = 0                    # in-process: onnxruntime's intra-op threads; 0 = its default (all cores)
     chunk: int = 1024                   # segments read, sorted and written at a time: the memory bound
     batch_size: int = 32                # sentences per engine batch (Engine.translate's) or per request
+    batch_tokens: int = 2048            # in-process: padded source tokens per engine batch at most (the memory)
     resume: bool = False                # go on where a stopped run left its output
     progress: str = "auto"              # auto (a bar on a terminal, lines otherwise) | bar | lines | off
     # POST /translate's fields that were given (the others take the schema's defaults)

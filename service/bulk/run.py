@@ -19,9 +19,11 @@ from itertools import islice
 from pathlib import Path
 from typing import BinaryIO, Iterator, Optional, TextIO
 
-from .formats import streamed_format
+from .formats import Columns, JsonLines, Lines
+from .markdown import Markdown
 from .options import BulkOptions
 from .progress import Progress
+from .subtitles import Subtitles
 
 STATE_SUFFIX = ".transerve-state.json"
 # What must be the same for a resumed run to go on with the earlier one's output.
@@ -30,6 +32,21 @@ JOB_FIELDS = ("input", "format", "column", "header", "field", "to_field", "sourc
 
 class ResumeError(Exception):
     pass
+
+
+def streamed_format(options: BulkOptions):
+    """The reader and writer of options.format (po is not streamed: po.py)."""
+    if options.format == "txt":
+        return Lines(options)
+    if options.format in ("tsv", "csv"):
+        return Columns(options, delimiter="\t" if options.format == "tsv" else ",")
+    if options.format == "jsonl":
+        return JsonLines(options)
+    if options.format in ("srt", "vtt"):
+        return Subtitles(options)
+    if options.format == "md":
+        return Markdown(options)
+    raise ValueError(f"unknown format {options.format!r}; one of txt, tsv, csv, jsonl, po, srt, vtt, md")
 
 
 def job(options: BulkOptions) -> dict:
@@ -66,14 +83,18 @@ def save_state(options: BulkOptions, records: int, size: int) -> None:
 
 
 def count_records(options: BulkOptions) -> Optional[int]:
-    """The input's lines, for the ETA (a CSV row with a line break in a cell counts twice); None for stdin."""
+    """The input's lines (cues of subtitles), for the ETA (a CSV row with a line break in a cell counts twice, a
+    WebVTT header or NOTE block is not counted); None for stdin."""
     if options.input == "-" or not Path(options.input).is_file():
         return None
     n = last = 0
+    if options.format == "md":       # blocks, not lines: no total, no ETA
+        return None
+    subtitles = options.format in ("srt", "vtt")    # their records are cues: a timing line each
     with open(options.input, "rb") as f:
         while block := f.read(1 << 20):
-            n, last = n + block.count(b"\n"), block[-1]
-    return n + (last not in (0, 10))
+            n, last = n + block.count(b"-->" if subtitles else b"\n"), block[-1]
+    return n + (last not in (0, 10) and not subtitles)
 
 
 @contextmanager

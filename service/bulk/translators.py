@@ -20,7 +20,7 @@ class InProcess:
     def __init__(self, options: BulkOptions):
         self.engine = Engine(options.model, intra_op_threads=options.threads)
         self.engine.check_direction(options.source_lang, options.target_lang)
-        self.target, self.batch_size = options.target_lang, options.batch_size
+        self.target, self.batch_size, self.batch_tokens = options.target_lang, options.batch_size, options.batch_tokens
         # The server caps max_length by its --max-output-tokens; here the model's own length is the cap.
         self.options = search_options(options.search, self.engine.max_positions)
 
@@ -32,16 +32,27 @@ class InProcess:
             seps.append(sep)
             sentences.extend(sents)
         ids = [s[: self.engine.max_positions] for s in self.engine.source_ids(sentences, self.target)]
-        # Sorted by length, so a batch pads little; written back in input order below.
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         best: list = [None] * len(ids)
-        for start in range(0, len(order), self.batch_size):
-            batch = order[start:start + self.batch_size]
+        for batch in batches(ids, self.batch_size, self.batch_tokens):
             for i, hyps in zip(batch, self.engine.search([ids[i] for i in batch], self.options)):
                 best[i] = hyps[0]
         out = [join_sentences([self.engine.detokenize(h.tokens) for h in best[a:b]], sep) if b > a else text
                for text, (a, b), sep in zip(segments, spans, seps)]
         return out, sum(len(h.tokens) for h in best)
+
+
+def batches(ids: list[list[int]], size: int, tokens: int) -> list[list[int]]:
+    """Indices of ids sorted by length (a batch pads little), cut at `size` sentences or `tokens` padded source
+    tokens, whichever comes first: the encoder's activations grow with sentences x the longest, so the cap keeps
+    a chunk of long sentences from costing more memory than one of short ones (a sentence longer than `tokens`
+    goes alone). The translations go back in input order: the caller indexes by position."""
+    out: list[list[int]] = []
+    for i in sorted(range(len(ids)), key=lambda i: len(ids[i])):
+        if out and len(out[-1]) < size and (len(out[-1]) + 1) * len(ids[i]) <= tokens:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
 
 
 class Remote:
