@@ -4,6 +4,7 @@ equal to the engine's own answers for the same options, every format's structure
 SIGTERM finishing the rest without redoing it, stdin to stdout, and --url through a running service."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -193,6 +194,23 @@ def test_markdown_keeps_its_blocks_and_inline_markup(tmp_path, reference):
     assert (tmp_path / "out.md").read_text(encoding="utf-8") == (
         f"# {r[b]}\n\n{r[a]}\n\n- **{r[c]}**\n- [ ] [{r[d]}](https://example.org/a_b) `rm -rf`\n\n> {r[b]}\n\n"
         f"```python\nprint('{c}')\n```\n\n| {r[c]} | 42 |\n|---|---|\n\n    {d}\n")
+
+
+def test_html_keeps_its_markup(tmp_path, reference):
+    a, b, c, d = GERMAN[:4]
+    page = (f"<!doctype html>\n<html><head><title>{a}</title><style>p {{color: red}}</style></head>\n"
+            f"<body><p class='x'>{b} {c}</p><p><b>{d}</b></p>\n<pre>{a}</pre><p translate=\"no\">{b}</p>"
+            f"<!-- {c} --></body></html>\n")
+    (tmp_path / "in.html").write_text(page, encoding="utf-8")
+    translate(tmp_path / "in.html", "-o", tmp_path / "out.html")
+    r = reference
+    out = (tmp_path / "out.html").read_text(encoding="utf-8")
+    bold = re.search(r"<p><b>(.*?)</p>", out).group(1)      # html_text may leave end punctuation outside </b>
+    assert bold.replace("</b>", "") == r[d] and bold.count("</b>") == 1
+    assert out.replace(bold, "{bold}") == (
+        f"<!doctype html>\n<html><head><title>{r[a]}</title><style>p {{color: red}}</style></head>\n"
+        f"<body><p class='x'>{r[b]} {r[c]}</p><p><b>{{bold}}</p>\n<pre>{a}</pre><p translate=\"no\">{b}</p>"
+        f"<!-- {c} --></body></html>\n")
 
 
 def test_batches_are_cut_at_sentences_or_padded_tokens_and_sorted_by_length():

@@ -18,8 +18,8 @@ def parser() -> argparse.ArgumentParser:
                                 "segment by segment, to a file or standard output (docs/bulk.md).")
     p.add_argument("input", nargs="?", default=d.input, help="a file, or - for standard input (default)")
     p.add_argument("-o", "--output", default=d.output, help="a file, or - for standard output (default)")
-    p.add_argument("--format", choices=("txt", "tsv", "csv", "jsonl", "po", "srt", "vtt", "md"),
-                   help="default: from the input's suffix (.tsv .csv .jsonl .po .pot .srt .vtt .md), else txt")
+    p.add_argument("--format", choices=("txt", "tsv", "csv", "jsonl", "po", "srt", "vtt", "md", "html"),
+                   help="default: from the input's suffix (.tsv .csv .jsonl .po .pot .srt .vtt .md .html), else txt")
     p.add_argument("--column", default=d.column, help="tsv/csv: the column translated, 1-based or a header name")
     p.add_argument("--header", action="store_true", help="tsv/csv: the first row is a header (copied)")
     p.add_argument("--field", default=d.field, help="jsonl: the field translated (default: text)")
@@ -75,6 +75,7 @@ def catalog_runner():
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .html import run_html
     from .run import run_stream
     from .translators import translator
     from ..shared.package import PackageError
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     t = None
     try:
-        run = catalog_runner() if options.format == "po" else run_stream
+        run = catalog_runner() if options.format == "po" else run_html if options.format == "html" else run_stream
         t = translator(options)
         run(options, t)
     except (ResumeError, PackageError, ValueError, OSError) as e:

@@ -14,7 +14,8 @@ from typing import Iterator, TextIO
 from .options import BulkOptions
 
 SUFFIXES = {".txt": "txt", ".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".po": "po",
-            ".pot": "po", ".srt": "srt", ".vtt": "vtt", ".md": "md", ".markdown": "md"}
+            ".pot": "po", ".srt": "srt", ".vtt": "vtt", ".md": "md", ".markdown": "md",
+            ".html": "html", ".htm": "html", ".xhtml": "html"}
 
 
 @dataclass
