@@ -222,6 +222,27 @@ def test_batches_are_cut_at_sentences_or_padded_tokens_and_sorted_by_length():
     assert batches(ids, 32, 10_000) == [[1, 3, 0, 4, 5, 2]]
 
 
+def test_progress_is_a_bar_on_a_terminal_and_lines_otherwise():
+    import io
+
+    from service.bulk.progress import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    bar, lines = Terminal(), io.StringIO()
+    for stream in (bar, lines):
+        p = Progress("auto", 100, stream=stream, every=0)
+        p.start = p.shown = p.start - 2      # two seconds in
+        p.update(25, 500)
+        p.finish()
+    assert "\r\x1b[Ktranserve translate: [#######.......................]  25.0% 25/100 segments" in bar.getvalue()
+    assert lines.getvalue().splitlines()[0] == ("transerve translate: 25/100 segments, 12.5 segments/s, 250 tokens/s, "
+                                                "ETA 0:00:06")
+    assert "\r" not in lines.getvalue() and lines.getvalue().splitlines()[1].startswith("transerve translate: done: 25")
+
+
 def test_options_are_the_apis_and_refused_as_it_refuses_them():
     bad = transerve("translate", "--beam-size", "0")
     assert bad.returncode == 2 and "beam_size" in bad.stderr and "greater than or equal to 1" in bad.stderr

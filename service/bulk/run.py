@@ -72,6 +72,10 @@ def resume_point(options: BulkOptions) -> tuple[int, int]:
     state = json.loads(path.read_text(encoding="utf-8"))
     if state["job"] != job(options):
         raise ResumeError(f"{path} is another job's ({state['job']}); run without --resume to start over")
+    size = Path(options.output).stat().st_size if Path(options.output).exists() else -1
+    if size < state["bytes"]:    # cut or replaced since: going on would pad it with zeros or shift it
+        raise ResumeError(f"{options.output} has {max(size, 0)} bytes; the state says {state['bytes']} were "
+                          "written: run without --resume to start over")
     return state["records"], state["bytes"]
 
 
