@@ -123,9 +123,11 @@ def opened(options: BulkOptions, size: int) -> Iterator[tuple[TextIO, BinaryIO]]
 
 
 def run_stream(options: BulkOptions, translator) -> int:
-    """Translates a txt/tsv/csv/jsonl stream; returns the number of records written by this run."""
+    """Translates a txt/tsv/csv/jsonl/srt/vtt/md stream; returns the number of records written by this run."""
     fmt = streamed_format(options)
     done, size = resume_point(options)
+    if not options.resume and options.output != "-":   # a stopped run's state no longer describes the output
+        state_path(options).unlink(missing_ok=True)
     progress = Progress(options.progress, count_records(options), done=done)
     with opened(options, size) as (src, out):
         records = fmt.read(src)
