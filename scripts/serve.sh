@@ -9,8 +9,9 @@ VENV=${VENV:-.venv-serve}
 PY="$VENV/bin/python"
 install() {
   "$PY" -m pip install --progress-bar off --upgrade pip || return
-  # The client extra too, so the README's SDK snippet runs in this environment (httpx; no torch).
-  "$PY" -m pip install --progress-bar off -e ".[serve,client]" || return
+  # The client extra too, so the README's SDK snippet runs in this environment (httpx; no torch); files, so
+  # `transerve translate` reads every format here (polib).
+  "$PY" -m pip install --progress-bar off -e ".[serve,client,files]" || return
 }
 STAMP="$VENV/.transerve-install"
 want=$({ sha256sum <pyproject.toml; declare -f install; } | sha256sum | cut -d' ' -f1)

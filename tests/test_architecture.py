@@ -35,6 +35,8 @@ ALLOWED = {
     # the workers' ENDPOINT names: the metrics' endpoint label
     "service.api": {"service.__init__", "service.api", "service.http.gateway", "service.shared", *COMMON,
                     "service.worker.translate_api", "service.worker.generate_api", "fastapi", "starlette", "pydantic"},
+    # the bulk command (transerve translate): the engine in-process, or a service through the SDK; no HTTP layer
+    "service.bulk": {"service.bulk", "service.inference", "service.shared", "service.client", "pydantic", "polib"},
     "service": {"service", "numpy", "onnxruntime", "sentencepiece", "litserve", "fastapi", "starlette", "pydantic",
                 "prometheus_client", "uvicorn", "httpx", "py3langid"},
 }

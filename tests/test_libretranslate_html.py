@@ -1,4 +1,4 @@
-"""LibreTranslate's format=html (service/api/html_text.py, service/libretranslate.translate_html): a real server on
+"""LibreTranslate's format=html (service/shared/html_text.py, service/libretranslate.translate_html): a real server on
 127.0.0.1 with the committed models/de-en package, asked by libretranslatepy and over HTTP; and the placing of
 inline tags without a server. The committed model translates poorly, so no test names an English string: an
 HTML answer's text is compared with what the same server answers for the same plain text, and its markup with
@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT, start_server, stop_server
-from service.api import html_text
+from service.shared import html_text
 
 MAX_TEXTS = 8
 PATH = "/libretranslate/translate"

@@ -19,7 +19,7 @@ from service.worker import scheduler as scheduling
 from service.worker.scheduler import (Failure, GenerationScheduler, GenJob, Job, TranslationScheduler, cost_tier,
                                request_cost)
 from service.shared.options import SearchOptions
-from service.worker.text import split_sentences
+from service.shared.text import split_sentences
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))

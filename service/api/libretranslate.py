@@ -3,7 +3,7 @@
 integrations) unchanged. Errors in its shape, `{"error": "..."}`, its field names in their messages; the key
 may come in the body's `api_key` field. The requests feed the same queue and batches as POST /translate
 (Gateway.translate), and source=auto is detected as there. format=html translates an HTML fragment's text
-and keeps its markup (translate_html, service/api/html_text.py)."""
+and keeps its markup (translate_html, service/shared/html_text.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import html_text
+from ..shared import html_text
 from ..errors import ApiError, declares_json, first_error, parse_error
 from .flavour import Flavour, describe_pairs
 from ..http.gateway import Gateway
@@ -187,7 +187,7 @@ async def translate(gateway: Gateway, request: Request) -> Response:
 
 
 async def translate_html(gateway: Gateway, request: Request, req: TranslateRequest, listed: bool) -> dict | None:
-    """format=html: each fragment's runs of text (service/api/html_text.py: a paragraph's sentence whole, its inline
+    """format=html: each fragment's runs of text (service/shared/html_text.py: a paragraph's sentence whole, its inline
     tags put back into the translation) translated as the texts of ONE request, through the same queue,
     limits and batches as any other; its markup, entities and kept elements (script, style, code, pre,
     translate="no") as written. Alternatives are not made for HTML: [] as LibreTranslate answers. A 400/413

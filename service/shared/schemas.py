@@ -12,7 +12,7 @@ from typing import Annotated, Literal, Optional, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .options import DEFAULTS
+from .options import DEFAULTS, SearchOptions
 
 LangCode = Annotated[str, Field(min_length=2, max_length=8, pattern=r"^[a-z]{2,3}(-[A-Za-z]{2,4})?$",
                                 examples=["de"])]
@@ -87,6 +87,26 @@ class TranslateRequest(BaseModel):
             raise ValueError(f"num_alternatives ({self.num_alternatives}) needs beam_size > num_alternatives, "
                              f"e.g. beam_size={self.num_alternatives + 1}")
         return self
+
+
+# The fields of POST /translate that choose the search, as the bulk command takes them too (service/bulk/options.py
+# makes one command-line option of each, with this schema's default, range and description).
+SEARCH_FIELDS = ("beam_size", "length_penalty", "max_length", "no_repeat_ngram_size", "repetition_penalty")
+
+
+def search_options(request: dict, max_output_tokens: int) -> SearchOptions:
+    """POST /translate's fields (those given; the others take the schema's defaults) -> the engine's options:
+    the one mapping, used by the translate worker and by the bulk command, so a file translated in-process
+    gets what the service would answer. max_output_tokens caps max_length (the server's setting)."""
+    d = DEFAULTS
+    beam = request.get("beam_size", d.beam_size)
+    n_alt = request.get("num_alternatives", 0)   # < beam_size: TranslateRequest checked it
+    return SearchOptions(
+        beam_size=beam, num_hypotheses=n_alt + 1 if beam > 1 else 1,
+        length_penalty=request.get("length_penalty", d.length_penalty),
+        max_length=min(request.get("max_length") or max_output_tokens, max_output_tokens),
+        no_repeat_ngram_size=request.get("no_repeat_ngram_size", d.no_repeat_ngram_size),
+        repetition_penalty=request.get("repetition_penalty", d.repetition_penalty))
 
 
 class DetectedLanguage(BaseModel):

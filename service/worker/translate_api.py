@@ -27,14 +27,13 @@ import numpy as np
 from .cancel import CancelBoard
 from ..config import Settings, lower_worker_priority
 from ..inference.engine import Engine
-from ..shared.options import SearchOptions
 from ..shared.package import load_package
 from .litserve_bridge import SchedulerLoop
 from ..metrics import metrics
 from .scheduler import Failure, Job, TranslationScheduler, for_one_request, request_cost
-from ..shared.options import DEFAULTS
+from ..shared.schemas import search_options
 from ..stopping import Stopping, die
-from .text import join_sentences, split_sentences
+from ..shared.text import join_sentences, split_sentences
 
 log = logging.getLogger("transerve")
 ENDPOINT = TranslationScheduler.endpoint
@@ -99,15 +98,8 @@ class TranslateAPI(ls.LitAPI):
             return Failure(400, "unsupported_language_pair",
                            f"no model translates {pair[0]}-{pair[1]}; available pairs: {valid}")
         engine = self.engines[name]
-        d = DEFAULTS
-        beam = request.get("beam_size", d.beam_size)
-        n_alt = request.get("num_alternatives", 0)   # < beam_size: TranslateRequest checked it
-        options = SearchOptions(
-            beam_size=beam, num_hypotheses=n_alt + 1 if beam > 1 else 1,
-            length_penalty=request.get("length_penalty", d.length_penalty),
-            max_length=min(request.get("max_length") or s.max_output_tokens, s.max_output_tokens),
-            no_repeat_ngram_size=request.get("no_repeat_ngram_size", d.no_repeat_ngram_size),
-            repetition_penalty=request.get("repetition_penalty", d.repetition_penalty))
+        options = search_options(request, s.max_output_tokens)
+        beam = options.beam_size
         texts = request["texts"]
         sentences, spans, seps = [], [], []
         for text in texts:

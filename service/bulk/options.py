@@ -1,0 +1,62 @@
+"""The bulk command's options: one dataclass, and the search options made from POST /translate's schema, so
+each is defined once (name, default, range and description in shared/schemas.py's TranslateRequest)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional, get_args
+
+from pydantic import ValidationError
+
+from ..shared.schemas import SEARCH_FIELDS, TranslateRequest
+
+
+@dataclass
+class BulkOptions:
+    """What `transerve translate` was asked to do."""
+    input: str = "-"                    # a path, or "-": standard input
+    output: str = "-"                   # a path, or "-": standard output (no --resume then)
+    format: str = "txt"                 # txt | tsv | csv | jsonl | po (guessed from the input's suffix)
+    column: str = "1"                   # tsv/csv: the column translated, 1-based or a header name
+    header: bool = False                # tsv/csv: the first row is a header, copied as it is
+    field: str = "text"                 # jsonl: the field translated (the name shadows dataclasses.field here)
+    to_field: Optional[str] = None      # jsonl: written there instead (the source kept); None = in place
+    source_lang: str = "de"
+    target_lang: str = "en"
+    model: str = "models/de-en"         # the package run in this process (ignored with --url)
+    url: Optional[str] = None           # a running service: sent there through the SDK instead
+    api_key: Optional[str] = None
+    concurrency: int = 4                # --url: requests in flight at once
+    threads: int = 0                    # in-process: onnxruntime's intra-op threads; 0 = its default (all cores)
+    chunk: int = 1024                   # segments read, sorted and written at a time: the memory bound
+    batch_size: int = 32                # sentences per engine batch (Engine.translate's) or per request
+    batch_tokens: int = 2048            # in-process: padded source tokens per engine batch at most (the memory)
+    resume: bool = False                # go on where a stopped run left its output
+    progress: str = "auto"              # auto (a bar on a terminal, lines otherwise) | bar | lines | off
+    # POST /translate's fields that were given (the others take the schema's defaults)
+    search: dict = dataclasses.field(default_factory=dict)
+
+
+def add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    """--beam-size, --length-penalty, ...: one per SEARCH_FIELDS entry, typed, described and defaulted by the
+    schema, so the command cannot drift from the API."""
+    group = parser.add_argument_group("search (as POST /translate's fields)")
+    for name in SEARCH_FIELDS:
+        info = TranslateRequest.model_fields[name]
+        kind = next(t for t in (info.annotation, *get_args(info.annotation)) if t in (int, float))
+        default = "the server's cap" if info.default is None else info.default
+        group.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None,
+                           help=f"{info.description} (default: {default})")
+
+
+def search_fields(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+    """The search fields given, checked by the schema itself (ranges, beam and alternatives)."""
+    given = {name: getattr(args, name) for name in SEARCH_FIELDS if getattr(args, name) is not None}
+    try:
+        TranslateRequest(text="x", source_lang=args.source_lang, target_lang=args.target_lang, **given)
+    except ValidationError as e:
+        parser.error("; ".join(f"{'.'.join(map(str, err['loc'])) or 'options'}: {err['msg']}"
+                               for err in e.errors()))
+    return given

@@ -1,0 +1,261 @@
+"""transerve translate (service/bulk/), run as the command it is (a subprocess of `python -m service.cli`, which
+pyproject installs as `transerve`) on models/de-en with greedy search and one thread: its output line for line
+equal to the engine's own answers for the same options, every format's structure kept, --resume after a
+SIGTERM finishing the rest without redoing it, stdin to stdout, and --url through a running service."""
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+
+import polib
+import pytest
+
+from conftest import ROOT, pairs64, start_server, stop_server
+
+MODEL = ROOT / "models" / "de-en"
+GERMAN = [de for de, _ in pairs64()]
+GREEDY = ["--beam-size", "1", "--threads", "1"]
+
+
+def transerve(*args, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "service.cli", *map(str, args)], cwd=ROOT, input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def translate(*args, **kw) -> subprocess.CompletedProcess:
+    proc = transerve("translate", "--model", MODEL, *GREEDY, *args, **kw)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from service.inference.engine import Engine
+
+    return Engine(MODEL, intra_op_threads=1)
+
+
+@pytest.fixture(scope="module")
+def reference(engine) -> dict[str, str]:
+    """The engine's greedy answer for each fixture sentence (each is one sentence: the command's unit)."""
+    from service.shared.text import split_sentences
+
+    assert all(len(split_sentences(t)[0]) == 1 for t in GERMAN)
+    out = engine.translate(GERMAN, source_lang="de", target_lang="en", beam_size=1, max_length=engine.max_positions)
+    return dict(zip(GERMAN, (t.text for t in out)))
+
+
+def test_lines_equal_the_engine_blank_lines_kept_and_chunks_written_in_order(tmp_path, reference):
+    lines = GERMAN[:40]
+    lines[3:3] = [""]
+    lines[20:20] = ["   "]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    # chunks of 8: each sorted by length for the engine, written back in input order
+    proc = translate(src, "-o", tmp_path / "out.txt", "--chunk", "8", "--batch-size", "4")
+    out = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")
+    assert out[-1] == "" and len(out) - 1 == len(lines)
+    assert out[:-1] == [reference[t] if t.strip() else t for t in lines]
+    assert "done: 42/42 segments" in proc.stderr and "\r" not in proc.stderr   # not a terminal: lines, no bar
+    assert not (tmp_path / "out.txt.transerve-state.json").exists()
+
+
+def test_stdin_to_stdout_a_tsv_column_by_header_name(reference):
+    rows = ["id\tde\tnote"] + [f"{i}\t{de}\tx" for i, de in enumerate(GERMAN[:6])] + ["6\t\ty"]
+    proc = translate("--format", "tsv", "--header", "--column", "de", stdin="\n".join(rows) + "\n")
+    out = [line.split("\t") for line in proc.stdout.splitlines()]
+    assert out[0] == ["id", "de", "note"]
+    assert out[1:7] == [[str(i), reference[de], "x"] for i, de in enumerate(GERMAN[:6])]
+    assert out[7] == ["6", "", "y"]
+
+
+def test_a_csv_column_with_quoted_cells(tmp_path, reference):
+    import csv
+
+    src = tmp_path / "in.csv"
+    with open(src, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([["a, b", de, 'say "hi"'] for de in GERMAN[:4]])
+    translate(src, "-o", tmp_path / "out.csv", "--column", "2")
+    with open(tmp_path / "out.csv", newline="", encoding="utf-8") as f:
+        assert list(csv.reader(f)) == [["a, b", reference[de], 'say "hi"'] for de in GERMAN[:4]]
+
+
+def test_a_jsonl_field_to_another_field(tmp_path, reference):
+    rows = [{"id": i, "de": de, "meta": {"k": [1, "ü"]}} for i, de in enumerate(GERMAN[:5])] + [{"id": 9}]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    translate(src, "-o", tmp_path / "out.jsonl", "--field", "de", "--to-field", "en")
+    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert out[:5] == [r | {"en": reference[r["de"]]} for r in rows[:5]]
+    assert out[5] == {"id": 9, "en": ""}
+
+
+def catalog(path):
+    po = polib.POFile(wrapwidth=0)
+    po.metadata = {"Content-Type": "text/plain; charset=UTF-8", "Plural-Forms": "nplurals=2; plural=(n != 1);"}
+    po.append(polib.POEntry(msgid=GERMAN[0], occurrences=[("app.c", "12")], comment="a comment"))
+    po.append(polib.POEntry(msgid=f"%s: {GERMAN[1]} <b>{GERMAN[2]}</b>\n%(name)s {{count}} &amp; 100%%",
+                            flags=["python-format"]))
+    po.append(polib.POEntry(msgid="%d Datei", msgid_plural="%d Dateien", msgstr_plural={0: "", 1: ""}))
+    po.append(polib.POEntry(msgid=GERMAN[3], msgstr="Already translated."))
+    po.append(polib.POEntry(msgid=GERMAN[4], msgstr="Old.", obsolete=True))
+    po.save(str(path))
+
+
+def test_a_po_catalog_filled_fuzzy_with_placeholders_and_markup_kept(tmp_path, reference):
+    catalog(tmp_path / "in.pot")
+    translate(tmp_path / "in.pot", "-o", tmp_path / "out.po")
+    out = polib.pofile(str(tmp_path / "out.po"))
+    first, marked, plural, done = out[0], out[1], out[2], out[3]
+    assert first.msgstr == reference[GERMAN[0]] and "fuzzy" in first.flags
+    assert first.occurrences == [("app.c", "12")] and first.comment == "a comment"
+    # each placeholder, tag, entity and line break where it was; the runs between translated one by one
+    assert marked.msgstr == (f"%s: {reference[GERMAN[1]]} <b>{reference[GERMAN[2]]}</b>\n%(name)s {{count}} "
+                             "&amp; 100%%")
+    assert set(marked.flags) == {"python-format", "fuzzy"}
+    assert plural.msgstr_plural[0].startswith("%d ") and plural.msgstr_plural[1].startswith("%d ")
+    assert all(len(s) > 3 for s in plural.msgstr_plural.values()) and "fuzzy" in plural.flags
+    assert done.msgstr == "Already translated." and "fuzzy" not in done.flags
+    assert out.obsolete_entries()[0].msgstr == "Old."
+    assert out.metadata["Plural-Forms"] == "nplurals=2; plural=(n != 1);"
+
+
+def test_resume_after_sigterm_finishes_the_rest_without_redoing_it(tmp_path, reference):
+    lines = GERMAN * 6      # 384 lines, chunks of 16
+    src, dst = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("".join(t + "\n" for t in lines), encoding="utf-8")
+    state = tmp_path / "out.txt.transerve-state.json"
+    cmd = [sys.executable, "-m", "service.cli", "translate", src, "-o", dst, "--model", MODEL, *GREEDY,
+           "--chunk", "16"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (state.exists() and json.loads(state.read_text())["records"] >= 96) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143, proc.stderr.read()
+    assert "stopped by SIGTERM" in proc.stderr.read()
+    done = json.loads(state.read_text())["records"]
+    assert 96 <= done < len(lines)
+    finished = translate(src, "-o", dst, "--chunk", "16", "--resume")
+    assert f"done: {len(lines)}/{len(lines)} segments" in finished.stderr
+    assert f"(resumed after {done})" in finished.stderr
+    assert dst.read_text(encoding="utf-8").splitlines() == [reference[t] for t in lines]
+    assert not state.exists()
+    # a finished output is not resumed again (it would be redone): refused, named
+    again = transerve("translate", src, "-o", dst, "--model", MODEL, "--resume")
+    assert again.returncode == 2 and "complete" in again.stderr
+
+
+def test_url_through_a_running_service_equals_in_process(tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("".join(t + "\n" for t in GERMAN[:24]) + "\n", encoding="utf-8")
+    local = translate(src, "--beam-size", "2").stdout
+    proc, url = start_server(MODEL)
+    try:
+        remote = translate(src, "--beam-size", "2", "--url", url, "--concurrency", "3", "--batch-size", "5").stdout
+    finally:
+        stop_server(proc)
+    assert remote == local and remote.endswith("\n\n")
+
+
+def test_subtitles_keep_numbers_timings_tags_and_speakers(tmp_path, reference):
+    a, b, c, d = GERMAN[:4]
+    one, two = a.split(" ", 2)[:2], a.split(" ", 2)[2]
+    srt = (f"1\n00:00:01,000 --> 00:00:04,000\n{' '.join(one)}\n{two}\n\n"
+           f"2\n00:00:05,000 --> 00:00:07,500\n<i>{b}</i>\n\n"
+           f"3\n00:00:08,000 --> 00:00:09,000\n- {c}\n- {d}\n")
+    (tmp_path / "in.srt").write_text(srt, encoding="utf-8")
+    translate(tmp_path / "in.srt", "-o", tmp_path / "out.srt")
+    cues = [cue.split("\n") for cue in (tmp_path / "out.srt").read_text(encoding="utf-8").split("\n\n")]
+    assert [cue[:2] for cue in cues] == [["1", "00:00:01,000 --> 00:00:04,000"], ["2", "00:00:05,000 --> 00:00:07,500"],
+                                         ["3", "00:00:08,000 --> 00:00:09,000"]]
+    assert len(cues[0]) == 4 and " ".join(cues[0][2:]) == reference[a]     # one sentence, broken in two again
+    assert cues[1][2:] == [f"<i>{reference[b]}</i>"]
+    assert cues[2][2:] == [f"- {reference[c]}", f"- {reference[d]}", ""]   # a line per speaker
+    vtt = (f"WEBVTT\n\nNOTE made by hand\n\nintro\n00:01.000 --> 00:04.000 align:start line:0\n<v Anna>{b}\n\n"
+           f"00:05.000 --> 00:06.000\n\n")
+    (tmp_path / "in.vtt").write_text(vtt, encoding="utf-8")
+    translate(tmp_path / "in.vtt", "-o", tmp_path / "out.vtt")
+    assert (tmp_path / "out.vtt").read_text(encoding="utf-8") == vtt.replace(b, reference[b])
+
+
+def test_markdown_keeps_its_blocks_and_inline_markup(tmp_path, reference):
+    a, b, c, d = GERMAN[:4]
+    first, rest = a.split(" ", 1)
+    md = (f"# {b}\n\n{first}\n{rest}\n\n- **{c}**\n- [ ] [{d}](https://example.org/a_b) `rm -rf`\n\n> {b}\n\n"
+          f"```python\nprint('{c}')\n```\n\n| {c} | 42 |\n|---|---|\n\n    {d}\n")
+    (tmp_path / "in.md").write_text(md, encoding="utf-8")
+    translate(tmp_path / "in.md", "-o", tmp_path / "out.md")
+    r = reference
+    assert (tmp_path / "out.md").read_text(encoding="utf-8") == (
+        f"# {r[b]}\n\n{r[a]}\n\n- **{r[c]}**\n- [ ] [{r[d]}](https://example.org/a_b) `rm -rf`\n\n> {r[b]}\n\n"
+        f"```python\nprint('{c}')\n```\n\n| {r[c]} | 42 |\n|---|---|\n\n    {d}\n")
+
+
+def test_html_keeps_its_markup(tmp_path, reference):
+    a, b, c, d = GERMAN[:4]
+    page = (f"<!doctype html>\n<html><head><title>{a}</title><style>p {{color: red}}</style></head>\n"
+            f"<body><p class='x'>{b} {c}</p><p><b>{d}</b></p>\n<pre>{a}</pre><p translate=\"no\">{b}</p>"
+            f"<!-- {c} --></body></html>\n")
+    (tmp_path / "in.html").write_text(page, encoding="utf-8")
+    translate(tmp_path / "in.html", "-o", tmp_path / "out.html")
+    r = reference
+    out = (tmp_path / "out.html").read_text(encoding="utf-8")
+    bold = re.search(r"<p><b>(.*?)</p>", out).group(1)      # html_text may leave end punctuation outside </b>
+    assert bold.replace("</b>", "") == r[d] and bold.count("</b>") == 1
+    assert out.replace(bold, "{bold}") == (
+        f"<!doctype html>\n<html><head><title>{r[a]}</title><style>p {{color: red}}</style></head>\n"
+        f"<body><p class='x'>{r[b]} {r[c]}</p><p><b>{{bold}}</p>\n<pre>{a}</pre><p translate=\"no\">{b}</p>"
+        f"<!-- {c} --></body></html>\n")
+
+
+def test_batches_are_cut_at_sentences_or_padded_tokens_and_sorted_by_length():
+    from service.bulk.translators import batches
+
+    ids = [[1] * n for n in (5, 3, 100, 3, 40, 41)]
+    # 3 sentences at most, 90 padded tokens at most; the 100-token sentence goes alone
+    assert batches(ids, 3, 90) == [[1, 3, 0], [4, 5], [2]]
+    assert batches(ids, 32, 10_000) == [[1, 3, 0, 4, 5, 2]]
+
+
+def test_progress_is_a_bar_on_a_terminal_and_lines_otherwise():
+    import io
+
+    from service.bulk.progress import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    bar, lines = Terminal(), io.StringIO()
+    for stream in (bar, lines):
+        p = Progress("auto", 100, stream=stream, every=0)
+        p.start = p.shown = p.start - 2      # two seconds in
+        p.update(25, 500)
+        p.finish()
+    assert "\r\x1b[Ktranserve translate: [#######.......................]  25.0% 25/100 segments" in bar.getvalue()
+    assert lines.getvalue().splitlines()[0] == ("transerve translate: 25/100 segments, 12.5 segments/s, 250 tokens/s, "
+                                                "ETA 0:00:06")
+    assert "\r" not in lines.getvalue() and lines.getvalue().splitlines()[1].startswith("transerve translate: done: 25")
+
+
+def test_options_are_the_apis_and_refused_as_it_refuses_them():
+    bad = transerve("translate", "--beam-size", "0")
+    assert bad.returncode == 2 and "beam_size" in bad.stderr and "greater than or equal to 1" in bad.stderr
+    help_text = transerve("translate", "--help").stdout
+    for flag in ("--beam-size", "--length-penalty", "--max-length", "--no-repeat-ngram-size",
+                 "--repetition-penalty", "--resume", "--url", "--column", "--field"):
+        assert flag in help_text
+
+
+def test_the_console_script_has_both_commands():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"transerve": "service.cli:main"}
+    assert "serve" in transerve("--help").stdout and "translate" in transerve("--help").stdout
+    serve = transerve("serve", "--help")
+    assert serve.returncode == 0 and "--model" in serve.stdout and "--workers" in serve.stdout
+    assert transerve("nonsense").returncode == 2
