@@ -46,8 +46,11 @@ def commands(code: str) -> list[list[str]]:
         words = shlex.split(line, comments=True)
         if words[:1] == ["timeout"]:                       # timeout [-k N] SECONDS command ...
             words = words[next(i for i, w in enumerate(words[1:], 1) if w[0].isdigit() and words[i - 1] != "-k"):][1:]
-        if words:
-            out.append([w.strip("[]") for w in words])
+        while words:                                        # a pipeline: each of its commands
+            cut = words.index("|") if "|" in words else len(words)
+            if words[:cut]:
+                out.append([w.strip("[]") for w in words[:cut]])
+            words = words[cut + 1:]
     return out
 
 
@@ -80,7 +83,9 @@ def checked_commands() -> list[tuple[list[str], list[str]]]:
                 out.append((["python", "-m", "service"], options(words[2:])))
             elif words[0] == "python" and words[1:2] and words[1].endswith(".py"):   # a script: its own --help
                 out.append((words[:2], options(words[2:])))
-            elif words[0] not in ("pip", "sh", "bash", "curl"):
+            elif words[0] == "transerve":                                      # its subcommand's own --help
+                out.append((words[:2], options(words[2:])))
+            elif words[0] not in ("pip", "sh", "bash", "curl", "zcat", "gzip"):
                 out.append((words[:1], options(words[1:])))
     return out
 
@@ -88,7 +93,7 @@ def checked_commands() -> list[tuple[list[str], list[str]]]:
 @pytest.mark.parametrize("command, given", checked_commands(), ids=lambda v: " ".join(v)[:60])
 def test_each_command_of_the_readme_and_docs_knows_the_options_it_is_given(command, given):
     executable = [sys.executable, *command[1:]] if command[0] == "python" else \
-        [str(Path(sys.executable).parent / command[0])]
+        [str(Path(sys.executable).parent / command[0]), *command[1:]]
     text = help_text(*executable)
     assert [o for o in given if o not in text] == [], text
 
