@@ -7,6 +7,7 @@ operations routes, and the API flavours, each installing its own routes:
     GET /ready      readiness: every inference worker loaded and warmed up, not draining
     GET /info       models, versions, settings (no secrets)
     GET /metrics    Prometheus, merged over all processes (or on --metrics-port)
+    GET /usage      the calling key's limits and what it has used (http/quota.py)
 
 LitServe's own POST routes would accept any JSON into an unbounded queue: they are removed, and the flavours'
 routes submit through LitServe's request handler (litserve_bridge.Workers), so batching is untouched. A new
@@ -16,12 +17,12 @@ flavour is a module with a FLAVOUR (service/api/flavour.py) and its line in FLAV
 from __future__ import annotations
 
 import litserve as ls
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 
 from . import __version__
 from .api import libretranslate, native, openai_api, ui
-from .http.auth import open_paths
+from .http.auth import USAGE_PATH, open_paths
 from .worker.cancel import CancelBoard
 from .config import Settings
 from .inference.device import probe_device
@@ -85,7 +86,7 @@ def install(app: FastAPI, gateway: Gateway, flavours: tuple[Flavour, ...]) -> No
     respond = responder({f.prefix: f.error_body for f in flavours if f.error_body})
     install_handlers(app, settings.max_payload_bytes, respond)
     app.add_middleware(request_context, respond=respond, endpoints=endpoints,
-                       max_payload_bytes=settings.max_payload_bytes, api_keys=tuple(settings.api_keys),
+                       max_payload_bytes=settings.max_payload_bytes, keys=gateway.keys, quota=gateway.quota,
                        open_paths=open_paths(frozenset().union(*(f.open_paths for f in flavours)),
                                              public_docs=settings.public_docs),
                        key_in_body=frozenset().union(*(f.key_in_body for f in flavours)),
@@ -95,6 +96,12 @@ def install(app: FastAPI, gateway: Gateway, flavours: tuple[Flavour, ...]) -> No
 def install_operations(app: FastAPI, gateway: Gateway) -> None:
     """/health, /ready, /info and (unless it has a port of its own) /metrics."""
     text = {"content": {"text/plain": {"schema": {"type": "string"}}}}
+
+    async def usage(request: Request) -> dict:
+        tenant = gateway.tenant(request)
+        return {"key": tenant.name, "limits": await gateway.quota.usage(tenant),
+                "routes": None if tenant.routes is None else sorted(tenant.routes),
+                "models": None if tenant.models is None else sorted(tenant.models)}
 
     def ready() -> PlainTextResponse:
         ok, why = gateway.readiness()
@@ -107,6 +114,8 @@ def install_operations(app: FastAPI, gateway: Gateway) -> None:
                       responses={200: text, 503: text | {"description": "Not ready, or draining"}},
                       summary="Readiness: every inference worker loaded and warmed up, not draining")
     app.add_api_route("/info", gateway.info, methods=["GET"], tags=["ops"])
+    app.add_api_route(USAGE_PATH, usage, methods=["GET"], tags=["ops"],
+                      summary="The calling key's name, limits and what it has used of each in the current window")
     if not gateway.settings.metrics_port:   # else on its own port (metrics.serve_metrics, __main__)
         app.add_api_route("/metrics", metrics_route, methods=["GET"], tags=["ops"], include_in_schema=False)
 

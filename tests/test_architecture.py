@@ -35,6 +35,8 @@ ALLOWED = {
     "service.http": {"service.__init__", "service.http", "service.worker", "service.inference", "service.shared",
                      *COMMON, "numpy", "fastapi", "starlette", "pydantic", "uvicorn", "py3langid", "litserve",
                      "onnxruntime"},
+    # the one module that knows the redis client (the limits' counters shared by the replicas)
+    "service.http.redis_bridge": {"redis"},
     # the workers' ENDPOINT names: the metrics' endpoint label
     "service.api": {"service.__init__", "service.api", "service.http.gateway", "service.shared", *COMMON,
                     "service.worker.translate_api", "service.worker.generate_api", "fastapi", "starlette", "pydantic"},
