@@ -71,7 +71,7 @@ class Settings:
     # process's memory, so each replica (and each of its --api-servers) counts alone.
     redis_url: str = ""
     # The longest a request waits on Redis for its limits, and what it gets while Redis cannot answer:
-    # "admit" (limits off until Redis is back) or "refuse" (503 with Retry-After). Never a 500.
+    # "admit" (limits off until Redis is back) or "refuse" (429 with Retry-After: 1). Never a 5xx.
     redis_timeout_ms: float = 100.0
     redis_down: str = "admit"
     # What a key protects (README, "API keys"): everything but the probes. /metrics goes to its own port
@@ -126,7 +126,7 @@ _HELP = {
     "redis_url": "Redis to count the keys' usage in, shared by every replica (redis://[:password@]host:6379/0; "
                  "give it from a Secret); none: each process counts in its own memory",
     "redis_timeout_ms": "the longest a request waits on Redis for its limits (then --redis-down applies)",
-    "redis_down": "while Redis cannot answer: admit (limits off until it is back) or refuse (503 with Retry-After)",
+    "redis_down": "while Redis cannot answer: admit (limits off until it is back) or refuse (429 with Retry-After)",
     "log_level": "critical, error, warning, info or debug",
     "batch_timeout_ms": "after an inference worker takes a request, how long it waits for more to join the batch "
                         "(0: it takes only those already queued; under load they queue while it is busy)",

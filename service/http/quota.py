@@ -14,9 +14,11 @@ at a window's end a key may send up to N more at once, so up to 2N within a shor
 
 Where the counts live: with --redis-url in Redis, shared by every process of every replica (redis_bridge.py);
 without it in this process's memory, so each replica, and each of its --api-servers, counts on its own.
-When Redis cannot answer within --redis-timeout-ms, --redis-down decides: admit (limits off) or refuse (503
-with Retry-After), counted in transerve_ratelimit_store_errors_total; never a 500. Redis is then left alone
-for a second (a request must not wait on a Redis that is down), and limits resume with its first answer.
+When Redis cannot answer within --redis-timeout-ms, --redis-down decides: admit (limits off) or refuse (429
+`limits_unavailable` with Retry-After: 1, which clients retry as any 429; not a 5xx, which would read as the
+service failing and page as its error ratio), counted in transerve_ratelimit_store_errors_total; never a 500.
+Redis is then left alone for a second (a request must not wait on a Redis that is down), and limits resume
+with its first answer.
 """
 
 from __future__ import annotations
@@ -144,8 +146,8 @@ class Quota:
         outcome = "refused" if self.refuse_when_down else "admitted"
         metrics().ratelimit_store_errors.labels(outcome).inc()
         if self.refuse_when_down:
-            raise ApiError(503, "limits_unavailable", "the limits' store cannot be reached; retry shortly",
-                           headers={"Retry-After": "1"})
+            raise ApiError(429, "limits_unavailable", "the key's limits cannot be checked now (their store does "
+                           "not answer); retry shortly", headers={"Retry-After": "1", "retry-after-ms": "1000"})
         return None
 
     async def usage(self, tenant: Tenant) -> dict:
