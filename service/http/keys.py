@@ -64,19 +64,24 @@ class KeyRing:
         return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
 
     def watch(self) -> None:
-        """The polling thread of this process, started on its first request (a thread does not survive fork)."""
+        """The polling thread of this process, started on its first request (a thread does not survive fork),
+        which first catches up at once with what changed since the fork."""
         if self.path and self.watching_in != os.getpid():
             self.watching_in = os.getpid()
+            self.check()
             threading.Thread(target=self.poll, name="keys-file", daemon=True).start()
 
     def poll(self) -> None:
         while True:
             time.sleep(POLL_S)
-            now = (self.hups.value, self.identity())
-            if now != self.seen:
-                why = "SIGHUP" if now[0] != self.seen[0] else "the file changed"
-                self.seen = now
-                self.reload(why)
+            self.check()
+
+    def check(self) -> None:
+        now = (self.hups.value, self.identity())
+        if now != self.seen:
+            why = "SIGHUP" if now[0] != self.seen[0] else "the file changed"
+            self.seen = now
+            self.reload(why)
 
     def reload(self, why: str) -> bool:
         try:
