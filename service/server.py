@@ -23,6 +23,8 @@ from fastapi.responses import PlainTextResponse, Response
 from . import __version__
 from .api import libretranslate, native, openai_api, ui
 from .http.auth import USAGE_PATH, open_paths
+from .http.keys import ANONYMOUS
+from .http.quota import WINDOWS
 from .worker.cancel import CancelBoard
 from .config import Settings
 from .inference.device import probe_device
@@ -74,6 +76,11 @@ def install(app: FastAPI, gateway: Gateway, flavours: tuple[Flavour, ...]) -> No
         metrics().rejected.labels(endpoint)
         for kind in sorted(set(ERROR_KIND.values()) | {"internal"}):
             metrics().errors.labels(endpoint, kind)
+    for outcome in ("admitted", "refused"):   # the alert on Redis down reads these (quota.Quota.counted)
+        metrics().ratelimit_store_errors.labels(outcome)
+    for name in gateway.keys.names() or [ANONYMOUS.name]:
+        for limit in WINDOWS:
+            metrics().key_rate_limited.labels(name, limit)
     # Drop LitServe's own POST routes and readiness check (ours submit through the same handler and know about
     # draining), its info route (ours is /info) and its "litserve running" root.
     app.router.routes = [r for r in app.router.routes if getattr(r, "path", None)
