@@ -36,11 +36,13 @@ TEXT = ("Das Wetter ist heute schön, und wir gehen in den Park. Morgen regnet e
 assert len(TEXT) == 100
 HAMMER_S = float(os.environ.get("TRANSERVE_TENANT_HAMMER_S", "10"))   # the issue's 20 s, shortened for CI
 KEYS = {"capped": "capped-key-0001", "free": "free-key-0002", "chatty": "chatty-key-0003",
-        "steady": "steady-key-0004", "newbie": "newbie-key-0005", "narrow": "narrow-key-0006"}
+        "steady": "steady-key-0004", "newbie": "newbie-key-0005", "narrow": "narrow-key-0006",
+        "tokened": "tokened-key-0007"}
 
 
 def keys_yaml(*names: str) -> str:
-    limits = {"capped": "{characters_per_minute: 1000}", "chatty": "{requests_per_minute: 2}"}
+    limits = {"capped": "{characters_per_minute: 1000}", "chatty": "{requests_per_minute: 2}",
+              "tokened": "{tokens_per_day: 10}"}
     lines = ["keys:"]
     for name in names:
         if name == "steady":   # only its SHA-256 in the file
@@ -51,6 +53,8 @@ def keys_yaml(*names: str) -> str:
             lines.append(f"    limits: {limits[name]}")
         if name == "narrow":
             lines.append("    routes: [/usage, /translate]")
+        if name == "tokened":
+            lines.append("    models: [lm-small]")
     return "\n".join(lines) + "\n"
 
 
@@ -219,7 +223,7 @@ def test_redis_unreachable_applies_the_configured_choice_within_the_timeout(choi
 def servers(redis, tmp_path_factory):
     """Two servers on one Redis: the first admits while Redis is out, the second refuses."""
     keys = tmp_path_factory.mktemp("keys") / "keys.yaml"
-    keys.write_text(keys_yaml("capped", "free", "chatty", "steady", "narrow"))
+    keys.write_text(keys_yaml("capped", "free", "chatty", "steady", "narrow", "tokened"))
     redis.flush()
     procs = []
     try:
@@ -291,6 +295,21 @@ def test_a_key_limited_to_routes_gets_403_elsewhere(servers):
     r = httpx.post(urls[0] + "/generate", json={"prompt": "Das"}, headers=bearer("narrow"))
     assert r.status_code == 403 and r.json()["error"]["type"] == "route_not_allowed", r.text
     assert httpx.get(urls[0] + "/usage", headers=bearer("narrow")).json()["key"] == "narrow"
+
+
+def test_tokens_per_day_are_counted_when_a_generation_ends_and_models_are_kept_to_the_list(servers):
+    urls, _, _ = servers
+    prompt = {"prompt": "Das ist", "max_new_tokens": 8, "seed": 1}
+    first = httpx.post(urls[0] + "/generate", json=prompt, headers=bearer("tokened"), timeout=60)
+    assert first.status_code == 200, first.text
+    usage = first.json()["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] >= 10, usage   # the day's 10 tokens used up
+    r = httpx.post(urls[1] + "/generate", json=prompt, headers=bearer("tokened"), timeout=60)
+    assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limited", r.text
+    assert r.headers["ratelimit-policy"] == '"tokens-day";q=10;w=86400'
+    r = httpx.post(urls[0] + "/translate", json={"text": TEXT, "source_lang": "de", "target_lang": "en"},
+                   headers=bearer("tokened"))
+    assert r.status_code == 403 and r.json()["error"]["type"] == "model_not_allowed", r.text
 
 
 def statuses_while(urls: list[str], key: str, action, seconds: float) -> list[int]:
