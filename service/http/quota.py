@@ -141,7 +141,7 @@ class Quota:
                 if self.down_since is None:
                     self.down_since = time.monotonic()
                     log.warning("Redis at %s does not answer (%s): %s", self.redis_at, e,
-                                "requests are refused with 503" if self.refuse_when_down else
+                                "requests are refused with 429 (--redis-down refuse)" if self.refuse_when_down else
                                 "requests are admitted without limits until it is back (--redis-down admit)")
         outcome = "refused" if self.refuse_when_down else "admitted"
         metrics().ratelimit_store_errors.labels(outcome).inc()
