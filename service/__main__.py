@@ -17,7 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
     # Before anything creates a metric: workers are spawned and inherit the directory.
     configure()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .logs import configure as configure_logs
+
+    configure_logs(settings.log_level, settings.log_format)
     from .server import build_server
     from .inference.device import DeviceError
     from .keyfile import KeysFileError

@@ -79,6 +79,9 @@ class Settings:
     metrics_port: int = 0
     public_docs: bool = False           # True: /docs, /openapi.json and /info open to all even with keys
     log_level: str = "info"
+    # text: lines for a person at a terminal; json: one object per line for a log pipeline, with an access line
+    # per request (service/logs.py). Never a key, never a request's text, in either.
+    log_format: str = "text"
 
     @property
     def model_paths(self) -> list[Path]:
@@ -128,6 +131,8 @@ _HELP = {
     "redis_timeout_ms": "the longest a request waits on Redis for its limits (then --redis-down applies)",
     "redis_down": "while Redis cannot answer: admit (limits off until it is back) or refuse (429 with Retry-After)",
     "log_level": "critical, error, warning, info or debug",
+    "log_format": "text (lines for a terminal) or json (one object per line, and an access line per request with "
+                  "its id, key name, route, status, characters, tokens and timings; never a key or a text)",
     "batch_timeout_ms": "after an inference worker takes a request, how long it waits for more to join the batch "
                         "(0: it takes only those already queued; under load they queue while it is busy)",
     "max_request_cost": "a request's cost at most: source tokens x beam_size for /translate, (prompt tokens + "
@@ -221,6 +226,8 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         p.error(f"--device must be auto, cpu or cuda, got {s.device!r}")
     if s.metrics_port and s.metrics_port == s.port:
         p.error(f"--metrics-port must differ from --port ({s.port}), or be 0 for /metrics on the main port")
+    if s.log_format not in ("text", "json"):
+        p.error(f"--log-format must be text or json, got {s.log_format!r}")
     if s.redis_down not in ("admit", "refuse"):
         p.error(f"--redis-down must be admit or refuse, got {s.redis_down!r}")
     if not s.redis_timeout_ms > 0:

@@ -97,7 +97,7 @@ def install(app: FastAPI, gateway: Gateway, flavours: tuple[Flavour, ...]) -> No
                        open_paths=open_paths(frozenset().union(*(f.open_paths for f in flavours)),
                                              public_docs=settings.public_docs),
                        key_in_body=frozenset().union(*(f.key_in_body for f in flavours)),
-                       body_timeout_s=settings.body_timeout_s)
+                       body_timeout_s=settings.body_timeout_s, access_log=settings.log_format == "json")
 
 
 def install_operations(app: FastAPI, gateway: Gateway) -> None:

@@ -16,7 +16,7 @@ BRIDGES = {"service.worker.litserve_bridge": "litserve", "service.inference.onnx
 # service/'s folders are layers, each importing only those below it: inference (onnxruntime, no HTTP, no LitServe)
 # < worker (LitServe's workers and the scheduler) < http (the core, no routes) < api (the flavours); server.py
 # and __main__.py compose them. COMMON are the process-wide modules every layer may use; they import no layer.
-COMMON = {"service.config", "service.metrics", "service.stopping", "service.errors", "service.keyfile"}
+COMMON = {"service.config", "service.metrics", "service.stopping", "service.errors", "service.keyfile", "service.logs"}
 ALLOWED = {
     "service.shared": {"service.shared", "numpy", "pydantic"},
     "service.client": {"service.shared.options", "service.shared.schemas", "httpx", "pydantic", "typing_extensions"},

@@ -114,3 +114,10 @@ def test_redis_settings_hide_the_url_and_check_the_choice(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         parse_settings(["--redis-down", "maybe"])
     assert "--redis-down must be admit or refuse" in capsys.readouterr().err
+
+
+def test_log_format_is_text_or_json():
+    assert parse_settings([]).log_format == "text"
+    assert parse_settings(["--log-format", "json"]).log_format == "json"
+    with pytest.raises(SystemExit):
+        parse_settings(["--log-format", "xml"])

@@ -383,3 +383,39 @@ def test_redis_stopped_under_load_and_back(servers, redis):
                        headers=bearer("capped"), timeout=60)
         seen.append(r.status_code)
     assert seen.count(200) == 10 and r.json()["error"]["type"] == "rate_limited", seen
+
+
+# --- JSON logs (--log-format json) ----------------------------------------------------------------------------
+def test_json_logs_one_line_per_request_with_its_id_and_no_key_or_text(tmp_path):
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(keys_yaml("steady", "capped"))
+    proc, url = start_server(PACKAGE, "--model", LM_PACKAGE, "--api-keys-file", str(keys), "--log-format", "json")
+    sent = {}
+    try:
+        with httpx.Client(base_url=url, timeout=60) as http:
+            def send(rid, method, path, key="steady", **kwargs):
+                headers = {"X-Request-ID": rid} | (bearer(key) if key else {})
+                sent[rid] = (path, http.request(method, path, headers=headers, **kwargs).status_code)
+            send("log-1", "POST", "/translate", json={"text": TEXT, "source_lang": "de", "target_lang": "en"})
+            send("log-2", "POST", "/translate", json={"text": "", "source_lang": "de", "target_lang": "en"})
+            send("log-3", "POST", "/translate", key=None, json={"text": TEXT, "source_lang": "de", "target_lang": "en"})
+            send("log-4", "POST", "/generate", json={"prompt": "Das ist", "max_new_tokens": 4, "seed": 1})
+            send("log-5", "GET", "/usage", key="capped")
+            send("log-6", "POST", "/libretranslate/translate", key=None,
+                 json={"q": TEXT, "source": "de", "target": "en", "api_key": KEYS["capped"]})
+    finally:
+        stop_server(proc)
+    log = server_log(proc)
+    lines = [json.loads(line) for line in log.splitlines() if line.strip()]   # every line parses
+    access = {rec["request_id"]: rec for rec in lines if rec["logger"] == "transerve.access"}
+    assert {rid: (a["route"], a["status"]) for rid, a in access.items() if rid in sent} == sent
+    assert sent["log-1"][1] == 200 and sent["log-3"][1] == 401 and sent["log-6"][1] == 200
+    assert sum(rec.get("request_id") == "log-1" for rec in lines) == 1
+    one = access["log-1"]
+    assert one["key"] == "steady" and one["chars_in"] == 100 and one["tokens_out"] > 0 and one["model"] == "de-en"
+    assert one["queue_ms"] >= 0 and one["inference_ms"] > 0 and one["total_ms"] > 0 and "error_type" not in one
+    assert access["log-2"]["error_type"] == "invalid_request" and access["log-3"]["error_type"] == "unauthorized"
+    assert access["log-4"]["tokens_out"] > 0 and access["log-4"]["model"] == "lm-small"
+    assert access["log-6"]["key"] == "capped" and access["log-6"]["chars_in"] == 100
+    assert any(rec["logger"].startswith("uvicorn") for rec in lines)   # the server's own events, as JSON
+    assert not any(k in log for k in KEYS.values()) and TEXT[:20] not in log and "Das ist" not in log

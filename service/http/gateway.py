@@ -145,7 +145,7 @@ class Gateway:
         if not charged:
             await self.charge_characters(request, texts)
         if body.source_lang == body.target_lang:
-            return self.identity(texts, body.source_lang)
+            return self.noted(request, texts, self.identity(texts, body.source_lang))
         if not self.workers.serves(ENDPOINT):
             raise no_translation_model()
         received = time.monotonic()
@@ -158,6 +158,17 @@ class Gateway:
             return None
         metrics().queue_wait.labels(endpoint).observe(out["timings"]["queue_ms"] / 1000)
         out["timings"]["total_ms"] = round((time.monotonic() - received) * 1000, 2)
+        return self.noted(request, texts, out)
+
+    @staticmethod
+    def noted(request: Request, texts: list[str], out: dict) -> dict:
+        """`out`, its counts and timings noted for the access line (service/logs.py): numbers, never text."""
+        items = out["translations"]
+        request.scope["state"]["access"] = {
+            "chars_in": sum(map(len, texts)), "chars_out": sum(len(i["text"]) for i in items),
+            "tokens_in": sum(i["input_tokens"] for i in items), "tokens_out": sum(i["output_tokens"] for i in items),
+            "queue_ms": out["timings"]["queue_ms"], "inference_ms": out["timings"]["inference_ms"],
+            "model": out["model"]}
         return out
 
     async def translate_detected(self, body: TranslateRequest, request: Request, endpoint: str) -> dict | None:
@@ -193,9 +204,10 @@ class Gateway:
             for i, item in zip(idx, out["translations"]):
                 items[i] = item | {"detected_lang": {"language": lang, "confidence": found[i][1]}}
         timings = {k: max(out["timings"][k] for out in outs) for k in ("queue_ms", "inference_ms")}
-        return {"translations": items, "model": "+".join(dict.fromkeys(out["model"] for out in outs)),
-                "source_lang": next(iter(groups)) if len(groups) == 1 else AUTO, "target_lang": body.target_lang,
-                "timings": timings | {"total_ms": round((time.monotonic() - received) * 1000, 2)}}
+        return self.noted(request, texts, {
+            "translations": items, "model": "+".join(dict.fromkeys(out["model"] for out in outs)),
+            "source_lang": next(iter(groups)) if len(groups) == 1 else AUTO, "target_lang": body.target_lang,
+            "timings": timings | {"total_ms": round((time.monotonic() - received) * 1000, 2)}})
 
     # --- language detection -----------------------------------------------------------------------
     async def detect(self, texts: list[str]) -> list[list[tuple[str, float]]]:
@@ -227,13 +239,19 @@ class Gateway:
             held.enter_context(self.admission.admitted(GENERATE))   # given back first, whatever aclose() does
             first = raise_worker_error(await anext(events))
             stream = GenerationStream(self.board, number, received, body.stream, first, events, held.pop_all())
-            stream.spent = lambda usage: self.count_tokens(tenant, usage)
+            stream.spent = lambda finished: self.count_tokens(tenant, finished, request.scope["state"])
             return stream
 
-    async def count_tokens(self, tenant: Tenant, usage: dict) -> None:
+    async def count_tokens(self, tenant: Tenant, finished: Finished, state: dict) -> None:
         """A finished generation's tokens against its key's tokens per day (counted after the fact: how many a
-        generation takes is known only at its end; the next request over the limit is refused)."""
+        generation takes is known only at its end; the next request over the limit is refused), and noted for
+        the access line (summed over the prompts of one request)."""
+        usage = finished.usage
         n = usage["prompt_tokens"] + usage["completion_tokens"]
+        noted = state.setdefault("access", {"tokens_in": 0, "tokens_out": 0})
+        noted |= {"tokens_in": noted.get("tokens_in", 0) + usage["prompt_tokens"], "model": finished.model,
+                  "tokens_out": noted.get("tokens_out", 0) + usage["completion_tokens"],
+                  "queue_ms": finished.timings["queue_ms"]}
         metrics().key_tokens.labels(tenant.name).inc(n)
         try:
             await self.quota.take(tenant, charges(tenant, tokens=n))
@@ -295,7 +313,7 @@ class GenerationStream:
         self.last_at: float | None = None
         self.texts: dict[int, str] = {}          # choice index -> its text so far
         self.finished: Finished | None = None
-        self.spent: Callable[[dict], Awaitable[None]] | None = None   # told the usage once finished (Gateway)
+        self.spent: Callable[[Finished], Awaitable[None]] | None = None   # told once finished (Gateway)
         self.told = False                        # Finished was returned
         self.closed = False
 
@@ -378,7 +396,7 @@ class GenerationStream:
             self.board.cancel(self.number)       # the client went away, or the worker failed: free its rows
         await self.held.aclose()
         if self.finished is not None and self.spent is not None:
-            await self.spent(self.finished.usage)
+            await self.spent(self.finished)
         if self.streamed:    # a JSON answer's duration is the middleware's, as any request's
             metrics().request_duration.labels(GENERATE).observe(time.monotonic() - self.received)
 

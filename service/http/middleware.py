@@ -22,6 +22,7 @@ from .auth import admit, given_key
 from .keys import ANONYMOUS, KeyRing
 from .quota import Quota
 from ..errors import ERROR_KIND, ApiError, Responder, too_large
+from ..logs import access
 from ..metrics import metrics
 
 log = logging.getLogger("transerve")
@@ -37,12 +38,13 @@ DRAIN_BYTES = 16 * 2**20
 
 def request_context(app, respond: Responder, endpoints: dict[str, str], max_payload_bytes: int, keys: KeyRing,
                     quota: Quota, open_paths: frozenset = frozenset(), key_in_body: frozenset = frozenset(),
-                    body_timeout_s: float = 30.0):
+                    body_timeout_s: float = 30.0, access_log: bool = False):
     """`app` wrapped; `respond` answers an error in its path's flavour's shape (errors.responder); `endpoints`
     maps the paths whose requests are counted to their metrics label; the paths but `open_paths` (probes,
     language lists: auth.open_paths) need one of the `keys`, checked with its route and requests per minute
     (`quota`) before the body is read (key_refusal), but for a POST to `key_in_body` without one in its headers.
-    A body must arrive within `body_timeout_s` of the headers (then 408 and the connection closes)."""
+    A body must arrive within `body_timeout_s` of the headers (then 408 and the connection closes). With
+    `access_log` (--log-format json), one access line per answered request (service/logs.py)."""
 
     async def wrapped(scope, receive, send):
         if scope["type"] != "http":
@@ -50,6 +52,7 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
         rid = request_id(scope)
         state = scope.setdefault("state", {})
         state["request_id"] = rid
+        method, path = scope["method"], scope["path"]
         t0 = time.perf_counter()
         started: dict = {}
 
@@ -70,9 +73,11 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
             scope = scope | {"method": "GET"}
         try:
             if scope["path"] not in open_paths and (refused := await key_refusal(keys, quota, scope, key_in_body)):
+                state["error_type"] = refused.type
                 await respond(scope["path"], rid, refused)(scope, receive, send_with_id)
             elif limited is None:
                 await drain_declared(scope, receive, body_timeout_s)
+                state["error_type"] = "payload_too_large"
                 await respond(scope["path"], rid, too_large(max_payload_bytes))(scope, receive, send_with_id)
             else:
                 await app(scope, limited, send_with_id)
@@ -80,8 +85,11 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
             log.exception("unhandled error on %s", scope["path"])
             if started:
                 raise
+            state["error_type"] = "internal_error"
             await respond(scope["path"], rid, ApiError(500, "internal_error", "internal error"))(
                 scope, receive, send_with_id)
+        if access_log and started:
+            access(state, method, path, started["status"], (time.perf_counter() - t0) * 1000)
         if (endpoint := endpoints.get(scope["path"])) and started:
             count(endpoint, started["status"], None if started["stream"] else time.perf_counter() - t0,
                   state.get("tenant", ANONYMOUS).name)
