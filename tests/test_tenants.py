@@ -195,7 +195,9 @@ def test_redis_counts_atomically_across_clients(redis):
     """Two Quotas (two processes' worth of connections) charging one key at once: exactly the limit passes."""
     redis.flush()
     tenant = capped_tenant()
-    settings = Settings(redis_url=redis.url)
+    # A generous timeout, and refusal past it: on a loaded machine 50 new connections may take longer than the
+    # default 100 ms, and an admitted request would hide whether the counting itself is atomic.
+    settings = Settings(redis_url=redis.url, redis_timeout_ms=5000, redis_down="refuse")
 
     async def both():
         return [*await spend(Quota(settings), tenant, 25), *await spend(Quota(settings), tenant, 25)]
@@ -221,7 +223,8 @@ def test_redis_unreachable_applies_the_configured_choice_within_the_timeout(choi
 # --- two server processes sharing one redis-server ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def servers(redis, tmp_path_factory):
-    """Two servers on one Redis: the first admits while Redis is out, the second refuses."""
+    """Two servers on one Redis: the first admits while Redis is out, the second refuses. A timeout of 2 s:
+    a loaded test machine must not turn a slow answer into an admission (a stopped Redis fails at once)."""
     keys = tmp_path_factory.mktemp("keys") / "keys.yaml"
     keys.write_text(keys_yaml("capped", "free", "chatty", "steady", "narrow", "tokened"))
     redis.flush()
@@ -229,7 +232,7 @@ def servers(redis, tmp_path_factory):
     try:
         for choice in ("admit", "refuse"):
             procs.append(start_server(PACKAGE, "--model", LM_PACKAGE, "--api-keys-file", str(keys), "--redis-url",
-                                      redis.url, "--redis-down", choice, "--redis-timeout-ms", "200"))
+                                      redis.url, "--redis-down", choice, "--redis-timeout-ms", "2000"))
         yield [url for _, url in procs], [proc for proc, _ in procs], keys
     finally:
         for proc, _ in procs:
