@@ -44,6 +44,13 @@ if ! command -v promtool >/dev/null && can_apt; then
     || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1; }) \
     || echo "warning: could not install promtool; its test will be skipped" >&2
 fi
+# redis-server (Debian's package) is the shared store of the keys' limits in tests/test_tenants.py, started
+# there on 127.0.0.1 by the test itself; without it those tests skip.
+if ! command -v redis-server >/dev/null && can_apt; then
+  (apt-get install -y -q --no-install-recommends redis-server >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends redis-server >/dev/null 2>&1; }) \
+    || echo "warning: could not install redis-server; the shared-limits tests will be skipped" >&2
+fi
 # Debian's chromium and its chromedriver run the translate page in a headless browser (tests/test_ui.py,
 # driven by selenium from the dev extra); without them, as without root, those tests skip and say why.
 if ! { command -v chromium && command -v chromedriver; } >/dev/null && can_apt; then

@@ -17,16 +17,19 @@ def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
     # Before anything creates a metric: workers are spawned and inherit the directory.
     configure()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .logs import configure as configure_logs
+
+    configure_logs(settings.log_level, settings.log_format)
     from .server import build_server
     from .inference.device import DeviceError
+    from .keyfile import KeysFileError
     from .shared.package import PackageError
     from .worker.litserve_bridge import serving
     from .http.uvicorn_bridge import uvicorn_options
 
     try:
         server, gateway = build_server(settings)
-    except (PackageError, DeviceError) as e:
+    except (PackageError, DeviceError, KeysFileError) as e:
         print(f"error: cannot serve: {e}", file=sys.stderr)
         return 2
 
@@ -50,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
 
         serve_metrics(settings.host, settings.metrics_port)
     gateway.stopping.handle_in_main(on_signal)
+    # SIGHUP: the HTTP processes re-read the API keys file (http/keys.py); the server goes on.
+    signal.signal(signal.SIGHUP, lambda signum, frame: gateway.keys.hup())
     try:
         server.run(host=settings.host, port=settings.port, num_api_servers=settings.api_servers,
                    log_level=settings.log_level, generate_client_file=False, **uvicorn_options(settings))

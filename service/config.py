@@ -2,8 +2,9 @@
 
 Precedence: flag > TRANSERVE_<NAME> environment variable > default. `--model` may be given several
 times; TRANSERVE_MODELS takes a comma-separated list. API keys may also come from a file
-(`--api-keys-file`, one key per line), read once at start-up: a Kubernetes Secret mounted as a file
-stays out of the environment, which child processes, crash reports and `/proc/PID/environ` expose.
+(`--api-keys-file`: one key per line, or keys with names and limits, service/keyfile.py), checked here at
+start-up and re-read by the HTTP processes on SIGHUP and when it changes: a Kubernetes Secret mounted as a
+file stays out of the environment, which child processes, crash reports and `/proc/PID/environ` expose.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import argparse
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+
+from .keyfile import KeysFileError, plain_keys, read_keys_file, structured
 
 
 @dataclass
@@ -61,12 +64,24 @@ class Settings:
     max_output_tokens: int = 512        # hard cap on tokens written per sentence (and per generation)
     max_prompt_tokens: int = 512        # generation prompt tokens
     api_keys: list[str] = field(default_factory=list)  # empty = no authentication
-    api_keys_file: str = ""             # more keys, one per line (# comments, blank lines ignored)
+    # More keys: one per line (# comments, blank lines ignored), or the structured form with names and limits
+    # (service/keyfile.py); re-read on SIGHUP and when it changes (service/http/keys.py).
+    api_keys_file: str = ""
+    # Where the keys' usage is counted, shared by every replica (service/http/quota.py); empty: in this
+    # process's memory, so each replica (and each of its --api-servers) counts alone.
+    redis_url: str = ""
+    # The longest a request waits on Redis for its limits, and what it gets while Redis cannot answer:
+    # "admit" (limits off until Redis is back) or "refuse" (429 with Retry-After: 1). Never a 5xx.
+    redis_timeout_ms: float = 100.0
+    redis_down: str = "admit"
     # What a key protects (README, "API keys"): everything but the probes. /metrics goes to its own port
     # for the cluster's scraper when metrics_port is set (0: on the main port, behind the key).
     metrics_port: int = 0
     public_docs: bool = False           # True: /docs, /openapi.json and /info open to all even with keys
     log_level: str = "info"
+    # text: lines for a person at a terminal; json: one object per line for a log pipeline, with an access line
+    # per request (service/logs.py). Never a key, never a request's text, in either.
+    log_format: str = "text"
 
     @property
     def model_paths(self) -> list[Path]:
@@ -74,9 +89,15 @@ class Settings:
 
     def public(self) -> dict:
         """Settings safe to show on /info (no keys)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "api_keys"}
-        out["auth"] = bool(self.api_keys)
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("api_keys", "redis_url")}
+        out["auth"] = self.keyed
+        out["redis"] = bool(self.redis_url)   # its URL may hold a password
         return out
+
+    @property
+    def keyed(self) -> bool:
+        """Whether requests need a key: keys given, or a keys file (whose structured form leaves api_keys empty)."""
+        return bool(self.api_keys or self.api_keys_file)
 
 
 _HELP = {
@@ -105,7 +126,13 @@ _HELP = {
     "max_payload_bytes": "bytes a request's body may take; beyond: 413 (a body declared larger is refused unread)",
     "max_output_tokens": "tokens written per sentence or generation at most, whatever a request asks",
     "max_prompt_tokens": "tokens a generation prompt may have; beyond: 413",
+    "redis_url": "Redis to count the keys' usage in, shared by every replica (redis://[:password@]host:6379/0; "
+                 "give it from a Secret); none: each process counts in its own memory",
+    "redis_timeout_ms": "the longest a request waits on Redis for its limits (then --redis-down applies)",
+    "redis_down": "while Redis cannot answer: admit (limits off until it is back) or refuse (429 with Retry-After)",
     "log_level": "critical, error, warning, info or debug",
+    "log_format": "text (lines for a terminal) or json (one object per line, and an access line per request with "
+                  "its id, key name, route, status, characters, tokens and timings; never a key or a text)",
     "batch_timeout_ms": "after an inference worker takes a request, how long it waits for more to join the batch "
                         "(0: it takes only those already queued; under load they queue while it is busy)",
     "max_request_cost": "a request's cost at most: source tokens x beam_size for /translate, (prompt tokens + "
@@ -156,18 +183,12 @@ def _env_value(name: str, default):
 
 
 def read_api_keys_file(path: str) -> list[str]:
-    """The keys of an API keys file: one per line, surrounding whitespace stripped, blank lines and
-    lines starting with # skipped. A file that exists but holds no key is refused: a Secret created
-    empty by mistake must not turn authentication off without a word."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read the API keys file {path}: {e}") from None
-    keys = [line.strip() for line in text.splitlines()]
-    keys = [k for k in keys if k and not k.startswith("#")]
-    if not keys:
-        raise ValueError(f"the API keys file {path} holds no key (one per line; # starts a comment)")
-    return keys
+    """The keys of a plain API keys file: one per line, surrounding whitespace stripped, blank lines and
+    lines starting with # skipped; [] for the structured form (its keys have names and limits: keyfile.py).
+    A file that cannot be read, is malformed or holds no key is refused (keyfile.read_keys_file)."""
+    read_keys_file(path)
+    text = Path(path).read_text(encoding="utf-8")
+    return [] if structured(text) else plain_keys(text)
 
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
@@ -176,7 +197,8 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
     for f in fields(Settings):
         default = _env_value(f.name, getattr(defaults, f.name))
         flag = "--model" if f.name == "models" else "--" + f.name.replace("_", "-")
-        shown = ("given" if default else "none") if f.name == "api_keys" else default   # never a key itself
+        secret = f.name in ("api_keys", "redis_url")   # never a key or a password itself
+        shown = ("given" if default else "none") if secret else default
         help_text = f"{_HELP[f.name]} (env TRANSERVE_{f.name.upper()}; default {shown})"
         if isinstance(default, list):
             p.add_argument(flag, dest=f.name, action="append", default=None, help=help_text)
@@ -196,7 +218,7 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
     if values["api_keys_file"]:
         try:
             file_keys = read_api_keys_file(values["api_keys_file"])
-        except ValueError as e:
+        except KeysFileError as e:
             p.error(str(e))
         values["api_keys"] = values["api_keys"] + [k for k in file_keys if k not in values["api_keys"]]
     s = Settings(**values)
@@ -204,6 +226,12 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         p.error(f"--device must be auto, cpu or cuda, got {s.device!r}")
     if s.metrics_port and s.metrics_port == s.port:
         p.error(f"--metrics-port must differ from --port ({s.port}), or be 0 for /metrics on the main port")
+    if s.log_format not in ("text", "json"):
+        p.error(f"--log-format must be text or json, got {s.log_format!r}")
+    if s.redis_down not in ("admit", "refuse"):
+        p.error(f"--redis-down must be admit or refuse, got {s.redis_down!r}")
+    if not s.redis_timeout_ms > 0:
+        p.error(f"--redis-timeout-ms must be more than 0, got {s.redis_timeout_ms}")
     if not 0 <= s.worker_nice <= 19:
         p.error(f"--worker-nice must be between 0 and 19, got {s.worker_nice}")
     for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):

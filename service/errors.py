@@ -112,6 +112,7 @@ def install_handlers(app, max_payload_bytes: int, respond: Responder) -> None:
     FastAPI could not parse, a body over the limit) all answered by `respond` (see responder)."""
 
     async def api_error(request: Request, e: ApiError) -> JSONResponse:
+        request.scope.setdefault("state", {})["error_type"] = e.type   # the access line's (service/logs.py)
         return respond(request.url.path, getattr(request.state, "request_id", None), e)
 
     async def validation_error(request: Request, e: RequestValidationError) -> JSONResponse:

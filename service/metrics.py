@@ -80,6 +80,16 @@ def metrics() -> SimpleNamespace:
                                         ["endpoint", "model"], buckets=TOKEN_SECONDS),
         generated_tokens=Counter(p + "generated_tokens_total", "Generated pieces by why their sequence ended",
                                  ["model", "finish_reason"]),
+        # Per API key, by its name (service/keyfile.py; "anonymous" on a server without keys), never the key.
+        key_requests=Counter(p + "key_requests_total", "HTTP requests answered, by key name, endpoint and status",
+                             ["key", "endpoint", "status"]),
+        key_characters=Counter(p + "key_characters_total", "Translation characters sent, by key name", ["key"]),
+        key_tokens=Counter(p + "key_tokens_total", "Generation tokens (prompt and generated), by key name", ["key"]),
+        key_rate_limited=Counter(p + "key_rate_limited_total", "Requests refused with 429, by key name and limit",
+                                 ["key", "limit"]),
+        # Requests decided without the limits' store (Redis unreachable or slow), by what --redis-down made of them.
+        ratelimit_store_errors=Counter(p + "ratelimit_store_errors_total", "Requests whose limits Redis could not "
+                                       "check in time, by outcome (admitted, refused)", ["outcome"]),
     )
 
 

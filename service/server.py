@@ -7,6 +7,7 @@ operations routes, and the API flavours, each installing its own routes:
     GET /ready      readiness: every inference worker loaded and warmed up, not draining
     GET /info       models, versions, settings (no secrets)
     GET /metrics    Prometheus, merged over all processes (or on --metrics-port)
+    GET /usage      the calling key's limits and what it has used (http/quota.py)
 
 LitServe's own POST routes would accept any JSON into an unbounded queue: they are removed, and the flavours'
 routes submit through LitServe's request handler (litserve_bridge.Workers), so batching is untouched. A new
@@ -16,12 +17,14 @@ flavour is a module with a FLAVOUR (service/api/flavour.py) and its line in FLAV
 from __future__ import annotations
 
 import litserve as ls
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 
 from . import __version__
 from .api import libretranslate, native, openai_api, ui
-from .http.auth import open_paths
+from .http.auth import USAGE_PATH, open_paths
+from .http.keys import ANONYMOUS
+from .http.quota import WINDOWS
 from .worker.cancel import CancelBoard
 from .config import Settings
 from .inference.device import probe_device
@@ -73,6 +76,11 @@ def install(app: FastAPI, gateway: Gateway, flavours: tuple[Flavour, ...]) -> No
         metrics().rejected.labels(endpoint)
         for kind in sorted(set(ERROR_KIND.values()) | {"internal"}):
             metrics().errors.labels(endpoint, kind)
+    for outcome in ("admitted", "refused"):   # the alert on Redis down reads these (quota.Quota.counted)
+        metrics().ratelimit_store_errors.labels(outcome)
+    for name in gateway.keys.names() or [ANONYMOUS.name]:
+        for limit in WINDOWS:
+            metrics().key_rate_limited.labels(name, limit)
     # Drop LitServe's own POST routes and readiness check (ours submit through the same handler and know about
     # draining), its info route (ours is /info) and its "litserve running" root.
     app.router.routes = [r for r in app.router.routes if getattr(r, "path", None)
@@ -85,16 +93,22 @@ def install(app: FastAPI, gateway: Gateway, flavours: tuple[Flavour, ...]) -> No
     respond = responder({f.prefix: f.error_body for f in flavours if f.error_body})
     install_handlers(app, settings.max_payload_bytes, respond)
     app.add_middleware(request_context, respond=respond, endpoints=endpoints,
-                       max_payload_bytes=settings.max_payload_bytes, api_keys=tuple(settings.api_keys),
+                       max_payload_bytes=settings.max_payload_bytes, keys=gateway.keys, quota=gateway.quota,
                        open_paths=open_paths(frozenset().union(*(f.open_paths for f in flavours)),
                                              public_docs=settings.public_docs),
                        key_in_body=frozenset().union(*(f.key_in_body for f in flavours)),
-                       body_timeout_s=settings.body_timeout_s)
+                       body_timeout_s=settings.body_timeout_s, access_log=settings.log_format == "json")
 
 
 def install_operations(app: FastAPI, gateway: Gateway) -> None:
     """/health, /ready, /info and (unless it has a port of its own) /metrics."""
     text = {"content": {"text/plain": {"schema": {"type": "string"}}}}
+
+    async def usage(request: Request) -> dict:
+        tenant = gateway.tenant(request)
+        return {"key": tenant.name, "limits": await gateway.quota.usage(tenant),
+                "routes": None if tenant.routes is None else sorted(tenant.routes),
+                "models": None if tenant.models is None else sorted(tenant.models)}
 
     def ready() -> PlainTextResponse:
         ok, why = gateway.readiness()
@@ -107,6 +121,8 @@ def install_operations(app: FastAPI, gateway: Gateway) -> None:
                       responses={200: text, 503: text | {"description": "Not ready, or draining"}},
                       summary="Readiness: every inference worker loaded and warmed up, not draining")
     app.add_api_route("/info", gateway.info, methods=["GET"], tags=["ops"])
+    app.add_api_route(USAGE_PATH, usage, methods=["GET"], tags=["ops"],
+                      summary="The calling key's name, limits and what it has used of each in the current window")
     if not gateway.settings.metrics_port:   # else on its own port (metrics.serve_metrics, __main__)
         app.add_api_route("/metrics", metrics_route, methods=["GET"], tags=["ops"], include_in_schema=False)
 

@@ -52,6 +52,9 @@ class Stopping:
 
         for sig in SIGNALS:
             signal.signal(sig, handler)
+        # SIGHUP asks the main process to re-read the API keys (service/http/keys.py); sent to the whole
+        # process group, it must not end a child, whose default it would be.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     def handle_in_main(self, on_signal: Callable[[int], None]) -> None:
         """The main process's handler, `on_signal(signum)`, installed before LitServe forks: a forked child

@@ -16,13 +16,16 @@ BRIDGES = {"service.worker.litserve_bridge": "litserve", "service.inference.onnx
 # service/'s folders are layers, each importing only those below it: inference (onnxruntime, no HTTP, no LitServe)
 # < worker (LitServe's workers and the scheduler) < http (the core, no routes) < api (the flavours); server.py
 # and __main__.py compose them. COMMON are the process-wide modules every layer may use; they import no layer.
-COMMON = {"service.config", "service.metrics", "service.stopping", "service.errors"}
+COMMON = {"service.config", "service.metrics", "service.stopping", "service.errors", "service.keyfile", "service.logs"}
 ALLOWED = {
     "service.shared": {"service.shared", "numpy", "pydantic"},
     "service.client": {"service.shared.options", "service.shared.schemas", "httpx", "pydantic", "typing_extensions"},
     "model": {"model", "service.shared", "torch", "numpy", "sentencepiece", "onnx", "onnxscript", "onnxruntime", "tqdm",
               "sacrebleu", "transformers", "ctranslate2", "yaml", "polib", "huggingface_hub"},
     **{name: {"service.shared", "prometheus_client", "fastapi", "starlette", "pydantic"} for name in COMMON},
+    # the keys file's structured form may be YAML; config.py checks it at start-up
+    "service.keyfile": {"pydantic", "yaml"},
+    "service.config": {"service.shared", "service.keyfile", "prometheus_client", "fastapi", "starlette", "pydantic"},
     "service.inference": {"service.inference", "service.shared", "numpy", "onnxruntime", "sentencepiece"},
     "service.worker": {"service.worker", "service.inference", "service.shared", *COMMON, "numpy", "litserve"},
     # the bridge is both sides of LitServe's queue: the HTTP process's Workers client and the worker loop
@@ -32,6 +35,8 @@ ALLOWED = {
     "service.http": {"service.__init__", "service.http", "service.worker", "service.inference", "service.shared",
                      *COMMON, "numpy", "fastapi", "starlette", "pydantic", "uvicorn", "py3langid", "litserve",
                      "onnxruntime"},
+    # the one module that knows the redis client (the limits' counters shared by the replicas)
+    "service.http.redis_bridge": {"redis"},
     # the workers' ENDPOINT names: the metrics' endpoint label
     "service.api": {"service.__init__", "service.api", "service.http.gateway", "service.shared", *COMMON,
                     "service.worker.translate_api", "service.worker.generate_api", "fastapi", "starlette", "pydantic"},

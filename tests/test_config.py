@@ -91,3 +91,33 @@ def test_help_never_shows_a_key_from_the_environment(monkeypatch, capsys):
     monkeypatch.setenv("TRANSERVE_API_KEYS", "s3cret-from-env")
     text = help_lines(monkeypatch, capsys)["--api-keys"]
     assert "s3cret" not in text and "default given" in text, text
+
+
+def test_a_structured_keys_file_is_checked_at_start_and_keeps_its_keys_out_of_api_keys(tmp_path, capsys):
+    f = tmp_path / "keys.yaml"
+    f.write_text("keys:\n  - name: team-a\n    key: s3cret\n    limits: {characters_per_minute: 1000}\n")
+    s = parse_settings(["--api-keys-file", str(f)])
+    assert s.api_keys == [] and s.keyed and s.public()["auth"] is True   # its keys have names: http/keys.py
+    f.write_text("keys:\n  - name: team-a\n    key: s3cret\n    limits: {characters_per_minute: many}\n")
+    with pytest.raises(SystemExit):
+        parse_settings(["--api-keys-file", str(f)])
+    err = capsys.readouterr().err
+    assert "malformed" in err and "characters_per_minute" in err and "s3cret" not in err
+
+
+def test_redis_settings_hide_the_url_and_check_the_choice(monkeypatch, capsys):
+    monkeypatch.setenv("TRANSERVE_REDIS_URL", "redis://:pa55word@redis:6379/0")
+    s = parse_settings(["--redis-down", "refuse", "--redis-timeout-ms", "50"])
+    assert s.redis_url.endswith("@redis:6379/0") and s.redis_down == "refuse" and s.redis_timeout_ms == 50
+    assert s.public()["redis"] is True and "pa55word" not in repr(s.public())
+    assert "pa55word" not in help_lines(monkeypatch, capsys)["--redis-url"]
+    with pytest.raises(SystemExit):
+        parse_settings(["--redis-down", "maybe"])
+    assert "--redis-down must be admit or refuse" in capsys.readouterr().err
+
+
+def test_log_format_is_text_or_json():
+    assert parse_settings([]).log_format == "text"
+    assert parse_settings(["--log-format", "json"]).log_format == "json"
+    with pytest.raises(SystemExit):
+        parse_settings(["--log-format", "xml"])

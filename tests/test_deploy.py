@@ -175,7 +175,8 @@ def test_yamllint_fails_on_a_broken_copy(tmp_path):
 
 
 # --- rendering: kubectl kustomize, then kubernetes-validate --strict -------------------------------
-KUSTOMIZATIONS = [K8S / "overlays" / "cpu", K8S / "overlays" / "gpu", ADAPTER_DIR, K8S / "ingress", GRAFANA]
+KUSTOMIZATIONS = [K8S / "overlays" / "cpu", K8S / "overlays" / "gpu", ADAPTER_DIR, K8S / "ingress", GRAFANA,
+                  K8S / "redis-demo"]
 # Built-in objects each kustomization renders (CRDs aside): a missing or extra object fails too.
 BUILTIN_KINDS = {
     "overlays/cpu": ["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "NetworkPolicy", "PodDisruptionBudget",
@@ -185,6 +186,7 @@ BUILTIN_KINDS = {
                            "ServiceAccount"],
     "ingress": ["Ingress"],
     "grafana": ["ConfigMap"],
+    "redis-demo": ["Deployment", "NetworkPolicy", "Secret", "Service"],
 }
 BUILTIN_KINDS["overlays/gpu"] = BUILTIN_KINDS["overlays/cpu"]
 
@@ -359,7 +361,7 @@ def promtool(*args, cwd=PROM) -> subprocess.CompletedProcess:
 
 def test_promtool_check_rules_and_config():
     r = promtool("check", "rules", "alerts.yaml")
-    assert r.returncode == 0 and "SUCCESS: 6 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "SUCCESS: 7 rules found" in r.stdout, r.stdout + r.stderr
     r = promtool("check", "config", "prometheus.yml")  # compose's, with the rule file it loads
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -535,7 +537,9 @@ def test_api_keys_come_from_a_mounted_secret_file_not_the_environment(overlay, r
     objs = rendered[overlay]
     spec, c, settings = pod_spec(objs), server_container(objs), settings_of(objs)
     assert "TRANSERVE_API_KEYS" not in settings and "TRANSERVE_API_KEYS" not in {e["name"] for e in c["env"]}
-    assert not any("secretKeyRef" in e.get("valueFrom", {}) for e in c["env"])
+    # From a Secret in the environment: only the Redis URL (its password), optional (no Redis: per-pod limits).
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in c["env"] if "secretKeyRef" in e.get("valueFrom", {})}
+    assert refs == {"TRANSERVE_REDIS_URL": {"name": "transerve-redis", "key": "url", "optional": True}}
     keys_file = Path(settings["TRANSERVE_API_KEYS_FILE"])
     volumes = {v["name"]: v for v in spec["volumes"]}
     (mount,) = [m for m in c["volumeMounts"] if keys_file.is_relative_to(m["mountPath"])]
@@ -548,12 +552,15 @@ def test_api_keys_come_from_a_mounted_secret_file_not_the_environment(overlay, r
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_network_policy_admits_the_http_port_and_metrics_only_from_monitoring_and_nothing_out(overlay, rendered):
+def test_network_policy_admits_the_http_port_and_metrics_only_from_monitoring_and_out_only_redis(overlay, rendered):
     objs = rendered[overlay]
     policy, c = one(objs, "NetworkPolicy"), server_container(objs)
     pod_labels = one(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
-    assert sorted(policy["spec"]["policyTypes"]) == ["Egress", "Ingress"] and policy["spec"]["egress"] == []
+    assert sorted(policy["spec"]["policyTypes"]) == ["Egress", "Ingress"]
+    # Out: Redis (the keys' limits) and the DNS that finds it, nothing else.
+    outs = {(p["port"], p["protocol"]) for rule in policy["spec"]["egress"] for p in rule["ports"]}
+    assert outs == {(6379, "TCP"), (53, "UDP"), (53, "TCP")} and all(rule["to"] for rule in policy["spec"]["egress"])
     sources = {}
     for rule in policy["spec"]["ingress"]:
         assert rule["from"], "a rule without sources admits everyone"
@@ -598,7 +605,8 @@ def test_images_are_set_only_through_kustomize_images(rendered, adapter):
                 for image in container_images([doc]):
                     assert image in entries and "/" not in image and ":" not in image, (path, image)
     # One entry per image; the server image has one per overlay (CPU and GPU builds differ).
-    assert {n: len(ks) for n, ks in entries.items()} == {"transerve-model": 1, "transerve": 2, "prometheus-adapter": 1}
+    assert {n: len(ks) for n, ks in entries.items()} == {"transerve-model": 1, "transerve": 2, "prometheus-adapter": 1,
+                                                         "redis": 1}
     for objs in [*rendered.values(), adapter]:
         assert all("/" in i and ":" in i for i in container_images(objs)), container_images(objs)
 
@@ -775,7 +783,7 @@ def test_dashboard_layout_has_no_overlaps_and_rows_hold_their_panels():
         assert row["gridPos"] == {"h": 1, "w": 24, "x": 0, "y": row["gridPos"]["y"]}
         assert row["collapsed"] is False and row["panels"] == []
     (generation,) = [r for r in rows if r["title"] == "Generation"]
-    below = [p for p in panels if p["gridPos"]["y"] > generation["gridPos"]["y"]]
+    below = [p for p in panels if p["gridPos"]["y"] > generation["gridPos"]["y"] and p["type"] != "row"]
     titles = [p["title"] for p in below]
     for needed in ("Time to first token p50 / p95 / p99", "Time per output token p50 / p95 / p99",
                    "finish reason (tokens/s)", "Generate requests by status (requests/s)"):
@@ -788,7 +796,7 @@ def test_dashboard_layout_has_no_overlaps_and_rows_hold_their_panels():
 
 def test_compose_mounts_files_that_exist():
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
-    assert set(compose["services"]) == {"transerve", "prometheus", "grafana"}
+    assert set(compose["services"]) == {"transerve", "redis", "prometheus", "grafana"}
     for name, svc in compose["services"].items():
         for vol in svc.get("volumes", []):
             src = vol.split(":")[0]
@@ -1150,7 +1158,7 @@ def test_prometheus_loaded_the_alerts_and_the_rejections_alert_is_pending(promet
         if "TranserveRequestsRejected" in pending or time.time() > deadline:
             break
         time.sleep(0.5)
-    assert len(rules) == 6 and all(r["health"] == "ok" for r in rules), rules
+    assert len(rules) == 7 and all(r["health"] == "ok" for r in rules), rules
     assert "TranserveRequestsRejected" in pending
 
 

@@ -157,10 +157,10 @@ async def authorized_fields(gateway: Gateway, request: Request) -> tuple[dict, b
     try:
         data, form = await read_fields(request)
     except ApiError:
-        gateway.check_key(request, await lenient_key(request))
+        await gateway.check_key(request, await lenient_key(request))
         raise
     key = data.get("api_key")
-    gateway.check_key(request, key if isinstance(key, str) else None)
+    await gateway.check_key(request, key if isinstance(key, str) else None)
     if key is not None and not isinstance(key, str):
         raise ApiError(400, "invalid_request", "api_key must be a string")
     return data, form

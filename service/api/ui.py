@@ -60,7 +60,7 @@ def translate_page(settings: Settings) -> tuple[str, dict[str, str]]:
     if "</" in style or "</script" in script.lower():
         raise ValueError("service/api/static: an inline block must not close its own element")
     html = (STATIC / "ui.html").read_text(encoding="utf-8")
-    html = (html.replace("{{key_required}}", "true" if settings.api_keys else "false")
+    html = (html.replace("{{key_required}}", "true" if settings.keyed else "false")
                 .replace("{{max_chars}}", str(settings.max_text_chars))
                 .replace("{{style}}", style).replace("{{script}}", script))
     policy = (f"default-src 'none'; script-src {csp_hash(script)}; style-src {csp_hash(style)}; "

@@ -1,4 +1,4 @@
-"""API keys: what a request must carry when the service has any (Settings.api_keys).
+"""API keys: what a request must carry when the service has any (http/keys.py: given, or in the keys file).
 
 What a key protects (README, "API keys"): every route but the liveness and readiness probes and the language
 lists, unknown paths included (401 rather than 404, 405 or 413: a client without a key learns nothing of the
@@ -11,11 +11,10 @@ LibreTranslate's /languages stays open, as in LibreTranslate, whose clients ask 
 
 from __future__ import annotations
 
-import hmac
-
-from fastapi import Request
-
+from .keys import ANONYMOUS, KeyRing, allow_route
+from .quota import Quota, charges
 from ..errors import ApiError
+from ..keyfile import Tenant
 
 OPEN_PATHS = frozenset({"/health", "/ready"})   # the probes; each flavour adds its own (Flavour.open_paths)
 DOC_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/info",
@@ -24,12 +23,6 @@ DOC_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.jso
                        "/redoc/redoc.standalone.js"})
 # Sent with every 401 (RFC 9110 section 11.6.1): the scheme a client is to answer with.
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="transerve"'}
-
-
-def check_key(api_keys: list[str] | tuple[str, ...], request: Request, body_key: str | None = None) -> None:
-    """Passes when no key is configured or the request carries one of them (Authorization: Bearer, X-API-Key,
-    or LibreTranslate's api_key field); else 401 (none given) or 403 (a wrong one)."""
-    check_headers(api_keys, request.headers.get("authorization", ""), request.headers.get("x-api-key"), body_key)
 
 
 # What surrounds a header's value and is no part of it (RFC 9110 section 5.5, OWS); the parsers drop it
@@ -47,22 +40,43 @@ def given_key(authorization: str, x_api_key: str | None, body_key: str | None = 
     return (x_api_key or "").strip(OWS) or body_key or ""
 
 
-def check_headers(api_keys, authorization: str, x_api_key: str | None, body_key: str | None = None) -> None:
-    if not api_keys:
-        return
+def identify(keys: KeyRing, authorization: str, x_api_key: str | None, body_key: str | None = None) -> Tenant:
+    """The Tenant of the key a request gives (KeyRing.find), or 401 (none given) or 403 (one not known);
+    ANONYMOUS when the server has no keys."""
+    if not keys:
+        return ANONYMOUS
     given = given_key(authorization, x_api_key, body_key)
-    # Compare against every key in constant time, so timing says nothing about a near miss.
-    ok = False
-    for key in api_keys:
-        ok |= hmac.compare_digest(given.encode("utf-8", "surrogatepass"), key.encode())
-    if not ok and not given:
+    tenant = keys.find(given)
+    if tenant is None and not given:
         raise ApiError(401, "unauthorized", "missing API key: send Authorization: Bearer <key> or X-API-Key: <key>",
                        headers=CHALLENGE)
-    if not ok:
+    if tenant is None:
         raise ApiError(403, "unauthorized", "invalid API key")
+    return tenant
 
 
 def open_paths(flavours_open: frozenset[str], *, public_docs: bool) -> frozenset[str]:
     """The paths that need no key: the probes, those the flavours leave open (the language lists, the translate
     page), and the docs with --public-docs."""
     return OPEN_PATHS | flavours_open | (DOC_PATHS if public_docs else frozenset())
+
+
+USAGE_PATH = "/usage"   # a key reads its own usage here (server.install_operations)
+
+
+async def admit(keys: KeyRing, quota: Quota, state: dict, path: str, authorization: str, x_api_key: str | None,
+                body_key: str | None = None) -> None:
+    """The request's key identified (its Tenant in `state["tenant"]`), allowed on `path` and counted against
+    its requests per minute, or the 401/403/429: not on /usage, where a key over its limits reads why."""
+    tenant = identify(keys, authorization, x_api_key, body_key)
+    state["tenant"] = tenant
+    if path != USAGE_PATH:
+        allow_route(tenant, path)
+        add_fields(state, await quota.take(tenant, charges(tenant, requests=1)))
+
+
+def add_fields(state: dict, headers: dict[str, str]) -> None:
+    """The RateLimit fields the answer is to carry, with those of the request's earlier checks (one list)."""
+    old = state.setdefault("ratelimit", {})
+    for name, value in headers.items():
+        old[name] = f"{old[name]}, {value}" if name in old else value

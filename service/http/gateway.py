@@ -17,7 +17,7 @@ import asyncio
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 import litserve as ls
 from fastapi import Request
@@ -25,10 +25,13 @@ from fastapi import Request
 from .. import __version__
 from . import langid
 from .admission import Admission
-from .auth import check_key
+from .auth import add_fields, admit
+from .keys import ANONYMOUS, KeyRing, allow_model
+from .quota import Quota, charges
 from ..worker.cancel import CancelBoard
 from ..config import Settings
 from ..errors import ERROR_KIND, ApiError, raise_worker_error
+from ..keyfile import Tenant
 from ..worker.generate_api import ENDPOINT as GENERATE, GenerateAPI
 from ..worker.litserve_bridge import Workers, until_disconnected
 from ..metrics import metrics
@@ -50,12 +53,35 @@ class Gateway:
         self.stopping = stopping
         self.workers = Workers(server, {ENDPOINT: api, GENERATE: generate_api}, board, settings.request_timeout_s)
         self.admission = Admission(settings.max_queue)
+        self.keys = KeyRing(settings.api_keys, settings.api_keys_file)   # made before the HTTP processes fork
+        self.quota = Quota(settings)
         self.generators = [p["name"] for p in packages if p["task"] == "generation"]
         self.pairs = sorted({tuple(d.split("-")) for p in packages for d in p["directions"]})
 
     # --- checks -----------------------------------------------------------------------------------
-    def check_key(self, request: Request, body_key: str | None = None) -> None:
-        check_key(self.settings.api_keys, request, body_key)
+    async def check_key(self, request: Request, body_key: str | None = None) -> None:
+        """The key of a request the middleware let through without one in its headers (LibreTranslate's api_key
+        field): identified, allowed and counted as the middleware does (auth.admit); 401/403/429 if not."""
+        state = request.scope["state"]
+        if "tenant" not in state:
+            await admit(self.keys, self.quota, state, request.url.path, request.headers.get("authorization", ""),
+                        request.headers.get("x-api-key"), body_key)
+
+    @staticmethod
+    def tenant(request: Request) -> Tenant:
+        return request.scope.get("state", {}).get("tenant", ANONYMOUS)
+
+    async def charge_characters(self, request: Request, texts: list[str]) -> None:
+        """A translation's characters against its key's limits, before it is queued (429 over one)."""
+        tenant, n = self.tenant(request), sum(len(t) for t in texts)
+        add_fields(request.scope["state"], await self.quota.take(tenant, charges(tenant, characters=n)))
+        metrics().key_characters.labels(tenant.name).inc(n)
+
+    def allow_pair(self, request: Request, source: str, target: str) -> None:
+        """403 when the request's key may not use the package that translates source-target."""
+        tenant = self.tenant(request)
+        if tenant.models is not None and source != target:
+            allow_model(tenant, next(p["name"] for p in self.packages if f"{source}-{target}" in p["directions"]))
 
     def check_limits(self, texts: list[str]) -> None:
         s = self.settings
@@ -104,17 +130,22 @@ class Gateway:
                 "timings": {"queue_ms": 0.0, "inference_ms": 0.0, "total_ms": 0.0}}
 
     # --- translation ------------------------------------------------------------------------------
-    async def translate(self, body: TranslateRequest, request: Request, endpoint: str = ENDPOINT) -> dict | None:
+    async def translate(self, body: TranslateRequest, request: Request, endpoint: str = ENDPOINT,
+                        charged: bool = False) -> dict | None:
         """The answer to a translation request (TranslateResponse's shape); None when the client went away
         first (its request is then dropped from the worker's queue and from the engine batches not yet run).
-        `endpoint`: the label its admission counts under (the flavour's)."""
+        `endpoint`: the label its admission counts under (the flavour's); `charged`: its characters were
+        counted against its key already (source "auto": all at once, before it is split by language)."""
         if body.source_lang == AUTO:
             return await self.translate_detected(body, request, endpoint)
         texts = [body.text] if isinstance(body.text, str) else list(body.text)
         self.check_limits(texts)
         self.check_pair(body.source_lang, body.target_lang)
+        self.allow_pair(request, body.source_lang, body.target_lang)
+        if not charged:
+            await self.charge_characters(request, texts)
         if body.source_lang == body.target_lang:
-            return self.identity(texts, body.source_lang)
+            return self.noted(request, texts, self.identity(texts, body.source_lang))
         if not self.workers.serves(ENDPOINT):
             raise no_translation_model()
         received = time.monotonic()
@@ -127,6 +158,17 @@ class Gateway:
             return None
         metrics().queue_wait.labels(endpoint).observe(out["timings"]["queue_ms"] / 1000)
         out["timings"]["total_ms"] = round((time.monotonic() - received) * 1000, 2)
+        return self.noted(request, texts, out)
+
+    @staticmethod
+    def noted(request: Request, texts: list[str], out: dict) -> dict:
+        """`out`, its counts and timings noted for the access line (service/logs.py): numbers, never text."""
+        items = out["translations"]
+        request.scope["state"]["access"] = {
+            "chars_in": sum(map(len, texts)), "chars_out": sum(len(i["text"]) for i in items),
+            "tokens_in": sum(i["input_tokens"] for i in items), "tokens_out": sum(i["output_tokens"] for i in items),
+            "queue_ms": out["timings"]["queue_ms"], "inference_ms": out["timings"]["inference_ms"],
+            "model": out["model"]}
         return out
 
     async def translate_detected(self, body: TranslateRequest, request: Request, endpoint: str) -> dict | None:
@@ -148,10 +190,13 @@ class Gateway:
                                f"{where} was detected as {lang} (confidence {found[idx[0]][1]}), and no model "
                                f"translates {lang}-{body.target_lang}; {self.pairs_text()}; name source_lang "
                                "to translate it from another language")
+        for lang in groups:
+            self.allow_pair(request, lang, body.target_lang)
+        await self.charge_characters(request, texts)
         received = time.monotonic()
         outs = await asyncio.gather(*(self.translate(
-            body.model_copy(update={"text": [texts[i] for i in idx], "source_lang": lang}), request, endpoint)
-            for lang, idx in groups.items()))
+            body.model_copy(update={"text": [texts[i] for i in idx], "source_lang": lang}), request, endpoint,
+            charged=True) for lang, idx in groups.items()))
         if any(out is None for out in outs):
             return None
         items: list[dict] = [{}] * len(texts)
@@ -159,9 +204,10 @@ class Gateway:
             for i, item in zip(idx, out["translations"]):
                 items[i] = item | {"detected_lang": {"language": lang, "confidence": found[i][1]}}
         timings = {k: max(out["timings"][k] for out in outs) for k in ("queue_ms", "inference_ms")}
-        return {"translations": items, "model": "+".join(dict.fromkeys(out["model"] for out in outs)),
-                "source_lang": next(iter(groups)) if len(groups) == 1 else AUTO, "target_lang": body.target_lang,
-                "timings": timings | {"total_ms": round((time.monotonic() - received) * 1000, 2)}}
+        return self.noted(request, texts, {
+            "translations": items, "model": "+".join(dict.fromkeys(out["model"] for out in outs)),
+            "source_lang": next(iter(groups)) if len(groups) == 1 else AUTO, "target_lang": body.target_lang,
+            "timings": timings | {"total_ms": round((time.monotonic() - received) * 1000, 2)}})
 
     # --- language detection -----------------------------------------------------------------------
     async def detect(self, texts: list[str]) -> list[list[tuple[str, float]]]:
@@ -181,6 +227,9 @@ class Gateway:
         """The request's stream, started: its checks, its place in the queue and the worker's first event
         are behind it, so that a 4xx or 503 is still raised here, before any answer starts."""
         self.check_generation(body)
+        tenant = self.tenant(request)
+        allow_model(tenant, body.model or self.generators[0])
+        add_fields(request.scope["state"], await self.quota.take(tenant, charges(tenant, tokens=0)))
         received, number = time.monotonic(), self.board.new_number()
         payload = body.model_dump() | {"received": received, "request_id": request.state.request_id,
                                        "number": number}
@@ -189,7 +238,25 @@ class Gateway:
             held.push_async_callback(events.aclose)
             held.enter_context(self.admission.admitted(GENERATE))   # given back first, whatever aclose() does
             first = raise_worker_error(await anext(events))
-            return GenerationStream(self.board, number, received, body.stream, first, events, held.pop_all())
+            stream = GenerationStream(self.board, number, received, body.stream, first, events, held.pop_all())
+            stream.spent = lambda finished: self.count_tokens(tenant, finished, request.scope["state"])
+            return stream
+
+    async def count_tokens(self, tenant: Tenant, finished: Finished, state: dict) -> None:
+        """A finished generation's tokens against its key's tokens per day (counted after the fact: how many a
+        generation takes is known only at its end; the next request over the limit is refused), and noted for
+        the access line (summed over the prompts of one request)."""
+        usage = finished.usage
+        n = usage["prompt_tokens"] + usage["completion_tokens"]
+        noted = state.setdefault("access", {"tokens_in": 0, "tokens_out": 0})
+        noted |= {"tokens_in": noted.get("tokens_in", 0) + usage["prompt_tokens"], "model": finished.model,
+                  "tokens_out": noted.get("tokens_out", 0) + usage["completion_tokens"],
+                  "queue_ms": finished.timings["queue_ms"]}
+        metrics().key_tokens.labels(tenant.name).inc(n)
+        try:
+            await self.quota.take(tenant, charges(tenant, tokens=n))
+        except ApiError:   # Redis down with --redis-down refuse: the answer is out already, nothing to refuse
+            pass
 
     # --- operations -------------------------------------------------------------------------------
     def readiness(self) -> tuple[bool, str]:
@@ -246,6 +313,7 @@ class GenerationStream:
         self.last_at: float | None = None
         self.texts: dict[int, str] = {}          # choice index -> its text so far
         self.finished: Finished | None = None
+        self.spent: Callable[[Finished], Awaitable[None]] | None = None   # told once finished (Gateway)
         self.told = False                        # Finished was returned
         self.closed = False
 
@@ -327,6 +395,8 @@ class GenerationStream:
         if self.finished is None:
             self.board.cancel(self.number)       # the client went away, or the worker failed: free its rows
         await self.held.aclose()
+        if self.finished is not None and self.spent is not None:
+            await self.spent(self.finished)
         if self.streamed:    # a JSON answer's duration is the middleware's, as any request's
             metrics().request_duration.labels(GENERATE).observe(time.monotonic() - self.received)
 

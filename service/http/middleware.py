@@ -18,8 +18,11 @@ import uuid
 
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .auth import check_headers, given_key
+from .auth import admit, given_key
+from .keys import ANONYMOUS, KeyRing
+from .quota import Quota
 from ..errors import ERROR_KIND, ApiError, Responder, too_large
+from ..logs import access
 from ..metrics import metrics
 
 log = logging.getLogger("transerve")
@@ -33,20 +36,23 @@ REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")   # an X-Request-ID taken from t
 DRAIN_BYTES = 16 * 2**20
 
 
-def request_context(app, respond: Responder, endpoints: dict[str, str], max_payload_bytes: int, api_keys=(),
-                    open_paths: frozenset = frozenset(), key_in_body: frozenset = frozenset(),
-                    body_timeout_s: float = 30.0):
+def request_context(app, respond: Responder, endpoints: dict[str, str], max_payload_bytes: int, keys: KeyRing,
+                    quota: Quota, open_paths: frozenset = frozenset(), key_in_body: frozenset = frozenset(),
+                    body_timeout_s: float = 30.0, access_log: bool = False):
     """`app` wrapped; `respond` answers an error in its path's flavour's shape (errors.responder); `endpoints`
     maps the paths whose requests are counted to their metrics label; the paths but `open_paths` (probes,
-    language lists: auth.open_paths) need one of `api_keys`, checked before the body is read (key_refusal),
-    but for a POST to `key_in_body` without one in its headers. A body must arrive within `body_timeout_s`
-    of the headers (then 408 and the connection closes)."""
+    language lists: auth.open_paths) need one of the `keys`, checked with its route and requests per minute
+    (`quota`) before the body is read (key_refusal), but for a POST to `key_in_body` without one in its headers.
+    A body must arrive within `body_timeout_s` of the headers (then 408 and the connection closes). With
+    `access_log` (--log-format json), one access line per answered request (service/logs.py)."""
 
     async def wrapped(scope, receive, send):
         if scope["type"] != "http":
             return await app(scope, receive, send)
         rid = request_id(scope)
-        scope.setdefault("state", {})["request_id"] = rid
+        state = scope.setdefault("state", {})
+        state["request_id"] = rid
+        method, path = scope["method"], scope["path"]
         t0 = time.perf_counter()
         started: dict = {}
 
@@ -54,6 +60,8 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", rid.encode("latin-1")))
+                if message["status"] != 429:   # a 429 carries the fields of the limit it is over
+                    headers += [(k.lower().encode(), v.encode()) for k, v in state.get("ratelimit", {}).items()]
                 message = message | {"headers": headers}
                 started["status"] = message["status"]
                 started["stream"] = any(k == b"content-type" and v.startswith(b"text/event-stream")
@@ -64,10 +72,12 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
         if scope["method"] == "HEAD":   # a GET route's answer without its body (uvicorn drops it, by its own scope)
             scope = scope | {"method": "GET"}
         try:
-            if api_keys and scope["path"] not in open_paths and (refused := key_refusal(api_keys, scope, key_in_body)):
+            if scope["path"] not in open_paths and (refused := await key_refusal(keys, quota, scope, key_in_body)):
+                state["error_type"] = refused.type
                 await respond(scope["path"], rid, refused)(scope, receive, send_with_id)
             elif limited is None:
                 await drain_declared(scope, receive, body_timeout_s)
+                state["error_type"] = "payload_too_large"
                 await respond(scope["path"], rid, too_large(max_payload_bytes))(scope, receive, send_with_id)
             else:
                 await app(scope, limited, send_with_id)
@@ -75,10 +85,14 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
             log.exception("unhandled error on %s", scope["path"])
             if started:
                 raise
+            state["error_type"] = "internal_error"
             await respond(scope["path"], rid, ApiError(500, "internal_error", "internal error"))(
                 scope, receive, send_with_id)
+        if access_log and started:
+            access(state, method, path, started["status"], (time.perf_counter() - t0) * 1000)
         if (endpoint := endpoints.get(scope["path"])) and started:
-            count(endpoint, started["status"], None if started["stream"] else time.perf_counter() - t0)
+            count(endpoint, started["status"], None if started["stream"] else time.perf_counter() - t0,
+                  state.get("tenant", ANONYMOUS).name)
 
     return wrapped
 
@@ -90,23 +104,26 @@ def request_id(scope) -> str:
     return given.decode("ascii") if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
 
 
-def key_refusal(api_keys, scope, key_in_body: frozenset = frozenset()) -> ApiError | None:
-    """The 401/403 of a request to a path that needs a key, from its headers alone, before anything reads
-    its body; None when its key is good, or when it is a POST to a `key_in_body` path (LibreTranslate's) with
-    no key in its headers: the route reads the key from the body first (libretranslate.authorized_fields)."""
+async def key_refusal(keys: KeyRing, quota: Quota, scope, key_in_body: frozenset = frozenset()) -> ApiError | None:
+    """The 401/403/429 of a request to a path that needs a key, from its headers alone, before anything reads
+    its body (auth.admit); None when its key is good, or when it is a POST to a `key_in_body` path
+    (LibreTranslate's) with no key in its headers: the route reads the key from the body first
+    (libretranslate.authorized_fields)."""
     headers = {k: v.decode("latin-1") for k, v in scope["headers"] if k in (b"authorization", b"x-api-key")}
     if scope["path"] in key_in_body and scope["method"] == "POST" and \
             not given_key(headers.get(b"authorization", ""), headers.get(b"x-api-key")):
         return None
     try:
-        check_headers(api_keys, headers.get(b"authorization", ""), headers.get(b"x-api-key"))
+        await admit(keys, quota, scope["state"], scope["path"], headers.get(b"authorization", ""),
+                    headers.get(b"x-api-key"))
     except ApiError as e:
         return e
     return None
 
 
-def count(endpoint: str, status: int, seconds: float | None) -> None:
+def count(endpoint: str, status: int, seconds: float | None, key: str = ANONYMOUS.name) -> None:
     metrics().requests.labels(endpoint, str(status)).inc()
+    metrics().key_requests.labels(key, endpoint, str(status)).inc()
     if seconds is not None:  # a stream's duration is observed when it ends (gateway.GenerationStream), not here
         metrics().request_duration.labels(endpoint).observe(seconds)
     if status >= 400:

@@ -50,6 +50,7 @@ from contextlib import asynccontextmanager
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from ..logs import uvicorn_log_config
 from ..config import Settings
 from ..errors import ApiError
 from ..stopping import Stopping
@@ -260,8 +261,11 @@ def uvicorn_options(settings: Settings) -> dict:
                      "max_headers": settings.max_headers, "max_connections": cap, "ceiling": ceiling})
     # h11 (where httptools is not installed) bounds a head itself, at 16 KiB by default: at ours instead,
     # which count_head enforces first, with its 431.
-    return {"http": protocol, "timeout_keep_alive": settings.keep_alive_timeout_s,
-            "h11_max_incomplete_event_size": settings.max_header_bytes}
+    options = {"http": protocol, "timeout_keep_alive": settings.keep_alive_timeout_s,
+               "h11_max_incomplete_event_size": settings.max_header_bytes}
+    if settings.log_format == "json":   # uvicorn's and LitServe's lines as JSON; the middleware's access lines
+        options |= {"log_config": uvicorn_log_config("json"), "access_log": False}
+    return options
 
 
 def hold_signals(app, stopping: Stopping) -> None:

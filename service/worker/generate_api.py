@@ -23,6 +23,7 @@ import time
 import litserve as ls
 
 from .cancel import CancelBoard
+from ..logs import configure as configure_logs
 from ..config import Settings, lower_worker_priority
 from ..inference.engine import Engine
 from ..shared.options import SearchOptions
@@ -59,6 +60,8 @@ class GenerateAPI(ls.LitAPI):
         if self.stopping is not None:   # SIGINT, SIGTERM: stop once the main process has drained
             self.stopping.guard(die)
         lower_worker_priority(self.settings)
+        if self.settings.log_format == "json":   # a spawned process: logging as the main process set it
+            configure_logs(self.settings.log_level, "json")
         provider = "cpu" if self.settings.device == "cpu" or not str(device).startswith("cuda") else "cuda"
         engines: dict[str, Engine] = {}
         for path in self.settings.model_paths:

@@ -25,6 +25,7 @@ import litserve as ls
 import numpy as np
 
 from .cancel import CancelBoard
+from ..logs import configure as configure_logs
 from ..config import Settings, lower_worker_priority
 from ..inference.engine import Engine
 from ..shared.package import load_package
@@ -53,6 +54,8 @@ class TranslateAPI(ls.LitAPI):
         if self.stopping is not None:   # SIGINT, SIGTERM: stop once the main process has drained
             self.stopping.guard(die)
         lower_worker_priority(self.settings)
+        if self.settings.log_format == "json":   # a spawned process: logging as the main process set it
+            configure_logs(self.settings.log_level, "json")
         provider = "cuda" if str(device).startswith("cuda") else "cpu"
         if self.settings.device == "cpu":
             provider = "cpu"

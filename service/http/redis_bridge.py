@@ -1,0 +1,86 @@
+"""The one module that knows the `redis` client library: a connection per HTTP process, the counting script,
+and every way Redis can fail turned into one exception, StoreDown. quota.py decides what a failure means.
+
+The script checks and charges all of a request's counters at once, inside Redis, so that two replicas (or two
+HTTP processes) charging the same key cannot both pass a limit that only one fits under: Redis runs a script
+alone, start to end. Its counters name the key in a hash tag (`{team-a}`), so a Redis Cluster keeps all of one
+key's counters in one slot, where one script may touch them together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from urllib.parse import urlsplit
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+# KEYS: the counters; ARGV: cost, limit, window (ms) of each, in order. A counter over which this request's cost
+# would go (or, for a cost of 0, a counter already at its limit) refuses the request, and then nothing is
+# charged; a limit of -1 is no limit (a charge after the fact: tokens generated). A counter is created with its
+# window's expiry: its window starts at the key's first request in it. Returns {refused counter's number or 0,
+# then used and milliseconds to the window's end of each counter}.
+TAKE = """
+local out, refused = {}, 0
+for i = 1, #KEYS do
+  local cost, limit = tonumber(ARGV[3*i-2]), tonumber(ARGV[3*i-1])
+  local used = tonumber(redis.call('GET', KEYS[i]) or '0')
+  local ttl = redis.call('PTTL', KEYS[i])
+  if ttl < 0 then ttl = tonumber(ARGV[3*i]) end
+  if refused == 0 and limit >= 0 and (used + cost > limit or (cost == 0 and used >= limit)) then refused = i end
+  out[2*i-1], out[2*i] = used, ttl
+end
+if refused == 0 then
+  for i = 1, #KEYS do
+    local cost = tonumber(ARGV[3*i-2])
+    if cost > 0 then
+      out[2*i-1] = redis.call('INCRBY', KEYS[i], cost)
+      if redis.call('PTTL', KEYS[i]) < 0 then redis.call('PEXPIRE', KEYS[i], ARGV[3*i]) end
+    end
+  end
+end
+table.insert(out, 1, refused)
+return out
+"""
+
+
+class StoreDown(Exception):
+    """Redis did not answer in time, or could not be reached: the exception's class name says which."""
+
+
+def where(url: str) -> str:
+    """host:port of a Redis URL, for the log: the URL itself may hold a password."""
+    u = urlsplit(url)
+    return f"{u.hostname or '?'}:{u.port or 6379}"
+
+
+class RedisCounters:
+    """The counting script on one Redis; each process opens its own connections on its first use (a
+    connection pool does not survive a fork, nor an event loop)."""
+
+    def __init__(self, url: str, timeout_s: float):
+        self.url, self.timeout_s = url, timeout_s
+        self.client: aioredis.Redis | None = None
+        self.script = None
+        self.pid = None
+
+    def connect(self):
+        if self.client is None or self.pid != os.getpid():
+            self.client = aioredis.Redis.from_url(self.url, socket_timeout=self.timeout_s,
+                                                  socket_connect_timeout=self.timeout_s)
+            self.script, self.pid = self.client.register_script(TAKE), os.getpid()
+        return self.script
+
+    async def take(self, keys: list[str], args: list[int]) -> list[int]:
+        """The script's answer, or StoreDown within the timeout, whatever Redis does."""
+        script = self.connect()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return [int(x) for x in await script(keys=keys, args=args)]
+        except (RedisError, OSError, TimeoutError) as e:
+            raise StoreDown(type(e).__name__) from None
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()

@@ -1,0 +1,70 @@
+"""How every process logs: text (the default, for a terminal) or, with --log-format json, one JSON object per
+line for a log pipeline: the server's own events ({"ts", "level", "logger", "message"}) and one access line per
+request (middleware.request_context: its id, key name, route, status, characters and tokens in and out, queue,
+inference and total ms, model, error type). Never a key, never a request's text: the access line takes only
+the fields named in ACCESS_FIELDS, and the server's own messages quote neither.
+
+Process-wide (the standard library only): the main process configures logging before LitServe starts the
+others; the forked HTTP processes inherit it, uvicorn and LitServe take it through uvicorn's log_config
+(uvicorn_log_config), and the spawned inference workers call configure() in their setup.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+ACCESS = "transerve.access"
+# What an access line may carry, besides the time and level: counts, timings and names only.
+ACCESS_FIELDS = ("request_id", "key", "method", "route", "status", "chars_in", "chars_out", "tokens_in", "tokens_out",
+                 "queue_ms", "inference_ms", "total_ms", "model", "error_type")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time (UTC, ISO 8601), level, logger, message, and an access line's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+               "level": record.levelname.lower(), "logger": record.name}
+        access = getattr(record, "access", None)
+        if access is not None:
+            out |= {k: access[k] for k in ACCESS_FIELDS if access.get(k) is not None}
+        else:
+            out["message"] = record.getMessage()
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
+
+
+def configure(level: str, log_format: str) -> None:
+    """This process's root logger: text or JSON lines on stderr."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    for old in root.handlers[:]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+
+
+def uvicorn_log_config(log_format: str) -> dict | None:
+    """uvicorn's log_config for JSON (None: uvicorn's own text). uvicorn's and LitServe's loggers go to the root
+    handler (configure), which writes JSON; uvicorn's access log is left off, as the middleware writes ours."""
+    if log_format != "json":
+        return None
+    return {"version": 1, "disable_existing_loggers": False,
+            "loggers": {name: {"handlers": [], "propagate": True}
+                        for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "litserve")}}
+
+
+def access(state: dict, method: str, route: str, status: int, total_ms: float) -> None:
+    """The access line of one request (JSON logs only): what the Gateway noted in `state["access"]`, with
+    the request's id, key name, route, status and duration."""
+    fields = dict(state.get("access", {}))
+    tenant = state.get("tenant")
+    fields |= {"request_id": state.get("request_id"), "key": tenant.name if tenant is not None else None,
+               "method": method, "route": route, "status": status, "total_ms": round(total_ms, 2),
+               "error_type": state.get("error_type")}
+    logging.getLogger(ACCESS).info("access", extra={"access": fields})
