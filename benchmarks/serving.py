@@ -4,6 +4,7 @@ benchmark_serving measures a server, for /translate and streamed /generate.
     python benchmarks/serving.py --out benchmarks/results/serving-cpu.md --title "main at abc1234"
     python benchmarks/serving.py --layouts 2x1 --endpoints translate --seconds 10     # a quick look
     python benchmarks/serving.py --url http://127.0.0.1:8000 --endpoints generate     # a server already up
+    python benchmarks/serving.py --server-dir /tmp/before ...    # the server of another checkout, same client
 
 For each layout (--layouts, WORKERSxTHREADS: `python -m service --workers W --threads T`, on 127.0.0.1, both
 committed packages, models/de-en and models/lm-small, or --model) and each endpoint:
@@ -56,11 +57,8 @@ from typing import Awaitable, Callable
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vs_ctranslate2 import cpu_facts, describe_cpu, free_port  # noqa: E402
+from common import ROOT, cpu_facts, describe_cpu, free_port, pairs64
 
-PAIRS = ROOT / "tests" / "fixtures" / "pairs64.tsv"
 ENDPOINTS = ("translate", "generate")
 
 
@@ -89,8 +87,9 @@ Send = Callable[[httpx.AsyncClient, int], Awaitable[Result]]
 
 
 def read_texts(data: Path | None) -> list[str]:
-    path = data or PAIRS
-    return [line.split("\t")[0] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if data is None:
+        return [de for de, _ in pairs64()]
+    return [line.split("\t")[0] for line in data.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def translate_sender(url: str, texts: list[str], beam: int) -> Send:
@@ -276,7 +275,7 @@ def start_server(args: argparse.Namespace, workers: int, threads: int) -> tuple[
     port = free_port()
     cmd = [sys.executable, "-m", "service", *[a for m in args.model for a in ("--model", m)], "--host", "127.0.0.1",
            "--port", str(port), "--workers", str(workers), "--threads", str(threads), *args.server_arg]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    proc = subprocess.Popen(cmd, cwd=args.server_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300
@@ -318,7 +317,7 @@ def measure_layout(args: argparse.Namespace, layout: str | None) -> list[str]:
     if layout:
         workers, threads = (int(x) for x in layout.split("x"))
         proc, url, cmd = start_server(args, workers, threads)
-        what = f"`{' '.join(['python', *cmd[1:]]).replace(str(ROOT) + '/', '')}`"
+        what = f"`{' '.join(['python', *cmd[1:]])}`" + (f" in {args.server_dir}" if args.server_dir != ROOT else "")
     else:
         url, what = args.url.rstrip("/"), f"{args.url} (already running)"
     try:
@@ -361,6 +360,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", action="append", help="packages to serve (default models/de-en and models/lm-small)")
     p.add_argument("--server-arg", action="append", default=[], help="another argument for `python -m service` "
                    "(repeatable; --server-arg=--max-queue=1024)")
+    p.add_argument("--server-dir", type=Path, default=ROOT, help="the checkout whose `python -m service` runs "
+                   "(default this one): before and after measured with the same client (e.g. a `git archive` "
+                   "of the commit before, models/ included)")
     p.add_argument("--endpoints", default="translate,generate")
     p.add_argument("--data", type=Path, help="TSV whose first column is the German text (default: the tests' 64 "
                    "Ding sentences)")
@@ -376,6 +378,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="append the results to this Markdown file (created with a header)")
     args = p.parse_args(argv)
     args.model = args.model or ["models/de-en", "models/lm-small"]
+    args.server_dir = args.server_dir.resolve()
     args.endpoints = [e for e in args.endpoints.split(",") if e]
     if set(args.endpoints) - set(ENDPOINTS):
         p.error(f"--endpoints: {', '.join(ENDPOINTS)}")
@@ -384,9 +387,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def commit_of(directory: Path) -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=directory, capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else "not a git checkout"
+
+
 def header(args: argparse.Namespace, argv, started: float) -> list[str]:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or "unknown"
+    commit = commit_of(ROOT) + (f"; server from {args.server_dir} ({commit_of(args.server_dir)})"
+                                if args.server_dir != ROOT else "")
     command = "python benchmarks/serving.py " + " ".join(argv if argv is not None else sys.argv[1:])
     return [f"## {args.title or 'Run'}", "", f"- command: `{command.strip()}`",
             f"- date: {datetime.datetime.now():%Y-%m-%d %H:%M}; commit {commit}; {platform.system()} "
