@@ -31,7 +31,10 @@ request sent to its answer's last byte; time to first token (TTFT), from sending
 event; inter-token latency (ITL), between consecutive token events of a stream, all streams pooled;
 time per output token (TPOT), a stream's (latency - TTFT) / (tokens - 1). `lag` is how late the open loop
 sent its requests on average (the client shares the CPUs: a large lag means the offered rate was not
-offered). Statuses other than 200 (e.g. 503 once --max-queue requests wait) are counted, not timed.
+offered). Statuses other than 200 (e.g. 503 once --max-queue requests wait, 408 when a starved client sent
+its headers too slowly) and requests with no answer (named by the client's exception, e.g. a connection the
+server closed beyond its --max-connections) are counted, not timed. `load 1 min` is the load average as each
+run ended: on a shared machine it says which figures other processes disturbed.
 
 Every table names the CPU (model name, AVX-512/VNNI flags), its cores and the load average. The client runs
 on the same machine as the server (httpx, asyncio, one process): on a small machine it takes some of the
@@ -46,6 +49,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import signal
 import subprocess
 import sys
@@ -72,6 +76,7 @@ class Result:
     ttft: float | None = None
     itl: list[float] = field(default_factory=list)
     lag: float = 0.0                      # open loop: how late it was sent
+    error: str = ""                       # status 0: the client's exception (the connection failed or closed)
 
 
 @dataclass
@@ -98,7 +103,8 @@ def translate_sender(url: str, texts: list[str], beam: int) -> Send:
         r = Result(0, time.perf_counter())
         try:
             answer = await client.post(url + "/translate", json=body)
-        except httpx.HTTPError:
+        except httpx.HTTPError as e:
+            r.error = type(e).__name__
             return r
         r.status, r.latency = answer.status_code, time.perf_counter() - r.sent
         if r.status == 200:
@@ -138,8 +144,8 @@ def generate_sender(url: str, texts: list[str], new_tokens: int) -> Send:
                     await read_stream(answer, r)
                 else:
                     await answer.aread()
-        except httpx.HTTPError:
-            r.status = 0
+        except httpx.HTTPError as e:
+            r.status, r.error = 0, type(e).__name__
         r.latency = time.perf_counter() - r.sent
         return r
     return send
@@ -200,17 +206,19 @@ def percentiles(xs: list[float]) -> tuple[float, float, float]:
 
 def summarize(run: Run) -> dict:
     ok = [r for r in run.results if r.status == 200]
-    statuses: dict[int, int] = {}
+    statuses: dict[str, int] = {}
     for r in run.results:
-        statuses[r.status] = statuses.get(r.status, 0) + 1
+        what = str(r.status) if r.status else f"no answer ({r.error})"
+        statuses[what] = statuses.get(what, 0) + 1
     tpot = [(r.latency - r.ttft) / (r.tokens - 1) for r in ok if r.ttft is not None and r.tokens > 1]
     return {"mode": run.mode, "load": run.load, "sent": len(run.results), "ok": len(ok),
-            "other": ", ".join(f"{s or 'no answer'}: {n}" for s, n in sorted(statuses.items()) if s != 200) or "-",
+            "other": ", ".join(f"{s}: {n}" for s, n in sorted(statuses.items()) if s != "200") or "-",
             "req_s": len(ok) / run.wall, "tok_s": sum(r.tokens for r in ok) / run.wall,
             "latency": percentiles([r.latency for r in ok]),
             "ttft": percentiles([r.ttft for r in ok if r.ttft is not None]),
             "itl": percentiles([x for r in ok for x in r.itl]), "tpot": percentiles(tpot),
-            "lag_ms": 1000 * float(np.mean([r.lag for r in run.results])) if run.mode == "open" else 0.0}
+            "lag_ms": 1000 * float(np.mean([r.lag for r in run.results])) if run.mode == "open" else 0.0,
+            "loadavg": os.getloadavg()[0]}
 
 
 def fmt(values: tuple[float, float, float]) -> str:
@@ -223,13 +231,13 @@ def table(rows: list[dict], generation: bool) -> list[str]:
     if generation:
         head += " TTFT p50 / p95 / p99 ms | ITL p50 / p95 / p99 ms | TPOT p50 / p95 / p99 ms |"
         rule += "---:|---:|---:|"
-    lines = [head + " send lag ms |", rule + "---:|"]
+    lines = [head + " send lag ms | load 1 min |", rule + "---:|---:|"]
     for r in rows:
         line = (f"| {r['mode']} | {r['load']} | {r['sent']} | {r['ok']} | {r['other']} | {r['req_s']:.1f} | "
                 f"{r['tok_s']:,.0f} | {fmt(r['latency'])} |")
         if generation:
             line += f" {fmt(r['ttft'])} | {fmt(r['itl'])} | {fmt(r['tpot'])} |"
-        lines.append(line + (f" {r['lag_ms']:.1f} |" if r["mode"] == "open" else " - |"))
+        lines.append(line + (f" {r['lag_ms']:.1f} |" if r["mode"] == "open" else " - |") + f" {r['loadavg']:.1f} |")
     return lines
 
 
@@ -395,7 +403,7 @@ def commit_of(directory: Path) -> str:
 def header(args: argparse.Namespace, argv, started: float) -> list[str]:
     commit = commit_of(ROOT) + (f"; server from {args.server_dir} ({commit_of(args.server_dir)})"
                                 if args.server_dir != ROOT else "")
-    command = "python benchmarks/serving.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python benchmarks/serving.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     return [f"## {args.title or 'Run'}", "", f"- command: `{command.strip()}`",
             f"- date: {datetime.datetime.now():%Y-%m-%d %H:%M}; commit {commit}; {platform.system()} "
             f"{platform.release()}; Python {platform.python_version()}, httpx {httpx.__version__}",
