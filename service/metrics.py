@@ -92,19 +92,27 @@ def metrics() -> SimpleNamespace:
         # Requests decided without the limits' store (Redis unreachable or slow), by what --redis-down made of them.
         ratelimit_store_errors=Counter(p + "ratelimit_store_errors_total", "Requests whose limits Redis could not "
                                        "check in time, by outcome (admitted, refused)", ["outcome"]),
-        # The scheduler of each inference worker (service/worker/watch.py): how full its decoder calls are.
-        running_rows=Gauge(p + "scheduler_running_rows", "Rows decoding now (sentences x beams, or sequences) "
-                           "in the batches an inference worker has started", ["endpoint", "model"],
-                           multiprocess_mode="livesum"),
-        waiting_requests=Gauge(p + "scheduler_waiting_requests", "Requests an inference worker has taken off the "
-                               "queue that have no row decoding yet (those still queued: "
-                               "transerve_queue_depth_requests)", ["endpoint"], multiprocess_mode="livesum"),
-        cache_bytes=Gauge(p + "cache_bytes", "Key/value cache held by the searches running now (self-attention "
-                          "and the encoder's cross-attention keys and values, as reserved for each search's "
-                          "longest output)", ["endpoint", "model"], multiprocess_mode="livesum"),
-        step_batch_rows=Histogram(p + "step_batch_rows", "Rows in one decoder call", ["endpoint", "model"],
-                                  buckets=ROWS),
+        **_scheduler_metrics(p),
     )
+
+
+def _scheduler_metrics(p: str) -> dict:
+    """Each inference worker's scheduler (service/worker/watch.py): how full its decoder calls are."""
+    from prometheus_client import Gauge, Histogram
+
+    return {
+        "running_rows": Gauge(p + "scheduler_running_rows", "Rows decoding now (sentences x beams, or sequences) "
+                              "in the batches an inference worker has started", ["endpoint", "model"],
+                              multiprocess_mode="livesum"),
+        "waiting_requests": Gauge(p + "scheduler_waiting_requests", "Requests an inference worker has taken off "
+                                  "the queue that have no row decoding yet (those still queued: "
+                                  "transerve_queue_depth_requests)", ["endpoint"], multiprocess_mode="livesum"),
+        "cache_bytes": Gauge(p + "cache_bytes", "Key/value cache held by the searches running now (self-attention "
+                             "and the encoder's cross-attention keys and values, as reserved for each search's "
+                             "longest output)", ["endpoint", "model"], multiprocess_mode="livesum"),
+        "step_batch_rows": Histogram(p + "step_batch_rows", "Rows in one decoder call", ["endpoint", "model"],
+                                     buckets=ROWS),
+    }
 
 
 def render() -> tuple[bytes, str]:
