@@ -24,6 +24,8 @@ SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 TOKEN_SECONDS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_COUNTS = (1, 4, 16, 64, 128, 256, 512, 1024, 4096)
+# Rows in one decoder call: 1 (a greedy sentence alone) to a GPU's batches (--max-batch-tokens).
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 def configure(directory: str | None = None) -> str:
@@ -90,7 +92,27 @@ def metrics() -> SimpleNamespace:
         # Requests decided without the limits' store (Redis unreachable or slow), by what --redis-down made of them.
         ratelimit_store_errors=Counter(p + "ratelimit_store_errors_total", "Requests whose limits Redis could not "
                                        "check in time, by outcome (admitted, refused)", ["outcome"]),
+        **_scheduler_metrics(p),
     )
+
+
+def _scheduler_metrics(p: str) -> dict:
+    """Each inference worker's scheduler (service/worker/watch.py): how full its decoder calls are."""
+    from prometheus_client import Gauge, Histogram
+
+    return {
+        "running_rows": Gauge(p + "scheduler_running_rows", "Rows decoding now (sentences x beams, or sequences) "
+                              "in the batches an inference worker has started", ["endpoint", "model"],
+                              multiprocess_mode="livesum"),
+        "waiting_requests": Gauge(p + "scheduler_waiting_requests", "Requests an inference worker has taken off "
+                                  "the queue that have no row decoding yet (those still queued: "
+                                  "transerve_queue_depth_requests)", ["endpoint"], multiprocess_mode="livesum"),
+        "cache_bytes": Gauge(p + "cache_bytes", "Key/value cache held by the searches running now (self-attention "
+                             "and the encoder's cross-attention keys and values, as reserved for each search's "
+                             "longest output)", ["endpoint", "model"], multiprocess_mode="livesum"),
+        "step_batch_rows": Histogram(p + "step_batch_rows", "Rows in one decoder call", ["endpoint", "model"],
+                                     buckets=ROWS),
+    }
 
 
 def render() -> tuple[bytes, str]:

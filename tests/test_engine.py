@@ -201,6 +201,24 @@ def test_each_search_reuses_the_blocks_the_last_one_handed_back(tiny_package, id
     assert sorted(b.address for b in engine.pool._free) != held
 
 
+def test_the_pool_counts_the_bytes_lent_to_running_searches():
+    """What transerve_cache_bytes reads: the bytes the blocks out were asked for (a reused block may be larger),
+    none once given back; a block dropped unreturned stops counting (a search closed before its first step)."""
+    import gc
+
+    from service.inference.device_memory import BlockPool
+
+    pool = BlockPool(np.float32, "cpu")
+    a, b = pool.take(100), pool.take(50)
+    assert pool.lent_bytes == 600 and pool.held_bytes == 0
+    pool.give(a)
+    assert pool.lent_bytes == 200 and pool.held_bytes == 400
+    assert pool.take(10) is a and pool.lent_bytes == 240
+    del b
+    gc.collect()
+    assert pool.lent_bytes == 40
+
+
 def test_one_binding_serves_full_and_top_k_steps_in_turn(engine, ids):
     """A search's binding is reused, so a top-k step after a full one (and the reverse) must not write
     into the other kind's arrays: each step's values match a decoder that only ever takes full steps."""

@@ -342,3 +342,60 @@ def test_a_sequence_whose_text_cannot_be_made_fails_its_request_alone():
     over, _ = run_generation(s, {"bad": gen_job("aaay", "bad"), "ok": gen_job("abcdef", "ok")})
     assert over["bad"].failure.status == 500 and over["ok"].texts == ["abcdef"]
     assert lm.rows_per_step == [2, 2, 2, 2, 1, 1, 1]         # the failed row leaves at the next step
+
+
+# --- the scheduler's metrics (issue 36), on models/de-en and models/lm-small -----------------------------
+
+def sample(name: str, **labels) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def scheduler_samples(endpoint: str, model: str) -> dict[str, float]:
+    labels = {"endpoint": endpoint, "model": model}
+    return {"running": sample("transerve_scheduler_running_rows", **labels),
+            "waiting": sample("transerve_scheduler_waiting_requests", endpoint=endpoint),
+            "cache": sample("transerve_cache_bytes", **labels),
+            "calls": sample("transerve_step_batch_rows_count", **labels),
+            "rows": sample("transerve_step_batch_rows_sum", **labels)}
+
+
+def test_translation_scheduler_metrics_follow_its_rows_requests_cache_and_decoder_calls(engine):
+    """Two requests of different beams are two engine batches: while the first decodes (1 sentence x beam 4
+    = 4 rows, its cache held) the second waits; at the end nothing runs, waits or holds cache."""
+    s = scheduler_for(engine)
+    name = engine.package.name
+    before = scheduler_samples("translate", name)
+    s.admit({"a": translation(engine, ["Das geht zu weit."], 4, "a"),
+             "b": translation(engine, ["Guten Morgen."], 2, "b")})
+    assert scheduler_samples("translate", name)["waiting"] == 2
+    s.step()
+    now = scheduler_samples("translate", name)
+    assert now["running"] == 4 and now["waiting"] == 1 and now["cache"] > before["cache"]
+    assert now["calls"] == before["calls"] + 1 and now["rows"] == before["rows"] + 4
+    drain(s)
+    end = scheduler_samples("translate", name)
+    assert end["running"] == 0 and end["waiting"] == 0 and end["cache"] == before["cache"]
+    assert end["calls"] > now["calls"] + 2
+
+
+def test_generation_scheduler_metrics_follow_its_rows_requests_cache_and_decoder_calls():
+    lm = Engine(ROOT / "models" / "lm-small", device="cpu", intra_op_threads=1)
+    s = GenerationScheduler({"lm-small": lm}, CancelBoard())
+    before = scheduler_samples("generate", "lm-small")
+    prompt = lm.prompt_ids(["Die Datei wird"])[0]
+    job = GenJob("g", -1, "lm-small", SearchOptions(beam_size=1, max_length=9, min_length=9), prompt, 1, [None], [],
+                 8, time.monotonic(), texts=[""], emitted=[0], tokens=[0], finish=[None])
+    s.admit({"g": job})
+    assert scheduler_samples("generate", "lm-small")["waiting"] == 1
+    s.step()
+    now = scheduler_samples("generate", "lm-small")
+    assert now["running"] == 1 and now["waiting"] == 0 and now["cache"] > before["cache"]
+    assert now["calls"] == before["calls"] + 2       # the prompt, then the first new token: one row each
+    assert now["rows"] == before["rows"] + 2
+    over, _ = run_generation(s, {})
+    assert over["g"].tokens == [8]
+    end = scheduler_samples("generate", "lm-small")
+    assert end["running"] == 0 and end["waiting"] == 0 and end["cache"] == before["cache"]
+    assert end["calls"] == before["calls"] + 1 + 9     # the prompt, then a step per token (max_length 9, eos in)

@@ -306,9 +306,36 @@ def test_metrics_count_what_happened(server):
     for n in ("transerve_request_duration_seconds", "transerve_queue_wait_seconds",
               "transerve_inference_duration_seconds", "transerve_batch_size_requests",
               "transerve_batch_size_sentences", "transerve_input_tokens", "transerve_requests_in_flight",
-              "transerve_queue_depth_requests", "transerve_errors", "transerve_model_info"):
+              "transerve_queue_depth_requests", "transerve_errors", "transerve_model_info",
+              "transerve_scheduler_running_rows", "transerve_scheduler_waiting_requests", "transerve_cache_bytes",
+              "transerve_step_batch_rows"):
         assert n in names, n
     assert _metric(server, "transerve_model_info", model="tiny-de-en", precision="fp32") == 1
+
+
+def test_scheduler_metrics_move_while_a_request_is_served(server):
+    """issue 36's scheduler metrics as a scrape sees them: while a long request decodes, rows run and their
+    cache is held; its decoder calls are counted with their rows; once it is answered nothing runs, waits or
+    holds cache."""
+    labels = {"endpoint": "translate", "model": "tiny-de-en"}
+    calls = _metric(server, "transerve_step_batch_rows_count", **labels)
+    rows = _metric(server, "transerve_step_batch_rows_sum", **labels)
+    body = {"text": list(PAIRS)[:32], "source_lang": "de", "target_lang": "en", "beam_size": 16}
+    seen = {"transerve_scheduler_running_rows": 0.0, "transerve_cache_bytes": 0.0}
+    with cf.ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(post, server, "/translate", body)
+        while not answer.done():
+            for name in seen:
+                seen[name] = max(seen[name], _metric(server, name, **labels))
+        assert answer.result().status_code == 200, answer.result().text
+    assert all(seen.values()), seen
+    assert seen["transerve_scheduler_running_rows"] <= 32 * 16
+    assert _metric(server, "transerve_step_batch_rows_count", **labels) > calls + 2
+    # Each engine batch's first step has all its rows.
+    assert _metric(server, "transerve_step_batch_rows_sum", **labels) >= rows + 32 * 16
+    for name in seen:
+        assert _metric(server, name, **labels) == 0, name
+    assert _metric(server, "transerve_scheduler_waiting_requests", endpoint="translate") == 0
 
 
 def test_openapi_schema_documents_translate(server):

@@ -17,7 +17,7 @@ their own weights (`python -m model.upgrade`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -45,6 +45,9 @@ class DecoderGraph:
     vocab_size: int
     output_dtypes: dict[str, type]
     pad_id: int
+    # Called with the rows of every decoder call, before it runs (the worker's scheduler counts them for
+    # its metrics: service/worker/watch.py); None: nothing is told.
+    on_call: Callable[[int], None] | None = None
 
     @classmethod
     def read(cls, package: ModelPackage, session: ort.InferenceSession, encoder: ort.InferenceSession | None,
@@ -169,6 +172,8 @@ class OrtDecoder:
 
     def _run(self, tokens: np.ndarray, top_k: int | None) -> list[np.ndarray]:
         g, io, N = self.graph, self.io, len(tokens)
+        if g.on_call is not None:
+            g.on_call(N)
         self.cache.reserve(self.position)
         self._tokens = np.ascontiguousarray(tokens, dtype=np.int64)       # kept alive until the run ends
         self._positions = np.full(N, self.position, dtype=np.int32)
@@ -276,6 +281,8 @@ class OrtLmDecoder:
         width (the graph writes each token at its position's column)."""
         g = self.graph
         rows, new_positions = tokens.shape
+        if g.on_call is not None:
+            g.on_call(rows)
         io = g.session.io_binding()
         io.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64))
         io.bind_cpu_input("past_rows", self.rows)

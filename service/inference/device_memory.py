@@ -22,6 +22,7 @@ fast, and not yet run on a GPU here.
 from __future__ import annotations
 
 import threading
+import weakref
 from math import prod
 from typing import Sequence
 
@@ -74,20 +75,34 @@ class BlockPool:
         self.dtype, self.device, self.keep = np.dtype(dtype), device, keep
         self.bind = Binder(device)
         self._free: list[Block] = []                  # ascending size
+        # Blocks taken and not given back, with the bytes their takers asked for (a block dropped unreturned
+        # leaves by itself: a generator closed before its first step hands its blocks to the collector).
+        self._lent: weakref.WeakKeyDictionary[Block, int] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
     def take(self, size: int) -> Block:
         with self._lock:
-            for i, block in enumerate(self._free):
-                if block.size >= size:
-                    return self._free.pop(i)
-        return Block(max(size, 1), self.dtype, self.device)
+            block = next((self._free.pop(i) for i, b in enumerate(self._free) if b.size >= size), None)
+        if block is None:
+            block = Block(max(size, 1), self.dtype, self.device)
+        with self._lock:
+            self._lent[block] = max(size, 1) * self.dtype.itemsize
+        return block
 
     def give(self, *blocks: Block) -> None:
         with self._lock:
+            for block in blocks:
+                self._lent.pop(block, None)
             self._free.extend(blocks)
             self._free.sort(key=lambda b: b.size)
             del self._free[:-self.keep]
+
+    @property
+    def lent_bytes(self) -> int:
+        """What the searches running now asked for: the blocks taken and not given back, each counted at the
+        size its taker asked for (a reused block may be larger), in bytes."""
+        with self._lock:
+            return sum(self._lent.values())
 
     @property
     def held_bytes(self) -> int:

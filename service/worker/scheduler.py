@@ -36,6 +36,7 @@ from typing import Generator, Hashable
 import numpy as np
 
 from .cancel import CancelBoard
+from .watch import SchedulerWatch
 from ..inference.engine import Engine, Steps
 from ..shared.options import SearchOptions
 from ..metrics import metrics
@@ -132,6 +133,7 @@ class EngineBatch:
     tier: int = 0                         # cost_tier of its requests
     steps: Generator | None = None        # its search, once started (Engine.search_steps)
     t0: float = 0.0                       # when it started (perf_counter)
+    live: int = 0                         # rows in its latest decoder call (metrics)
 
 
 class TranslationScheduler:
@@ -146,6 +148,7 @@ class TranslationScheduler:
         self.batches: list[EngineBatch] = []             # not finished, in the order they run (lowest tier first)
         self.fresh: set[Hashable] = set()                # keys that may have become answerable
         self.lent = 0.0                       # seconds the first batch ran while a started one waited (LEND_S)
+        self.watch = SchedulerWatch(self.endpoint, engines)
 
     @property
     def busy(self) -> bool:
@@ -170,6 +173,7 @@ class TranslationScheduler:
                 rows += [(key, k) for k in range(len(job.sentences))]
         self.batches = [eb for eb in self.batches if eb.steps is not None] + self._engine_batches(rows)
         self.batches.sort(key=lambda eb: eb.tier)    # stable: within a tier, first come first served
+        self._observe()
 
     def _engine_batches(self, all_rows: list[tuple[Hashable, int]]) -> list[EngineBatch]:
         """Sentences (job key, index) grouped by (model, options, cost tier), sorted by length, cut by token
@@ -200,6 +204,20 @@ class TranslationScheduler:
         LEND_S): its encoder and first decoder step when it has not started (its cancelled requests
         dropped first), else its next decoder step. Call while busy; take_finished() then says which
         requests can be answered."""
+        self._step()
+        self._observe()
+
+    def _observe(self) -> None:
+        """The scheduler's gauges: rows of the started batches, requests with no sentence in one."""
+        running: dict[str, int] = {}
+        started = set()
+        for eb in self.batches:
+            if eb.steps is not None:
+                running[eb.model] = running.get(eb.model, 0) + eb.live
+                started.update(j for j, _ in eb.rows)
+        self.watch.update(running, sum(j not in started and not answerable(job) for j, job in self.jobs.items()))
+
+    def _step(self) -> None:
         i, lending = self._next_batch()
         eb = self.batches[i]
         if eb.steps is None:
@@ -212,7 +230,9 @@ class TranslationScheduler:
         try:
             if eb.steps is None:
                 eb.steps = self.engines[eb.model].search_steps(eb.src_ids, eb.options)
+            self.watch.last_rows = 0
             next(eb.steps)
+            eb.live = self.watch.last_rows
             return
         except StopIteration as done:
             results = done.value
@@ -302,6 +322,7 @@ class TranslationScheduler:
                 with contextlib.suppress(Exception):   # called while handling an error: do not add one
                     eb.steps.close()
         self.jobs, self.batches, self.fresh, self.lent = {}, [], set(), 0.0
+        self._observe()
 
 
 # --- generation -------------------------------------------------------------------------------------------
@@ -343,6 +364,7 @@ class Group:
     cancel: set[int] = field(default_factory=set)    # rows the engine drops at its next step
     steps: Steps | None = None            # its decoding, once started (Engine.generate_steps)
     t0: float = 0.0                       # when it started (perf_counter)
+    live: int = 0                         # rows in its latest decoder call (metrics)
 
 
 def _stop_at(text: str, stops: list[str]) -> int:
@@ -360,6 +382,7 @@ class GenerationScheduler:
         self.engines, self.board = engines, board
         self.jobs: dict[Hashable, GenJob | Failure] = {}   # admitted, not over yet; in the order admitted
         self.groups: list[Group] = []                      # decoding, or to start at the next step
+        self.watch = SchedulerWatch(self.endpoint, engines)
 
     @property
     def busy(self) -> bool:
@@ -386,6 +409,7 @@ class GenerationScheduler:
                 g.prompts.append(job.prompt)
                 g.seeds.append(job.seeds[k])
         self.groups += groups.values()
+        self._observe()
 
     def step(self) -> None:
         """One engine step of every group (a new group's first), then the sequences of requests whose client
@@ -393,6 +417,18 @@ class GenerationScheduler:
         for g in list(self.groups):
             self._step_group(g)
         self._drop_gone()
+        self._observe()
+
+    def _observe(self) -> None:
+        """The scheduler's gauges: rows of the started groups, requests in groups not started."""
+        running: dict[str, int] = {}
+        waiting = set()
+        for g in self.groups:
+            if g.steps is None:
+                waiting.update(key for key, _ in g.rows)
+            else:
+                running[g.model] = running.get(g.model, 0) + g.live
+        self.watch.update(running, len(waiting))
 
     def _step_group(self, g: Group) -> None:
         engine = self.engines[g.model]
@@ -400,7 +436,9 @@ class GenerationScheduler:
             if g.steps is None:
                 g.t0 = time.perf_counter()
                 g.steps = engine.generate_steps(g.prompts, g.options, seeds=g.seeds, cancel=g.cancel)
+            self.watch.last_rows = 0
             step = next(g.steps)
+            g.live = self.watch.last_rows
         except StopIteration as done:
             self.groups.remove(g)
             metrics().inference.labels(self.endpoint, g.model).observe(time.perf_counter() - g.t0)
@@ -487,3 +525,4 @@ class GenerationScheduler:
                 with contextlib.suppress(Exception):   # called while handling an error: do not add one
                     g.steps.close()
         self.jobs, self.groups = {}, []
+        self._observe()
