@@ -215,6 +215,8 @@ class LmBatch:
             g.pool.bind.output(io, name, g.pool.dtype, [n, g.h, width, g.d_k],
                                self.read.at(i * stride + offset * g.h * width * g.d_k))
         g.outputs(io, n, 1)                          # read by no one: the first token is the next step's
+        if g.on_call is not None:
+            g.on_call(n)
         g.session.run_with_iobinding(io)
         self.call_rows.append(n)
         del arrays
@@ -262,6 +264,8 @@ class LmBatch:
         names, outs = ["top_log_probs", "top_ids", "eos_log_probs"], g.outputs(io, N, k)
         if None in ks:
             names, outs = names + ["log_probs"], outs + g.outputs(io, N, None)
+        if g.on_call is not None:
+            g.on_call(N)
         g.session.run_with_iobinding(io)
         del arrays
         self.read, self.write, self.cached = self.write, self.read, (N, width)
