@@ -14,8 +14,8 @@ tokenizing) and a job into its answer. Both schedulers are driven alike:
     abandon()             forget everything (after an unexpected exception, whose requests the loop fails)
 
 Failures: a request that cannot be served is a `Failure` value, never an exception, so its batch-mates are
-still served; an engine batch that raises is retried one sentence at a time, a generation group that raises
-fails its own requests only.
+still served; an engine batch that raises is retried one sentence at a time, a generation step that raises
+fails the requests whose rows were in it only.
 
 Translation, fairness: engine batches run in order of their requests' cost tier (source tokens x beam, each
 tier twice the one before), so the sentences of a one-word request start at the next decoder step, before
