@@ -210,6 +210,14 @@ def test_generation_metrics(server):
         assert name in names
     text = httpx.get(server + "/metrics").text
     assert 'transerve_requests_total{endpoint="generate",status="200"}' in text
+    # The running batch's: a decoder call of 1 row at least (its prompt's), nothing left running or waiting.
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    rows = {"endpoint": "generate", "model": "tiny-lm"}
+    assert samples[("transerve_step_batch_rows_count", tuple(sorted(rows.items())))] >= 2
+    assert samples[("transerve_scheduler_running_rows", tuple(sorted(rows.items())))] == 0
+    assert samples[("transerve_cache_bytes", tuple(sorted(rows.items())))] == 0
+    assert samples[("transerve_scheduler_waiting_requests", (("endpoint", "generate"),))] == 0
 
 
 def test_sdk_generate_and_stream(server, engines):

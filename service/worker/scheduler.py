@@ -557,10 +557,12 @@ class GenerationScheduler:
         leave, at once. Each request's new text is in its job (texts, finish); what of it is sent is the
         encoder's business."""
         out = [(key, job, isinstance(job, Failure) or job.over) for key, job in self.jobs.items()]
-        for key, job, over in out:
-            if over:
-                self.jobs.pop(key, None)
-                self._release(key)
+        left = [key for key, _, over in out if over]
+        for key in left:
+            self.jobs.pop(key, None)
+            self._release(key)
+        if left:
+            self._gauges()
         return out
 
     def abandon(self) -> None:
@@ -568,3 +570,4 @@ class GenerationScheduler:
         for model in list(self.batches):
             self._close(model)
         self.jobs, self.waiting, self.running, self.used = {}, [], {}, 0
+        self._gauges()
