@@ -168,6 +168,53 @@ def test_a_generation_package_with_left_padded_prompts_is_refused(tiny_lm_packag
         Engine(old, device="cpu")
 
 
+def continuations(hyps) -> list[list[list[int]]]:
+    """Each prompt's hypotheses' tokens, from generate_steps (a Hypothesis, or a list: beam search) or a running
+    batch member (a list each)."""
+    return [[h.tokens for h in (hs if isinstance(hs, list) else [hs])] for hs in hyps]
+
+
+def joined_at(lm: Engine, prompts: list, options: SearchOptions, seeds: list, steps: list[int]) -> list:
+    """Each prompt's continuations from one running batch that prompt i joins at step steps[i] (between two
+    steps of those that joined before, some of which have ended by then)."""
+    batch, members, out, step = lm.generation_batch(), {}, {}, 0
+    while len(out) < len(prompts):
+        for i in (i for i, at in enumerate(steps) if at == step):
+            members[i] = lm.join_generation(batch, [prompts[i]], options, seeds=[seeds[i]])
+        for m in batch.step():
+            i = next(i for i, x in members.items() if x is m)
+            assert m.error is None, m.error
+            out[i] = continuations(m.result)[0]
+        step += 1
+        assert step < 200
+    batch.close()
+    return [out[i] for i in range(len(prompts))]
+
+
+def assert_joining_changes_nothing(lm: Engine, search: str) -> None:
+    """Prompts of 1 to 8 words (and an empty one) join a running batch at different steps, several at once,
+    some after others ended: each continues as alone, and as alone with every join order tried."""
+    from service.shared.search import finish
+
+    words = [1, 2, 3, 5, 8, 1, 2, 4, 0, 6, 3, 1]
+    prompts = lm.prompt_ids([" ".join(t.split()[:k]) for k, t in zip(words, TEXTS["de"][:6] + TEXTS["en"][:6])])
+    options, seeds = replace(SEARCHES[search], max_length=12), [200 + i for i in range(len(prompts))]
+    alone = [continuations(finish(lm.generate_steps([p], options, seeds=[s])))[0] for p, s in zip(prompts, seeds)]
+    for steps in ([0, 0, 1, 1, 1, 3, 4, 7, 7, 9, 13, 20], [0] * 12, [2 * i for i in range(12)][::-1]):
+        assert joined_at(lm, prompts, options, seeds, steps) == alone, steps
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_the_committed_generation_package_continues_the_same_joining_a_running_batch(lm, search):
+    assert lm.package.meta["precision"] == "int8"
+    assert_joining_changes_nothing(lm, search)
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_an_fp32_generation_package_continues_the_same_joining_a_running_batch(tiny_lm_package, search):
+    assert_joining_changes_nothing(Engine(tiny_lm_package, device="cpu", intra_op_threads=1), search)
+
+
 def assert_int8_as_written(model, scheme: str) -> None:
     """model/quantize.py's graph: no MatMul by a constant weight left; each MatMulIntegerToFloat reads a
     QuantizeLinear's uint8. int8-rows: the kernel's activation scale is 1 and the row scale a Mul after it

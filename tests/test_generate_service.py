@@ -97,6 +97,36 @@ def test_seeded_request_is_the_same_alone_or_batched(server):
     assert three[0]["text"] == alone and len({c["text"] for c in three}) > 1  # seeds seed, seed+1, seed+2
 
 
+def test_a_request_arriving_mid_stream_joins_the_running_batch_and_answers_as_alone(server):
+    """A short request sent while a long generation streams is answered before the long one ends (it joins the
+    running batch at the next step instead of waiting for it), with the text it gets alone."""
+    short = {"prompt": HALVES[5], "max_new_tokens": 8, "seed": 3, "temperature": 1.2}
+    alone = generate(server, **short).json()["choices"][0]["text"]
+    long = {"prompt": "zzz", "max_new_tokens": 1000, "min_new_tokens": 1000, "seed": 4, "num_return_sequences": 8,
+            "stream": True}
+    arrivals: list[tuple[float, dict]] = []
+    started = cf.Future()
+
+    def read_long():
+        with httpx.stream("POST", server + "/generate", json=long, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    arrivals.append((time.perf_counter(), json.loads(line[6:])))
+                    if not started.done():
+                        started.set_result(True)
+
+    with cf.ThreadPoolExecutor(1) as pool:
+        reader = pool.submit(read_long)
+        started.result(timeout=60)
+        got = generate(server, **short).json()
+        answered = time.perf_counter()
+        reader.result(timeout=120)
+    assert got["choices"][0]["text"] == alone
+    done_at, last = arrivals[-1]
+    assert last["type"] == "done" and last["usage"]["completion_tokens"] == 8000
+    assert answered < done_at and sum(t > answered for t, _ in arrivals) > 10, "the short one waited for the long"
+
+
 def test_stop_sequences_end_the_text_before_them(server):
     full = generate(server, prompt=HALVES[4], max_new_tokens=40, temperature=0).json()["choices"][0]["text"]
     words = full.split()
@@ -180,6 +210,14 @@ def test_generation_metrics(server):
         assert name in names
     text = httpx.get(server + "/metrics").text
     assert 'transerve_requests_total{endpoint="generate",status="200"}' in text
+    # The running batch's: a decoder call of 1 row at least (its prompt's), nothing left running or waiting.
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    rows = {"endpoint": "generate", "model": "tiny-lm"}
+    assert samples[("transerve_step_batch_rows_count", tuple(sorted(rows.items())))] >= 2
+    assert samples[("transerve_scheduler_running_rows", tuple(sorted(rows.items())))] == 0
+    assert samples[("transerve_cache_bytes", tuple(sorted(rows.items())))] == 0
+    assert samples[("transerve_scheduler_waiting_requests", (("endpoint", "generate"),))] == 0
 
 
 def test_sdk_generate_and_stream(server, engines):

@@ -183,6 +183,29 @@ def test_a_generation_stopped_early_hands_its_blocks_back(tiny_lm_package):
     assert len(engine.pool._free) == 2 and engine.pool.held_bytes > 0
 
 
+def test_a_running_batch_drops_a_member_at_once_and_narrows_when_the_longest_rows_leave(tiny_lm_package):
+    """Rows leave the call at the step their member is dropped; the cache narrows to the rows still running and
+    hands its blocks back when the batch closes. (That joining changes no answer: test_batch_invariance.py.)"""
+    engine = Engine(tiny_lm_package, device="cpu", intra_op_threads=1)
+    batch = engine.generation_batch()
+    long = engine.join_generation(batch, engine.prompt_ids([" ".join(SENTENCES[:3])]),
+                                  SearchOptions(beam_size=1, min_length=3, max_length=3))
+    batch.step()
+    assert batch.call_rows == [1, 1] and batch.cached[1] > 8              # its prompt's call, then a step
+    three = engine.join_generation(batch, engine.prompt_ids(["Das"]) * 3,
+                                   SearchOptions(sampling=True, min_length=20, max_length=30), seeds=[1, 2, 3])
+    batch.step()
+    assert batch.call_rows == [1, 4] and batch.rows == 4                  # one prompt read for its 3 sequences
+    batch.step()
+    assert batch.call_rows == [4]
+    assert batch.step() == [long] and long.result[0][0].tokens and batch.call_rows == [3]
+    assert batch.cached == (3, 8) and batch.bytes > 0                      # the long prompt's columns gone
+    batch.leave(three)
+    assert batch.step() == [] and batch.call_rows == [] and batch.rows == 0
+    batch.close()
+    assert engine.pool.held_bytes > 0 and batch.bytes == 0
+
+
 def test_decoder_log_probs_match_pytorch(engine, reference):
     """After a right-padded batched prompt read, every row's next-token distribution is PyTorch's."""
     from service.inference.decoders import OrtLmDecoder

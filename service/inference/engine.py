@@ -34,6 +34,7 @@ from .decoders import DecoderGraph, OrtDecoder, OrtLmDecoder, columns_for
 from .device import SessionFactory, open_session, pick_providers, running_device
 from .device import session_options
 from .device_memory import BlockPool, Tensors
+from .lm_batch import LmBatch, LmMember
 from .onnxruntime_bridge import Binder
 from ..shared.options import SearchOptions
 from ..shared.package import ModelPackage, PackageError, load_package
@@ -221,6 +222,23 @@ class Engine:
             return _no_steps(finish(search))
         finally:
             decoder.close()
+
+    def generation_batch(self) -> LmBatch:
+        """An empty running batch for generation searches that share each decoder call (`join_generation`):
+        the generate worker's."""
+        return LmBatch(self.graph)
+
+    def join_generation(self, batch: LmBatch, prompts: Sequence[Sequence[int]], options: SearchOptions, *,
+                        seeds: Sequence[int | None] | None = None, cancel: set[int] | None = None) -> LmMember:
+        """Starts generate_steps() of `prompts` in `batch`, whose rows step with every other member's from the
+        batch's next step on: the member's `step` after each of the batch's steps is the Step generate_steps
+        would have yielded (greedy search, sampling), its `result` at its end the hypotheses (beam search:
+        each prompt's list), the same as generate_steps() of these prompts alone."""
+        if self.task != "generation":
+            raise ValueError(f"{self.package.name} is a {self.task} package; generation needs a decoder-only one")
+        budget = [min(options.max_length, self.max_positions - len(p)) for p in prompts]
+        return batch.join(prompts, options, bos_id=self.bos_id, eos_id=self.eos_id, max_length=budget,
+                          banned_ids=self.banned_ids, seeds=seeds, cancel=cancel, top_k=self.search_top_k)
 
     def generate(self, texts: Sequence[str], *, max_new_tokens: int = 64, **options) -> list[Generation]:
         """Continues each text (best hypothesis). Options: see SearchOptions; e.g. sampling=True, seed=1.

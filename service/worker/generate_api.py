@@ -29,7 +29,7 @@ from ..inference.engine import Engine
 from ..shared.options import SearchOptions
 from .litserve_bridge import SchedulerLoop
 from ..metrics import metrics
-from .scheduler import Failure, GenerationScheduler, GenJob, for_one_request
+from .scheduler import Failure, GenerationScheduler, GenJob, for_one_request, generation_cost
 from ..stopping import Stopping, die
 
 log = logging.getLogger("transerve")
@@ -45,6 +45,13 @@ def _held_back(text: str, stops: list[str]) -> int:
                 keep = n
                 break
     return keep
+
+
+def generation_budget(settings: Settings) -> int:
+    """The tokens of cache (generation_cost) a generation worker's running requests hold at most: the larger of
+    --max-batch-tokens and --max-request-cost, so that any request the cost limit lets in fits alone (one that
+    could never fit is that limit's 413)."""
+    return max(settings.max_batch_tokens, settings.max_request_cost)
 
 
 class GenerateAPI(ls.LitAPI):
@@ -81,7 +88,7 @@ class GenerateAPI(ls.LitAPI):
         default, and the scheduler that runs them."""
         self.engines = engines
         self.default_model = next(iter(engines))
-        self.scheduler = GenerationScheduler(engines, self.board)
+        self.scheduler = GenerationScheduler(engines, self.board, generation_budget(self.settings))
 
     # --- per request -------------------------------------------------------------------------------
     def decode_request(self, request: dict) -> GenJob | Failure:
@@ -111,7 +118,7 @@ class GenerateAPI(ls.LitAPI):
             return Failure(422, "invalid_request", f"num_return_sequences={n} needs sampling (temperature > 0) or "
                            f"beam_size >= {n}; greedy search returns one text")
         rows = beam if beam > 1 else n
-        cost = (len(prompt) - 1 + max_new) * rows
+        cost = generation_cost(len(prompt) - 1, max_new, rows)
         if cost > s.max_request_cost:
             return Failure(413, "request_too_costly", f"the request costs {cost} ((prompt tokens {len(prompt) - 1} + "
                            f"max_new_tokens {max_new}) x {rows} {'beams' if beam > 1 else 'sequences'}); the limit is "

@@ -14,8 +14,8 @@ tokenizing) and a job into its answer. Both schedulers are driven alike:
     abandon()             forget everything (after an unexpected exception, whose requests the loop fails)
 
 Failures: a request that cannot be served is a `Failure` value, never an exception, so its batch-mates are
-still served; an engine batch that raises is retried one sentence at a time, a generation group that raises
-fails its own requests only.
+still served; an engine batch that raises is retried one sentence at a time, a generation step that raises
+fails the requests whose rows were in it only.
 
 Translation, fairness: engine batches run in order of their requests' cost tier (source tokens x beam, each
 tier twice the one before), so the sentences of a one-word request start at the next decoder step, before
@@ -31,13 +31,13 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Generator, Hashable
+from typing import Any, Generator, Hashable
 
 import numpy as np
 
 from .cancel import CancelBoard
 from .watch import SchedulerWatch
-from ..inference.engine import Engine, Steps
+from ..inference.engine import Engine
 from ..shared.options import SearchOptions
 from ..metrics import metrics
 from ..shared.search import Hypothesis
@@ -326,6 +326,13 @@ class TranslationScheduler:
 
 
 # --- generation -------------------------------------------------------------------------------------------
+def generation_cost(prompt_tokens: int, max_new_tokens: int, rows: int) -> int:
+    """What --max-request-cost bounds for /generate and what a request holds of the generation worker's budget
+    while it runs: the cache positions its rows may fill, (prompt tokens + max_new_tokens) x rows (beams or
+    sequences)."""
+    return (prompt_tokens + max_new_tokens) * rows
+
+
 @dataclass
 class GenJob:
     """One generation request: its prompt and, as the worker goes, each returned sequence's text."""
@@ -344,27 +351,28 @@ class GenJob:
     tokens: list[int] = field(default_factory=list)
     finish: list[str | None] = field(default_factory=list)
     failure: Failure | None = None
-    started: float = 0.0
+    started: float = 0.0                  # when it joined the running batch (monotonic)
     reported: bool = False                # its last event was made (by generate_api)
+    member: Any = None                    # its search in its model's running batch (Engine.join_generation)
+    cancel: set[int] = field(default_factory=set)   # its sequences stopped by a stop sequence: they leave
+    t0: float = 0.0                       # when it joined (perf_counter)
 
     @property
     def over(self) -> bool:
         return self.failure is not None or all(f is not None for f in self.finish)
 
+    @property
+    def beam(self) -> bool:
+        """Beam search: one row a beam, its n best hypotheses at its end (it streams nothing)."""
+        return self.options.beam_size > 1
 
-@dataclass
-class Group:
-    """Sequences decoded together: same model and options."""
-    model: str
-    options: SearchOptions
-    rows: list[tuple[Hashable, int]]      # (job key, sequence index) of each engine row
-    prompts: list[list[int]]
-    seeds: list[int | None]
-    beam: bool                            # beam search: one row per job, its n best hypotheses
-    cancel: set[int] = field(default_factory=set)    # rows the engine drops at its next step
-    steps: Steps | None = None            # its decoding, once started (Engine.generate_steps)
-    t0: float = 0.0                       # when it started (perf_counter)
-    live: int = 0                         # rows in its latest decoder call (metrics)
+    @property
+    def rows(self) -> int:
+        return self.options.beam_size if self.beam else self.n
+
+    @property
+    def cost(self) -> int:
+        return generation_cost(len(self.prompt) - 1, self.max_new_tokens, self.rows)
 
 
 def _stop_at(text: str, stops: list[str]) -> int:
@@ -373,88 +381,120 @@ def _stop_at(text: str, stops: list[str]) -> int:
 
 
 class GenerationScheduler:
-    """The generation requests a worker holds, grouped by model and decoding options, every group one engine
-    step per step(). A sequence leaves its group's batch at its eos, at a stop sequence, or when its
-    request's client goes away; beam search runs whole at its group's first step (it does not stream)."""
+    """The generation requests a worker holds: each model's sequences decoded in one running batch, one decoder
+    call a step for all its rows (iteration-level batching, service/inference/lm_batch.py). A request joins at
+    the next step when its cache fits the budget (`generation_cost` tokens, `budget` in all, and on CPU at most
+    CPU_BATCH_ROWS rows), else it waits its turn, first come first served (alone, a request always joins: the
+    cost limit is within the budget); its tokens go out as each step ends. A sequence leaves at its eos, its
+    length budget or a stop sequence, a request at once when its client goes away."""
     endpoint = "generate"                 # its metrics' label
 
-    def __init__(self, engines: dict[str, Engine], board: CancelBoard):
-        self.engines, self.board = engines, board
+    def __init__(self, engines: dict[str, Engine], board: CancelBoard, budget: int | None = None):
+        self.engines, self.board, self.budget = engines, board, budget
         self.jobs: dict[Hashable, GenJob | Failure] = {}   # admitted, not over yet; in the order admitted
-        self.groups: list[Group] = []                      # decoding, or to start at the next step
+        self.waiting: list[Hashable] = []                  # admitted, not joined: in the order they join
+        self.running: dict[Hashable, GenJob] = {}          # joined a running batch
+        self.batches: dict[str, Any] = {}                  # model -> its running batch (Engine.generation_batch)
+        self.used = 0                                      # tokens the running requests hold (generation_cost)
         self.watch = SchedulerWatch(self.endpoint, engines)
 
     @property
     def busy(self) -> bool:
-        return bool(self.groups)
+        return bool(self.waiting or self.running)
 
     def wants_new_requests(self) -> bool:
-        """Never yet: a generation batch runs to its end before the worker takes the next."""
-        return False
+        """Whether a request arriving now would join at the next step: nothing waits and the budget has room.
+        Otherwise it is better left on the queue, for a worker with room."""
+        return not self.waiting and (self.budget is None or self.used < self.budget)
 
     def admit(self, jobs: dict[Hashable, GenJob | Failure]) -> None:
-        """Adds requests; their sequences start at the next step, in groups of their own."""
+        """Adds requests, also between two steps of others: they join at the next step that has room for them."""
         metrics().batch_requests.labels(self.endpoint).observe(len(jobs))
         self.jobs.update(jobs)
-        groups: dict[tuple, Group] = {}
-        now = time.monotonic()
-        for key, job in jobs.items():
-            if not isinstance(job, GenJob):
-                continue
-            job.started = now
-            beam = job.options.beam_size > 1
-            g = groups.setdefault((job.model, job.options.batch_key()), Group(job.model, job.options, [], [], [], beam))
-            for k in range(1 if beam else job.n):
-                g.rows.append((key, k))
-                g.prompts.append(job.prompt)
-                g.seeds.append(job.seeds[k])
-        self.groups += groups.values()
-        self._observe()
+        self.waiting += [key for key, job in jobs.items() if isinstance(job, GenJob)]
+        self._gauges()
 
     def step(self) -> None:
-        """One engine step of every group (a new group's first), then the sequences of requests whose client
-        went away leave."""
-        for g in list(self.groups):
-            self._step_group(g)
+        """One step: the requests whose client went away leave, waiting ones join while they fit, then one
+        step of each model's running batch; every sequence's new token is in its job's text after it."""
         self._drop_gone()
-        self._observe()
+        self._join_waiting()
+        for model, batch in list(self.batches.items()):
+            self._step_batch(model, batch)
+        self._gauges()
 
-    def _observe(self) -> None:
-        """The scheduler's gauges: rows of the started groups, requests in groups not started."""
-        running: dict[str, int] = {}
-        waiting = set()
-        for g in self.groups:
-            if g.steps is None:
-                waiting.update(key for key, _ in g.rows)
-            else:
-                running[g.model] = running.get(g.model, 0) + g.live
-        self.watch.update(running, len(waiting))
+    def _join_waiting(self) -> None:
+        rows = sum(job.rows for job in self.running.values())
+        while self.waiting:
+            job = self.jobs.get(self.waiting[0])
+            if not isinstance(job, GenJob) or job.over:          # gone, or failed, while it waited
+                self.waiting.pop(0)
+                continue
+            on_cpu = getattr(self.engines[job.model], "device_type", "cpu") == "cpu"
+            full = ((self.budget is not None and self.used + job.cost > self.budget)
+                    or (on_cpu and rows + job.rows > CPU_BATCH_ROWS))
+            if full and self.running:
+                return
+            self._join(self.waiting.pop(0), job)
+            rows += job.rows
 
-    def _step_group(self, g: Group) -> None:
-        engine = self.engines[g.model]
+    def _join(self, key: Hashable, job: GenJob) -> None:
+        engine = self.engines[job.model]
+        batch = self.batches.get(job.model)
+        prompts = [job.prompt] * (1 if job.beam else job.n)
         try:
-            if g.steps is None:
-                g.t0 = time.perf_counter()
-                g.steps = engine.generate_steps(g.prompts, g.options, seeds=g.seeds, cancel=g.cancel)
-            self.watch.last_rows = 0
-            step = next(g.steps)
-            g.live = self.watch.last_rows
-        except StopIteration as done:
-            self.groups.remove(g)
-            metrics().inference.labels(self.endpoint, g.model).observe(time.perf_counter() - g.t0)
-            metrics().batch_sentences.labels(self.endpoint, g.model).observe(len(g.rows))
-            if g.beam:  # beam search streams nothing: its hypotheses arrive whole
-                for (key, _), hyps in zip(g.rows, done.value):
-                    for k in range(getattr(self.jobs.get(key), "n", 0)):   # 0: it is over already
-                        self._extend(key, k, list(hyps[k].tokens) if k < len(hyps) else [], True)
+            if batch is None:
+                batch = self.batches[job.model] = engine.generation_batch()
+            job.member = engine.join_generation(batch, prompts, job.options, seeds=job.seeds[:len(prompts)],
+                                                cancel=job.cancel)
+        except Exception:   # bad options, say: this request fails alone
+            log.exception("generation request %s could not start", job.request_id)
+            job.failure = internal_failure()
             return
+        job.started, job.t0 = time.monotonic(), time.perf_counter()
+        self.running[key] = job
+        self.used += job.cost
+
+    def _step_batch(self, model: str, batch) -> None:
+        """One step of a model's running batch; each of its requests gets its sequences' new tokens. A step
+        that raises fails the batch's requests (their rows were in one call), not the other models'."""
+        engine = self.engines[model]
+        try:
+            ended = batch.step()
         except Exception:
-            self.groups.remove(g)
-            self._fail_group(g)
+            log.exception("a generation step of %s failed; the %d requests in its batch fail", model,
+                          sum(job.model == model for job in self.running.values()))
+            for job in self.running.values():
+                if job.model == model:
+                    job.failure = internal_failure()
+            self._close(model)
             return
-        for s, tok in zip(step.sentence, step.tokens):
-            key, k = g.rows[s]
-            self._extend(key, k, [] if tok == engine.eos_id else [int(tok)], tok == engine.eos_id)
+        for rows in batch.call_rows:    # (transerve_step_batch_rows: the engine's graph tells the watch)
+            metrics().batch_sentences.labels(self.endpoint, model).observe(rows)
+        for key, job in list(self.running.items()):
+            m = job.member
+            if job.model != model:
+                continue
+            if m.step is not None:
+                for k, tok in zip(m.step.sentence, m.step.tokens):
+                    ended_here = tok == engine.eos_id
+                    self._extend(key, int(k), [] if ended_here else [int(tok)], ended_here)
+            if m in ended:
+                self._ended(key, job)
+
+    def _ended(self, key: Hashable, job: GenJob) -> None:
+        """Its search returned (or raised): beam search's hypotheses arrive whole; a sequence still open ends."""
+        m = job.member
+        if m.error is not None:
+            log.error("generation failed for request %s: %r", job.request_id, m.error)
+            job.failure = internal_failure()
+            return
+        if job.beam:
+            hyps = m.result[0]
+            for k in range(job.n):
+                self._extend(key, k, list(hyps[k].tokens) if k < len(hyps) else [], True)
+        for k in range(job.n):
+            self._extend(key, k, [], True)     # no-op for the sequences already finished
 
     def _extend(self, key: Hashable, k: int, tokens: list[int], ended: bool) -> None:
         """Sequence k of a request gets these tokens; a stop sequence in its text ends it there."""
@@ -472,57 +512,62 @@ class GenerationScheduler:
         if stop_at >= 0:
             job.texts[k] = job.texts[k][:stop_at]
             job.finish[k] = "stop"
-            self._cancel(key, k)
+            job.cancel.add(k)               # its row leaves at the next step
         elif ended:
             job.finish[k] = "length" if job.tokens[k] >= job.max_new_tokens else "stop"
 
     def _drop_gone(self) -> None:
-        """Requests whose client went away end, their unfinished sequences "cancelled"."""
+        """Requests whose client went away end now, their unfinished sequences "cancelled", and leave their
+        batch before its next call (or the queue of those waiting)."""
         held = [(key, job) for key, job in self.jobs.items() if isinstance(job, GenJob)]
         if not held:
             return
         gone = self.board.cancelled(np.array([job.number for _, job in held], dtype=np.int64))
         for (key, job), went in zip(held, gone):
-            if not went:
-                continue
-            for k in range(job.n):
-                if job.finish[k] is None:
-                    job.finish[k] = "cancelled"
-                    self._cancel(key, k)
+            if went:
+                job.finish = ["cancelled" if f is None else f for f in job.finish]
+                self._release(key)
 
-    def _fail_group(self, g: Group) -> None:
-        """Called from an except block: the group's requests fail; the other groups go on."""
-        log.exception("generation failed for %d sequences of %s; their requests fail alone", len(g.rows), g.model)
-        for key in dict.fromkeys(key for key, _ in g.rows):
-            job = self.jobs.get(key)
-            if isinstance(job, GenJob) and not job.over:
-                job.failure = internal_failure()
+    def _release(self, key: Hashable) -> None:
+        """A request leaves the running batch (or the waiting line): its rows are in no later call."""
+        if key in self.waiting:
+            self.waiting.remove(key)
+        job = self.running.pop(key, None)
+        if job is None:
+            return
+        self.used -= job.cost
+        metrics().inference.labels(self.endpoint, job.model).observe(time.perf_counter() - job.t0)
+        batch = self.batches.get(job.model)
+        if batch is not None:
+            batch.leave(job.member)
+            if not batch.members:
+                self._close(job.model)
 
-    def _cancel(self, key: Hashable, k: int) -> None:
-        """Sequence k of a request leaves its group's batch at the next step."""
-        for g in self.groups:
-            g.cancel.update(r for r, row in enumerate(g.rows) if row == (key, k))
+    def _close(self, model: str) -> None:
+        """A model's batch is empty (or failed): its blocks go back to the pool; the next request makes a new one."""
+        with contextlib.suppress(Exception):   # may be called while handling an error: do not add one
+            self.batches.pop(model).close()
 
-    def _leave(self, key: Hashable, job: GenJob | Failure) -> None:
-        self.jobs.pop(key, None)
-        for k in range(getattr(job, "n", 0)):
-            self._cancel(key, k)
+    def _gauges(self) -> None:
+        """The scheduler's gauges (service/worker/watch.py): rows running per model, requests waiting for room."""
+        self.watch.update({model: batch.rows for model, batch in self.batches.items()}, len(self.waiting))
 
     def take_progress(self) -> list[tuple[Hashable, GenJob | Failure, bool]]:
         """Every request held, with whether it is over (each sequence finished, or it failed): the over ones
-        leave, and their sequences still decoding stop at the next step. Each request's new text is in its
-        job (texts, finish); what of it is sent is the encoder's business."""
+        leave, at once. Each request's new text is in its job (texts, finish); what of it is sent is the
+        encoder's business."""
         out = [(key, job, isinstance(job, Failure) or job.over) for key, job in self.jobs.items()]
-        for key, job, over in out:
-            if over:
-                self._leave(key, job)
+        left = [key for key, _, over in out if over]
+        for key in left:
+            self.jobs.pop(key, None)
+            self._release(key)
+        if left:
+            self._gauges()
         return out
 
     def abandon(self) -> None:
-        """Forgets every request and group; the started ones hand their cache back."""
-        for g in self.groups:
-            if g.steps is not None:
-                with contextlib.suppress(Exception):   # called while handling an error: do not add one
-                    g.steps.close()
-        self.jobs, self.groups = {}, []
-        self._observe()
+        """Forgets every request and batch; the batches hand their cache back."""
+        for model in list(self.batches):
+            self._close(model)
+        self.jobs, self.waiting, self.running, self.used = {}, [], {}, 0
+        self._gauges()
