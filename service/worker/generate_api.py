@@ -23,14 +23,14 @@ import time
 import litserve as ls
 
 from .cancel import CancelBoard
-from ..logs import configure as configure_logs
-from ..config import Settings, lower_worker_priority
+from ..config import Settings
 from ..inference.engine import Engine
 from ..shared.options import SearchOptions
 from .litserve_bridge import SchedulerLoop
 from ..metrics import metrics
 from .scheduler import Failure, GenerationScheduler, GenJob, for_one_request, generation_cost
-from ..stopping import Stopping, die
+from ..stopping import Stopping
+from .process import start_worker
 
 log = logging.getLogger("transerve")
 ENDPOINT = GenerationScheduler.endpoint
@@ -63,12 +63,7 @@ class GenerateAPI(ls.LitAPI):
         self.stopping = stopping   # None outside a server (tests): the signals are left alone
 
     def setup(self, device: str) -> None:
-        self.board.worker_started(ENDPOINT)   # first: the gateway fails what a dead predecessor held
-        if self.stopping is not None:   # SIGINT, SIGTERM: stop once the main process has drained
-            self.stopping.guard(die)
-        lower_worker_priority(self.settings)
-        if self.settings.log_format == "json":   # a spawned process: logging as the main process set it
-            configure_logs(self.settings.log_level, "json")
+        start_worker(ENDPOINT, self.settings, self.board, self.stopping)
         provider = "cpu" if self.settings.device == "cpu" or not str(device).startswith("cuda") else "cuda"
         engines: dict[str, Engine] = {}
         for path in self.settings.model_paths:

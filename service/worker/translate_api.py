@@ -25,15 +25,15 @@ import litserve as ls
 import numpy as np
 
 from .cancel import CancelBoard
-from ..logs import configure as configure_logs
-from ..config import Settings, lower_worker_priority
+from ..config import Settings
 from ..inference.engine import Engine
 from ..shared.package import load_package
 from .litserve_bridge import SchedulerLoop
 from ..metrics import metrics
 from .scheduler import Failure, Job, TranslationScheduler, for_one_request, request_cost
 from ..shared.schemas import search_options
-from ..stopping import Stopping, die
+from ..stopping import Stopping
+from .process import start_worker
 from ..shared.text import join_sentences, split_sentences
 
 log = logging.getLogger("transerve")
@@ -50,12 +50,7 @@ class TranslateAPI(ls.LitAPI):
 
     # --- worker start-up -------------------------------------------------------------------------
     def setup(self, device: str) -> None:
-        self.board.worker_started(ENDPOINT)   # first: the gateway fails what a dead predecessor held
-        if self.stopping is not None:   # SIGINT, SIGTERM: stop once the main process has drained
-            self.stopping.guard(die)
-        lower_worker_priority(self.settings)
-        if self.settings.log_format == "json":   # a spawned process: logging as the main process set it
-            configure_logs(self.settings.log_level, "json")
+        start_worker(ENDPOINT, self.settings, self.board, self.stopping)
         provider = "cuda" if str(device).startswith("cuda") else "cpu"
         if self.settings.device == "cpu":
             provider = "cpu"
