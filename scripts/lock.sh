@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates the image's hash-pinned dependency locks, deploy/docker/requirements-{serve,gpu}.lock,
-# for the image's Python (Ubuntu 24.04: CPython 3.12, x86_64 glibc). Versions follow the test venv
+# for the oldest Python and glibc an image is built on: Debian bookworm's CPython 3.11.2 and glibc 2.36, the
+# image test's base (the shipped image, Ubuntu 24.04, has CPython 3.12 and glibc 2.39, so what installs on the
+# older installs there too; redis needs async-timeout below CPython 3.11.3). Versions follow the test venv
 # (.venv, made by scripts/test.sh) where it has the package, so the image runs what the tests ran.
 #
 #   bash scripts/lock.sh
@@ -29,7 +31,7 @@ for extra in serve gpu; do
     echo "# The serving image's dependencies (extra \"$extra\"), pinned with hashes; pip installs them"
     echo "# with --require-hashes. Regenerate with: bash scripts/lock.sh"
     "$tools/venv/bin/uv" pip compile pyproject.toml --extra "$extra" --generate-hashes --no-header --no-annotate \
-      --python-version 3.12 --python-platform x86_64-manylinux_2_39 --index-url https://pypi.org/simple \
+      --python-version 3.11.2 --python-platform x86_64-manylinux_2_36 --index-url https://pypi.org/simple \
       --quiet "${constraints[@]}"
   } > "$out"
   echo "wrote $out ($(grep -c '==' "$out") packages)"
