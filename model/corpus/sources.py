@@ -85,20 +85,24 @@ def collect_sources(args: argparse.Namespace, licences: dict[str, str] | None = 
         readers.extend(deb_readers)
         sources.append(described)
     if getattr(args, "libreoffice_help", False):
-        roots = {lang: fetch_deb(pkg, args.cache) for lang, pkg in HELP_PACKAGES.items()}
-        readers.append(read_libreoffice_help(roots["de"], roots["en"]))
-        versions = ", ".join(f"{pkg}={deb_version(pkg, args.cache)}" for pkg in HELP_PACKAGES.values())
-        sources.append(f"lohelp: {versions} ({LOHELP_LICENSE})")
+        _add_aligned("lohelp", HELP_PACKAGES, read_libreoffice_help, LOHELP_LICENSE, args, readers, sources)
     for more_readers, described in later:
         readers.extend(more_readers)
         sources.append(described)
     if getattr(args, "debian_reference", False):
-        roots = {lang: fetch_deb(pkg, args.cache) for lang, pkg in DEBREF_PACKAGES.items()}
-        readers.append(read_debian_reference(roots["de"], roots["en"]))
-        versions = ", ".join(f"{pkg}={deb_version(pkg, args.cache)}" for pkg in DEBREF_PACKAGES.values())
-        sources.append(f"debref: {versions} ({DEBREF_LICENSE})")
+        _add_aligned("debref", DEBREF_PACKAGES, read_debian_reference, DEBREF_LICENSE, args, readers, sources)
     readers.extend(_user_readers(args, sources))
     return readers, sources
+
+
+def _add_aligned(name: str, packages: dict[str, str], read, licence: str, args: argparse.Namespace,
+                 readers: list[Iterable[Pair]], sources: list[str]) -> None:
+    """A German and an English package aligned by structure (LibreOffice's help, the Debian Reference): both
+    fetched, their reader added, described with both versions and the licence."""
+    roots = {lang: fetch_deb(pkg, args.cache) for lang, pkg in packages.items()}
+    readers.append(read(roots["de"], roots["en"]))
+    versions = ", ".join(f"{pkg}={deb_version(pkg, args.cache)}" for pkg in packages.values())
+    sources.append(f"{name}: {versions} ({licence})")
 
 
 def _user_readers(args: argparse.Namespace, sources: list[str]) -> list[Iterable[Pair]]:
