@@ -530,15 +530,47 @@ class Exploding:
             raise ValueError("no such piece")
         return "x" * len(ids)
 
-    def generate_steps(self, prompts, options, seeds=None, cancel=None):
+    def generation_batch(self):
+        return SteppedBatch()
+
+    def join_generation(self, batch, prompts, options, seeds=None, cancel=None):
         if options.top_k == 7:
             raise RuntimeError("engine failure")
+        tokens = (99 if options.top_k == 9 else 5, 5, 3)
+        member = SimpleNamespace(steps=iter(tokens), rows=len(prompts), step=None, error=None, result=None)
+        batch.members.append(member)
+        return member
 
-        def steps():
-            for tok in (99 if options.top_k == 9 else 5, 5, 3):
-                yield SimpleNamespace(sentence=list(range(len(prompts))), tokens=[tok] * len(prompts))
-            return []
-        return steps()
+
+class SteppedBatch:
+    """LmBatch's interface over Exploding's canned tokens: each step gives every member its next token."""
+
+    def __init__(self):
+        self.members, self.call_rows = [], []
+
+    @property
+    def rows(self):
+        return sum(m.rows for m in self.members)
+
+    def step(self):
+        ended = []
+        for m in self.members:
+            tok = next(m.steps)
+            m.step = SimpleNamespace(sentence=list(range(m.rows)), tokens=[tok] * m.rows)
+            if tok == Exploding.eos_id:
+                m.result = []
+                ended.append(m)
+        self.call_rows = [self.rows]
+        for m in ended:
+            self.leave(m)
+        return ended
+
+    def leave(self, member):
+        if member in self.members:
+            self.members.remove(member)
+
+    def close(self):
+        self.members = []
 
 
 def test_a_translation_hook_that_raises_fails_only_its_request():
