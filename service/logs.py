@@ -1,5 +1,5 @@
 """How every process logs: text (the default, for a terminal) or, with --log-format json, one JSON object per
-line for a log pipeline: the server's own events ({"ts", "level", "logger", "message"}) and one access line per
+line for a log pipeline: the server's own events ({"ts", "level", "logger", "pid", "message"}) and one access line per
 request (middleware.request_context: its id, trace id, key name, route, status, characters and tokens in and
 out, queue, inference and total ms, model, error type). Never a key, never a request's text: the access line takes only
 the fields named in ACCESS_FIELDS, and the server's own messages quote neither.
@@ -24,11 +24,12 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record: time (UTC, ISO 8601), level, logger, message, and an access line's fields."""
+    """One JSON object per record: time (UTC, ISO 8601), level, logger, the process's id (an HTTP process's or an
+    inference worker's: they write to the same stream), message, and an access line's fields."""
 
     def format(self, record: logging.LogRecord) -> str:
         out = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-               "level": record.levelname.lower(), "logger": record.name}
+               "level": record.levelname.lower(), "logger": record.name, "pid": record.process}
         access = getattr(record, "access", None)
         if access is not None:
             out |= {k: access[k] for k in ACCESS_FIELDS if access.get(k) is not None}
