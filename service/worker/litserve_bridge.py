@@ -61,8 +61,6 @@ class SchedulerLoop(LitLoop):
 
     def __call__(self, lit_api: LitAPI, device: str, worker_id: int, request_queue: Queue,
                  transport: MessageTransport, workers_setup_status: dict, callback_runner: CallbackRunner) -> None:
-        self.traces = WorkerTraces(lit_api.api_path.strip("/"))   # each request's spans here (worker/traces.py)
-        self.traces.watch(lit_api.scheduler)
         while True:
             try:
                 payloads, timed_out = collect(self, lit_api, request_queue, transport)
@@ -81,6 +79,9 @@ class SchedulerLoop(LitLoop):
         """Runs the scheduler until every request it holds, those that joined included, is answered; False
         when the server is stopping (the work under way is finished first)."""
         scheduler, waiting = lit_api.scheduler, {}     # waiting: uid -> response queue id, until answered
+        if getattr(self, "traces", None) is None:      # each request's spans in this worker (worker/traces.py)
+            self.traces = WorkerTraces(lit_api.api_path.strip("/"))
+            self.traces.watch(scheduler)
         more, polled = True, time.monotonic()
         try:
             self._admit(lit_api, payloads, waiting)
