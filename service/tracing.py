@@ -174,7 +174,13 @@ def child_span(name: str, **attributes) -> Iterator[Span]:
         with use_span(s):
             yield s
     except BaseException as e:
-        s.fail(getattr(e, "type", None) if isinstance(getattr(e, "type", None), str) else type(e).__name__)
+        s.fail(error_type(e))
         raise
     finally:
         s.end()
+
+
+def error_type(e: BaseException) -> str:
+    """What a span says of an exception: an ApiError's `type` (e.g. "overloaded"), else the exception's class."""
+    named = getattr(e, "type", None)
+    return named if isinstance(named, str) else type(e).__name__

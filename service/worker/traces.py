@@ -2,7 +2,8 @@
 process puts its request span's context in the payload (`carry`, in litserve_bridge.Workers); the worker
 loop (litserve_bridge.SchedulerLoop) tells `WorkerTraces` what happens to the requests it takes:
 
-    transerve.queue         the wait on LitServe's queue: from the put in the HTTP process to the take here
+    transerve.queue         the wait: from the put on LitServe's queue in the HTTP process to the admission
+                            into this worker's batch (its --batch-timeout-ms window included), as queue_ms
     transerve.batch         the request in this worker's batch: from its admission into the scheduler to its
                             answer (a generation's steps as events)
     transerve.engine.search a translation engine batch's search (child of its first request's batch span,
@@ -18,7 +19,8 @@ from __future__ import annotations
 import time
 from typing import Generator, Hashable
 
-from ..tracing import NOOP, Span, current_carrier, enabled, start_span
+from .scheduler import Failure
+from ..tracing import NOOP, Span, current_carrier, enabled, error_type, start_span
 
 
 def carry(payload: dict) -> None:
@@ -62,9 +64,8 @@ class WorkerTraces:
             span = start_span("transerve.batch", parent=carried["context"], start_ns=now, endpoint=self.endpoint,
                                  batch_requests=len(payloads), model=getattr(job, "model", None),
                                  sentences=len(getattr(job, "sentences", None) or ()) or None)
-            failure = getattr(job, "type", None)   # a request refused by decode_request (scheduler.Failure)
-            if isinstance(failure, str):
-                span.fail(failure)
+            if isinstance(job, Failure):   # refused by decode_request: answered at once
+                span.fail(job.type)
             self.requests[uid] = span
 
     def step(self, uid: Hashable, **attributes) -> None:
@@ -113,7 +114,7 @@ class WorkerTraces:
             search.set(steps=n, closed=True)
             raise
         except BaseException as e:
-            search.fail(type(e).__name__)
+            search.fail(error_type(e))
             raise
         finally:
             steps.close()
