@@ -9,6 +9,7 @@ TRANSERVE_TEST_LM_PACKAGE name others): nothing to train."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import os
 import secrets
@@ -82,12 +83,15 @@ def span_dict(resource_spans, span) -> dict:
 
 @pytest.fixture(scope="module")
 def traced():
-    """A server with --log-format json exporting its traces to a Receiver: (url, receiver, proc)."""
+    """A server with --log-format json exporting its traces to a Receiver: (url, receiver, proc). Its workers
+    wait up to 1 s for more requests after the first (--batch-timeout-ms), so that requests sent together are
+    batched together."""
     receiver = Receiver()
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
            "OTEL_SERVICE_NAME": "transerve-test", "OTEL_BSP_SCHEDULE_DELAY": "100"}
-    proc, url = start_server(PACKAGE, "--model", LM_PACKAGE, "--api-keys", KEY, "--log-format", "json", env=env)
+    proc, url = start_server(PACKAGE, "--model", LM_PACKAGE, "--api-keys", KEY, "--log-format", "json",
+                             "--batch-timeout-ms", "1000", env=env)
     yield url, receiver, proc
     stop_server(proc)
     receiver.shutdown()
@@ -145,6 +149,33 @@ def test_one_trace_per_request_across_the_http_process_and_the_worker_under_the_
             <= search["start"] <= encode["start"] <= encode["end"] <= search["end"] <= http["end"]
         assert not any(s["error"] for s in spans)
         assert_nothing_sent_is_in(spans, text)
+
+
+def test_requests_batched_together_share_one_search_linked_from_each_trace(traced):
+    """An engine batch serves several requests, so several traces: its search span is in its first request's
+    trace, under that request's batch span, and linked to the others' batch spans."""
+    url, receiver, _ = traced
+    sent = [traceparent() for _ in TEXTS]
+
+    def send(args):
+        (header, _, _), text = args
+        return httpx.post(url + "/translate", json={"text": text, "source_lang": "de", "target_lang": "en"},
+                          headers={"Authorization": f"Bearer {KEY}", "traceparent": header}, timeout=60)
+
+    with cf.ThreadPoolExecutor(len(TEXTS)) as pool:
+        assert [r.status_code for r in pool.map(send, zip(sent, TEXTS))] == [200] * len(TEXTS)
+    batches = {trace_id: next(s for s in wait_for(receiver, trace_id, {"transerve.batch"})
+                              if s["name"] == "transerve.batch") for _, trace_id, _ in sent}
+    assert {b["attributes"]["transerve.batch_requests"] for b in batches.values()} == {len(TEXTS)}   # taken together
+    deadline = time.monotonic() + 20
+    while not (searches := [s for t in batches for s in receiver.by_trace(t)
+                            if s["name"] == "transerve.engine.search"]):
+        assert time.monotonic() < deadline, "no engine search span"
+        time.sleep(0.1)
+    (search,) = searches   # one engine batch for the three sentences, in one trace
+    first = next(b for b in batches.values() if b["trace_id"] == search["trace_id"])
+    assert search["parent"] == first["span_id"] and search["attributes"]["transerve.requests"] == len(TEXTS)
+    assert sorted(search["links"]) == sorted(b["span_id"] for b in batches.values() if b is not first)
 
 
 def test_a_request_without_traceparent_starts_its_own_trace_and_a_generation_is_traced_too(traced):
