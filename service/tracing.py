@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Iterator
 
 log = logging.getLogger("transerve")
@@ -60,13 +60,22 @@ def _tracer():
         provider = TracerProvider(resource=Resource.create(attributes))   # the sampler: OTEL_TRACES_SAMPLER
         provider.add_span_processor(BatchSpanProcessor(_exporter()))
         _state.update(pid=os.getpid(), tracer=provider.get_tracer("transerve"))
+        log.info("traces on in process %d: service %s, sampler %s", os.getpid(),
+                 provider.resource.attributes.get("service.name"), provider.sampler.get_description())
     return _state["tracer"]
 
 
 def _exporter():
-    if os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "console":
+    """The console's or OTLP over HTTP/protobuf, the one protocol shipped (another asked for is said, not obeyed)."""
+    env = os.environ
+    name = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if name == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
         return ConsoleSpanExporter()
+    protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or ""
+    if name not in ("", "otlp") or protocol not in ("", "http/protobuf"):
+        log.warning("traces go out as OTLP over HTTP/protobuf, the exporter this server ships (asked for: "
+                    "OTEL_TRACES_EXPORTER=%s, OTEL_EXPORTER_OTLP_PROTOCOL=%s)", name or "-", protocol or "-")
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     return OTLPSpanExporter()   # its endpoint, headers and timeout from OTEL_EXPORTER_OTLP_*
 
@@ -115,6 +124,7 @@ class Span:
 
 
 NOOP = Span()
+_NOTHING = nullcontext(NOOP)
 
 
 def _named(attributes: dict) -> dict:
@@ -151,24 +161,23 @@ def current_carrier() -> dict[str, str]:
     return out
 
 
-@contextmanager
-def use_span(span: Span) -> Iterator[Span]:
-    """Makes `span` the current one in this context (the parent of spans started within), without ending it."""
+def use_span(span: Span) -> AbstractContextManager:
+    """Makes `span` the current one in this context (the parent of spans started within), without ending it.
+    NOOP's is a context manager that does nothing (no generator made per request)."""
     if span.otel is None:
-        yield span
-        return
+        return _NOTHING
     from opentelemetry import trace
-    with trace.use_span(span.otel, end_on_exit=False, record_exception=False, set_status_on_exception=False):
-        yield span
+    return trace.use_span(span.otel, end_on_exit=False, record_exception=False, set_status_on_exception=False)
 
 
-@contextmanager
-def child_span(name: str, **attributes) -> Iterator[Span]:
+def child_span(name: str, **attributes) -> AbstractContextManager[Span]:
     """A child of the current span, current while the block runs and ended after it; an exception out of the
     block marks it failed by the exception's type (an ApiError's `type`), never its message."""
-    if not enabled():
-        yield NOOP
-        return
+    return _child_span(name, attributes) if enabled() else _NOTHING
+
+
+@contextmanager
+def _child_span(name: str, attributes: dict) -> Iterator[Span]:
     s = start_span(name, **attributes)
     try:
         with use_span(s):

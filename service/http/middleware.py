@@ -24,7 +24,7 @@ from .quota import Quota
 from ..errors import ERROR_KIND, ApiError, Responder, too_large
 from ..logs import access
 from ..metrics import metrics
-from ..tracing import Span, start_span, use_span
+from ..tracing import NOOP, Span, enabled, start_span, use_span
 
 log = logging.getLogger("transerve")
 
@@ -115,6 +115,8 @@ def request_span(scope, rid: str, endpoints: dict[str, str]) -> Span:
     """The request's span (NOOP when traces are off): a child of the client's `traceparent` when it sent
     a valid one, else a trace's root. Named by method and route for the routes counted (`endpoints`), by method
     alone for the others, whose paths are whatever a client sent."""
+    if not enabled():
+        return NOOP
     carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
                if k in (b"traceparent", b"tracestate")}
     method, path = scope["method"], scope["path"]
@@ -125,6 +127,8 @@ def request_span(scope, rid: str, endpoints: dict[str, str]) -> Span:
 def end_request_span(span: Span, state: dict, status: int | None) -> None:
     """Its status, key name and error type: a 5xx marks it failed (a 4xx is the client's, as OpenTelemetry's
     HTTP conventions have it for a server)."""
+    if span is NOOP:
+        return
     tenant = state.get("tenant")
     span.set(key=tenant.name if tenant is not None else None, **{"http.response.status_code": status})
     if state.get("error_type") is not None:
