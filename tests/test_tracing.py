@@ -207,6 +207,21 @@ def test_a_refused_request_is_traced_by_its_error_type_and_the_json_log_carries_
     assert [rec["trace_id"] for rec in access] == [trace_id]
 
 
+def test_a_client_that_does_not_sample_its_trace_gets_no_spans_exported_but_its_trace_id(traced):
+    """The default sampler, parentbased_always_on (OTEL_TRACES_SAMPLER), follows the client's sampled flag."""
+    url, receiver, _ = traced
+    header, trace_id, _ = traceparent()
+    r = httpx.post(url + "/translate", json={"text": TEXTS[0], "source_lang": "de", "target_lang": "en"},
+                   headers={"Authorization": f"Bearer {KEY}", "traceparent": header[:-2] + "00"}, timeout=60)
+    assert r.status_code == 200 and r.headers["x-trace-id"] == trace_id
+    sampled, sampled_id, _ = traceparent()   # a sampled request after it: once its spans are in, so would be these
+    httpx.post(url + "/translate", json={"text": TEXTS[0], "source_lang": "de", "target_lang": "en"},
+               headers={"Authorization": f"Bearer {KEY}", "traceparent": sampled}, timeout=60)
+    wait_for(receiver, sampled_id, TRANSLATE_SPANS)
+    time.sleep(0.5)
+    assert receiver.by_trace(trace_id) == []
+
+
 def assert_nothing_sent_is_in(spans: list[dict], text: str) -> None:
     """No attribute or event of these spans quotes the request's text or the key."""
     dump = json.dumps([[s["attributes"], s["events"]] for s in spans], default=str)
