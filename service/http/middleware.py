@@ -114,14 +114,14 @@ def response_headers(message: dict, state: dict) -> list[tuple[bytes, bytes]]:
 def request_span(scope, rid: str, endpoints: dict[str, str]) -> Span:
     """The request's span (NOOP when traces are off): a child of the client's `traceparent` when it sent
     a valid one, else a trace's root. Named by method and route for the routes counted (`endpoints`), by method
-    alone for the others, whose paths are whatever a client sent."""
+    alone for the others (their paths are whatever a client sent, and a span's name is to take few values)."""
     if not enabled():
         return NOOP
     carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
                if k in (b"traceparent", b"tracestate")}
     method, path = scope["method"], scope["path"]
     return start_span(f"{method} {path}" if path in endpoints else method, parent=carrier, server=True,
-                         request_id=rid, **{"http.request.method": method, "url.path": path})
+                      request_id=rid, **{"http.request.method": method, "url.path": path})
 
 
 def end_request_span(span: Span, state: dict, status: int | None) -> None:
