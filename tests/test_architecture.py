@@ -16,7 +16,8 @@ BRIDGES = {"service.worker.litserve_bridge": "litserve", "service.inference.onnx
 # service/'s folders are layers, each importing only those below it: inference (onnxruntime, no HTTP, no LitServe)
 # < worker (LitServe's workers and the scheduler) < http (the core, no routes) < api (the flavours); server.py
 # and __main__.py compose them. COMMON are the process-wide modules every layer may use; they import no layer.
-COMMON = {"service.config", "service.metrics", "service.stopping", "service.errors", "service.keyfile", "service.logs"}
+COMMON = {"service.config", "service.metrics", "service.stopping", "service.errors", "service.keyfile", "service.logs",
+          "service.tracing"}
 ALLOWED = {
     "service.shared": {"service.shared", "numpy", "pydantic"},
     "service.client": {"service.shared.options", "service.shared.schemas", "httpx", "pydantic", "typing_extensions"},
@@ -25,6 +26,8 @@ ALLOWED = {
     **{name: {"service.shared", "prometheus_client", "fastapi", "starlette", "pydantic"} for name in COMMON},
     # the keys file's structured form may be YAML; config.py checks it at start-up
     "service.keyfile": {"pydantic", "yaml"},
+    # the one module that knows OpenTelemetry (its SDK imported only when OTEL_* turn traces on)
+    "service.tracing": {"opentelemetry"},
     "service.config": {"service.shared", "service.keyfile", "prometheus_client", "fastapi", "starlette", "pydantic"},
     "service.inference": {"service.inference", "service.shared", "numpy", "onnxruntime", "sentencepiece"},
     "service.worker": {"service.worker", "service.inference", "service.shared", *COMMON, "numpy", "litserve"},

@@ -727,7 +727,9 @@ def test_dashboard_panels_have_units_in_titles_and_cover_the_issue():
     titles = [p["title"] for p in graph_panels(d)]
     assert all(re.search(r"\([^)]+\)$", t) for t in titles), titles
     for needed in ("Traffic", "Latency p50 / p95 / p99", "Queue wait", "Batch size", "tokens/s", "Errors",
-                   "In flight", "GPU memory"):
+                   "In flight", "GPU memory",
+                   # issue 38: usage per key, and its 429s by key and limit
+                   "Requests per key by status", "Rate-limited per key", "Characters and tokens per key"):
         assert any(needed in t for t in titles), needed
     assert len({p["id"] for p in d["panels"]}) == len(d["panels"])
     for p in graph_panels(d):

@@ -31,7 +31,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Generator, Hashable
+from typing import Any, Callable, Generator, Hashable
 
 import numpy as np
 
@@ -149,6 +149,9 @@ class TranslationScheduler:
         self.fresh: set[Hashable] = set()                # keys that may have become answerable
         self.lent = 0.0                       # seconds the first batch ran while a started one waited (LEND_S)
         self.watch = SchedulerWatch(self.endpoint, engines)
+        # Each engine batch's search, given its requests' keys, wrapped: the worker loop traces it there
+        # (service/worker/traces.py); by default the search as it is.
+        self.traced: Callable[[Generator, list[Hashable]], Generator] = lambda steps, keys: steps
 
     @property
     def busy(self) -> bool:
@@ -229,7 +232,8 @@ class TranslationScheduler:
         t0 = time.perf_counter()
         try:
             if eb.steps is None:
-                eb.steps = self.engines[eb.model].search_steps(eb.src_ids, eb.options)
+                eb.steps = self.traced(self.engines[eb.model].search_steps(eb.src_ids, eb.options),
+                                       [j for j, _ in eb.rows])
             self.watch.last_rows = 0
             next(eb.steps)
             eb.live = self.watch.last_rows
