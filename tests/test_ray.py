@@ -1,5 +1,6 @@
 """Ray Data over the engine (service/bulk/ray_bridge.py, the ray extra): on a local Ray cluster this test starts
-(2 CPUs), 2,000 sentences of a Parquet file translated by a pool of 2 actors come back equal, row for row, to
+(2 CPUs), 2,000 sentences of a Parquet file translated by a pool of up to 2 actors (it grows from one while
+rows wait) come back equal, row for row, to
 `transerve translate`'s output for the same options; the callable class keeps blank and missing texts and the
 other columns in both batch formats, and refuses options as the command refuses them."""
 
@@ -36,7 +37,7 @@ def bulk_command(src, dst) -> subprocess.Popen:
                              *FLAGS], cwd=ROOT, stderr=subprocess.PIPE, text=True)
 
 
-def test_2000_sentences_on_two_actors_equal_the_bulk_commands_output(cluster, tmp_path):
+def test_2000_sentences_on_a_pool_of_two_actors_equal_the_bulk_commands_output(cluster, tmp_path):
     import pyarrow as pa
 
     from service.bulk.ray_bridge import main

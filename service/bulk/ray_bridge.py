@@ -89,8 +89,7 @@ def translate_dataset(ds: "ray.data.Dataset", column: str = "text", to_column: s
         Translate, fn_constructor_kwargs={"column": column, "to_column": to_column, "threads": cpus_per_actor,
                                           **options},
         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors), num_cpus=cpus_per_actor,
-        batch_size=batch_rows,
-        batch_format=batch_format, udf_modifying_row_count=False)
+        batch_size=batch_rows, batch_format=batch_format, udf_modifying_row_count=False)
 
 
 # Reading and writing tasks reserve no CPU: Ray Data holds none back for them, so a pool whose actors take every
