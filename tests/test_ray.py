@@ -1,8 +1,8 @@
 """Ray Data over the engine (service/bulk/ray_bridge.py, the ray extra): on a local Ray cluster this test starts
-(2 CPUs), 2,000 sentences of a Parquet file translated by a pool of up to 2 actors (it grows from one while
-rows wait) come back equal, row for row, to
-`transerve translate`'s output for the same options; the callable class keeps blank and missing texts and the
-other columns in both batch formats, and refuses options as the command refuses them."""
+(2 CPUs), 2,000 sentences of a Parquet file translated by a pool of up to 2 actors (it grows from one while rows
+wait) come back equal, row for row, to `transerve translate`'s output for the same options; the callable class
+keeps blank and missing texts and the other columns in both batch formats, and refuses options as the command
+refuses them."""
 
 import json
 import subprocess
