@@ -15,7 +15,9 @@ from .options import BulkOptions
 
 SUFFIXES = {".txt": "txt", ".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".po": "po",
             ".pot": "po", ".srt": "srt", ".vtt": "vtt", ".md": "md", ".markdown": "md",
-            ".html": "html", ".htm": "html", ".xhtml": "html"}
+            ".html": "html", ".htm": "html", ".xhtml": "html",
+            ".docx": "docx", ".pptx": "pptx", ".odt": "odt", ".odp": "odp"}
+DOCUMENTS = ("docx", "pptx", "odt", "odp")    # read and written whole: bulk/document.py, service/documents/
 
 
 @dataclass
