@@ -89,6 +89,18 @@ def test_a_catalog_keeps_its_placeholders_and_marks_entries_fuzzy():
     assert entries[1].msgstr == "Kept."
 
 
+def test_a_catalog_that_names_a_file_of_this_host_is_not_read_from_disk(tmp_path):
+    """polib.pofile takes a path or a catalog's text: an upload must never be taken for a path."""
+    secret = tmp_path / "secret.po"
+    secret.write_text('msgid "Geheim"\nmsgstr ""\n', encoding="utf-8")
+    try:
+        document = load("po", str(secret).encode(), LIMITS)
+    except DocumentError as e:
+        assert e.status == 400
+    else:
+        assert "Geheim" not in document.texts and b"Geheim" not in document.render(document.texts)
+
+
 def test_text_and_html_files():
     out, _ = translated("txt", "Die Kopfzeile\r\n\r\n  \nZelle eins".encode())
     assert out.decode() == "The header\r\n\r\n  \nCell one"

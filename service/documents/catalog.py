@@ -10,6 +10,7 @@ one library that does both, already the training side's (model/corpus/), small a
 
 from __future__ import annotations
 
+import os
 import re
 
 import polib
@@ -85,6 +86,11 @@ class Catalog:
     """A whole catalog as a Document: its untranslated entries' runs, and the catalog written back filled."""
 
     def __init__(self, text: str):
+        # polib.pofile reads a FILE when its argument names one: an upload saying "/etc/hostname" would be read
+        # from this host's disk. Text ending in a line break names none (checked, not assumed).
+        text = text if text.endswith("\n") else text + "\n"
+        if os.path.lexists(text):
+            raise DocumentError(400, "invalid_catalog", "the catalog's text is the name of a file")
         try:
             self.catalog = polib.pofile(text, wrapwidth=0)
         except (OSError, ValueError, UnicodeError) as e:   # polib's syntax errors are OSErrors

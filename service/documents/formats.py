@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import zipfile
 
+from ..shared import html_text
 from .limits import DocumentError, Limits
 
 # extension (without its dot) -> the media type a translated file is served with
@@ -37,6 +38,8 @@ def load(fmt: str, data: bytes, limits: Limits):
         document = _open(fmt, data, limits)
     except DocumentError:
         raise
+    except html_text.MarkupError as e:     # a paragraph of more differently formatted runs than it takes
+        raise DocumentError(e.status, "too_complex", f"a paragraph is too complex: {e.message}") from None
     except (zipfile.BadZipFile, KeyError, ValueError, TypeError, AttributeError, IndexError, OSError,
             SyntaxError) as e:   # lxml's XMLSyntaxError is a SyntaxError; python-docx's missing parts KeyErrors
         raise DocumentError(400, "unreadable_document", f"the .{fmt} file cannot be read: {e}") from None
