@@ -13,7 +13,7 @@ import pptx
 import pytest
 from lxml import etree
 
-from documents_help import entity_bomb, many_runs, opendocument, replaced, slides, word, zip_bomb
+from documents_help import ODF_NS, entity_bomb, many_runs, opendocument, replaced, slides, word, zip_bomb, zipped
 from service.documents.formats import EXTENSIONS, format_of, load
 from service.documents.limits import DocumentError, Limits
 
@@ -76,6 +76,22 @@ def test_an_odt_keeps_its_span_table_header_and_mimetype_first():
     assert p[0].get("{%s}style-name" % ns["text"]) == "T1"
     assert content.xpath("string(//text:p[ancestor::*[local-name()='table-cell']])", namespaces=ns) == "Cell one"
     assert etree.fromstring(z.read("styles.xml")).xpath("string(//text:p)", namespaces=ns) == "The header"
+
+
+def test_an_odp_slide_and_its_notes_are_translated_and_its_frames_kept():
+    draw = 'xmlns:draw="urn:oasis:names:tc:opendocument:xmlns:drawing:1.0" ' \
+           'xmlns:presentation="urn:oasis:names:tc:opendocument:xmlns:presentation:1.0"'
+    content = (f'<?xml version="1.0" encoding="UTF-8"?><office:document-content {ODF_NS} {draw}><office:body>'
+               '<office:presentation><draw:page draw:name="p1"><draw:frame><draw:text-box><text:p>Der Titel</text:p>'
+               '</draw:text-box></draw:frame><presentation:notes><draw:frame><draw:text-box><text:p>Eine Notiz'
+               '</text:p></draw:text-box></draw:frame></presentation:notes></draw:page></office:presentation>'
+               '</office:body></office:document-content>')
+    data = zipped({"mimetype": "application/vnd.oasis.opendocument.presentation", "content.xml": content})
+    out, texts = translated("odp", data)
+    assert texts == ["Der Titel", "Eine Notiz"]
+    xml = zipfile.ZipFile(io.BytesIO(out)).read("content.xml").decode()
+    assert "<text:p>The title</text:p>" in xml and "<text:p>A note</text:p>" in xml and 'draw:name="p1"' in xml
+    assert refusal("odt", data).status == 400                    # an .odp named .odt
 
 
 def test_a_catalog_keeps_its_placeholders_and_marks_entries_fuzzy():
