@@ -31,6 +31,7 @@ SETTINGS = "/libretranslate/frontend/settings"
 DOWNLOAD = "libretranslate_download_file"       # the download route's name, for url_for
 IN_FLIGHT = 4           # a document's requests queued at once: its batches fill, other clients' requests still pass
 DETECT_CHARS = 2000     # source=auto: the language of the document's first texts, this many characters
+LANG = {"type": "string", "minLength": 1}     # source, target in /openapi.json
 
 
 async def read_upload(request: Request, max_bytes: int) -> FormData:
@@ -110,8 +111,8 @@ async def translate_texts(gateway: Gateway, request: Request, texts: list[str], 
     if long := next((t for t in texts if len(t) > limit), None):
         raise ApiError(413, "text_too_long", f"a paragraph of the document has {len(long)} characters; the limit "
                        f"is {limit}", limit)
-    if source == AUTO and texts:
-        source = await detect_source(gateway, texts, target)
+    if source == AUTO:             # a document with nothing to translate comes back as it was
+        source = await detect_source(gateway, texts, target) if texts else target
     gateway.check_pair(source, target)
     chunks, current, size = [], [], 0
     for text in texts:
@@ -184,8 +185,8 @@ def install(app: FastAPI, gateway: Gateway, errors: dict) -> None:
                       summary="LibreTranslate-compatible file translation: {\"translatedFileUrl\": ...}",
                       openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {
                           "schema": {"type": "object", "required": ["file", "source", "target"], "properties": {
-                              "file": {"type": "string", "format": "binary"}, "source": {"type": "string"},
-                              "target": {"type": "string"}, "api_key": {"type": "string"}}}}}}})
+                              "file": {"type": "string", "format": "binary"}, "source": LANG, "target": LANG,
+                              "api_key": {"type": "string"}}}}}}})
     app.add_api_route("/libretranslate/download_file/{filename}", download_route, methods=["GET"], name=DOWNLOAD,
                       responses={404: errors[404]}, tags=["libretranslate"],
                       summary="A translated file, for the key that sent it, until it expires")
