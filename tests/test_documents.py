@@ -171,3 +171,14 @@ def test_over_the_size_and_text_limits_and_wrong_text():
     assert e.status == 413 and "texts to translate" in e.message
     assert "zip archive" in refusal("txt", DOCX).message
     assert "not UTF-8" in refusal("txt", "Grüße".encode("latin-1")).message
+
+
+def test_subtitles_and_markdown_read_whole_keep_timings_and_markup():
+    srt = ("1\r\n00:00:01,000 --> 00:00:02,500\r\nDie Kopfzeile\r\n\r\n"
+           "2\r\n00:00:03,000 --> 00:00:04,000\r\n<i>Zelle eins</i>\r\n")
+    out, texts = translated("srt", srt.encode())
+    assert texts == ["Die Kopfzeile", "Zelle eins"]                 # the tags around a cue's text are not sent
+    assert out.decode() == srt.replace("Die Kopfzeile", "The header").replace("Zelle eins", "Cell one")
+    md = "# Die Kopfzeile\n\n```\nDie Fußzeile\n```\n\n- Zelle eins\n"
+    out, _ = translated("md", md.encode())
+    assert out.decode() == "# The header\n\n```\nDie Fußzeile\n```\n\n- Cell one\n"

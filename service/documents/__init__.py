@@ -7,7 +7,9 @@ POST /translate_file (service/api/libretranslate_files.py); it knows no engine a
     paragraphs.py   a paragraph's runs of text as translatable texts, and its runs' formatting put back
     word.py         .docx (python-docx)      slides.py  .pptx (python-pptx)
     opendocument.py .odt, .odp (zipfile + lxml)
-    plain.py        .txt, .html (shared/html_text.py), .po (polib; placeholders kept: catalog.py)
+    plain.py        .txt, .html (shared/html_text.py); catalog.py .po (polib, placeholders kept)
+    subtitles.py    .srt, .vtt; markdown.py .md: streamed by `transerve translate` (records.py), read whole for
+                    HTTP by streamed.py
     formats.py      which format a file is, and load(): the one entry point
 
 A Document has `texts` (what to translate, in order) and `render(translations) -> bytes`.

@@ -18,8 +18,11 @@ MEDIA_TYPES = {
     "pptx": "application/vnd.openxmlformats-officedocument.presentationml.presentation",
     "odt": "application/vnd.oasis.opendocument.text",
     "odp": "application/vnd.oasis.opendocument.presentation",
+    "srt": "application/x-subrip; charset=utf-8",
+    "vtt": "text/vtt; charset=utf-8",
+    "md": "text/markdown; charset=utf-8",
 }
-ALIASES = {"htm": "html", "pot": "po"}
+ALIASES = {"htm": "html", "pot": "po", "markdown": "md"}
 EXTENSIONS = [*MEDIA_TYPES, *ALIASES]     # what LibreTranslate's supportedFilesFormat lists (with dots)
 
 
@@ -68,4 +71,9 @@ def _open(fmt: str, data: bytes, limits: Limits):
     if fmt == "po":
         from .catalog import Catalog
         return Catalog(decode(data, "po"))
+    if fmt in ("srt", "vtt", "md"):
+        from .markdown import Markdown
+        from .streamed import Streamed
+        from .subtitles import Subtitles
+        return Streamed(Markdown() if fmt == "md" else Subtitles(), data, fmt)
     raise DocumentError(400, "unsupported_format", f"no document format {fmt!r}; one of {', '.join(MEDIA_TYPES)}")
