@@ -71,7 +71,9 @@ def run_setting(name: str, extra: list[str], args: argparse.Namespace, work: Pat
     if proc.returncode != 0:
         raise SystemExit(f"{name}: model.train failed:\n{proc.stderr[-3000:]}")
     last = json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])
-    tests = {f"{Path(test).stem} {d}": test_bleu(out, test, d, args.test_sentences)
+    # checkpoint.pt, the run's end: a run directory alone would give model.evaluate best.pt, which a run saves
+    # only at its periodic evaluations (with --eval-every 0, the weights it started from)
+    tests = {f"{Path(test).stem} {d}": test_bleu(out / "checkpoint.pt", test, d, args.test_sentences)
              for test in args.test for d in ("de-en", "en-de")}
     return {**last, "wall_min": (time.time() - t) / 60, "tests": tests}
 
