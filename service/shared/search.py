@@ -30,6 +30,12 @@ repetition penalty, the n-gram ban: `full`). The others only remove candidates o
 (width + what they may remove) still hold every candidate the full distribution would yield, and the
 search returns the same hypotheses either way.
 
+A search is a coroutine underneath (`searcher()`): it yields a `Want` (these tokens, the k best or the whole
+distribution) where it needs a decoder step, and is sent the step's outputs; `decode()` answers each Want
+from its decoder. A caller that steps many searches' rows in one decoder call (the translate worker's running
+batch, service/inference/decoders.py) answers them itself: each search stays a pure step over its own rows'
+log-probs, its `select` calls bookkeeping of its own rows.
+
 Row r of a fresh decoder is source r. Beam search follows fairseq and CTranslate2: top-k over
 2 × beam candidates so that hypotheses ending in </s> can be set aside without shrinking the beam,
 one length-penalty normalisation when a hypothesis is finished, and finished sentences dropped
@@ -77,11 +83,21 @@ class Step:
     tokens: np.ndarray         # (N,)
 
 
+@dataclass
+class Want:
+    """What a search needs next (searcher()): a decoder step of its rows with these tokens (N,), its outputs
+    sent back as step_top's triple (log-probs (N, k), ids (N, k), eos log-probs (N,)) when k is given, else
+    (log-probs (N, V), None, None)."""
+    tokens: np.ndarray         # (N,)
+    k: int | None
+
+
 # decode(): a Step per decoder call (greedy search, sampling) or None (beam search, which does not stream);
 # returns each input's hypotheses, best first.
 Search = Generator[Step | None, None, list[list[Hypothesis]]]
-# One decoder step's candidates: log-probs (N, W) and their ids (N, W), ids None when W is the vocabulary.
-Candidates = Callable[[np.ndarray, int, Rows, int], tuple[np.ndarray, np.ndarray | None]]
+# One decoder step's candidates, a generator that yields its Want and returns log-probs (N, W) and their ids
+# (N, W), ids None when W is the vocabulary.
+Candidates = Callable[[np.ndarray, int, Rows, int], Generator[Want, tuple, tuple[np.ndarray, np.ndarray | None]]]
 
 
 def max_lengths(source_lengths: Sequence[int], *, a: float = 0.0, b: int = 256, cap: int = 512) -> np.ndarray:
@@ -113,32 +129,61 @@ def decode(decoder: IncrementalDecoder, batch_size: int, options: SearchOptions,
     cancel: greedy search and sampling only; inputs the caller adds to it while iterating end after the
     step just yielded, with finished=False (a stop sequence seen, a client gone); None = none.
     """
+    top = getattr(decoder, "step_top", None) is not None
+    return _answered(decoder, searcher(decoder, batch_size, options, bos_id=bos_id, eos_id=eos_id,
+                                       max_length=max_length, banned_ids=banned_ids, start_tokens=start_tokens,
+                                       seeds=seeds, cancel=cancel, top_k=top))
+
+
+def searcher(decoder: IncrementalDecoder, batch_size: int, options: SearchOptions, *, bos_id: int, eos_id: int,
+             max_length: Sequence[int] | np.ndarray, banned_ids: Sequence[int] = (),
+             start_tokens: np.ndarray | None = None, seeds: Sequence[int | None] | None = None,
+             cancel: set[int] | None = None, top_k: bool = True) -> Generator:
+    """decode()'s search as a coroutine whose caller runs the decoder steps: it yields a `Want` where it needs
+    one (send it the outputs) and, like decode(), a Step (greedy search, sampling) or None (beam search) after
+    each. `decoder` needs only `select` here; top_k: whether the caller answers Wants for the k best."""
     max_len = np.asarray(max_length, dtype=np.int64)
     processors = logits_processors(options, eos_id=eos_id, max_length=max_len, banned_ids=banned_ids)
     first = (np.full(batch_size, bos_id, dtype=np.int64) if start_tokens is None
              else np.asarray(start_tokens, dtype=np.int64).copy())
     if options.sampling:
         seeds = list(seeds) if seeds is not None else [options.seed] * batch_size
-        return _paths(decoder, first, _sampler(options, seeds), processors, eos_id, max_len, cancel)
+        return _paths(decoder, first, _sampler(options, seeds), processors, eos_id, max_len, cancel, top_k)
     if options.beam_size == 1:
-        return _paths(decoder, first, None, processors, eos_id, max_len, cancel)
-    return _beam(decoder, first, options, processors, eos_id, max_len)
+        return _paths(decoder, first, None, processors, eos_id, max_len, cancel, top_k)
+    return _beam(decoder, first, options, processors, eos_id, max_len, top_k)
 
 
-def _candidates(decoder, processors: list, full: bool) -> Candidates:
-    """candidates(tokens, width, rows, step) for one search: a decoder step with the processors applied,
-    as (log-probs (N, W), ids (N, W)) from the decoder's best few when it offers them and no processor needs
-    more (W = width + what the processors may remove), else (log-probs (N, V), None). The decoder's arrays
-    are copied only when a processor will change them."""
-    top = None if full else getattr(decoder, "step_top", None)
+def _answered(decoder, search: Generator) -> Search:
+    """`search` (searcher()) with each Want answered by `decoder`'s step_top or step; the rest passes on."""
+    reply = None
+    while True:
+        try:
+            out = search.send(reply)
+        except StopIteration as done:
+            return done.value
+        if isinstance(out, Want):
+            reply = (decoder.step(out.tokens), None, None) if out.k is None else decoder.step_top(out.tokens, out.k)
+        else:
+            reply = None
+            yield out
+
+
+def _candidates(top_k: bool, processors: list, full: bool) -> Candidates:
+    """candidates(tokens, width, rows, step) for one search: a decoder step (its Want) with the processors
+    applied, as (log-probs (N, W), ids (N, W)) from the decoder's best few when it offers them (top_k) and no
+    processor needs more (W = width + what the processors may remove), else (log-probs (N, V), None). The
+    decoder's arrays are copied only when a processor will change them."""
+    top = top_k and not full
     extra, copy = sum(p.removes for p in processors), bool(processors)
 
     def candidates(tokens: np.ndarray, width: int, rows: Rows, step: int):
-        if top is not None:
-            logp, ids, eos_logp = top(tokens, width + extra)
+        if top:
+            logp, ids, eos_logp = yield Want(tokens, width + extra)
             logp, ids = logp.astype(np.float32, copy=copy), ids.astype(np.int64, copy=copy)   # (N, W) each
         else:
-            logp, ids, eos_logp = decoder.step(tokens).astype(np.float32, copy=copy), None, None   # (N, V)
+            logp, _, _ = yield Want(tokens, None)
+            logp, ids, eos_logp = logp.astype(np.float32, copy=copy), None, None                # (N, V)
         for p in processors:
             p.apply(step, rows, logp, ids, eos_logp)
         return logp, ids
@@ -151,7 +196,7 @@ def _at_budget(max_len: np.ndarray, rows: Rows, step: int) -> np.ndarray:
 
 
 def _paths(decoder: IncrementalDecoder, tokens: np.ndarray, pick: Callable | None, processors: list, eos_id: int,
-           max_len: np.ndarray, cancel: set[int] | None) -> Generator[Step, None, list[list[Hypothesis]]]:
+           max_len: np.ndarray, cancel: set[int] | None, top_k: bool) -> Generator:
     """Greedy search and sampling, one row per input: `pick(logp (N, V), sentence (N,)) -> (N,)` ids; None =
     arg-max (greedy search), which reads only the best few tokens when the decoder offers them.
 
@@ -165,14 +210,14 @@ def _paths(decoder: IncrementalDecoder, tokens: np.ndarray, pick: Callable | Non
     written = np.zeros((B, int(max_len.max(initial=0)) + 1), dtype=np.int64)
     rows = Rows(sentence=np.arange(B))
     sums = np.zeros(B, dtype=np.float64)
-    candidates = _candidates(decoder, processors, pick is not None or any(p.full for p in processors))
+    candidates = _candidates(top_k, processors, pick is not None or any(p.full for p in processors))
     history = any(p.history for p in processors)
     step = 0
     while len(rows.sentence):
         every = np.arange(len(tokens))
         if history:
             rows.history = [written[s, :step].tolist() for s in rows.sentence]
-        logp, ids = candidates(tokens, 1, rows, step)
+        logp, ids = yield from candidates(tokens, 1, rows, step)
         if ids is not None:
             best = logp.argmax(axis=1)                                        # first candidate not removed
             tokens = ids[every, best]
@@ -202,7 +247,7 @@ def _paths(decoder: IncrementalDecoder, tokens: np.ndarray, pick: Callable | Non
 
 
 def _beam(decoder: IncrementalDecoder, tokens: np.ndarray, options: SearchOptions, processors: list, eos_id: int,
-          max_len: np.ndarray) -> Generator[None, None, list[list[Hypothesis]]]:
+          max_len: np.ndarray, top_k: bool) -> Generator:
     """Batched beam search, yielding None after every decoder call (so a caller can run other work between the
     steps: the translate worker's fairness); each input's `num_hypotheses` best hypotheses, best first.
     A sentence stops once it has `beam_size` finished hypotheses (see the module docstring for rule
@@ -215,13 +260,13 @@ def _beam(decoder: IncrementalDecoder, tokens: np.ndarray, options: SearchOption
     # Only the first beam of each sentence is live at step 0, or the K beams would be K copies.
     beam_scores = np.tile(np.array([0.0] + [-np.inf] * (K - 1)), B).reshape(B, K)
     tokens = np.repeat(tokens, K)
-    candidates = _candidates(decoder, processors, any(p.full for p in processors))
+    candidates = _candidates(top_k, processors, any(p.full for p in processors))
     early_exit = options.length_rule == "ctranslate2" and options.length_penalty == 0   # CTranslate2's
     top_ended = np.zeros(B, dtype=bool)
     step = 0
     while len(active):
         # Each row's best 2K are enough: a sentence's 2K best over all its beams are among them.
-        logp, ids = candidates(tokens, 2 * K, rows, step)                           # (A*K, W)
+        logp, ids = yield from candidates(tokens, 2 * K, rows, step)                # (A*K, W)
         picked, still_active = beam_step(beam_scores, logp, ids, rows, active, finished, top_ended,
                                          _at_budget(max_len, rows, step), options, eos_id, early_exit)
         if not still_active:
