@@ -225,9 +225,18 @@ class InPlaceCache:
             return
         self._relayout(rows, self.width)
 
+    def fit(self, rows: np.ndarray, width: int) -> None:
+        """Keeps rows `rows` (int64) of every tensor, in that order, at `width` columns (wider or narrower);
+        a row -1 is a new one, its columns left as they happen to be (its search writes each column before it
+        reads it). Nothing is copied when they are all the rows in order at the same width (a running batch,
+        service/inference/decoders.py: rows join and leave between its steps)."""
+        if width == self.width and np.array_equal(rows, np.arange(self.rows)):
+            return
+        self._relayout(rows, width)
+
     def _relayout(self, rows: np.ndarray | None, width: int) -> None:
-        """Copies the cache into the second block with rows `rows` (None: the same) at `width` columns. The
-        tensors lie back to back, so one numpy call moves all of them."""
+        """Copies the cache into the second block with rows `rows` (None: the same; -1: any) at `width`
+        columns. The tensors lie back to back, so one numpy call moves all of them."""
         read, write = self.blocks
         L2, M = len(self.names), self.rows if rows is None else len(rows)
         n, m = self._tensor_size(self.rows, self.width), self._tensor_size(M, width)
@@ -241,9 +250,10 @@ class InPlaceCache:
             host = write.host(contents=False)
             dst = host[:L2 * m].reshape(L2, M, self.h, width, self.d_k)
             if width == self.width:
-                np.take(src, rows, axis=1, out=dst, mode="clip")   # "raise" would copy via a buffer
+                np.take(src, rows, axis=1, out=dst, mode="clip")   # "raise" would copy via a buffer; -1 -> 0
             else:
-                dst[:, :, :, :self.width] = src if rows is None else src[:, rows]
+                w = min(width, self.width)
+                dst[:, :, :, :w] = (src if rows is None else src[:, np.maximum(rows, 0)])[:, :, :, :w]
             write.commit(host)
         self.blocks = [write, read]
         self.rows, self.width = M, width
