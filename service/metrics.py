@@ -90,6 +90,15 @@ def metrics() -> SimpleNamespace:
         # Requests decided without the limits' store (Redis unreachable or slow), by what --redis-down made of them.
         ratelimit_store_errors=Counter(p + "ratelimit_store_errors_total", "Requests whose limits Redis could not "
                                        "check in time, by outcome (admitted, refused)", ["outcome"]),
+        # The workers' schedulers (issue 36): what runs, what waits for room, the memory it holds, a step's size.
+        running_rows=Gauge(p + "scheduler_running_rows", "Rows (sentences x beams, sequences) in the workers' "
+                           "running batches", ["endpoint", "model"], multiprocess_mode="livesum"),
+        waiting_requests=Gauge(p + "scheduler_waiting_requests", "Requests a worker has taken that wait for room "
+                               "in its running batch", ["endpoint"], multiprocess_mode="livesum"),
+        cache_bytes=Gauge(p + "cache_bytes", "Memory the running batches' caches and encoder outputs hold",
+                          ["endpoint", "model"], multiprocess_mode="livesum"),
+        step_batch_rows=Histogram(p + "step_batch_rows", "Rows in one decoder call", ["endpoint", "model"],
+                                  buckets=BATCH_SIZES),
     )
 
 
