@@ -407,10 +407,8 @@ class RunningBatch:
     @property
     def bytes(self) -> int:
         """The memory its tensors hold now: the cache, the cross tensors and each member's own sources."""
-        c, itemsize = self.cache, self.graph.pool.dtype.itemsize
-        cache = 2 * len(c.names) * c._tensor_size(c.rows, c.width) if c.blocks is not None else 0
-        cross = [t for t in [self.cross] + [m.cross for m in self.members] if t is not None and t.block is not None]
-        return itemsize * (cache + sum(len(t.names) * prod(t.shape) for t in cross))
+        cache = self.cache.nbytes if self.cache.blocks is not None else 0
+        return cache + sum(t.nbytes for t in [self.cross] + [m.cross for m in self.members] if t is not None)
 
     def step(self) -> list[Member]:
         """One decoder call for every member's rows; each member's search then runs to its next Want. Returns

@@ -102,6 +102,10 @@ class Tensors:
         self.pool, self.names, self.shape = pool, list(names), [int(d) for d in shape]
         self.block: Block | None = pool.take(len(self.names) * prod(self.shape))
 
+    @property
+    def nbytes(self) -> int:
+        return len(self.names) * prod(self.shape) * self.pool.dtype.itemsize if self.block is not None else 0
+
     def bind_outputs(self, io: ort.IOBinding) -> None:
         n, pool = prod(self.shape), self.pool
         for i, name in enumerate(self.names):
@@ -212,6 +216,11 @@ class InPlaceCache:
 
     def _tensor_size(self, rows: int, width: int) -> int:
         return rows * self.h * width * self.d_k
+
+    @property
+    def nbytes(self) -> int:
+        """What its tensors hold now (the blocks may be larger)."""
+        return len(self.names) * self._tensor_size(self.rows, self.width) * self.pool.dtype.itemsize
 
     def reserve(self, position: int) -> None:
         """Makes room for column `position` (the next step's), widening by `columns` when it is full."""
