@@ -122,9 +122,10 @@ def test_a_small_request_waits_for_room_ahead_of_large_ones_waiting_sentences(en
     assert_answers_as_alone(engine, [(k, j) for k, j in answered if k == "s"])
 
 
-def test_requests_with_different_options_share_one_decoder_call_a_step(engine, monkeypatch):
-    """Greedy search, beam 4 with two alternatives and beam 2 with a repetition penalty (the whole
-    distribution): one running batch, one decoder call per step holding every running row."""
+def test_requests_with_different_options_share_one_decoder_call_a_step_per_beam_size(engine, monkeypatch):
+    """Beam 4 with two alternatives, with a length penalty of 0.5 and with a repetition penalty (the whole
+    distribution) share one decoder call a step; greedy search has a call of its own (rows per source fix
+    the cross-attention's grouping, RunningBatch)."""
     calls = []
     run = type(engine.graph.session).run_with_iobinding
 
@@ -133,21 +134,22 @@ def test_requests_with_different_options_share_one_decoder_call_a_step(engine, m
         return run(session, io, *args)
     s = scheduler_for(engine)
     jobs = {"greedy": translation(engine, ["Das geht zu weit.", "Hallo Welt."], 1, "greedy"),
-            "beam": translation(engine, ["Die Datei wird gelöscht."], 4, "beam"),
-            "penalty": translation(engine, ["Wir sehen uns morgen."], 2, "penalty")}
-    jobs["beam"].options = SearchOptions(beam_size=4, num_hypotheses=2, max_length=Settings().max_output_tokens)
-    jobs["penalty"].options = SearchOptions(beam_size=2, repetition_penalty=1.3)
+            "nbest": translation(engine, ["Die Datei wird gelöscht."], 4, "nbest"),
+            "short": translation(engine, ["Wir sehen uns morgen."], 4, "short"),
+            "penalty": translation(engine, ["Wo ist der Bahnhof?"], 4, "penalty")}
+    jobs["nbest"].options = SearchOptions(beam_size=4, num_hypotheses=2)
+    jobs["short"].options = SearchOptions(beam_size=4, length_penalty=0.5)
+    jobs["penalty"].options = SearchOptions(beam_size=4, repetition_penalty=1.3)
     s.admit(jobs)
-    s.step()                                   # all join; the first step runs their rows together
+    s.step()                                   # all join; the first step runs their rows
     monkeypatch.setattr(type(engine.graph.session), "run_with_iobinding", counted)
-    (batch,) = s.batches.values()
-    rows = batch.rows
+    rows = {key: batch.rows for key, batch in s.batches.items()}
     s.step()
-    assert len(calls) == 1 and rows == 2 + 4 + 2
+    assert len(calls) == 2 and rows == {(engine.package.name, 1): 2, (engine.package.name, 4): 3 * 4}
     monkeypatch.undo()
     assert sorted(drain(s)) == sorted(jobs)
     assert_answers_as_alone(engine, jobs.items())
-    assert len(jobs["beam"].hyps[0]) == 2
+    assert len(jobs["nbest"].hyps[0]) == 2
 
 
 def test_sentences_wait_for_room_in_the_budget_and_join_as_it_frees(engine):
@@ -270,7 +272,7 @@ class EchoTranslator:
     def __init__(self):
         self.searches, self.rows_per_step = 0, []
 
-    def running_batch(self):
+    def running_batch(self, group):
         return EchoBatch(self.rows_per_step)
 
     def join(self, batch, src_ids, options):

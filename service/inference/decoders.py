@@ -17,8 +17,7 @@ their own weights (`python -m model.upgrade`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import reduce
-from math import gcd, prod
+from math import prod
 from typing import Generator, Sequence
 
 import numpy as np
@@ -367,16 +366,19 @@ class RunningBatch:
     Per row, the graph takes its own position (the cache column it writes and the columns it attends to), so
     rows that joined at different steps share the call; a row's cache holds its own columns only, whatever
     the others' width (W: the batch's furthest row, in steps of COLUMNS_STEP). The cross tensors are the
-    members' sources side by side, one copy per group of G rows (G: the greatest common divisor of the
-    members' rows per source: a beam search's K, 1 with a greedy search beside it), padded with zeros to the
-    widest source, `src_mask` hiding the padding; they are made again only when the sources or G change (a
-    member joins or leaves, a sentence ends). A row's outputs do not depend on its batch-mates, their
-    positions, W, S or G (tests/test_batch_invariance.py): GroupQueryAttention reads a row's own columns
-    only, and the cross-attention's products sum over a row's source in the same order in any width that is
-    a multiple of COLUMNS_STEP."""
+    members' sources side by side, one copy per group of G rows (`group`: a beam search's K, 1 for greedy
+    search and sampling), padded with zeros to the widest source, `src_mask` hiding the padding; they are
+    made again only when the sources change (a member joins or leaves, a sentence ends). A row's outputs do
+    not depend on its batch-mates, their
+    positions, W or S (tests/test_batch_invariance.py): GroupQueryAttention reads a row's own columns only,
+    and the cross-attention's products sum over a row's source in the same order in any width that is a
+    multiple of COLUMNS_STEP. They do depend on G, the rows that read one copy of a source (the
+    cross-attention's queries per source): beam 4's rows read in groups of 1 gave one row other log-probs at
+    its 12th step than in groups of 4 (0.05 apart: int8 rounded the last bit's difference the other way), so
+    every member of a batch has `group` rows per source (its beams: search.rows_per_input), as alone."""
 
-    def __init__(self, graph: DecoderGraph, *, max_rows: int = 64, max_positions: int = 64):
-        self.graph = graph
+    def __init__(self, graph: DecoderGraph, group: int, *, max_rows: int = 64, max_positions: int = 64):
+        self.graph, self.group = graph, group
         self.members: list[Member] = []
         self.cache = InPlaceCache(graph.pool, graph.past_names, graph.present_names, 0, graph.h, graph.d_k,
                                   max_rows=max_rows, max_positions=max_positions)
@@ -436,7 +438,7 @@ class RunningBatch:
 
     def _place_cross(self, live: list[Member]) -> None:
         """The cross tensors and src_mask for this step's rows: made again only when what they hold changes."""
-        G = reduce(gcd, (len(m.rows) // len(source_groups(m.row_source)) for m in live))
+        G = self.group
         S = max(m.src_mask.shape[1] for m in live)
         holds = (G, S, *((m.serial, m.row_source[::G].tobytes()) for m in live))
         if holds == self._cross_of:

@@ -37,7 +37,7 @@ from .device_memory import BlockPool, Tensors
 from .onnxruntime_bridge import Binder
 from ..shared.options import SearchOptions
 from ..shared.package import ModelPackage, PackageError, load_package
-from ..shared.search import Hypothesis, Search, Step, decode, finish, max_lengths, searcher
+from ..shared.search import Hypothesis, Search, Step, decode, finish, max_lengths, rows_per_input, searcher
 
 log = logging.getLogger(__name__)
 # Engine.generate_steps: a Step per decoder call, then one Hypothesis per prompt (or a list: beam search).
@@ -194,15 +194,19 @@ class Engine:
         finally:
             decoder.close()
 
-    def running_batch(self) -> RunningBatch:
-        """An empty batch for searches that share each decoder call (`join`): the translate worker's."""
-        return RunningBatch(self.graph)
+    def running_batch(self, group: int) -> RunningBatch:
+        """An empty batch for searches that share each decoder call (`join`), each with `group` rows per source
+        (search.rows_per_input: its beams): the translate worker's."""
+        return RunningBatch(self.graph, group)
 
     def join(self, batch: RunningBatch, src_ids: Sequence[Sequence[int]], options: SearchOptions,
              seeds: Sequence[int | None] | None = None) -> Member:
         """Encodes `src_ids` and starts their search in `batch`, whose rows step with every other member's from
         the batch's next step on; when the member ends (batch.step() returns it) its `result` is search()'s
         (or its `error`). The same hypotheses as search() of these sources alone."""
+        if rows_per_input(options) != batch.group:
+            raise ValueError(f"a batch of {batch.group} rows per source takes no search of "
+                             f"{rows_per_input(options)} (see RunningBatch)")
         B = len(src_ids)
         src = np.full((B, columns_for(max(len(s) for s in src_ids))), self.pad_id, dtype=np.int64)   # (B, S)
         for i, s in enumerate(src_ids):

@@ -43,7 +43,7 @@ from ..inference.decoders import Member, RunningBatch, columns_for
 from ..inference.engine import Engine, Steps
 from ..shared.options import SearchOptions
 from ..metrics import metrics
-from ..shared.search import Hypothesis, max_lengths
+from ..shared.search import Hypothesis, max_lengths, rows_per_input
 
 log = logging.getLogger("transerve")
 
@@ -130,7 +130,7 @@ def answerable(job: Job | Failure) -> bool:
 class Running:
     """Sentences of one request that joined the running batch at one step: one search in its model's batch."""
     key: Hashable
-    model: str
+    batch: tuple[str, int]                # its running batch: (model, rows per source)
     sentences: list[int] = field(default_factory=list)   # their indices in the request
     tokens: list[int] = field(default_factory=list)      # what each holds of --max-batch-tokens (sentence_cost)
     rows: list[int] = field(default_factory=list)        # the most rows each holds at once
@@ -147,11 +147,12 @@ class Running:
 
 
 class TranslationScheduler:
-    """The translation requests a worker holds: each model's sentences decoded in one running batch, one
-    decoder call a step for all its rows (iteration-level batching, service/inference/decoders.py's
-    RunningBatch). A request's sentences join at the next step when their cache fits the budget
-    (--max-batch-tokens tokens, `sentence_cost`; on CPU at most CPU_BATCH_ROWS rows), else they wait their turn
-    (TIER_WAIT_S); a sentence leaves at the step its search ends, a request whose client went away at once."""
+    """The translation requests a worker holds: each model's sentences decoded in a running batch per beam
+    size, one decoder call a step for all its rows whatever their other options (iteration-level batching,
+    service/inference/decoders.py's RunningBatch). A request's sentences join at the next step when their
+    cache fits the budget (--max-batch-tokens tokens, `sentence_cost`; on CPU at most CPU_BATCH_ROWS rows of a
+    model), else they wait their turn (TIER_WAIT_S); a sentence leaves at the step its search ends, a request
+    whose client went away at once."""
     endpoint = "translate"                # its metrics' label
 
     def __init__(self, engines: dict[str, Engine], board: CancelBoard, max_batch_tokens: int):
@@ -160,7 +161,9 @@ class TranslationScheduler:
         # Sentences waiting for room: (turn, order admitted, job key, sentence index), in the order they join.
         self.waiting: list[tuple[float, int, Hashable, int]] = []
         self.running: list[Running] = []
-        self.batches: dict[str, RunningBatch] = {}       # model -> its running batch
+        # (model, rows per source) -> its running batch: one per beam size, which fixes how many rows read one
+        # copy of a source (RunningBatch says why a sentence's answer needs that).
+        self.batches: dict[tuple[str, int], RunningBatch] = {}
         self.fresh: set[Hashable] = set()                # keys that may have become answerable
         self._order = 0
 
@@ -201,7 +204,7 @@ class TranslationScheduler:
         """(tokens, rows) sentence k of `job` holds in the running batch at most: its rows (beams) x (its
         source's padded positions + its output budget), the positions of its encoder outputs and its cache."""
         o = job.options
-        rows = 1 if o.sampling else max(1, o.beam_size)
+        rows = rows_per_input(o)
         n = len(job.sentences[k])
         cap = min(o.max_length, getattr(self.engines.get(job.model), "max_positions", o.max_length))
         out = int(max_lengths([n], a=o.max_length_a, b=o.max_length_b, cap=cap)[0])
@@ -212,9 +215,12 @@ class TranslationScheduler:
         model for every running row. take_finished() then says which requests can be answered."""
         self._drop_cancelled()
         self._join_waiting()
-        for model, batch in list(self.batches.items()):
+        for key, batch in list(self.batches.items()):
             if batch.members:
-                self._step_batch(model, batch)
+                self._step_batch(key, batch)
+            if not batch.members:          # its blocks go back to the pool, for the next batch
+                batch.close()
+                del self.batches[key]
         self._gauges()
 
     def _join_waiting(self) -> None:
@@ -224,7 +230,7 @@ class TranslationScheduler:
         used, rows = 0, {}
         for r in self.running:
             tokens, n = r.held()
-            used, rows[r.model] = used + tokens, rows.get(r.model, 0) + n
+            used, rows[r.batch[0]] = used + tokens, rows.get(r.batch[0], 0) + n
         while self.waiting:
             _, _, key, k = self.waiting[0]
             job = self.jobs[key]
@@ -236,7 +242,7 @@ class TranslationScheduler:
                 break
             self.waiting.pop(0)
             used, rows[job.model] = used + tokens, rows.get(job.model, 0) + r
-            run = joining.setdefault(key, Running(key, job.model))
+            run = joining.setdefault(key, Running(key, (job.model, r)))
             run.sentences.append(k)
             run.tokens.append(tokens)
             run.rows.append(r)
@@ -248,7 +254,7 @@ class TranslationScheduler:
         engine = self.engines[job.model]
         if not job.started:
             job.started = time.monotonic()
-        batch = self.batches.get(job.model) or self.batches.setdefault(job.model, engine.running_batch())
+        batch = self.batches.get(run.batch) or self.batches.setdefault(run.batch, engine.running_batch(run.batch[1]))
         run.t0 = time.perf_counter()
         try:
             run.member = engine.join(batch, [job.sentences[k] for k in run.sentences], job.options)
@@ -260,15 +266,14 @@ class TranslationScheduler:
         if run.member.want is None:       # it ended before its first step
             self._ended(run)
 
-    def _step_batch(self, model: str, batch: RunningBatch) -> None:
-        metrics().step_batch_rows.labels(self.endpoint, model).observe(batch.rows)
+    def _step_batch(self, key: tuple[str, int], batch: RunningBatch) -> None:
+        metrics().step_batch_rows.labels(self.endpoint, key[0]).observe(batch.rows)
         try:
             batch.step()
         except Exception:  # which row's fault is unknown: the batch's sentences are tried one by one
             log.exception("a decoder step of %d rows failed; their sentences run again one by one", batch.rows)
             batch.close()
-            del self.batches[model]
-            for run in [r for r in self.running if r.model == model]:
+            for run in [r for r in self.running if r.batch == key]:
                 self.running.remove(run)
                 self._finished(run, self._one_by_one(self.jobs[run.key], run.sentences))
             return
@@ -301,7 +306,7 @@ class TranslationScheduler:
             self.fresh.add(j)
         self.waiting = [w for w in self.waiting if w[2] not in gone]
         for run in [r for r in self.running if r.key in gone]:
-            self.batches[run.model].leave(run.member)
+            self.batches[run.batch].leave(run.member)
             self.running.remove(run)
 
     def _one_by_one(self, job: Job, sentences: list[int]) -> list[list[Hypothesis] | None]:
@@ -329,9 +334,10 @@ class TranslationScheduler:
     def _gauges(self) -> None:
         m = metrics()
         m.waiting_requests.labels(self.endpoint).set(len({w[2] for w in self.waiting}))
-        for model, batch in self.batches.items():
-            m.running_rows.labels(self.endpoint, model).set(batch.rows)
-            m.cache_bytes.labels(self.endpoint, model).set(batch.bytes)
+        for model in self.engines:
+            batches = [b for (name, _), b in self.batches.items() if name == model]
+            m.running_rows.labels(self.endpoint, model).set(sum(b.rows for b in batches))
+            m.cache_bytes.labels(self.endpoint, model).set(sum(b.bytes for b in batches))
 
     def take_finished(self) -> list[tuple[Hashable, Job | Failure]]:
         """The requests that can be answered now (every sentence done, or failed), in the order they were
