@@ -386,6 +386,9 @@ class RunningBatch:
         self.src_mask = np.zeros((0, 0), dtype=np.int32)     # (A, S)
         self._cross_of: tuple | None = None   # what `cross` holds: (G, S, (member serial, sources)...)
         self.joined = 0                       # members so far
+        self.io = graph.session.io_binding()
+        self._bound_cross: Tensors | None = None          # the cross tensors bound
+        self._outputs: tuple | None = None                # ((rows, k, whole distribution), arrays bound)
 
     def join(self, member: Member) -> None:
         """Adds a member whose search has not started: it runs to its first Want now (a beam search's rows
@@ -415,7 +418,8 @@ class RunningBatch:
     def step(self) -> list[Member]:
         """One decoder call for every member's rows; each member's search then runs to its next Want. Returns
         the members whose search ended (result or error), which have left the batch. If the call itself
-        raises, nothing has changed: the caller decides which members leave."""
+        raises, nothing has changed: the caller decides which members leave. The outputs a member reads are
+        overwritten by the next step."""
         live = self.members
         counts = [len(m.rows) for m in live]
         tokens = np.concatenate([m.want.tokens for m in live]).astype(np.int64)                  # (N,)
@@ -468,26 +472,32 @@ class RunningBatch:
 
     def _run(self, tokens: np.ndarray, positions: np.ndarray, ks: list[int | None]) -> dict[str, np.ndarray]:
         """One run of the graph: the top outputs at the largest k any member wants, the whole distribution
-        too when one wants it."""
-        g, N = self.graph, len(tokens)
-        io = g.session.io_binding()
-        tokens = np.ascontiguousarray(tokens[:, None])                            # (N, 1)
-        g.host.input(io, "tokens", tokens.dtype, tokens.shape, tokens.ctypes.data)
+        too when one wants it. One binding for the batch's life: the cross tensors, the cache and the outputs
+        are bound again only when they change."""
+        g, io, N = self.graph, self.io, len(tokens)
+        self._tokens = np.ascontiguousarray(tokens[:, None])                      # (N, 1), alive until the run ends
+        self._positions = positions
+        g.host.input(io, "tokens", self._tokens.dtype, self._tokens.shape, self._tokens.ctypes.data)
         g.host.input(io, "positions", positions.dtype, positions.shape, positions.ctypes.data)
-        g.host.input(io, "src_mask", self.src_mask.dtype, self.src_mask.shape, self.src_mask.ctypes.data)
-        self.cross.bind_inputs(io)
-        self.cache.forget_binding()
+        if self._bound_cross is not self.cross:
+            g.host.input(io, "src_mask", self.src_mask.dtype, self.src_mask.shape, self.src_mask.ctypes.data)
+            self.cross.bind_inputs(io)
+            self._bound_cross = self.cross
+        outputs = (N, max((k for k in ks if k is not None), default=1), None in ks)
+        if self._outputs is None or self._outputs[0] != outputs:
+            io.clear_binding_outputs()
+            self.cache.forget_binding()                   # clearing unbound the cache's outputs too
+            N, k, full = outputs
+            self._top_k = np.array([min(k, g.vocab_size)], dtype=np.int64)
+            g.host.input(io, "top_k", self._top_k.dtype, (1,), self._top_k.ctypes.data)
+            names, arrays = ["top_log_probs", "top_ids", "eos_log_probs"], g.outputs(io, N, k)
+            if full:
+                names.append("log_probs")
+                arrays += g.outputs(io, N, None)
+            self._outputs = (outputs, dict(zip(names, arrays)))
         self.cache.bind(io)
-        k = max((k for k in ks if k is not None), default=1)
-        top_k = np.array([min(k, g.vocab_size)], dtype=np.int64)
-        g.host.input(io, "top_k", top_k.dtype, (1,), top_k.ctypes.data)
-        names = ["top_log_probs", "top_ids", "eos_log_probs"]
-        arrays = g.outputs(io, N, k)
-        if None in ks:
-            names.append("log_probs")
-            arrays += g.outputs(io, N, None)
         g.session.run_with_iobinding(io)
-        return dict(zip(names, arrays))
+        return self._outputs[1]
 
     def close(self) -> None:
         """Ends every member's search and hands every block back."""

@@ -52,12 +52,15 @@ log = logging.getLogger("transerve")
 TIER_COST = 1024
 # Sentences wait for room in the running batch in order of their request's arrival, each cost tier above 0
 # counted as this much later: a one-word request that arrives while a large one's sentences wait goes ahead
-# of them, and a large one still joins before requests that arrive this much later per tier than it.
-TIER_WAIT_S = 0.5
+# of them, and a large one still joins before requests that arrive this much later per tier than it. Seconds,
+# not steps: what a client waits; 2 s, as a busy 2-core machine's first step of two large requests can take
+# over 0.5 s, after which a one-word request that came meanwhile would wait behind them.
+TIER_WAIT_S = 2.0
 # On CPU a running batch holds at most this many rows (sentences x beams): a decoder step, what a request
 # that joins waits for at most, then stays short. 2 cores, beam 16, 64 short sentences: 256 rows a call
 # took 13.0 s in all, 180 ms a step; 1024 rows 13.6 s, 700 ms a step (benchmarks/results/fairness.md).
 CPU_BATCH_ROWS = 256
+GAUGE_S = 0.05      # the running rows, waiting requests and cache gauges are set this often at most
 
 
 # --- failures: one request's, never its batch-mates' ----------------------------------------------------
@@ -166,6 +169,8 @@ class TranslationScheduler:
         self.batches: dict[tuple[str, int], RunningBatch] = {}
         self.fresh: set[Hashable] = set()                # keys that may have become answerable
         self._order = 0
+        self._seen = -1                  # the board's cancellations at the last look; -1: look at the next step
+        self._gauged = 0.0               # when the gauges were last set (monotonic)
 
     @property
     def used(self) -> int:
@@ -198,6 +203,7 @@ class TranslationScheduler:
                     self._order += 1
                     self.waiting.append((turn, self._order, key, k))
         self.waiting.sort(key=lambda w: w[:2])
+        self._seen = -1                  # a request cancelled before it came is seen at the next step
         self._gauges()
 
     def sentence_cost(self, job: Job, k: int) -> tuple[int, int]:
@@ -221,7 +227,7 @@ class TranslationScheduler:
             if not batch.members:          # its blocks go back to the pool, for the next batch
                 batch.close()
                 del self.batches[key]
-        self._gauges()
+        self._gauges(force=not self.busy)
 
     def _join_waiting(self) -> None:
         """The waiting sentences that fit, in turn (the first that does not fit stops the rest: it is not
@@ -294,6 +300,10 @@ class TranslationScheduler:
     def _drop_cancelled(self) -> None:
         """Requests whose client has gone get a 499 no one reads; their sentences leave the waiting list and
         the running batch."""
+        seen = self.board.cancellations()
+        if seen == self._seen:           # no cancellation since the last look, none unchecked (admit)
+            return
+        self._seen = seen
         held = [j for j in dict.fromkeys([w[2] for w in self.waiting] + [r.key for r in self.running])
                 if self.jobs[j].number and self.jobs[j].failure is None]
         if not held:
@@ -331,8 +341,12 @@ class TranslationScheduler:
             job.left -= 1
         self.fresh.add(run.key)
 
-    def _gauges(self) -> None:
-        m = metrics()
+    def _gauges(self, force: bool = True) -> None:
+        """The scheduler's gauges, at most every GAUGE_S while busy (each set writes a shared file)."""
+        now = time.monotonic()
+        if not force and now - self._gauged < GAUGE_S:
+            return
+        self._gauged, m = now, metrics()
         m.waiting_requests.labels(self.endpoint).set(len({w[2] for w in self.waiting}))
         for model in self.engines:
             batches = [b for (name, _), b in self.batches.items() if name == model]
@@ -368,7 +382,7 @@ class TranslationScheduler:
         for batch in self.batches.values():
             with contextlib.suppress(Exception):   # called while handling an error: do not add one
                 batch.close()
-        self.jobs, self.waiting, self.running, self.batches, self.fresh = {}, [], [], {}, set()
+        self.jobs, self.waiting, self.running, self.batches, self.fresh, self._seen = {}, [], [], {}, set(), -1
         self._gauges()
 
 
