@@ -321,7 +321,7 @@ class Member:
     """One search's rows in a RunningBatch, and the decoder its search (service.shared.search.searcher) sees:
     `select` only notes which of its rows go on, the batch moves the cache at its next step."""
     search: Generator | None              # the searcher() coroutine, suspended at a Want between steps
-    cross: Tensors                        # its sources' encoder outputs, (A_i, h, S_i, d_k) each
+    cross: Tensors                        # its sources' encoder outputs, (A_i, h, S_i, d_k) each, until placed
     src_mask: np.ndarray                  # (A_i, S_i) int32, 1 at real source tokens
     rows: np.ndarray                      # each row's row in the batch's cache (-1: a new row, nothing cached)
     row_source: np.ndarray                # each row's source: its row of `cross`
@@ -330,6 +330,7 @@ class Member:
     result: list | None = None            # its hypotheses, once its search returned
     error: BaseException | None = None    # what its search raised, if it did
     serial: int = 0                       # its number in its batch (which cross rows are whose)
+    placed: np.ndarray | None = None      # each source's row in the batch's cross tensors (-1: none), once placed
 
     def select(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
@@ -437,35 +438,49 @@ class RunningBatch:
         ended = [m for m in live if m.want is None]
         self.members = [m for m in live if m.want is not None]
         for m in ended:
-            m.cross.close()
+            m.cross.close()                  # only if its search ended before its sources were placed
         return ended
 
     def _place_cross(self, live: list[Member]) -> None:
-        """The cross tensors and src_mask for this step's rows: made again only when what they hold changes."""
+        """The cross tensors and src_mask for this step's rows, made again only when what they hold changes: the
+        rows of sources placed before come from the last ones in one copy (a sentence that ended leaves, a
+        wider source pads the others), a new member's from its own encoder outputs, which then go back."""
         G = self.group
         S = max(m.src_mask.shape[1] for m in live)
-        holds = (G, S, *((m.serial, m.row_source[::G].tobytes()) for m in live))
+        groups = [m.row_source[::G] for m in live]                                # each member's sources, in order
+        holds = (S, *((m.serial, g.tobytes()) for m, g in zip(live, groups)))
         if holds == self._cross_of:
             return
-        A = sum(len(m.rows) // G for m in live)
-        g = self.graph
+        g, L = self.graph, len(self.graph.cross_names)
+        A = sum(map(len, groups))
         cross = Tensors(g.pool, g.cross_names, [A, g.h, S, g.d_k])
+        host = cross.block.host(contents=False)
+        dst = host[:L * prod(cross.shape)].reshape(L, A, g.h, S, g.d_k)           # every cross tensor, (A, h, S, d_k)
         mask = np.zeros((A, S), dtype=np.int32)                                   # (A, S)
-        dst = cross.block.host(contents=False)
-        n = prod(cross.shape)
-        for i in range(len(g.cross_names)):
-            out = dst[i * n:(i + 1) * n].reshape(cross.shape)                     # (A, h, S, d_k)
-            a = 0
-            for m in live:
-                src, groups = m.cross.block.host(), m.row_source[::G]
-                m_n, width = prod(m.cross.shape), m.cross.shape[2]
-                mine = src[i * m_n:(i + 1) * m_n].reshape(m.cross.shape)         # (A_i, h, S_i, d_k)
-                out[a:a + len(groups), :, :width] = mine[groups]
-                out[a:a + len(groups), :, width:] = 0                             # masked, but never NaN
-                if i == 0:
-                    mask[a:a + len(groups), :width] = m.src_mask[groups]
-                a += len(groups)
-        cross.block.commit(dst)
+        to, frm, a = [], [], 0
+        for m, sources in zip(live, groups):
+            rows = slice(a, a + len(sources))
+            if m.placed is not None:
+                to.append(np.arange(a, a + len(sources)))
+                frm.append(m.placed[sources])
+            else:                                                                 # joined: from its own block
+                A_i, _, S_i, _ = m.cross.shape
+                own = m.cross.block.host()[:L * prod(m.cross.shape)].reshape(L, A_i, g.h, S_i, g.d_k)
+                dst[:, rows, :, :S_i] = own[:, sources]
+                dst[:, rows, :, S_i:] = 0                                          # masked, but never NaN
+                m.cross.close()
+            mask[rows, :m.src_mask.shape[1]] = m.src_mask[sources]
+            m.placed = np.full(len(m.src_mask), -1, dtype=np.int64)
+            m.placed[sources] = np.arange(a, a + len(sources))
+            a += len(sources)
+        if to:
+            old = self.cross
+            A_old, _, S_old, _ = old.shape
+            before = old.block.host()[:L * prod(old.shape)].reshape(L, A_old, g.h, S_old, g.d_k)
+            to, frm, w = np.concatenate(to), np.concatenate(frm), min(S, S_old)   # S narrows when the widest leaves
+            dst[:, to, :, :w] = before[:, frm, :, :w]
+            dst[:, to, :, w:] = 0
+        cross.block.commit(host)
         if self.cross is not None:
             self.cross.close()
         self.cross, self.src_mask, self._cross_of = cross, mask, holds

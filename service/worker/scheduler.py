@@ -139,14 +139,19 @@ class Running:
     rows: list[int] = field(default_factory=list)        # the most rows each holds at once
     member: Member | None = None          # their search in the batch (Engine.join)
     t0: float = 0.0                       # when they joined (perf_counter)
+    _seen: object = None                  # the member's row_source that _held was counted from
+    _held: tuple[int, int] = (0, 0)
 
     def held(self) -> tuple[int, int]:
         """(tokens, rows) of its sentences still searched: one that ended has left the batch (its search
         dropped its rows), and its budget with it."""
         if self.member is None or self.member.want is None:
             return 0, 0
-        live = np.unique(self.member.row_source)
-        return int(np.take(self.tokens, live).sum()), int(np.take(self.rows, live).sum())
+        if self._seen is not self.member.row_source:      # its rows changed (a new array at every select)
+            live = np.unique(self.member.row_source)
+            self._seen, self._held = self.member.row_source, (int(np.take(self.tokens, live).sum()),
+                                                              int(np.take(self.rows, live).sum()))
+        return self._held
 
 
 class TranslationScheduler:
