@@ -90,7 +90,16 @@ def metrics() -> SimpleNamespace:
         # Requests decided without the limits' store (Redis unreachable or slow), by what --redis-down made of them.
         ratelimit_store_errors=Counter(p + "ratelimit_store_errors_total", "Requests whose limits Redis could not "
                                        "check in time, by outcome (admitted, refused)", ["outcome"]),
-        # The workers' schedulers (issue 36): what runs, what waits for room, the memory it holds, a step's size.
+        **_scheduler_metrics(),
+    )
+
+
+def _scheduler_metrics() -> dict:
+    """The workers' schedulers' (issue 36): what runs, what waits for room, the memory it holds, a step's size."""
+    from prometheus_client import Gauge, Histogram
+
+    p = PREFIX
+    return dict(
         running_rows=Gauge(p + "scheduler_running_rows", "Rows (sentences x beams, sequences) in the workers' "
                            "running batches", ["endpoint", "model"], multiprocess_mode="livesum"),
         waiting_requests=Gauge(p + "scheduler_waiting_requests", "Requests a worker has taken that wait for room "
