@@ -17,7 +17,8 @@ their own weights (`python -m model.upgrade`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from math import prod
+from typing import Callable, Generator, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -25,6 +26,7 @@ import onnxruntime as ort
 from .device_memory import BlockPool, InPlaceCache, KVCache, Tensors
 from .onnxruntime_bridge import Binder
 from ..shared.package import CACHE_BY_POSITION, INT8_SCHEMES, ModelPackage, PackageError
+from ..shared.search import Want
 
 COLUMNS_STEP = 8              # sources are padded, and generation caches widened, to multiples of this
 ONNX_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
@@ -319,3 +321,214 @@ class OrtLmDecoder:
 
     def close(self) -> None:
         self.cache.close()
+
+
+@dataclass
+class Member:
+    """One search's rows in a RunningBatch, and the decoder its search (service.shared.search.searcher) sees:
+    `select` only notes which of its rows go on, the batch moves the cache at its next step."""
+    search: Generator | None              # the searcher() coroutine, suspended at a Want between steps
+    cross: Tensors                        # its sources' encoder outputs, (A_i, h, S_i, d_k) each, until placed
+    src_mask: np.ndarray                  # (A_i, S_i) int32, 1 at real source tokens
+    rows: np.ndarray                      # each row's row in the batch's cache (-1: a new row, nothing cached)
+    row_source: np.ndarray                # each row's source: its row of `cross`
+    position: int = 0                     # every row's next position (its rows step together)
+    want: Want | None = None              # what its search needs at the next step; None once it ended
+    result: list | None = None            # its hypotheses, once its search returned
+    error: BaseException | None = None    # what its search raised, if it did
+    serial: int = 0                       # its number in its batch (which cross rows are whose)
+    placed: np.ndarray | None = None      # each source's row in the batch's cross tensors (-1: none), once placed
+
+    def select(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows, dtype=np.int64)
+        if not len(rows) or rows.min() < 0 or rows.max() >= len(self.rows):
+            raise ValueError(f"select() takes 1 or more rows among 0..{len(self.rows) - 1}, got {rows}")
+        self.rows, self.row_source = self.rows[rows], self.row_source[rows]
+
+    def advance(self, reply: tuple | None) -> None:
+        """Runs the search to its next Want (sent `reply`, the outputs of the Want before), or to its end."""
+        try:
+            out = self.search.send(reply)
+            while not isinstance(out, Want):      # Steps and Nones: progress, read by no one here
+                out = self.search.send(None)
+            self.want = out
+        except StopIteration as done:
+            self.want, self.result = None, done.value
+        except Exception as e:                    # this search fails alone; the batch goes on
+            self.want, self.error = None, e
+
+    def close(self) -> None:
+        """Ends the search (if it is under way) and hands its cross tensors back."""
+        if self.search is not None:
+            self.search.close()
+        self.cross.close()
+        self.want = None
+
+
+class RunningBatch:
+    """The rows of many translation searches, each with its own sources and options, stepped together: one
+    call of a translation package's decoder graph (OrtDecoder's layout) a step for all (iteration-level
+    batching). A search joins between two steps (`join`: its rows' cache is made at its first step) and
+    leaves at the step it ends, or when its caller drops it (`leave`).
+
+    Per row, the graph takes its own position (the cache column it writes and the columns it attends to), so
+    rows that joined at different steps share the call; a row's cache holds its own columns only, whatever
+    the others' width (W: the batch's furthest row, in steps of COLUMNS_STEP). The cross tensors are the
+    members' sources side by side, one copy per group of G rows (`group`: a beam search's K, 1 for greedy
+    search and sampling), padded with zeros to the widest source, `src_mask` hiding the padding; they are
+    made again only when the sources change (a member joins or leaves, a sentence ends). A row's outputs do
+    not depend on its batch-mates, their
+    positions, W or S (tests/test_batch_invariance.py): GroupQueryAttention reads a row's own columns only,
+    and the cross-attention's products sum over a row's source in the same order in any width that is a
+    multiple of COLUMNS_STEP. They do depend on G, the rows that read one copy of a source (the
+    cross-attention's queries per source): beam 4's rows read in groups of 1 gave one row other log-probs at
+    its 12th step than in groups of 4 (0.05 apart: int8 rounded the last bit's difference the other way), so
+    every member of a batch has `group` rows per source (its beams: search.rows_per_input), as alone."""
+
+    def __init__(self, graph: DecoderGraph, group: int, *, max_rows: int = 64, max_positions: int = 64):
+        self.graph, self.group = graph, group
+        self.members: list[Member] = []
+        self.cache = InPlaceCache(graph.pool, graph.past_names, graph.present_names, 0, graph.h, graph.d_k,
+                                  max_rows=max_rows, max_positions=max_positions)
+        self.cross: Tensors | None = None     # the members' cross rows side by side, (A, h, S, d_k) each
+        self.src_mask = np.zeros((0, 0), dtype=np.int32)     # (A, S)
+        self._cross_of: tuple | None = None   # what `cross` holds: (G, S, (member serial, sources)...)
+        self.joined = 0                       # members so far
+        self.io = graph.session.io_binding()
+        self._bound_cross: Tensors | None = None          # the cross tensors bound
+        self._outputs: tuple | None = None                # ((rows, k, whole distribution), arrays bound)
+
+    def join(self, member: Member) -> None:
+        """Adds a member whose search has not started: it runs to its first Want now (a beam search's rows
+        become K per source there), its rows step from the next step on."""
+        self.joined += 1
+        member.serial = self.joined
+        member.advance(None)
+        if member.want is not None:
+            self.members.append(member)
+
+    def leave(self, member: Member) -> None:
+        """Drops a member before its search ended (its client went away): its rows leave at the next step."""
+        if member in self.members:
+            self.members.remove(member)
+        member.close()
+
+    @property
+    def rows(self) -> int:
+        return sum(len(m.rows) for m in self.members)
+
+    @property
+    def bytes(self) -> int:
+        """The memory its tensors hold now: the cache, the cross tensors and each member's own sources."""
+        cache = self.cache.nbytes if self.cache.blocks is not None else 0
+        return cache + sum(t.nbytes for t in [self.cross] + [m.cross for m in self.members] if t is not None)
+
+    def step(self) -> list[Member]:
+        """One decoder call for every member's rows; each member's search then runs to its next Want. Returns
+        the members whose search ended (result or error), which have left the batch. If the call itself
+        raises, nothing has changed: the caller decides which members leave. The outputs a member reads are
+        overwritten by the next step."""
+        live = self.members
+        counts = [len(m.rows) for m in live]
+        tokens = np.concatenate([m.want.tokens for m in live]).astype(np.int64)                  # (N,)
+        positions = np.repeat(np.array([m.position for m in live], dtype=np.int32), counts)     # (N,)
+        self.cache.fit(np.concatenate([m.rows for m in live]), columns_for(int(positions.max()) + 1))
+        self._place_cross(live)
+        outs = self._run(tokens, positions, [m.want.k for m in live])
+        offset = 0
+        for m, n in zip(live, counts):
+            m.rows, m.position = np.arange(offset, offset + n), m.position + 1
+            k, rows = m.want.k, slice(offset, offset + n)
+            m.advance((outs["log_probs"][rows], None, None) if k is None else
+                      (outs["top_log_probs"][rows, :k], outs["top_ids"][rows, :k], outs["eos_log_probs"][rows]))
+            offset += n
+        ended = [m for m in live if m.want is None]
+        self.members = [m for m in live if m.want is not None]
+        for m in ended:
+            m.cross.close()                  # only if its search ended before its sources were placed
+        return ended
+
+    def _place_cross(self, live: list[Member]) -> None:
+        """The cross tensors and src_mask for this step's rows, made again only when what they hold changes: the
+        rows of sources placed before come from the last ones in one copy (a sentence that ended leaves, a
+        wider source pads the others), a new member's from its own encoder outputs, which then go back."""
+        G = self.group
+        S = max(m.src_mask.shape[1] for m in live)
+        groups = [m.row_source[::G] for m in live]                                # each member's sources, in order
+        holds = (S, *((m.serial, g.tobytes()) for m, g in zip(live, groups)))
+        if holds == self._cross_of:
+            return
+        g, L = self.graph, len(self.graph.cross_names)
+        A = sum(map(len, groups))
+        cross = Tensors(g.pool, g.cross_names, [A, g.h, S, g.d_k])
+        host = cross.block.host(contents=False)
+        dst = host[:L * prod(cross.shape)].reshape(L, A, g.h, S, g.d_k)           # every cross tensor, (A, h, S, d_k)
+        mask = np.zeros((A, S), dtype=np.int32)                                   # (A, S)
+        to, frm, a = [], [], 0
+        for m, sources in zip(live, groups):
+            rows = slice(a, a + len(sources))
+            if m.placed is not None:
+                to.append(np.arange(a, a + len(sources)))
+                frm.append(m.placed[sources])
+            else:                                                                 # joined: from its own block
+                A_i, _, S_i, _ = m.cross.shape
+                own = m.cross.block.host()[:L * prod(m.cross.shape)].reshape(L, A_i, g.h, S_i, g.d_k)
+                dst[:, rows, :, :S_i] = own[:, sources]
+                dst[:, rows, :, S_i:] = 0                                          # masked, but never NaN
+                m.cross.close()
+            mask[rows, :m.src_mask.shape[1]] = m.src_mask[sources]
+            m.placed = np.full(len(m.src_mask), -1, dtype=np.int64)
+            m.placed[sources] = np.arange(a, a + len(sources))
+            a += len(sources)
+        if to:
+            old = self.cross
+            A_old, _, S_old, _ = old.shape
+            before = old.block.host()[:L * prod(old.shape)].reshape(L, A_old, g.h, S_old, g.d_k)
+            to, frm, w = np.concatenate(to), np.concatenate(frm), min(S, S_old)   # S narrows when the widest leaves
+            dst[:, to, :, :w] = before[:, frm, :, :w]
+            dst[:, to, :, w:] = 0
+        cross.block.commit(host)
+        if self.cross is not None:
+            self.cross.close()
+        self.cross, self.src_mask, self._cross_of = cross, mask, holds
+
+    def _run(self, tokens: np.ndarray, positions: np.ndarray, ks: list[int | None]) -> dict[str, np.ndarray]:
+        """One run of the graph: the top outputs at the largest k any member wants, the whole distribution
+        too when one wants it. One binding for the batch's life: the cross tensors, the cache and the outputs
+        are bound again only when they change."""
+        g, io, N = self.graph, self.io, len(tokens)
+        if g.on_call is not None:
+            g.on_call(N)
+        self._tokens = np.ascontiguousarray(tokens[:, None])                      # (N, 1), alive until the run ends
+        self._positions = positions
+        g.host.input(io, "tokens", self._tokens.dtype, self._tokens.shape, self._tokens.ctypes.data)
+        g.host.input(io, "positions", positions.dtype, positions.shape, positions.ctypes.data)
+        if self._bound_cross is not self.cross:
+            g.host.input(io, "src_mask", self.src_mask.dtype, self.src_mask.shape, self.src_mask.ctypes.data)
+            self.cross.bind_inputs(io)
+            self._bound_cross = self.cross
+        outputs = (N, max((k for k in ks if k is not None), default=1), None in ks)
+        if self._outputs is None or self._outputs[0] != outputs:
+            io.clear_binding_outputs()
+            self.cache.forget_binding()                   # clearing unbound the cache's outputs too
+            N, k, full = outputs
+            self._top_k = np.array([min(k, g.vocab_size)], dtype=np.int64)
+            g.host.input(io, "top_k", self._top_k.dtype, (1,), self._top_k.ctypes.data)
+            names, arrays = ["top_log_probs", "top_ids", "eos_log_probs"], g.outputs(io, N, k)
+            if full:
+                names.append("log_probs")
+                arrays += g.outputs(io, N, None)
+            self._outputs = (outputs, dict(zip(names, arrays)))
+        self.cache.bind(io)
+        g.session.run_with_iobinding(io)
+        return self._outputs[1]
+
+    def close(self) -> None:
+        """Ends every member's search and hands every block back."""
+        for m in self.members:
+            m.close()
+        self.members = []
+        self.cache.close()
+        if self.cross is not None:
+            self.cross.close()
+        self.cross, self._cross_of = None, None
