@@ -122,7 +122,7 @@ def test_the_committed_int8_package_translates_the_same_alone_and_batched(de_en,
 
 def joining(engine, requests: list[list[list[int]]], options: list[SearchOptions], every: int = 3) -> list:
     """Each request's hypotheses (one list per sentence) when request i joins a running batch (the translate
-    worker's: one decoder call a step for every row of every request of a beam size, decoders.RunningBatch)
+    worker's: one decoder call a step for every row of every request of a beam size, running_batch.RunningBatch)
     i * every steps after the first, with options[i]."""
     batches, members, step = {}, {}, 0
     while len(members) < len(requests) or any(b.members for b in batches.values()):

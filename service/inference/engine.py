@@ -30,12 +30,14 @@ import numpy as np
 import onnxruntime as ort
 import sentencepiece as spm
 
-from .decoders import DecoderGraph, Member, OrtDecoder, OrtLmDecoder, RunningBatch, columns_for
+from .decoders import DecoderGraph, OrtDecoder, OrtLmDecoder, columns_for
 from .device import SessionFactory, open_session, pick_providers, running_device
 from .device import session_options
 from .device_memory import BlockPool, Tensors
 from .lm_batch import LmBatch, LmMember
 from .onnxruntime_bridge import Binder
+from .running_batch import Member, RunningBatch, Ticket
+from ..shared.beam_pool import BeamPool
 from ..shared.options import SearchOptions
 from ..shared.package import ModelPackage, PackageError, load_package
 from ..shared.search import Hypothesis, Search, Step, decode, finish, max_lengths, rows_per_input, searcher
@@ -201,21 +203,31 @@ class Engine:
         return RunningBatch(self.graph, group)
 
     def join(self, batch: RunningBatch, src_ids: Sequence[Sequence[int]], options: SearchOptions,
-             seeds: Sequence[int | None] | None = None) -> Member:
-        """Encodes `src_ids` and starts their search in `batch`, whose rows step with every other member's from
-        the batch's next step on; when the member ends (batch.step() returns it) its `result` is search()'s
-        (or its `error`). The same hypotheses as search() of these sources alone."""
+             seeds: Sequence[int | None] | None = None) -> Member | Ticket:
+        """Encodes `src_ids` and starts their search in `batch`, whose rows step with every other search's from
+        the batch's next step on; once it ends (batch.step() returns it) its `result` is search()'s (or its
+        `error`). A beam search joins the batch's pool of its options (running_batch.PooledBeams), any other
+        search is a Member of its own. The same hypotheses as search() of these sources alone."""
         if rows_per_input(options) != batch.group:
             raise ValueError(f"a batch of {batch.group} rows per source takes no search of "
                              f"{rows_per_input(options)} (see RunningBatch)")
         B = len(src_ids)
-        src = np.full((B, columns_for(max(len(s) for s in src_ids))), self.pad_id, dtype=np.int64)   # (B, S)
+        lengths = np.array([len(s) for s in src_ids], dtype=np.int64)
+        src = np.full((B, columns_for(int(lengths.max()))), self.pad_id, dtype=np.int64)          # (B, S)
         for i, s in enumerate(src_ids):
             src[i, :len(s)] = s
-        limits = max_lengths([len(s) for s in src_ids], a=options.max_length_a, b=options.max_length_b,
+        limits = max_lengths(lengths, a=options.max_length_a, b=options.max_length_b,
                              cap=min(options.max_length, self.max_positions))
-        member = Member(None, self.encode(src), (src != self.pad_id).astype(np.int32),
-                        np.full(B, -1, dtype=np.int64), np.arange(B, dtype=np.int64))
+        cross = self.encode(src)
+        if not options.sampling and options.beam_size > 1:
+            try:
+                pooled = batch.pool(options.batch_key(), lambda: BeamPool(
+                    options, eos_id=self.eos_id, banned_ids=self.banned_ids, top_k=self.search_top_k))
+                return pooled.add(cross, lengths, np.full(B, self.bos_id, dtype=np.int64), limits)
+            except BaseException:
+                cross.close()
+                raise
+        member = Member(None, cross, lengths)
         try:
             member.search = searcher(member, B, options, bos_id=self.bos_id, eos_id=self.eos_id, max_length=limits,
                                      banned_ids=self.banned_ids, seeds=seeds, top_k=self.search_top_k)

@@ -40,7 +40,8 @@ import numpy as np
 
 from .cancel import CancelBoard
 from .watch import SchedulerWatch
-from ..inference.decoders import Member, RunningBatch, columns_for
+from ..inference.decoders import columns_for
+from ..inference.running_batch import Member, RunningBatch, Ticket
 from ..inference.engine import Engine
 from ..shared.options import SearchOptions
 from ..metrics import metrics
@@ -138,9 +139,9 @@ class Running:
     sentences: list[int] = field(default_factory=list)   # their indices in the request
     tokens: list[int] = field(default_factory=list)      # what each holds of --max-batch-tokens (sentence_cost)
     rows: list[int] = field(default_factory=list)        # the most rows each holds at once
-    member: Member | None = None          # their search in the batch (Engine.join)
+    member: Member | Ticket | None = None   # their search in the batch (Engine.join)
     t0: float = 0.0                       # when they joined (perf_counter)
-    _seen: object = None                  # the member's row_source that _held was counted from
+    _seen: int = -1                       # the member's live_count that _held was counted from
     _held: tuple[int, int] = (0, 0)
 
     def held(self) -> tuple[int, int]:
@@ -148,9 +149,9 @@ class Running:
         dropped its rows), and its budget with it."""
         if self.member is None or self.member.want is None:
             return 0, 0
-        if self._seen is not self.member.row_source:      # its rows changed (a new array at every select)
-            live = np.unique(self.member.row_source)
-            self._seen, self._held = self.member.row_source, (int(np.take(self.tokens, live).sum()),
+        if self._seen != self.member.live_count:          # a sentence ended since
+            live = self.member.sentences_left()
+            self._seen, self._held = self.member.live_count, (int(np.take(self.tokens, live).sum()),
                                                               int(np.take(self.rows, live).sum()))
         return self._held
 
@@ -240,6 +241,8 @@ class TranslationScheduler:
     def _join_waiting(self) -> None:
         """The waiting sentences that fit, in turn (the first that does not fit stops the rest: it is not
         overtaken for ever by smaller ones); one that could never fit joins an empty batch alone."""
+        if not self.waiting:
+            return
         joining: dict[Hashable, Running] = {}
         used, rows = 0, {}
         for r in self.running:
