@@ -273,8 +273,8 @@ class InPlaceCache:
             src = read.host()[:L2 * n].reshape(L2, self.rows, self.h, self.width, self.d_k)
             host = write.host(contents=False)
             dst = host[:L2 * m].reshape(L2, M, self.h, width, self.d_k)
-            if width == self.width:
-                np.take(src, rows, axis=1, out=dst, mode="clip")   # "raise" would copy via a buffer; -1 -> 0
+            if width <= self.width and rows is not None:         # the same or narrower: one gather
+                np.take(src[:, :, :, :width], rows, axis=1, out=dst, mode="clip")   # "raise" would buffer; -1 -> 0
             else:
                 w = min(width, self.width)
                 dst[:, :, :, :w] = (src if rows is None else src[:, np.maximum(rows, 0)])[:, :, :, :w]
@@ -306,78 +306,3 @@ class InPlaceCache:
             self.pool.give(*self.blocks)
             self.blocks = None
 
-
-class RunningCache:
-    """A running batch's self-attention cache (service/inference/running_batch.py): InPlaceCache's layout
-    (each past_* and its present_* at one address, so a step writes its new column where it reads), each
-    tensor with room for `cap` rows, so rows join, leave and are reordered where they lie: only the rows that
-    move are copied (a beam search's reordered beams; a source's beams moved into the slot of one that left),
-    not the rows that stay, where a layout without room copied every row at every step of beam search.
-
-    Its width W runs COLUMNS_STEP (`columns`) ahead of the furthest row when that row reaches it, and narrows
-    only once the furthest row needs half of it: those copy it whole, as more rows than room do. A row reads
-    its own columns only (its position's past), so W changes no row's outputs."""
-
-    def __init__(self, pool: BlockPool, past_names: Sequence[str], present_names: Sequence[str], h: int, d_k: int,
-                 *, columns: int = 8):
-        self.pool, self.names = pool, list(zip(past_names, present_names))
-        self.h, self.d_k, self.columns = h, d_k, columns
-        self.block: Block | None = None
-        self.cap = self.width = self.rows = 0
-        self._bound: tuple | None = None                # what `bind` last bound: (block, rows, width)
-
-    def _tensors(self) -> np.ndarray:
-        size = len(self.names) * self.cap * self.h * self.width * self.d_k
-        return self.block.host()[:size].reshape(len(self.names), self.cap, self.h, self.width, self.d_k)
-
-    def fit(self, rows: np.ndarray, width: int) -> None:
-        """Keeps rows `rows` (int64; -1: a new row, its columns left as they are: its search writes each column
-        before it reads it), in that order, with room for `width` columns at least."""
-        M = len(rows)
-        wider, narrower = width > self.width, 2 * width <= self.width
-        if wider or narrower or M > self.cap:
-            self._reallocate(rows, max(self.cap, 2 * M, 16) if M > self.cap else self.cap,
-                             width + self.columns if wider else width if narrower else self.width)
-            return
-        moved = np.flatnonzero((rows != np.arange(M)) & (rows >= 0))
-        if len(moved):
-            t = self._tensors()
-            t[:, moved] = t[:, rows[moved]]         # the right side is gathered first: cycles are safe
-            self.block.commit(t)
-        self.rows = M
-
-    def _reallocate(self, rows: np.ndarray, cap: int, width: int) -> None:
-        """A block for `cap` rows `width` wide, rows `rows` copied into it (cut to or padded to its width)."""
-        L2, M = len(self.names), len(rows)
-        block = self.pool.take(L2 * cap * self.h * width * self.d_k)
-        if self.block is not None and self.rows and M:
-            dst = block.host(contents=False)[:L2 * cap * self.h * width * self.d_k].reshape(
-                L2, cap, self.h, width, self.d_k)
-            w = min(width, self.width)
-            dst[:, :M, :, :w] = self._tensors()[:, np.clip(rows, 0, self.rows - 1), :, :w]
-            block.commit(dst)
-        if self.block is not None:
-            self.pool.give(self.block)
-        self.block, self.cap, self.width, self.rows = block, cap, width, M
-
-    def forget_binding(self) -> None:
-        """The next `bind` binds again (the binding's outputs were cleared)."""
-        self._bound = None
-
-    def bind(self, io: ort.IOBinding) -> None:
-        """Binds each past_* and its present_* as the first `rows` rows of its tensor (again only when moved)."""
-        key = (self.block, self.rows, self.width)
-        if key == self._bound:
-            return
-        bind, dtype = self.pool.bind, self.pool.dtype
-        shape, n = [self.rows, self.h, self.width, self.d_k], self.cap * self.h * self.width * self.d_k
-        for i, (past, present) in enumerate(self.names):
-            bind.input(io, past, dtype, shape, self.block.at(i * n))
-            bind.output(io, present, dtype, shape, self.block.at(i * n))
-        self._bound = key
-
-    def close(self) -> None:
-        """Hands the block back."""
-        if self.block is not None:
-            self.pool.give(self.block)
-        self.block, self._bound, self.rows = None, None, 0

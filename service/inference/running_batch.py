@@ -21,7 +21,7 @@ import numpy as np
 
 from .cross_slots import CrossSlots
 from .decoders import DecoderGraph, columns_for
-from .device_memory import RunningCache, Tensors
+from .device_memory import InPlaceCache, Tensors
 from ..shared.beam_pool import BeamPool
 from ..shared.search import Want
 
@@ -262,7 +262,8 @@ class RunningBatch:
         self.graph, self.group = graph, group
         self.members: list[Member | PooledBeams] = []
         self.pools: dict[tuple, PooledBeams] = {}           # options.batch_key() -> its beam searches
-        self.cache = RunningCache(graph.pool, graph.past_names, graph.present_names, graph.h, graph.d_k)
+        self.cache = InPlaceCache(graph.pool, graph.past_names, graph.present_names, 0, graph.h, graph.d_k,
+                                  max_rows=64, max_positions=64)
         self.cross = CrossSlots(graph)        # the live sources' encoder outputs, one slot each
         self._cross_of: tuple | None = None   # what `cross` holds: ((member serial, sources)...)
         self._order: tuple | None = None      # (the call's row of each member row, the inverse, whether identity)
