@@ -154,6 +154,28 @@ def assert_joining_is_invariant(engine, ids: list[list[int]], search: str) -> No
                 np.testing.assert_allclose([x.score for x in h], [x.score for x in alone], rtol=1e-5, atol=1e-6)
 
 
+def test_requests_encoded_together_as_they_join_a_pool_translate_as_alone(de_en):
+    """Beam searches of one set of options that join at one step are encoded in one call
+    (Engine.join_together, sources padded to the widest): three join at the first step, three at the third,
+    into the pool where the first still run; each sentence's hypotheses as alone."""
+    ids = de_en.source_ids(TEXTS["de"], "en")
+    options = SEARCHES["beam 4"]
+    groups = [[[ids[0], ids[5]], [ids[1]], [ids[2]]], [[ids[3]], [ids[4], ids[6]], [ids[7]]]]
+    batch, tickets, step = de_en.running_batch(4), [], 0
+    while groups or batch.members:
+        if groups and step % 2 == 0:
+            requests = groups.pop(0)
+            tickets += zip(requests, de_en.join_together(batch, requests, options))
+        if batch.members:
+            assert not [m.error for m in batch.step() if m.error is not None]
+        step += 1
+    for request, ticket in tickets:
+        for src, hyps in zip(request, ticket.result):
+            (alone,) = de_en.search([src], options)
+            assert [h.tokens for h in hyps] == [h.tokens for h in alone]
+            np.testing.assert_allclose([h.score for h in hyps], [h.score for h in alone], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("search", ["greedy", "beam 4"])
 def test_the_committed_int8_package_translates_the_same_joining_a_running_batch(de_en, search):
     assert de_en.package.meta["precision"] == "int8" and de_en.package.meta["quantization"] in INT8_SCHEMES

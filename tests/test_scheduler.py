@@ -339,13 +339,17 @@ def test_a_request_whose_client_went_away_leaves_the_waiting_list_and_the_runnin
 
 
 def test_abandon_forgets_everything_and_closes_started_searches(engine):
+    """Beam searches (pooled) and a greedy one (a coroutine of its own): all end, every block goes back."""
     s = scheduler_for(engine)
-    s.admit({"a": large(engine, 1, 4, "a")})
+    before = engine.pool.lent_bytes
+    s.admit({"a": large(engine, 1, 4, "a"), "g": translation(engine, ["Guten Morgen."], 1, "g")})
     s.step()
-    started = [r.member.search for r in s.running]
+    started = [r.member for r in s.running]
+    assert len(started) == 2 and engine.pool.lent_bytes > before
     s.abandon()
-    assert started and not s.busy and not s.jobs and s.take_finished() == []
-    assert all(g.gi_frame is None for g in started)
+    assert not s.busy and not s.jobs and s.take_finished() == []
+    assert all(m.want is None for m in started) and engine.pool.lent_bytes == before
+    assert all(m.search.gi_frame is None for m in started if hasattr(m, "search"))
 
 
 # --- generation, on a fake engine -----------------------------------------------------------------------

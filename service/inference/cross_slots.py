@@ -15,16 +15,41 @@ COLUMNS_STEP) nor on its slot (RunningBatch's docstring says why).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnxruntime as ort
 
 from .decoders import DecoderGraph
-from .device_memory import Block
+from .device_memory import Block, Tensors
 
-if TYPE_CHECKING:
-    from .running_batch import Sources
+
+@dataclass
+class Sources:
+    """What a member's rows read of the cross tensors, by the member's own source numbers: the encoder
+    outputs not yet placed in the batch's tensors (`pending`: a block, the number of the first of our sources
+    in it, its row there, how many), each source's width in its block and length, and its slot in the batch's
+    tensors once placed. A block may hold other members' sources too (Engine.join_together: requests that
+    join one pool at one step are encoded together); they are all placed at the batch's next step."""
+    pending: list[tuple[Tensors, int, int, int]] = field(default_factory=list)
+    widths: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    placed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))    # -1: not placed
+
+    def add(self, cross: Tensors, lengths: np.ndarray, row: int = 0) -> int:
+        """Sources from a block of encoder outputs (padded to one width), from its row `row` on; the number
+        of the first."""
+        first = len(self.lengths)
+        self.pending.append((cross, first, row, len(lengths)))
+        self.widths = np.concatenate([self.widths, np.full(len(lengths), cross.shape[2], dtype=np.int64)])
+        self.lengths = np.concatenate([self.lengths, np.asarray(lengths, dtype=np.int64)])
+        self.placed = np.concatenate([self.placed, np.full(len(lengths), -1, dtype=np.int64)])
+        return first
+
+    def close(self) -> None:
+        for cross, *_ in self.pending:
+            cross.close()                      # a block shared with other members: the first close gives it
+        self.pending = []
 
 
 class CrossSlots:
@@ -104,13 +129,13 @@ class CrossSlots:
         g, L = self.graph, len(self.graph.cross_names)
         slots = np.arange(self.A, self.A + len(numbers))
         t = self._tensors()
-        for cross, first in sources.pending:
+        for cross, first, row, count in sources.pending:
             A_i, _, S_i, _ = cross.shape
-            sel = (numbers >= first) & (numbers < first + A_i)
+            sel = (numbers >= first) & (numbers < first + count)
             if not sel.any():
                 continue
             own = cross.block.host()[:L * A_i * g.h * S_i * g.d_k].reshape(L, A_i, g.h, S_i, g.d_k)
-            t[:, slots[sel], :, :S_i] = own[:, numbers[sel] - first]
+            t[:, slots[sel], :, :S_i] = own[:, numbers[sel] - first + row]
             t[:, slots[sel], :, S_i:] = 0                     # masked, but never NaN
         self.block.commit(t)
         self.mask[slots] = np.arange(self.S)[None, :] < sources.lengths[numbers][:, None]

@@ -36,7 +36,7 @@ from .device import session_options
 from .device_memory import BlockPool, Tensors
 from .lm_batch import LmBatch, LmMember
 from .onnxruntime_bridge import Binder
-from .running_batch import Member, RunningBatch, Ticket
+from .running_batch import Member, RunningBatch, Ticket, pooled
 from ..shared.beam_pool import BeamPool
 from ..shared.options import SearchOptions
 from ..shared.package import ModelPackage, PackageError, load_package
@@ -208,34 +208,52 @@ class Engine:
         the batch's next step on; once it ends (batch.step() returns it) its `result` is search()'s (or its
         `error`). A beam search joins the batch's pool of its options (running_batch.PooledBeams), any other
         search is a Member of its own. The same hypotheses as search() of these sources alone."""
-        if rows_per_input(options) != batch.group:
-            raise ValueError(f"a batch of {batch.group} rows per source takes no search of "
-                             f"{rows_per_input(options)} (see RunningBatch)")
-        B = len(src_ids)
-        lengths = np.array([len(s) for s in src_ids], dtype=np.int64)
-        src = np.full((B, columns_for(int(lengths.max()))), self.pad_id, dtype=np.int64)          # (B, S)
-        for i, s in enumerate(src_ids):
-            src[i, :len(s)] = s
-        limits = max_lengths(lengths, a=options.max_length_a, b=options.max_length_b,
-                             cap=min(options.max_length, self.max_positions))
-        cross = self.encode(src)
-        if not options.sampling and options.beam_size > 1:
-            try:
-                pooled = batch.pool(options.batch_key(), lambda: BeamPool(
-                    options, eos_id=self.eos_id, banned_ids=self.banned_ids, top_k=self.search_top_k))
-                return pooled.add(cross, lengths, np.full(B, self.bos_id, dtype=np.int64), limits)
-            except BaseException:
-                cross.close()
-                raise
+        if pooled(options):
+            return self.join_together(batch, [src_ids], options)[0]
+        cross, lengths, limits = self._encoded(batch, src_ids, options)
         member = Member(None, cross, lengths)
         try:
-            member.search = searcher(member, B, options, bos_id=self.bos_id, eos_id=self.eos_id, max_length=limits,
-                                     banned_ids=self.banned_ids, seeds=seeds, top_k=self.search_top_k)
+            member.search = searcher(member, len(src_ids), options, bos_id=self.bos_id, eos_id=self.eos_id,
+                                     max_length=limits, banned_ids=self.banned_ids, seeds=seeds,
+                                     top_k=self.search_top_k)
         except BaseException:
             member.close()
             raise
         batch.join(member)
         return member
+
+    def join_together(self, batch: RunningBatch, requests: Sequence[Sequence[Sequence[int]]],
+                      options: SearchOptions) -> list[Ticket]:
+        """join() for the beam searches of several requests with these options: their sentences encoded in one
+        call (each sentence's encoder outputs are its own, batched or not), a Ticket each in the pool."""
+        cross, lengths, limits = self._encoded(batch, [s for r in requests for s in r], options)
+        try:
+            pool = batch.pool(options.batch_key(), lambda: BeamPool(
+                options, eos_id=self.eos_id, banned_ids=self.banned_ids, top_k=self.search_top_k))
+            tickets, row = [], 0
+            for r in requests:
+                n = len(r)
+                tickets.append(pool.add(cross, lengths[row:row + n], np.full(n, self.bos_id, dtype=np.int64),
+                                        limits[row:row + n], row))
+                row += n
+            return tickets
+        except BaseException:
+            cross.close()
+            raise
+
+    def _encoded(self, batch: RunningBatch, src_ids: Sequence[Sequence[int]],
+                 options: SearchOptions) -> tuple[Tensors, np.ndarray, np.ndarray]:
+        """The encoder outputs of `src_ids` (padded to a multiple of COLUMNS_STEP), their lengths and budgets."""
+        if rows_per_input(options) != batch.group:
+            raise ValueError(f"a batch of {batch.group} rows per source takes no search of "
+                             f"{rows_per_input(options)} (see RunningBatch)")
+        lengths = np.array([len(s) for s in src_ids], dtype=np.int64)
+        src = np.full((len(src_ids), columns_for(int(lengths.max()))), self.pad_id, dtype=np.int64)   # (B, S)
+        for i, s in enumerate(src_ids):
+            src[i, :len(s)] = s
+        limits = max_lengths(lengths, a=options.max_length_a, b=options.max_length_b,
+                             cap=min(options.max_length, self.max_positions))
+        return self.encode(src), lengths, limits
 
     # --- generation (decoder-only packages) -------------------------------------------------------------
     def prompt_ids(self, texts: Sequence[str]) -> list[list[int]]:

@@ -14,41 +14,21 @@ The scheduler holds a Ticket or a Member per request; both say `want` (None once
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Generator
 
 import numpy as np
 
-from .cross_slots import CrossSlots
+from .cross_slots import CrossSlots, Sources
 from .decoders import DecoderGraph, columns_for
 from .device_memory import InPlaceCache, Tensors
 from ..shared.beam_pool import BeamPool
+from ..shared.options import SearchOptions
 from ..shared.search import Want
 
 
-@dataclass
-class Sources:
-    """What a member's rows read of the cross tensors, by the member's own source numbers: the encoder
-    outputs not yet placed in the batch's tensors (`pending`: a block and the number of its first source),
-    each source's width in its block and length, and its row in the batch's tensors once placed."""
-    pending: list[tuple[Tensors, int]] = field(default_factory=list)
-    widths: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    placed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))    # -1: not placed
-
-    def add(self, cross: Tensors, lengths: np.ndarray) -> int:
-        """A block of encoder outputs (its sources padded to one width); the number of its first source."""
-        first = len(self.lengths)
-        self.pending.append((cross, first))
-        self.widths = np.concatenate([self.widths, np.full(len(lengths), cross.shape[2], dtype=np.int64)])
-        self.lengths = np.concatenate([self.lengths, np.asarray(lengths, dtype=np.int64)])
-        self.placed = np.concatenate([self.placed, np.full(len(lengths), -1, dtype=np.int64)])
-        return first
-
-    def close(self) -> None:
-        for cross, _ in self.pending:
-            cross.close()
-        self.pending = []
+def pooled(options: SearchOptions) -> bool:
+    """Whether a search of these options joins a PooledBeams (beam search), or is a Member of its own."""
+    return not options.sampling and options.beam_size > 1
 
 
 class Member:
@@ -173,10 +153,11 @@ class PooledBeams:
     def want(self) -> object | None:
         return "a step" if len(self.beams.live) else None
 
-    def add(self, cross: Tensors, lengths: np.ndarray, first: np.ndarray, max_len: np.ndarray) -> Ticket:
-        """A request's sentences (their encoder outputs, lengths, first tokens and budgets): its Ticket. Their
-        rows join at the next step, K per sentence."""
-        self.sources.add(cross, lengths)
+    def add(self, cross: Tensors, lengths: np.ndarray, first: np.ndarray, max_len: np.ndarray,
+            row: int = 0) -> Ticket:
+        """A request's sentences (their encoder outputs, from row `row` of `cross`, lengths, first tokens and
+        budgets): its Ticket. Their rows join at the next step, K per sentence."""
+        self.sources.add(cross, lengths, row)
         ticket = Ticket(self.beams.add(first, max_len))
         ticket.pool = self
         number, self.issued = self.issued, self.issued + 1
@@ -193,7 +174,7 @@ class PooledBeams:
 
     def advance(self, outs: dict[str, np.ndarray], rows: slice) -> list[Ticket]:
         """One beam step of every input from its rows' outputs; the tickets whose sentences all ended."""
-        k, before = self.k, self.beams.live
+        k = self.k
         try:
             keep = (self.beams.step(outs["log_probs"][rows], None, None) if k is None else
                     self.beams.step(outs["top_log_probs"][rows, :k], outs["top_ids"][rows, :k],
@@ -206,18 +187,17 @@ class PooledBeams:
             self._keep(np.zeros(0, dtype=np.int64))
             return ended
         self._keep(keep)
-        return self._ended(before)
+        return self._ended()
 
     def _keep(self, keep: np.ndarray) -> None:
         self.rows, self.positions = self.rows[keep], self.positions[keep]
         self.row_source = np.repeat(self.beams.live, self.beams.K)
 
-    def _ended(self, before: np.ndarray) -> list[Ticket]:
-        """Tickets none of whose inputs is live any more, of those whose inputs left this step (`before`:
-        the inputs live before it): their hypotheses. They leave the pool."""
-        gone = before[~np.isin(before, self.beams.live)]
+    def _ended(self) -> list[Ticket]:
+        """Tickets none of whose inputs is live any more, of those whose inputs ended this step: their
+        hypotheses. They leave the pool."""
         ended = []
-        for i in self.owner[gone].tolist():
+        for i in self.owner[self.beams.ended].tolist():
             t = self.tickets[i]
             t.left -= 1
             if t.left == 0 and t.want is not None:

@@ -32,6 +32,7 @@ class BeamPool:
         self.options, self.K, self.eos_id, self.banned_ids = options, options.beam_size, eos_id, banned_ids
         self.early_exit = options.length_rule == "ctranslate2" and options.length_penalty == 0   # CTranslate2's
         self.live = np.zeros(0, dtype=np.int64)            # (A,) the inputs still searched, in row order
+        self.ended = np.zeros(0, dtype=np.int64)           # the inputs that ended at the last step
         self.scores = np.zeros((0, self.K))                # (A, K) their beams' scores
         self.tokens = np.zeros(0, dtype=np.int64)          # (A*K,) each row's token for the next call
         self.history: list[list[int]] = []                 # (A*K) each row's tokens so far
@@ -81,7 +82,7 @@ class BeamPool:
     def step(self, logp: np.ndarray, ids: np.ndarray | None, eos_logp: np.ndarray | None) -> np.ndarray:
         """One beam step of every live input from the call's outputs for its rows (logp (A*K, W), ids and
         eos_logp as step_top gives them, or ids None with the whole distribution): the rows that go on, in
-        their new order (each input's K, inputs in order); inputs that ended leave `live`."""
+        their new order (each input's K, inputs in order); inputs that ended leave `live` (`ended`: those)."""
         K = self.K
         rows = Rows(sentence=np.repeat(self.live, K), history=self.history)
         steps = self.steps[rows.sentence]                                    # (A*K,) each row's step
@@ -93,7 +94,9 @@ class BeamPool:
                                   self.max_len[rows.sentence] <= steps + 1, self.options, self.eos_id,
                                   self.early_exit)
         self.steps[self.live] += 1
-        self.live = self.live[still]
+        gone = np.ones(len(self.live), dtype=bool)
+        gone[still] = False
+        self.ended, self.live = self.live[gone], self.live[still]
         self.history = [self.history[row] + [tok] for row, tok, _ in picked]
         self.scores = np.asarray([s for _, _, s in picked], dtype=np.float64).reshape(len(self.live), K)
         self.tokens = np.asarray([tok for _, tok, _ in picked], dtype=np.int64)

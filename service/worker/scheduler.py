@@ -41,7 +41,7 @@ import numpy as np
 from .cancel import CancelBoard
 from .watch import SchedulerWatch
 from ..inference.decoders import columns_for
-from ..inference.running_batch import Member, RunningBatch, Ticket
+from ..inference.running_batch import Member, RunningBatch, Ticket, pooled
 from ..inference.engine import Engine
 from ..shared.options import SearchOptions
 from ..metrics import metrics
@@ -263,15 +263,49 @@ class TranslationScheduler:
             run.sentences.append(k)
             run.tokens.append(tokens)
             run.rows.append(r)
-        for run in joining.values():
-            self._join(run)
+        for runs in self._together(list(joining.values())):
+            if len(runs) > 1:
+                self._join_together(runs)
+            else:
+                self._join(runs[0])
+
+    def _together(self, runs: list[Running]) -> list[list[Running]]:
+        """The joining runs, those that join one pool (beam searches of one batch and options) together: their
+        sentences are encoded in one call; any other alone."""
+        groups: dict[Hashable, list[Running]] = {}
+        for run in runs:
+            options = self.jobs[run.key].options
+            groups.setdefault((run.batch, options.batch_key()) if pooled(options) else id(run), []).append(run)
+        return list(groups.values())
+
+    def _batch(self, run: Running) -> RunningBatch:
+        batch = self.batches.get(run.batch)
+        if batch is None:
+            batch = self.batches[run.batch] = self.engines[run.batch[0]].running_batch(run.batch[1])
+        return batch
+
+    def _join_together(self, runs: list[Running]) -> None:
+        jobs = [self.jobs[run.key] for run in runs]
+        try:
+            tickets = self.engines[jobs[0].model].join_together(
+                self._batch(runs[0]), [[job.sentences[k] for k in run.sentences] for job, run in zip(jobs, runs)],
+                jobs[0].options)
+        except Exception:  # each tries alone (and its sentences one by one if that fails too)
+            log.exception("starting the search of %d requests together failed; each starts alone", len(runs))
+            for run in runs:
+                self._join(run)
+            return
+        now, t0 = time.monotonic(), time.perf_counter()
+        for job, run, ticket in zip(jobs, runs, tickets):
+            job.started, run.t0, run.member = job.started or now, t0, ticket
+            self.running.append(run)
 
     def _join(self, run: Running) -> None:
         job = self.jobs[run.key]
         engine = self.engines[job.model]
         if not job.started:
             job.started = time.monotonic()
-        batch = self.batches.get(run.batch) or self.batches.setdefault(run.batch, engine.running_batch(run.batch[1]))
+        batch = self._batch(run)
         run.t0 = time.perf_counter()
         try:
             run.member = engine.join(batch, [job.sentences[k] for k in run.sentences], job.options)
