@@ -15,6 +15,7 @@ import pytest
 
 from service.worker.cancel import CancelBoard
 from service.config import Settings
+from service.inference import running_batch
 from service.inference.engine import Engine
 from service.worker import scheduler as scheduling
 from service.worker.scheduler import (Failure, GenerationScheduler, GenJob, Job, TranslationScheduler, cost_tier,
@@ -227,6 +228,24 @@ def test_on_cpu_the_running_batch_holds_at_most_cpu_batch_rows(engine):
     (batch,) = s.batches.values()
     assert 0 < batch.rows <= scheduling.CPU_BATCH_ROWS and s.waiting
     s.abandon()
+
+
+def test_a_full_pool_hands_new_requests_to_a_new_one_and_both_answer_as_alone(engine, monkeypatch):
+    """A pool takes POOL_INPUTS sentences (2 here), then requests of its options start another beside it."""
+    monkeypatch.setattr(running_batch, "POOL_INPUTS", 2)
+    s = scheduler_for(engine)
+    texts = ["Das geht zu weit.", "Guten Morgen.", "Die Datei wird gespeichert."]
+    jobs = {i: translation(engine, [t], 4, str(i)) for i, t in enumerate(texts)}
+    s.admit({0: jobs[0], 1: jobs[1]})
+    s.step()                                         # 0 and 1 join one pool (at one step: encoded together)
+    s.admit({2: jobs[2]})
+    s.step()
+    (batch,) = s.batches.values()
+    assert len(batch.members) == 2                   # that pool is full: 2 starts the next
+    done = drain(s)
+    for i, job in jobs.items():
+        (alone,) = engine.search(job.sentences, job.options)
+        assert [h.tokens for h in done[i].hyps[0]] == [h.tokens for h in alone]
 
 
 # --- translation: failures and cancellation, on a fake engine ------------------------------------------

@@ -26,6 +26,12 @@ from ..shared.options import SearchOptions
 from ..shared.search import Want
 
 
+# A pool takes at most this many sentences, then the next request of its options starts another (the old one
+# goes on until its own end): a pool under steady load never empties, and what it keeps per sentence (budgets,
+# steps, each source's width and slot: small arrays that grow by concatenation) must not grow for ever.
+POOL_INPUTS = 4096
+
+
 def pooled(options: SearchOptions) -> bool:
     """Whether a search of these options joins a PooledBeams (beam search), or is a Member of its own."""
     return not options.sampling and options.beam_size > 1
@@ -262,7 +268,7 @@ class RunningBatch:
     def pool(self, key: tuple, make) -> PooledBeams:
         """The beam searches of options `key` (made by make() and added when there are none)."""
         pooled = self.pools.get(key)
-        if pooled is None or pooled not in self.members:
+        if pooled is None or pooled not in self.members or len(pooled.owner) >= POOL_INPUTS:
             pooled = self.pools[key] = PooledBeams(make())
             self._add(pooled)
         return pooled

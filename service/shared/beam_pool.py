@@ -103,5 +103,6 @@ class BeamPool:
         return np.asarray([row for row, _, _ in picked], dtype=np.int64)
 
     def done(self, number: int) -> list[Hypothesis]:
-        """An input's hypotheses, best first, once it has left `live`."""
-        return sorted(self.finished[number], key=lambda h: -h.score)[:self.options.num_hypotheses]
+        """An input's hypotheses, best first, once it has left `live` (once: the pool forgets them)."""
+        finished, self.finished[number] = self.finished[number], []
+        return sorted(finished, key=lambda h: -h.score)[:self.options.num_hypotheses]
