@@ -13,6 +13,12 @@ direction. Tokens, not minutes, are the budget, so the table does not depend on 
 wall time is printed beside it. The whole table must fit in about 30 minutes on a 2-core CPU: at about
 1,400 target tokens/s on one thread, 400k tokens take about 5 minutes a setting.
 
+With --test FILE (repeatable) each run's checkpoint is also scored on held-out test splits: greedy BLEU in each
+direction on the first --test-sentences pairs (`python -m model.evaluate --checkpoint`), so a setting that adds a
+corpus source shows what it adds to each test split, not only to dev. Settings may pass their own `--data`
+(model.train keeps the last one given) and `--init-from PACKAGE` (the budget then counts on from the package's
+target tokens: --target-tokens is what each setting trains beyond it).
+
 "before" reproduces the schedule model.train had until the defaults changed (the paper's, factor 2 and
 4,000 warm-up steps at d_model 256: peak 0.001976 at step 4,000; every pair every epoch).
 """
@@ -36,18 +42,38 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.train_speed import cpu_name, publish  # noqa: E402
 
 
+def tokens_already_trained(extra: list[str]) -> int:
+    """The target tokens of the package an --init-from setting starts from (its model.json), else 0."""
+    if "--init-from" not in extra:
+        return 0
+    meta = json.loads((ROOT / extra[extra.index("--init-from") + 1] / "model.json").read_text())
+    return int(meta.get("training", {}).get("target_tokens", 0))
+
+
+def test_bleu(run: Path, test: str, direction: str, sentences: int) -> float:
+    """Greedy BLEU of a run's checkpoint on the first `sentences` pairs of a test split, in one direction."""
+    cmd = [sys.executable, "-m", "model.evaluate", "--checkpoint", str(run), "--data", test, "--direction",
+           direction, "--beam", "1", "--limit", str(sentences), "--json"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{run.name}: model.evaluate failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)["greedy"]["bleu"]
+
+
 def run_setting(name: str, extra: list[str], args: argparse.Namespace, work: Path) -> dict:
     out = work / name
     cmd = [sys.executable, "-m", "model.train", "--data", args.data, "--out", str(out), "--tokenizer",
            args.tokenizer, "--preset", args.preset, "--threads", str(args.threads), "--seed", str(args.seed),
-           "--max-target-tokens", str(args.target_tokens), "--eval-every", "0",
+           "--max-target-tokens", str(tokens_already_trained(extra) + args.target_tokens), "--eval-every", "0",
            "--eval-sentences", str(args.eval_sentences), "--no-resume", *extra]
     t = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{name}: model.train failed:\n{proc.stderr[-3000:]}")
     last = json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])
-    return {**last, "wall_min": (time.time() - t) / 60}
+    tests = {f"{Path(test).stem} {d}": test_bleu(out, test, d, args.test_sentences)
+             for test in args.test for d in ("de-en", "en-de")}
+    return {**last, "wall_min": (time.time() - t) / 60, "tests": tests}
 
 
 def main(argv=None) -> None:
@@ -61,21 +87,29 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--setting", action="append", default=[], metavar="NAME=OPTIONS",
                    help="a named setting: model.train options (repeatable; default: before and after)")
+    p.add_argument("--test", action="append", default=[], metavar="TSV",
+                   help="also score each run on this held-out split, both directions (repeatable)")
+    p.add_argument("--test-sentences", type=int, default=500, help="pairs of each --test split scored")
+    p.add_argument("--keep", default=None, metavar="DIR", help="keep each setting's run in DIR/NAME")
     p.add_argument("--out", default=None, help="append the report (markdown) to this file")
     args = p.parse_args(argv)
     settings = args.setting or ["before=--lr 0.001976 --warmup 4000 --short-weight 1", "after="]
     header = [f"## {datetime.date.today()}: `python benchmarks/learning.py {shlex.join(sys.argv[1:])}`", "",
               f"CPU: {cpu_name()}; preset {args.preset}, {args.target_tokens:,} target tokens, seed {args.seed}, "
-              f"{args.threads} thread(s); BLEU greedy on the first {args.eval_sentences} dev pairs of each direction",
-              "", "| setting | model.train options | dev loss | BLEU de-en | BLEU en-de | steps | minutes |",
-              "|---|---|---:|---:|---:|---:|---:|"]
+              f"{args.threads} thread(s); BLEU greedy on the first {args.eval_sentences} dev pairs of each direction"
+              + (f"; test splits greedy BLEU on their first {args.test_sentences} pairs" if args.test else ""),
+              "", "| setting | model.train options | dev loss | BLEU de-en | BLEU en-de | "
+              + "".join(f"{Path(t).stem} {d} | " for t in args.test for d in ("de-en", "en-de"))
+              + "steps | minutes |", "|---|---|---:|---:|---:|" + "---:|" * (2 * len(args.test)) + "---:|---:|"]
     rows = []
     with tempfile.TemporaryDirectory(prefix="learning-") as tmp:
+        work = Path(args.keep) if args.keep else Path(tmp)
         for setting in settings:
             name, _, opts = setting.partition("=")
-            r = run_setting(name, shlex.split(opts), args, Path(tmp))
+            r = run_setting(name, shlex.split(opts), args, work)
             rows.append(f"| {name} | `{opts or '(defaults)'}` | {r['dev_loss']:.3f} | {r.get('bleu_de-en', '-')} | "
-                        f"{r.get('bleu_en-de', '-')} | {r['step']} | {r['wall_min']:.1f} |")
+                        f"{r.get('bleu_en-de', '-')} | " + "".join(f"{b:.2f} | " for b in r["tests"].values())
+                        + f"{r['step']} | {r['wall_min']:.1f} |")
             print(rows[-1], flush=True)
     publish("\n".join(header + rows) + f"\n\nload average at the end: {os.getloadavg()[0]:.1f}\n", args.out)
 
