@@ -262,8 +262,9 @@ class RunningBatch:
         next step on."""
         self._add(member)
         member.start()
-        if member.want is None:
+        if member.want is None:           # it ended before its first step: its sources go back
             self.members.remove(member)
+            member.sources.close()
 
     def pool(self, key: tuple, make) -> PooledBeams:
         """The beam searches of options `key` (made by make() and added when there are none)."""
