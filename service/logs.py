@@ -1,7 +1,7 @@
 """How every process logs: text (the default, for a terminal) or, with --log-format json, one JSON object per
-line for a log pipeline: the server's own events ({"ts", "level", "logger", "message"}) and one access line per
-request (middleware.request_context: its id, key name, route, status, characters and tokens in and out, queue,
-inference and total ms, model, error type). Never a key, never a request's text: the access line takes only
+line for a log pipeline: the server's own events ({"ts", "level", "logger", "pid", "message"}) and one access line per
+request (middleware.request_context: its id, trace id, key name, route, status, characters and tokens in and
+out, queue, inference and total ms, model, error type). Never a key, never a request's text: the access line takes only
 the fields named in ACCESS_FIELDS, and the server's own messages quote neither.
 
 Process-wide (the standard library only): the main process configures logging before LitServe starts the
@@ -17,17 +17,19 @@ import time
 
 ACCESS = "transerve.access"
 # What an access line may carry, besides the time and level: counts, timings and names only.
-ACCESS_FIELDS = ("request_id", "key", "method", "route", "status", "chars_in", "chars_out", "tokens_in", "tokens_out",
-                 "queue_ms", "inference_ms", "total_ms", "model", "error_type")
+ACCESS_FIELDS = ("request_id", "trace_id", "key", "method", "route", "status", "chars_in", "chars_out", "tokens_in",
+                 "tokens_out", "queue_ms", "inference_ms", "total_ms", "model", "error_type")
+# trace_id: the request's OpenTelemetry trace (32 hex digits), when traces are on (service/tracing.py)
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record: time (UTC, ISO 8601), level, logger, message, and an access line's fields."""
+    """One JSON object per record: time (UTC, ISO 8601), level, logger, the process's id (an HTTP process's or an
+    inference worker's: they write to the same stream), message, and an access line's fields."""
 
     def format(self, record: logging.LogRecord) -> str:
         out = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-               "level": record.levelname.lower(), "logger": record.name}
+               "level": record.levelname.lower(), "logger": record.name, "pid": record.process}
         access = getattr(record, "access", None)
         if access is not None:
             out |= {k: access[k] for k in ACCESS_FIELDS if access.get(k) is not None}
@@ -64,7 +66,8 @@ def access(state: dict, method: str, route: str, status: int, total_ms: float) -
     the request's id, key name, route, status and duration."""
     fields = dict(state.get("access", {}))
     tenant = state.get("tenant")
-    fields |= {"request_id": state.get("request_id"), "key": tenant.name if tenant is not None else None,
+    fields |= {"request_id": state.get("request_id"), "trace_id": state.get("trace_id"),
+               "key": tenant.name if tenant is not None else None,
                "method": method, "route": route, "status": status, "total_ms": round(total_ms, 2),
                "error_type": state.get("error_type")}
     logging.getLogger(ACCESS).info("access", extra={"access": fields})

@@ -16,7 +16,8 @@ BRIDGES = {"service.worker.litserve_bridge": "litserve", "service.inference.onnx
 # service/'s folders are layers, each importing only those below it: inference (onnxruntime, no HTTP, no LitServe)
 # < worker (LitServe's workers and the scheduler) < http (the core, no routes) < api (the flavours); server.py
 # and __main__.py compose them. COMMON are the process-wide modules every layer may use; they import no layer.
-COMMON = {"service.config", "service.metrics", "service.stopping", "service.errors", "service.keyfile", "service.logs"}
+COMMON = {"service.config", "service.metrics", "service.stopping", "service.errors", "service.keyfile", "service.logs",
+          "service.tracing"}
 ALLOWED = {
     "service.shared": {"service.shared", "numpy", "pydantic"},
     "service.client": {"service.shared.options", "service.shared.schemas", "httpx", "pydantic", "typing_extensions"},
@@ -25,6 +26,8 @@ ALLOWED = {
     **{name: {"service.shared", "prometheus_client", "fastapi", "starlette", "pydantic"} for name in COMMON},
     # the keys file's structured form may be YAML; config.py checks it at start-up
     "service.keyfile": {"pydantic", "yaml"},
+    # the one module that knows OpenTelemetry (its SDK imported only when OTEL_* turn traces on)
+    "service.tracing": {"opentelemetry"},
     "service.config": {"service.shared", "service.keyfile", "prometheus_client", "fastapi", "starlette", "pydantic"},
     "service.inference": {"service.inference", "service.shared", "numpy", "onnxruntime", "sentencepiece"},
     "service.worker": {"service.worker", "service.inference", "service.shared", *COMMON, "numpy", "litserve"},
@@ -42,6 +45,8 @@ ALLOWED = {
                     "service.worker.translate_api", "service.worker.generate_api", "fastapi", "starlette", "pydantic"},
     # the bulk command (transerve translate): the engine in-process, or a service through the SDK; no HTTP layer
     "service.bulk": {"service.bulk", "service.inference", "service.shared", "service.client", "pydantic", "polib"},
+    # the one module that knows Ray (the ray extra): the engine's translator in Ray Data's actors, numpy its batches
+    "service.bulk.ray_bridge": {"service.bulk", "service.inference", "service.shared", "ray", "numpy"},
     "service": {"service", "numpy", "onnxruntime", "sentencepiece", "litserve", "fastapi", "starlette", "pydantic",
                 "prometheus_client", "uvicorn", "httpx", "py3langid"},
 }
@@ -181,6 +186,7 @@ def test_no_function_of_the_benchmarks_or_deploy_scripts_is_over_60_lines():
     ("service.http.gateway", "from service.api.native import FLAVOUR", "imports service.api.native"),
     ("service.http.gateway", "import service.server", "imports service.server"),
     ("service.metrics", "from service.worker.cancel import CancelBoard", "imports service.worker.cancel"),
+    ("service.bulk.run", "import ray", "service.bulk.run:1 imports ray"),
     ("service.server", "from litserve.loops.base import _SENTINEL_VALUE", "private _SENTINEL_VALUE outside its bridge"),
     ("service.server", "x = server._shutdown_event", "private attribute _shutdown_event"),
     ("service.shared.search", "from service.shared.schemas import Language", "import loop: "),

@@ -16,6 +16,7 @@ from conftest import free_port, start_server, stop_server
 KEY = {"Authorization": "Bearer s3cret"}
 GUARDED = ("/docs", "/openapi.json", "/info")
 CHALLENGE = 'Bearer realm="transerve"'
+INVALID = 'Bearer realm="transerve", error="invalid_token"'   # a key given, not known
 LIMIT = 20_000          # --max-payload-bytes of the keyed server
 TRANSLATE = {"text": "Guten Morgen.", "source_lang": "de", "target_lang": "en"}
 LIBRE = {"q": "Guten Morgen.", "source": "de", "target": "en"}
@@ -38,7 +39,8 @@ def test_probes_and_language_lists_stay_open_and_the_rest_needs_the_key(keyed):
     for path in GUARDED:
         r = httpx.get(url + path)
         assert r.status_code == 401 and r.json()["error"]["type"] == "unauthorized", (path, r.text)
-        assert httpx.get(url + path, headers={"Authorization": "Bearer wrong"}).status_code == 403, path
+        r = httpx.get(url + path, headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == INVALID, path   # not valid credentials
         assert httpx.get(url + path, headers=KEY).status_code == 200, path
     assert httpx.get(url + "/info", headers={"X-API-Key": "s3cret"}).json()["settings"]["auth"] is True
 
@@ -73,7 +75,7 @@ def test_an_unkeyed_request_gets_401_with_a_challenge_whatever_its_body(keyed, m
         assert r.json()["error"]["type"] == "unauthorized" and r.json()["request_id"] == r.headers["x-request-id"]
     keyed_kwargs = kwargs | {"headers": kwargs.get("headers", {}) | KEY}
     wrong_kwargs = kwargs | {"headers": kwargs.get("headers", {}) | {"X-API-Key": "wrong"}}
-    assert httpx.request(method, url + path, **wrong_kwargs).status_code == 403
+    assert httpx.request(method, url + path, **wrong_kwargs).status_code == 401
     keyed_status = httpx.request(method, url + path, **keyed_kwargs).status_code
     assert keyed_status in (400, 404, 405, 413, 422), keyed_status   # what the key opens: the request's own error
 
@@ -81,13 +83,14 @@ def test_an_unkeyed_request_gets_401_with_a_challenge_whatever_its_body(keyed, m
 def test_a_libretranslate_key_in_the_body_is_checked_before_any_other_field(keyed):
     url, _ = keyed
     r = httpx.post(url + "/libretranslate/translate", json={"q": 5, "api_key": "wrong"})
-    assert r.status_code == 403 and r.json() == {"error": "invalid API key"} and "www-authenticate" not in r.headers
+    assert r.status_code == 401 and r.json() == {"error": "invalid API key"}
+    assert r.headers["www-authenticate"] == INVALID
     r = httpx.post(url + "/libretranslate/translate", json=LIBRE | {"q": 5, "api_key": "s3cret"})
     assert r.status_code == 400 and r.json()["error"].startswith("q"), r.text     # now the fields: q is no text
     r = httpx.post(url + "/libretranslate/translate", data=LIBRE | {"api_key": "s3cret"})
     assert r.status_code == 200 and r.json()["translatedText"], r.text
-    # A form not UTF-8 elsewhere: its api_key still decides 401/403 before the 400 names the form.
-    for key, status in (("s3cret", 400), ("wrong", 403)):
+    # A form not UTF-8 elsewhere: its api_key still decides 401 before the 400 names the form.
+    for key, status in (("s3cret", 400), ("wrong", 401)):
         r = httpx.post(url + "/libretranslate/detect", content=f"q=Hal%FFlo&api_key={key}".encode(),
                        headers={"content-type": FORM})
         assert r.status_code == status, r.text
@@ -120,7 +123,7 @@ def test_a_key_with_whitespace_around_it_in_its_header_is_the_key(keyed, header)
            b"Content-Length: %d\n%s\n" % (len(body), header)
     assert status_of(url, head, body) == 200
     wrong = header.replace(b"s3cret", b"s3cre")
-    assert status_of(url, b"GET /info HTTP/1.1\nHost: test\n" + wrong + b"\n") == 403
+    assert status_of(url, b"GET /info HTTP/1.1\nHost: test\n" + wrong + b"\n") == 401
 
 
 def test_metrics_have_their_own_port_without_a_key_and_leave_the_main_one(keyed):

@@ -310,6 +310,116 @@ def test_crd_validation_fails_on_a_broken_copy(breakage, rendered):
         validate_crd(sm)
 
 
+# --- KubeRay's RayJob (deploy/k8s/ray): KubeRay's own schema, strictly; its pods as Kubernetes checks pods ----------
+RAY_DIR = K8S / "ray"
+RAYJOB_SCHEMA = ROOT / "tests" / "fixtures" / "kuberay-rayjob-v1.schema.json"
+
+
+def rayjob_doc() -> dict:
+    return one(docs_of(RAY_DIR / "rayjob.yaml"), "RayJob")
+
+
+def unknown_in_schema(doc, schema: dict, path: str = "") -> list[str]:
+    """Fields the CRD's schema does not declare (the API server would drop them without a word): every object's
+    keys against its properties, except where the schema keeps unknown fields or is a map (additionalProperties)."""
+    if isinstance(doc, list):
+        return [u for i, d in enumerate(doc) for u in unknown_in_schema(d, schema.get("items", {}), f"{path}[{i}]")]
+    if not isinstance(doc, dict) or schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    if "properties" not in schema:
+        extra = schema.get("additionalProperties")
+        return [u for k, v in doc.items() for u in unknown_in_schema(v, extra, f"{path}.{k}")] \
+            if isinstance(extra, dict) else []
+    props = schema["properties"]
+    return [f"{path}.{k}" for k in doc if k not in props] + \
+        [u for k, v in doc.items() if k in props for u in unknown_in_schema(v, props[k], f"{path}.{k}")]
+
+
+def validate_rayjob(doc: dict) -> None:
+    """KubeRay v1.7.0's RayJob schema (tests/fixtures): types, enums and required fields, and no unknown field."""
+    jsonschema = pytest.importorskip("jsonschema", reason="pip install jsonschema (ray and schemathesis bring it)")
+    schema = json.loads(RAYJOB_SCHEMA.read_text())
+    jsonschema.validate({k: v for k, v in doc.items() if k not in ("apiVersion", "kind", "metadata")}, schema)
+    unknown = unknown_in_schema(doc, schema)
+    if unknown:
+        raise ValueError(f"RayJob: unknown fields {unknown}")
+
+
+def ray_pods(doc: dict) -> list[dict]:
+    spec = doc["spec"]["rayClusterSpec"]
+    return [spec["headGroupSpec"]["template"]] + [g["template"] for g in spec["workerGroupSpecs"]]
+
+
+def test_rayjob_matches_kuberays_schema_strictly():
+    doc = rayjob_doc()
+    assert (doc["apiVersion"], doc["kind"]) == ("ray.io/v1", "RayJob")
+    validate_rayjob(doc)
+
+
+@pytest.mark.parametrize("breakage", ["unknown field", "replicas as text", "worker group without its pods"])
+def test_rayjob_validation_fails_on_a_broken_copy(breakage):
+    doc = rayjob_doc()
+    workers = doc["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    if breakage == "unknown field":
+        doc["spec"]["entryPoint"] = doc["spec"].pop("entrypoint")      # a typo the API server would drop
+    elif breakage == "replicas as text":
+        workers["replicas"] = "two"
+    else:
+        del workers["template"]
+    with pytest.raises(Exception) as e:
+        validate_rayjob(doc)
+    assert ("entryPoint" in str(e.value)) == (breakage == "unknown field")
+
+
+def test_rayjob_pod_templates_pass_kubernetes_validate_strict(tmp_path):
+    """The head's and workers' pod templates are Kubernetes' own PodTemplateSpec: checked as a PodTemplate."""
+    templates = [{"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"ray-{i}"}, "template": t}
+                 for i, t in enumerate(ray_pods(rayjob_doc()))]
+    out = tmp_path / "templates.yaml"
+    out.write_text(dump(templates))
+    r = kube_validate(out)
+    assert r.returncode == 0 and (r.stdout + r.stderr).count("passed for resource") == 2, r.stdout + r.stderr
+
+
+def test_rayjob_runs_the_bridge_on_the_model_its_pods_receive():
+    """The entrypoint is the bridge's command with options it accepts; its --model is where every pod's init
+    container copies the package; its actors fit the workers' CPUs; Ray's version is the ray extra's and the
+    image's."""
+    import shlex
+
+    bridge = pytest.importorskip("service.bulk.ray_bridge", reason="pip install -e '.[ray]' (in the dev extra)")
+    doc = rayjob_doc()
+    argv = shlex.split(doc["spec"]["entrypoint"])
+    assert argv[:3] == ["python", "-m", "service.bulk.ray_bridge"]
+    args = bridge.parser().parse_args(argv[3:])
+    bridge.bulk_options(args.cpus_per_actor, {"beam_size": args.beam_size})
+    for pod in ray_pods(doc):
+        fetch = one([dict(c, kind=c["name"]) for c in pod["spec"]["initContainers"]], "fetch-model")
+        copied_to = fetch["command"][-1].split()[-1]                     # cp -R /model DEST
+        mount = one([dict(m, kind=m["name"]) for m in fetch["volumeMounts"]], "models")["mountPath"]
+        assert copied_to == args.model and args.model.startswith(mount + "/")
+        ray = pod["spec"]["containers"][0]
+        assert {"name": "models", "mountPath": mount, "readOnly": True} in ray["volumeMounts"]
+    cluster = doc["spec"]["rayClusterSpec"]
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"      # the actors go to the workers
+    cpus = sum(g["replicas"] * int(g["rayStartParams"]["num-cpus"]) for g in cluster["workerGroupSpecs"])
+    assert args.actors * args.cpus_per_actor <= cpus
+    pin = re.search(r'"ray\[data\]==([^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    base = re.search(r"ARG RAY_BASE_IMAGE=rayproject/ray:([^-\s]+)-", (DEPLOY / "docker" / "ray" / "Dockerfile")
+                     .read_text()).group(1)
+    assert cluster["rayVersion"] == pin == base
+
+
+def rayjob_images(doc: dict) -> list[str]:
+    return [c["image"] for pod in ray_pods(doc) for c in pod["spec"]["initContainers"] + pod["spec"]["containers"]]
+
+
+def test_rayjob_images_come_from_its_kustomization():
+    assert set(rayjob_images(rayjob_doc())) == {"transerve-ray", "transerve-model"}
+    images = rayjob_images(one(kustomize(RAY_DIR), "RayJob"))
+    assert images and all("/" in i and ":" in i for i in images), images
+
+
 # --- hadolint --------------------------------------------------------------------------------------
 def hadolint(path: Path) -> subprocess.CompletedProcess:
     exe = executable("hadolint")
@@ -318,8 +428,9 @@ def hadolint(path: Path) -> subprocess.CompletedProcess:
     return run([exe, "--no-color", path])
 
 
-def test_hadolint_passes_on_the_dockerfile():
-    r = hadolint(ROOT / "Dockerfile")
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "deploy/docker/ray/Dockerfile"])
+def test_hadolint_passes_on_the_dockerfile(dockerfile):
+    r = hadolint(ROOT / dockerfile)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -604,9 +715,10 @@ def test_images_are_set_only_through_kustomize_images(rendered, adapter):
             if doc.get("kind") == "Deployment":
                 for image in container_images([doc]):
                     assert image in entries and "/" not in image and ":" not in image, (path, image)
-    # One entry per image; the server image has one per overlay (CPU and GPU builds differ).
-    assert {n: len(ks) for n, ks in entries.items()} == {"transerve-model": 1, "transerve": 2, "prometheus-adapter": 1,
-                                                         "redis": 1}
+    # One entry per image and kustomization; the server image has one per overlay (CPU and GPU builds differ), the
+    # model image one in the base and one in the RayJob's (deploy/k8s/ray: no server there).
+    assert {n: len(ks) for n, ks in entries.items()} == {"transerve-model": 2, "transerve": 2, "prometheus-adapter": 1,
+                                                         "redis": 1, "transerve-ray": 1}
     for objs in [*rendered.values(), adapter]:
         assert all("/" in i and ":" in i for i in container_images(objs)), container_images(objs)
 
@@ -727,7 +839,9 @@ def test_dashboard_panels_have_units_in_titles_and_cover_the_issue():
     titles = [p["title"] for p in graph_panels(d)]
     assert all(re.search(r"\([^)]+\)$", t) for t in titles), titles
     for needed in ("Traffic", "Latency p50 / p95 / p99", "Queue wait", "Batch size", "tokens/s", "Errors",
-                   "In flight", "GPU memory"):
+                   "In flight", "GPU memory",
+                   # issue 38: usage per key, and its 429s by key and limit
+                   "Requests per key by status", "Rate-limited per key", "Characters and tokens per key"):
         assert any(needed in t for t in titles), needed
     assert len({p["id"] for p in d["panels"]}) == len(d["panels"])
     for p in graph_panels(d):

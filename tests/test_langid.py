@@ -103,7 +103,7 @@ def test_detect_route_shape_errors_and_key(server):
     assert r.status_code == 400 and "q must be" in r.json()["error"]
     assert httpx.post(server + "/libretranslate/detect", data={"q": DE}).status_code == 401
     r = httpx.post(server + "/libretranslate/detect", data={"q": DE, "api_key": "wrong"})
-    assert r.status_code == 403 and r.json() == {"error": "invalid API key"}
+    assert r.status_code == 401 and r.json() == {"error": "invalid API key"}
     spec = httpx.get(server + "/openapi.json", headers={"Authorization": f"Bearer {KEY}"}).json()   # docs need it
     assert "/libretranslate/detect" in spec["paths"]
     assert "auto" in spec["components"]["schemas"]["TranslateRequest"]["properties"]["source_lang"]["enum"]

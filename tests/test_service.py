@@ -247,7 +247,7 @@ def test_full_queue_answers_503_with_retry_after(strict_server):
 def test_api_key_is_required_but_probes_stay_open(strict_server):
     body = {"text": "Das geht zu weit.", "source_lang": "de", "target_lang": "en"}
     assert post(strict_server, "/translate", body).status_code == 401
-    assert post(strict_server, "/translate", body, headers={"Authorization": "Bearer wrong"}).status_code == 403
+    assert post(strict_server, "/translate", body, headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert post(strict_server, "/translate", body, headers={"X-API-Key": "other"}).status_code == 200
     for path in ("/health", "/ready"):
         assert httpx.get(strict_server + path).status_code == 200

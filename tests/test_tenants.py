@@ -333,7 +333,7 @@ def test_keys_reload_on_sighup_and_on_file_change_without_failing_a_request(serv
         t0 = time.monotonic()
         for url in urls:
             while not (httpx.get(url + "/usage", headers=bearer("newbie")).status_code == 200
-                       and httpx.get(url + "/usage", headers=bearer("free")).status_code == 403):
+                       and httpx.get(url + "/usage", headers=bearer("free")).status_code == 401):
                 assert time.monotonic() - t0 < 1.0, "the new keys took more than 1 s"
                 time.sleep(0.05)
 
@@ -421,4 +421,10 @@ def test_json_logs_one_line_per_request_with_its_id_and_no_key_or_text(tmp_path)
     assert access["log-4"]["tokens_out"] > 0 and access["log-4"]["model"] == "lm-small"
     assert access["log-6"]["key"] == "capped" and access["log-6"]["chars_in"] == 100
     assert any(rec["logger"].startswith("uvicorn") for rec in lines)   # the server's own events, as JSON
+    # The inference workers' lines are JSON too (they are spawned, and configure their logging in setup), each
+    # from a process of its own: neither an HTTP process (the access lines') nor the other worker.
+    workers = [rec for rec in lines if rec.get("message", "").startswith(("worker ready", "generation worker ready"))]
+    http_pids = {rec["pid"] for rec in access.values()}
+    assert len(workers) == 2 and len({rec["pid"] for rec in workers} - http_pids) == 2, workers
+    assert all(rec["level"] == "info" and rec["logger"] == "transerve" for rec in workers)
     assert not any(k in log for k in KEYS.values()) and TEXT[:20] not in log and "Das ist" not in log

@@ -234,7 +234,7 @@ def test_the_key_is_asked_for_and_sent(keyed, browser):
     type_text(browser, GERMAN)
     wait_for(browser, lambda d: text(d, "error").startswith("401 unauthorized: missing API key"), "the 401")
     browser.find_element("id", "key").send_keys("wrong\t")
-    wait_for(browser, lambda d: text(d, "error").startswith("403 unauthorized: invalid API key"), "the 403")
+    wait_for(browser, lambda d: text(d, "error").startswith("401 unauthorized: invalid API key"), "the 401")
     browser.find_element("id", "key").clear()
     browser.find_element("id", "key").send_keys(KEY + "\t")
     wait_for(browser, lambda d: value(d, "output") == expected["text"], f"the translation {expected['text']!r}")

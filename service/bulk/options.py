@@ -52,11 +52,25 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def search_fields(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
-    """The search fields given, checked by the schema itself (ranges, beam and alternatives)."""
+    """The search fields given on the command line, checked by the schema itself (ranges, beam and
+    alternatives)."""
     given = {name: getattr(args, name) for name in SEARCH_FIELDS if getattr(args, name) is not None}
     try:
-        TranslateRequest(text="x", source_lang=args.source_lang, target_lang=args.target_lang, **given)
+        return checked_search(given, args.source_lang, args.target_lang)
+    except ValueError as e:
+        parser.error(str(e))
+
+
+def checked_search(given: dict, source_lang: str, target_lang: str) -> dict:
+    """POST /translate's search fields as given (the others keep the schema's defaults), checked by the schema:
+    the command line and the Ray Data class (ray_bridge.py) both go through here. ValueError names each
+    field refused and why, or a name that is no search field."""
+    unknown = sorted(set(given) - set(SEARCH_FIELDS))
+    if unknown:
+        raise ValueError(f"not search options: {', '.join(unknown)} (they are: {', '.join(SEARCH_FIELDS)})")
+    try:
+        TranslateRequest(text="x", source_lang=source_lang, target_lang=target_lang, **given)
     except ValidationError as e:
-        parser.error("; ".join(f"{'.'.join(map(str, err['loc'])) or 'options'}: {err['msg']}"
-                               for err in e.errors()))
-    return given
+        raise ValueError("; ".join(f"{'.'.join(map(str, err['loc'])) or 'options'}: {err['msg']}"
+                                   for err in e.errors())) from None
+    return dict(given)

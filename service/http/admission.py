@@ -13,6 +13,7 @@ import multiprocessing as mp
 import time
 from contextlib import contextmanager
 
+from ..tracing import Span, child_span
 from ..errors import ApiError
 from ..metrics import metrics
 
@@ -29,18 +30,10 @@ class Admission:
 
     @contextmanager
     def admitted(self, endpoint: str):
-        """Holds one of the max_queue places, or refuses with 503 (full, or shutting down)."""
-        if self.draining.is_set():
-            raise ApiError(503, "shutting_down", "the server is shutting down; retry on another replica",
-                           headers={"Retry-After": "1"})
-        with self.active.get_lock():
-            full = self.active.value >= self.max_queue
-            if not full:
-                self.active.value += 1
-        if full:
-            metrics().rejected.labels(endpoint).inc()
-            raise ApiError(503, "overloaded", f"{self.max_queue} requests are already waiting; retry later",
-                           self.max_queue, {"Retry-After": "1"})
+        """Holds one of the max_queue places, or refuses with 503 (full, or shutting down); traced as the
+        request's admission span (its 503 by type)."""
+        with child_span("transerve.admission", endpoint=endpoint) as span:
+            self._take(endpoint, span)
         metrics().in_flight.labels(endpoint).inc()
         try:
             yield
@@ -48,6 +41,20 @@ class Admission:
             with self.active.get_lock():
                 self.active.value -= 1
             metrics().in_flight.labels(endpoint).dec()
+
+    def _take(self, endpoint: str, span: Span) -> None:
+        if self.draining.is_set():
+            raise ApiError(503, "shutting_down", "the server is shutting down; retry on another replica",
+                           headers={"Retry-After": "1"})
+        with self.active.get_lock():
+            full = self.active.value >= self.max_queue
+            if not full:
+                self.active.value += 1
+            span.set(requests_active=self.active.value)
+        if full:
+            metrics().rejected.labels(endpoint).inc()
+            raise ApiError(503, "overloaded", f"{self.max_queue} requests are already waiting; retry later",
+                           self.max_queue, {"Retry-After": "1"})
 
     def drain(self, grace_s: float) -> None:
         """Refuses new requests (and /ready fails), then waits up to grace_s for the admitted ones."""

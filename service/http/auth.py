@@ -5,7 +5,7 @@ lists, unknown paths included (401 rather than 404, 405 or 413: a client without
 routes), /docs, /openapi.json and /info too unless --public-docs, /metrics on the main port. The middleware
 checks it before anything reads the body (middleware.key_refusal). LibreTranslate's POST routes take the key
 in their `api_key` field too: one without a key in its headers goes on to the route, which reads the body
-only to find that field and answers 401/403 before it looks at any other (libretranslate.authorized_fields).
+only to find that field and answers 401 before it looks at any other (libretranslate.authorized_fields).
 LibreTranslate's /languages stays open, as in LibreTranslate, whose clients ask for it without a key.
 """
 
@@ -21,8 +21,10 @@ DOC_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.jso
                        # their scripts (service/api/ui.py)
                        "/docs/swagger-ui-bundle.js", "/docs/swagger-ui.css", "/docs/favicon.png",
                        "/redoc/redoc.standalone.js"})
-# Sent with every 401 (RFC 9110 section 11.6.1): the scheme a client is to answer with.
+# Sent with every 401 (RFC 9110 section 11.6.1): the scheme a client is to answer with; for a key given but not
+# known, also why (RFC 6750 section 3.1).
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="transerve"'}
+INVALID = {"WWW-Authenticate": 'Bearer realm="transerve", error="invalid_token"'}
 
 
 # What surrounds a header's value and is no part of it (RFC 9110 section 5.5, OWS); the parsers drop it
@@ -41,7 +43,9 @@ def given_key(authorization: str, x_api_key: str | None, body_key: str | None = 
 
 
 def identify(keys: KeyRing, authorization: str, x_api_key: str | None, body_key: str | None = None) -> Tenant:
-    """The Tenant of the key a request gives (KeyRing.find), or 401 (none given) or 403 (one not known);
+    """The Tenant of the key a request gives (KeyRing.find), or 401: none given, or one not known (a wrong key, or
+    one the keys file no longer has: the request lacks valid credentials, RFC 9110 section 15.5.2, as OpenAI's API
+    answers an invalid key; 403 is for a known key refused a route or model, keys.allow_route and allow_model);
     ANONYMOUS when the server has no keys."""
     if not keys:
         return ANONYMOUS
@@ -51,7 +55,7 @@ def identify(keys: KeyRing, authorization: str, x_api_key: str | None, body_key:
         raise ApiError(401, "unauthorized", "missing API key: send Authorization: Bearer <key> or X-API-Key: <key>",
                        headers=CHALLENGE)
     if tenant is None:
-        raise ApiError(403, "unauthorized", "invalid API key")
+        raise ApiError(401, "unauthorized", "invalid API key", headers=INVALID)
     return tenant
 
 

@@ -24,6 +24,7 @@ from .quota import Quota
 from ..errors import ERROR_KIND, ApiError, Responder, too_large
 from ..logs import access
 from ..metrics import metrics
+from ..tracing import NOOP, Span, enabled, start_span, use_span
 
 log = logging.getLogger("transerve")
 
@@ -55,39 +56,40 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
         method, path = scope["method"], scope["path"]
         t0 = time.perf_counter()
         started: dict = {}
+        traced = request_span(scope, rid, endpoints)
+        state["trace_id"] = traced.trace_id   # None when traces are off
 
         async def send_with_id(message):
             if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                headers.append((b"x-request-id", rid.encode("latin-1")))
-                if message["status"] != 429:   # a 429 carries the fields of the limit it is over
-                    headers += [(k.lower().encode(), v.encode()) for k, v in state.get("ratelimit", {}).items()]
-                message = message | {"headers": headers}
+                message = message | {"headers": response_headers(message, state)}
                 started["status"] = message["status"]
                 started["stream"] = any(k == b"content-type" and v.startswith(b"text/event-stream")
-                                        for k, v in headers)
+                                        for k, v in message["headers"])
             await send(message)
 
         limited = limited_receive(scope, receive, max_payload_bytes, body_timeout_s)
         if scope["method"] == "HEAD":   # a GET route's answer without its body (uvicorn drops it, by its own scope)
             scope = scope | {"method": "GET"}
-        try:
-            if scope["path"] not in open_paths and (refused := await key_refusal(keys, quota, scope, key_in_body)):
-                state["error_type"] = refused.type
-                await respond(scope["path"], rid, refused)(scope, receive, send_with_id)
-            elif limited is None:
-                await drain_declared(scope, receive, body_timeout_s)
-                state["error_type"] = "payload_too_large"
-                await respond(scope["path"], rid, too_large(max_payload_bytes))(scope, receive, send_with_id)
-            else:
-                await app(scope, limited, send_with_id)
-        except Exception:  # never a stack trace to the client
-            log.exception("unhandled error on %s", scope["path"])
-            if started:
-                raise
-            state["error_type"] = "internal_error"
-            await respond(scope["path"], rid, ApiError(500, "internal_error", "internal error"))(
-                scope, receive, send_with_id)
+        with use_span(traced):
+            try:
+                if scope["path"] not in open_paths and (refused := await key_refusal(keys, quota, scope, key_in_body)):
+                    state["error_type"] = refused.type
+                    await respond(scope["path"], rid, refused)(scope, receive, send_with_id)
+                elif limited is None:
+                    await drain_declared(scope, receive, body_timeout_s)
+                    state["error_type"] = "payload_too_large"
+                    await respond(scope["path"], rid, too_large(max_payload_bytes))(scope, receive, send_with_id)
+                else:
+                    await app(scope, limited, send_with_id)
+            except Exception:  # never a stack trace to the client
+                log.exception("unhandled error on %s", scope["path"])
+                if started:
+                    raise
+                state["error_type"] = "internal_error"
+                await respond(scope["path"], rid, ApiError(500, "internal_error", "internal error"))(
+                    scope, receive, send_with_id)
+            finally:
+                end_request_span(traced, state, started.get("status"))
         if access_log and started:
             access(state, method, path, started["status"], (time.perf_counter() - t0) * 1000)
         if (endpoint := endpoints.get(scope["path"])) and started:
@@ -95,6 +97,45 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
                   state.get("tenant", ANONYMOUS).name)
 
     return wrapped
+
+
+def response_headers(message: dict, state: dict) -> list[tuple[bytes, bytes]]:
+    """An answer's headers with the request's id, its trace's id (when traced) and, but on a 429, which carries
+    the fields of the limit it is over, the RateLimit fields of its key."""
+    headers = list(message.get("headers", []))
+    headers.append((b"x-request-id", state["request_id"].encode("latin-1")))
+    if state.get("trace_id") is not None:
+        headers.append((b"x-trace-id", state["trace_id"].encode("latin-1")))
+    if message["status"] != 429:
+        headers += [(k.lower().encode(), v.encode()) for k, v in state.get("ratelimit", {}).items()]
+    return headers
+
+
+def request_span(scope, rid: str, endpoints: dict[str, str]) -> Span:
+    """The request's span (NOOP when traces are off): a child of the client's `traceparent` when it sent
+    a valid one, else a trace's root. Named by method and route for the routes counted (`endpoints`), by method
+    alone for the others (their paths are whatever a client sent, and a span's name is to take few values)."""
+    if not enabled():
+        return NOOP
+    carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
+               if k in (b"traceparent", b"tracestate")}
+    method, path = scope["method"], scope["path"]
+    return start_span(f"{method} {path}" if path in endpoints else method, parent=carrier, server=True,
+                      request_id=rid, **{"http.request.method": method, "url.path": path})
+
+
+def end_request_span(span: Span, state: dict, status: int | None) -> None:
+    """Its status, key name and error type: a 5xx marks it failed (a 4xx is the client's, as OpenTelemetry's
+    HTTP conventions have it for a server)."""
+    if span is NOOP:
+        return
+    tenant = state.get("tenant")
+    span.set(key=tenant.name if tenant is not None else None, **{"http.response.status_code": status})
+    if state.get("error_type") is not None:
+        span.set(**{"error.type": state["error_type"]})
+    if status is None or status >= 500:
+        span.fail(state.get("error_type") or "internal_error")
+    span.end()
 
 
 def request_id(scope) -> str:

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generator, Sequence
+from typing import Callable, Generator, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -67,6 +68,10 @@ class Engine:
     """A loaded model package: tokenizer and onnxruntime sessions (encoder and decoder for
     translation, the decoder alone for generation). `open_session` makes the sessions (service/inference/device.py's
     open_session; a benchmark may pass its own)."""
+
+    # Called after every encoder run with its start and end (time.time_ns()) and its rows: the worker's traces
+    # time the encoder apart from the search around it (service/worker/traces.py); None: nothing is told.
+    on_encode: Callable[[int, int, int], None] | None = None
 
     def __init__(self, package: str | Path | ModelPackage, *, device: str = "auto", intra_op_threads: int = 0,
                  inter_op_threads: int = 1, spin_wait: bool = False, verify: bool = True,
@@ -163,11 +168,14 @@ class Engine:
     def encode(self, src: np.ndarray) -> Tensors:
         """src (B, S) int64 padded -> the decoder's cross_* inputs (each layer's cross-attention keys and
         values, (B, h, S, d_k) each), left where the model runs. `close()` the result when done."""
+        t0 = time.time_ns()
         io = self.encoder.io_binding()
         io.bind_cpu_input("src_ids", src)
         cross = Tensors(self.pool, self.graph.cross_names, [src.shape[0], self.h, src.shape[1], self.d_k])
         cross.bind_outputs(io)
         self.encoder.run_with_iobinding(io)
+        if self.on_encode is not None:
+            self.on_encode(t0, time.time_ns(), src.shape[0])
         return cross
 
     def search(self, src_ids: Sequence[Sequence[int]], options: SearchOptions,

@@ -38,6 +38,7 @@ from litserve.utils import LitAPIStatus, LoopResponseType, ResponseBufferItem, W
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .cancel import CancelBoard
+from .traces import WorkerTraces, carry
 from ..errors import ApiError, queue_timeout, worker_failed
 from ..metrics import metrics
 
@@ -79,6 +80,9 @@ class SchedulerLoop(LitLoop):
         """Runs the scheduler until every request it holds, those that joined included, is answered; False
         when the server is stopping (the work under way is finished first)."""
         scheduler, waiting = lit_api.scheduler, {}     # waiting: uid -> response queue id, until answered
+        if getattr(self, "traces", None) is None:      # each request's spans in this worker (worker/traces.py)
+            self.traces = WorkerTraces(lit_api.api_path.strip("/"))
+            self.traces.watch(scheduler)
         more, polled = True, time.monotonic()
         try:
             self._admit(lit_api, payloads, waiting)
@@ -96,14 +100,16 @@ class SchedulerLoop(LitLoop):
             log.exception("the %s worker's scheduler failed; its %d unanswered requests fail",
                           lit_api.api_path.strip("/"), len(waiting))
             scheduler.abandon()
+            self.traces.abandoned("internal_error")
             for uid, response_queue_id in waiting.items():
                 self.put_error_response(transport, response_queue_id, uid, e, response_type(lit_api))
             return more
 
-    @staticmethod
-    def _admit(lit_api: LitAPI, payloads: list, waiting: dict) -> None:
+    def _admit(self, lit_api: LitAPI, payloads: list, waiting: dict) -> None:
         waiting.update({uid: response_queue_id for response_queue_id, uid, _ in payloads})
-        lit_api.scheduler.admit({uid: lit_api.decode_request(payload) for _, uid, payload in payloads})
+        jobs = {uid: lit_api.decode_request(payload) for _, uid, payload in payloads}
+        self.traces.admitted(payloads, jobs)
+        lit_api.scheduler.admit(jobs)
 
     def _admit_arrivals(self, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport,
                         waiting: dict) -> bool:
@@ -122,16 +128,20 @@ class SchedulerLoop(LitLoop):
         step's new text as an event, and FINISH once over."""
         if not lit_api.stream:
             for uid, job in lit_api.scheduler.take_finished():
-                self.put_response(transport, waiting.pop(uid), uid, lit_api.encode_response(job), LitAPIStatus.OK,
+                response = lit_api.encode_response(job)
+                self.put_response(transport, waiting.pop(uid), uid, response, LitAPIStatus.OK,
                                   LoopResponseType.REGULAR)
+                self.traces.answered(uid, response)
             return
         stream = LoopResponseType.STREAMING
         for uid, job, over in lit_api.scheduler.take_progress():
             if event := lit_api.encode_response(job):
                 self.put_response(transport, waiting[uid], uid, lit_api.format_encoded_response(event),
                                   LitAPIStatus.OK, stream)
+                self.traces.step(uid, pieces=len(event.get("pieces", ())) if isinstance(event, dict) else None)
             if over:
                 self.put_response(transport, waiting.pop(uid), uid, "", LitAPIStatus.FINISH_STREAMING, stream)
+                self.traces.answered(uid, event)
 
 
 def queued(lit_api: LitAPI) -> int:
@@ -309,6 +319,7 @@ class Workers:
         lost_at = self._lost_at.get(endpoint)
         if lost_at is not None and (wait := lost_at + IDLE_WAKE_S + 0.5 - time.monotonic()) > 0:
             await asyncio.sleep(wait)
+        carry(payload)   # the worker's spans join the request's trace (worker/traces.py), when traces are on
         metrics().queue_depth.labels(endpoint).inc()   # before the put: the worker may take it at once
         self.board.queued(endpoint, +1)
         try:

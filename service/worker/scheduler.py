@@ -34,7 +34,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any, Callable, Generator, Hashable
 
 import numpy as np
 
@@ -180,6 +180,11 @@ class TranslationScheduler:
         self._gauged = 0.0               # when the gauges were last set (monotonic)
         self._gauged_held = (0, 0)       # (searches running, sentences waiting) then
         self.watch = SchedulerWatch(self.endpoint, engines)
+        # The searches of the requests that join at one step together (_searches), given their requests' keys
+        # (one per sentence), wrapped: the worker loop traces them there (service/worker/traces.py: a span for
+        # the group, its encoder run inside, each decoder step an event); by default as they are.
+        self.traced: Callable[[Generator, list[Hashable]], Generator] = lambda steps, keys: steps
+        self.searches: list[Generator] = []       # those under way, advanced after each step
 
     @property
     def used(self) -> int:
@@ -236,6 +241,9 @@ class TranslationScheduler:
             if not batch.members:          # its blocks go back to the pool, for the next batch
                 batch.close()
                 del self.batches[key]
+        for search in list(self.searches):
+            if next(search, self) is self:    # all its requests' searches ended
+                self.searches.remove(search)
         self._gauges(force=not self.busy)
 
     def _join_waiting(self) -> None:
@@ -264,10 +272,20 @@ class TranslationScheduler:
             run.tokens.append(tokens)
             run.rows.append(r)
         for runs in self._together(list(joining.values())):
-            if len(runs) > 1:
-                self._join_together(runs)
-            else:
-                self._join(runs[0])
+            search = self.traced(self._search(runs), [run.key for run in runs for _ in run.sentences])
+            if next(search, self) is not self:
+                self.searches.append(search)
+
+    def _search(self, runs: list[Running]) -> Generator[None, None, None]:
+        """The searches of requests that join at one step together, as one generator for the traces: its first
+        step joins them (their encoder run), each next one follows a decoder step; it returns once they all
+        ended (or failed to start: their sentences were tried one by one then)."""
+        if len(runs) > 1:
+            self._join_together(runs)
+        else:
+            self._join(runs[0])
+        while any(run.member is not None and run.member.want is not None for run in runs):
+            yield None
 
     def _together(self, runs: list[Running]) -> list[list[Running]]:
         """The joining runs, those that join one pool (beam searches of one batch and options) together: their
@@ -426,6 +444,10 @@ class TranslationScheduler:
         for batch in self.batches.values():
             with contextlib.suppress(Exception):   # called while handling an error: do not add one
                 batch.close()
+        for search in self.searches:
+            with contextlib.suppress(Exception):
+                search.close()
+        self.searches = []
         self.jobs, self.waiting, self.running, self.batches, self.fresh, self._seen = {}, [], [], {}, set(), -1
         self._gauges()
 
