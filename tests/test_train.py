@@ -75,8 +75,9 @@ def test_evaluate_rejects_a_direction_the_model_does_not_have(tiny_run, data_dir
 @pytest.mark.parametrize("stop", ["max-target-tokens", "max-minutes", "sigterm"])
 def test_torchrun_processes_stop_together(stop, data_dir, tmp_path):
     """Each stop condition is decided by both processes together, so they end together, within a minute, with
-    one checkpoint (two processes that train: "device cpu x2"). Before, each counted target tokens from its own batches: one reached the budget and left
-    while the other waited in the gradient all-reduce forever, deaf to SIGTERM."""
+    one checkpoint (two processes that train: "device cpu x2"). Before, each counted target tokens from its own
+    batches: one reached the budget and left while the other waited in the gradient all-reduce forever, deaf to
+    SIGTERM."""
     out, budget = tmp_path / "ddp", 12_000
     limits = {"max-target-tokens": ["--max-target-tokens", str(budget)], "max-minutes": ["--max-minutes", "0.15"],
               "sigterm": []}[stop]
