@@ -52,6 +52,17 @@ class Settings:
     request_timeout_s: float = 60.0     # longest a request may wait in the queue; then 504
     drain_timeout_s: float = 30.0       # on SIGINT or SIGTERM: how long admitted requests may take to finish
     max_payload_bytes: int = 1_000_000  # request body size; beyond: 413
+    # Documents (LibreTranslate's POST /translate_file, and `transerve translate`'s docx/pptx/odt/odp; the checks
+    # are service/documents/container.py's). A file's own body limit is max_file_bytes, not max_payload_bytes.
+    max_file_bytes: int = 20_000_000          # a document as uploaded; beyond: 413
+    max_file_unpacked_bytes: int = 100_000_000  # a zip's entries decompressed, together (a zip bomb's); beyond: 413
+    max_file_entries: int = 10_000            # a zip's entries; beyond: 413
+    max_file_elements: int = 300_000          # XML start tags in a document (a million runs); beyond: 413
+    max_file_texts: int = 5_000               # texts to translate in a document (paragraphs, cells); beyond: 413
+    # How long a translated file waits to be downloaded, then it is deleted (LibreTranslate's: 30 minutes); and
+    # where: a directory of this host only (empty: transerve-files in the system's temporary directory).
+    file_ttl_s: float = 1800.0
+    file_dir: str = ""
     # Every connection bounded at the server (docs/serving.md, "Slow clients"; service/http/uvicorn_bridge.py).
     header_timeout_s: float = 10.0      # request line and headers, from the first byte; then 408 and close
     # A request's line and headers as sent, and its header fields; beyond either: 431 and close. nginx's
@@ -94,6 +105,12 @@ class Settings:
         out["redis"] = bool(self.redis_url)   # its URL may hold a password
         return out
 
+    def document_limits(self) -> dict:
+        """The documents' limits, as service/documents/limits.py's Limits takes them (config imports no layer)."""
+        return {"max_bytes": self.max_file_bytes, "max_unpacked_bytes": self.max_file_unpacked_bytes,
+                "max_entries": self.max_file_entries, "max_elements": self.max_file_elements,
+                "max_texts": self.max_file_texts}
+
     @property
     def keyed(self) -> bool:
         """Whether requests need a key: keys given, or a keys file (whose structured form leaves api_keys empty)."""
@@ -125,6 +142,16 @@ _HELP = {
     "drain_timeout_s": "on SIGINT or SIGTERM (Ctrl+C, the process group or the main process): seconds admitted "
                        "requests may take to finish, while new ones get 503, before every process stops",
     "max_payload_bytes": "bytes a request's body may take; beyond: 413 (a body declared larger is refused unread)",
+    "max_file_bytes": "bytes a document may have (POST /libretranslate/translate_file, transerve translate); "
+                      "beyond: 413",
+    "max_file_unpacked_bytes": "bytes a document's zip entries may unpack to, together; beyond: 413 (a zip bomb)",
+    "max_file_entries": "entries a document's zip may have; beyond: 413",
+    "max_file_elements": "XML elements a document may have over all its parts; beyond: 413 (a million runs)",
+    "max_file_texts": "texts (paragraphs, cells, headers, runs in other formatting) a document may have to "
+                      "translate; beyond: 413",
+    "file_ttl_s": "seconds a translated file is kept for its download, then deleted",
+    "file_dir": "directory for the translated files waiting to be downloaded (empty: transerve-files in the "
+                "system's temporary directory); only this host reads it",
     "max_output_tokens": "tokens written per sentence or generation at most, whatever a request asks",
     "max_prompt_tokens": "tokens a generation prompt may have; beyond: 413",
     "redis_url": "Redis to count the keys' usage in, shared by every replica (redis://[:password@]host:6379/0; "
@@ -235,11 +262,12 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         p.error(f"--redis-timeout-ms must be more than 0, got {s.redis_timeout_ms}")
     if not 0 <= s.worker_nice <= 19:
         p.error(f"--worker-nice must be between 0 and 19, got {s.worker_nice}")
-    for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
+    for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "file_ttl_s"):
         if not getattr(s, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be more than 0, got {getattr(s, name)}")
     for name in ("workers", "api_servers", "max_batch_size", "max_texts", "max_queue", "max_connections",
-                 "max_request_cost", "max_header_bytes", "max_headers"):
+                 "max_request_cost", "max_header_bytes", "max_headers", "max_file_bytes", "max_file_unpacked_bytes",
+                 "max_file_entries", "max_file_elements", "max_file_texts"):
         if getattr(s, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(s, name)}")
     return s

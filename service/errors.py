@@ -86,9 +86,11 @@ def first_error(e: ValidationError | RequestValidationError) -> str:
     return "; ".join(parts)
 
 
-def too_large(max_payload_bytes: int) -> ApiError:
-    return ApiError(413, "payload_too_large", f"the body is larger than {max_payload_bytes} bytes "
-                    "(--max-payload-bytes)", max_payload_bytes, {"Connection": "close"})
+def too_large(max_payload_bytes: int, document: bool = False) -> ApiError:
+    """A body over its limit: --max-payload-bytes, or a document's (--max-file-bytes and its form's fields)."""
+    flag = "--max-file-bytes" if document else "--max-payload-bytes"
+    return ApiError(413, "payload_too_large", f"the body is larger than {max_payload_bytes} bytes ({flag})",
+                    max_payload_bytes, {"Connection": "close"})
 
 
 Responder = Callable[[str, "str | None", ApiError], JSONResponse]

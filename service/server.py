@@ -41,6 +41,9 @@ from .http.uvicorn_bridge import hold_signals
 FLAVOURS: tuple[Flavour, ...] = (native.FLAVOUR, openai_api.FLAVOUR, libretranslate.FLAVOUR, ui.FLAVOUR)
 
 LITSERVE_INFO = "/litserve/info"   # LitServe always adds an info route; install() removes it
+# A document's body: the file and its multipart framing and fields (source, target, api_key), so that a file of
+# --max-file-bytes passes the middleware's limit and the route's 413 names the file's own size.
+FORM_SLACK = 65536
 
 
 def build_server(settings: Settings, flavours: tuple[Flavour, ...] = FLAVOURS) -> tuple[ls.LitServer, Gateway]:
@@ -92,8 +95,10 @@ def install(app: FastAPI, gateway: Gateway, flavours: tuple[Flavour, ...]) -> No
     describe_served_values(app, gateway, flavours)
     respond = responder({f.prefix: f.error_body for f in flavours if f.error_body})
     install_handlers(app, settings.max_payload_bytes, respond)
+    body_limits = {path: settings.max_file_bytes + FORM_SLACK for f in flavours for path in f.file_paths}
     app.add_middleware(request_context, respond=respond, endpoints=endpoints,
-                       max_payload_bytes=settings.max_payload_bytes, keys=gateway.keys, quota=gateway.quota,
+                       max_payload_bytes=settings.max_payload_bytes, body_limits=body_limits,
+                       keys=gateway.keys, quota=gateway.quota,
                        open_paths=open_paths(frozenset().union(*(f.open_paths for f in flavours)),
                                              public_docs=settings.public_docs),
                        key_in_body=frozenset().union(*(f.key_in_body for f in flavours)),

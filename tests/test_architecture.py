@@ -41,10 +41,16 @@ ALLOWED = {
     # the one module that knows the redis client (the limits' counters shared by the replicas)
     "service.http.redis_bridge": {"redis"},
     # the workers' ENDPOINT names: the metrics' endpoint label
-    "service.api": {"service.__init__", "service.api", "service.http.gateway", "service.shared", *COMMON,
+    "service.api": {"service.__init__", "service.api", "service.http.gateway", "service.shared", "service.documents",
+                    *COMMON,
                     "service.worker.translate_api", "service.worker.generate_api", "fastapi", "starlette", "pydantic"},
-    # the bulk command (transerve translate): the engine in-process, or a service through the SDK; no HTTP layer
-    "service.bulk": {"service.bulk", "service.inference", "service.shared", "service.client", "pydantic", "polib"},
+    # the bulk command (transerve translate): the engine in-process, or a service through the SDK; no HTTP layer.
+    # service.config: the documents' limits, defined once there, are the command's too.
+    "service.bulk": {"service.bulk", "service.inference", "service.shared", "service.client", "service.documents",
+                     "service.config", "pydantic", "polib"},
+    # documents read and written with their structure (the files extra's libraries): no engine, no HTTP, so both
+    # the bulk command and LibreTranslate's /translate_file use them
+    "service.documents": {"service.documents", "service.shared", "polib", "docx", "pptx", "lxml"},
     # the one module that knows Ray (the ray extra): the engine's translator in Ray Data's actors, numpy its batches
     "service.bulk.ray_bridge": {"service.bulk", "service.inference", "service.shared", "ray", "numpy"},
     "service": {"service", "numpy", "onnxruntime", "sentencepiece", "litserve", "fastapi", "starlette", "pydantic",
@@ -185,6 +191,8 @@ def test_no_function_of_the_benchmarks_or_deploy_scripts_is_over_60_lines():
     ("service.worker.scheduler", "from service.http.gateway import Gateway", "imports service.http.gateway"),
     ("service.http.gateway", "from service.api.native import FLAVOUR", "imports service.api.native"),
     ("service.http.gateway", "import service.server", "imports service.server"),
+    ("service.documents.word", "from service.inference.engine import Engine", "imports service.inference.engine"),
+    ("service.api.libretranslate_files", "from service.bulk.translators import InProcess", "imports service.bulk"),
     ("service.metrics", "from service.worker.cancel import CancelBoard", "imports service.worker.cancel"),
     ("service.bulk.run", "import ray", "service.bulk.run:1 imports ray"),
     ("service.server", "from litserve.loops.base import _SENTINEL_VALUE", "private _SENTINEL_VALUE outside its bridge"),

@@ -10,11 +10,15 @@ import subprocess
 import sys
 import time
 import tomllib
+import zipfile
 
+import docx
 import polib
 import pytest
+from lxml import etree
 
 from conftest import ROOT, pairs64, start_server, stop_server
+from documents_help import opendocument, word
 
 MODEL = ROOT / "models" / "de-en"
 GERMAN = [de for de, _ in pairs64()]
@@ -259,3 +263,22 @@ def test_the_console_script_has_both_commands():
     serve = transerve("serve", "--help")
     assert serve.returncode == 0 and "--model" in serve.stdout and "--workers" in serve.stdout
     assert transerve("nonsense").returncode == 2
+
+
+def test_a_docx_and_an_odt_through_the_command_keep_their_structure(tmp_path, reference):
+    """Documents (service/documents/) in-process: a header, a table and a bold run in a .docx, a heading and a
+    master page's header in an .odt, each paragraph the engine's answer."""
+    src = tmp_path / "in.docx"
+    src.write_bytes(word((GERMAN[0] + " ", GERMAN[1], ""), GERMAN[2], [[GERMAN[3], GERMAN[4]]]))
+    translate(src, "-o", tmp_path / "out.docx")
+    d = docx.Document(str(tmp_path / "out.docx"))
+    assert [r.bold for r in d.paragraphs[0].runs] == [None, True, None] and d.paragraphs[0].runs[1].text
+    assert " ".join(d.paragraphs[0].text.split()) == f"{reference[GERMAN[0]]} {reference[GERMAN[1]]}"
+    assert d.sections[0].header.paragraphs[0].text == reference[GERMAN[2]]
+    assert [c.text for c in d.tables[0].rows[0].cells] == [reference[GERMAN[3]], reference[GERMAN[4]]]
+    (tmp_path / "in.odt").write_bytes(opendocument(GERMAN[5], (GERMAN[6], "", ""), GERMAN[7], GERMAN[8]))
+    translate(tmp_path / "in.odt", "-o", tmp_path / "out.odt")
+    z = zipfile.ZipFile(tmp_path / "out.odt")
+    ns = {"text": "urn:oasis:names:tc:opendocument:xmlns:text:1.0"}
+    assert etree.fromstring(z.read("content.xml")).xpath("string(//text:h)", namespaces=ns) == reference[GERMAN[5]]
+    assert etree.fromstring(z.read("styles.xml")).xpath("string(//text:p)", namespaces=ns) == reference[GERMAN[8]]

@@ -4,7 +4,8 @@ A flavour (native.py: ours; openai_api.py; libretranslate.py; ui.py: the pages) 
 over the Gateway, owns its request and response models and its error shape, and consumes the Gateway's typed
 results and events; it never calls another flavour. server.py reads these fields: the error handlers and the
 middleware answer an error under `prefix` with `error_body`, the middleware counts `endpoints` and leaves
-`open_paths` without a key, and /openapi.json is passed to `describe`.
+`open_paths` without a key, bounds the body of a `file_paths` path by --max-file-bytes instead of
+--max-payload-bytes, and /openapi.json is passed to `describe`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Flavour:
     endpoints: dict[str, str] = field(default_factory=dict)            # path -> the metrics' endpoint label
     open_paths: frozenset[str] = frozenset()              # served without a key (e.g. language lists)
     key_in_body: frozenset[str] = frozenset()             # POST paths whose clients may send the key in the body
+    file_paths: frozenset[str] = frozenset()              # POST paths that take a document: --max-file-bytes bodies
     describe: Callable[[dict, Gateway], None] | None = None   # names what is served in /openapi.json
 
 

@@ -3,7 +3,8 @@
 integrations) unchanged. Errors in its shape, `{"error": "..."}`, its field names in their messages; the key
 may come in the body's `api_key` field. The requests feed the same queue and batches as POST /translate
 (Gateway.translate), and source=auto is detected as there. format=html translates an HTML fragment's text
-and keeps its markup (translate_html, service/shared/html_text.py)."""
+and keeps its markup (translate_html, service/shared/html_text.py). Its file API (/translate_file, the download
+route, /frontend/settings) is libretranslate_files.py, installed here."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..shared import html_text
 from ..errors import ApiError, declares_json, first_error, parse_error
+from . import libretranslate_files as files
 from .flavour import Flavour, describe_pairs
 from ..http.gateway import Gateway
 from ..shared.schemas import (AUTO, DetectedLanguage, Language, LibreTranslateDetectRequest, LibreTranslateError,
@@ -268,7 +270,7 @@ def detect_texts(q) -> list[str]:
 
 
 # --- the flavour: its routes, and what the HTTP core is to know of it ---------------------------------------
-ERRORS = {c: {"model": LibreTranslateError} for c in (400, 401, 403, 413, 422, 503, 504)}
+ERRORS = {c: {"model": LibreTranslateError} for c in (400, 401, 403, 404, 413, 422, 429, 503, 504)}
 
 
 def install(app: FastAPI, gateway: Gateway) -> None:
@@ -293,6 +295,7 @@ def install(app: FastAPI, gateway: Gateway) -> None:
                       tags=["libretranslate"])
     app.add_api_route("/libretranslate/languages", gateway.languages, methods=["GET"],
                       response_model=list[Language], tags=["libretranslate"])
+    files.install(app, gateway, {c: ERRORS[c] for c in (400, 401, 403, 404, 413, 422, 429, 503, 504)})
 
 
 def describe(schema: dict, gateway: Gateway) -> None:
@@ -310,8 +313,10 @@ def describe(schema: dict, gateway: Gateway) -> None:
                                                         "maxLength": s.max_text_chars}})
 
 
-PATHS = ("/libretranslate/translate", "/libretranslate/detect")
+PATHS = ("/libretranslate/translate", "/libretranslate/detect", files.TRANSLATE_FILE)
 FLAVOUR = Flavour(install, prefix="/libretranslate/", error_body=error_body,
-                  endpoints={"/libretranslate/translate": ENDPOINT, "/libretranslate/detect": DETECT},
-                  open_paths=frozenset({"/libretranslate/languages"}),   # its clients ask for it without a key
-                  key_in_body=frozenset(PATHS), describe=describe)
+                  endpoints={"/libretranslate/translate": ENDPOINT, "/libretranslate/detect": DETECT,
+                             files.TRANSLATE_FILE: ENDPOINT},
+                  # its clients and web page ask for these without a key (LibreTranslate exempts them too)
+                  open_paths=frozenset({"/libretranslate/languages", files.SETTINGS}),
+                  key_in_body=frozenset(PATHS), file_paths=frozenset({files.TRANSLATE_FILE}), describe=describe)

@@ -3,7 +3,8 @@
     options.py      the command's options (the search options are POST /translate's, from shared/schemas.py)
     formats.py      the streamed formats: txt (a line each), a TSV/CSV column, a JSONL field (Record)
     po.py           gettext catalogs (.po/.pot): msgstr filled, placeholders and markup kept, entries fuzzy
-    subtitles.py    srt/vtt, cue by cue; markdown.py: Markdown, block by block; html.py: HTML (shared/html_text.py)
+    html.py         HTML (shared/html_text.py); document.py: docx, pptx, odt, odp (service/documents/, which also
+                    holds srt/vtt and Markdown, streamed here cue by cue and block by block)
     translators.py  the engine in this process (inference/), or a running service through the SDK (client.py)
     run.py          the stream: chunks sorted by length for the engine, written back in order, resumable
     progress.py     the progress bar on a terminal, quiet lines otherwise (stderr)

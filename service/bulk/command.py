@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .formats import SUFFIXES
+from .formats import DOCUMENTS, SUFFIXES
 from .options import BulkOptions, add_search_arguments, search_fields
 from .run import ResumeError
 
@@ -18,8 +18,9 @@ def parser() -> argparse.ArgumentParser:
                                 "segment by segment, to a file or standard output (docs/bulk.md).")
     p.add_argument("input", nargs="?", default=d.input, help="a file, or - for standard input (default)")
     p.add_argument("-o", "--output", default=d.output, help="a file, or - for standard output (default)")
-    p.add_argument("--format", choices=("txt", "tsv", "csv", "jsonl", "po", "srt", "vtt", "md", "html"),
-                   help="default: from the input's suffix (.tsv .csv .jsonl .po .pot .srt .vtt .md .html), else txt")
+    p.add_argument("--format", choices=("txt", "tsv", "csv", "jsonl", "po", "srt", "vtt", "md", "html", *DOCUMENTS),
+                   help="default: from the input's suffix (.tsv .csv .jsonl .po .pot .srt .vtt .md .html .docx .pptx "
+                   ".odt .odp), else txt")
     p.add_argument("--column", default=d.column, help="tsv/csv: the column translated, 1-based or a header name")
     p.add_argument("--header", action="store_true", help="tsv/csv: the first row is a header (copied)")
     p.add_argument("--field", default=d.field, help="jsonl: the field translated (default: text)")
@@ -65,6 +66,28 @@ def stop(signum, frame):
     raise Stopped(signal.Signals(signum).name)
 
 
+def runner(fmt: str):
+    """The function that translates a whole file of `fmt` (the streamed formats: run.run_stream)."""
+    if fmt == "po":
+        return catalog_runner()
+    if fmt == "html":
+        from .html import run_html
+        return run_html
+    if fmt in DOCUMENTS:
+        return document_runner()
+    from .run import run_stream
+    return run_stream
+
+
+def document_runner():
+    """document.py's runner; python-docx, python-pptx and lxml are the files extra's, named when missing."""
+    try:
+        from .document import run_document
+    except ModuleNotFoundError as e:
+        raise ValueError(f"documents need {e.name}: pip install 'transerve[files]'") from None
+    return run_document
+
+
 def catalog_runner():
     """po.py's runner; polib is the files extra's, so a missing one is named (before the model loads)."""
     try:
@@ -75,8 +98,6 @@ def catalog_runner():
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .html import run_html
-    from .run import run_stream
     from .translators import translator
     from ..shared.package import PackageError
 
@@ -84,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     t = None
     try:
-        run = catalog_runner() if options.format == "po" else run_html if options.format == "html" else run_stream
+        run = runner(options.format)
         t = translator(options)
         run(options, t)
     except (ResumeError, PackageError, ValueError, OSError) as e:

@@ -8,20 +8,17 @@ from __future__ import annotations
 import csv
 import io
 import json
-from dataclasses import dataclass
 from typing import Iterator, TextIO
 
+from ..documents.records import Record
 from .options import BulkOptions
 
 SUFFIXES = {".txt": "txt", ".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".po": "po",
             ".pot": "po", ".srt": "srt", ".vtt": "vtt", ".md": "md", ".markdown": "md",
-            ".html": "html", ".htm": "html", ".xhtml": "html"}
+            ".html": "html", ".htm": "html", ".xhtml": "html",
+            ".docx": "docx", ".pptx": "pptx", ".odt": "odt", ".odp": "odp"}
+DOCUMENTS = ("docx", "pptx", "odt", "odp")    # read and written whole: bulk/document.py, service/documents/
 
-
-@dataclass
-class Record:
-    segment: str        # the text translated; "" for nothing (a blank line, a header, a missing field)
-    raw: object         # the format's own: what write() needs to give the record back
 
 
 class Lines:

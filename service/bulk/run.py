@@ -19,11 +19,11 @@ from itertools import islice
 from pathlib import Path
 from typing import BinaryIO, Iterator, Optional, TextIO
 
+from ..documents.markdown import Markdown
+from ..documents.subtitles import Subtitles
 from .formats import Columns, JsonLines, Lines
-from .markdown import Markdown
 from .options import BulkOptions
 from .progress import Progress
-from .subtitles import Subtitles
 
 STATE_SUFFIX = ".transerve-state.json"
 # What must be the same for a resumed run to go on with the earlier one's output.
@@ -43,9 +43,9 @@ def streamed_format(options: BulkOptions):
     if options.format == "jsonl":
         return JsonLines(options)
     if options.format in ("srt", "vtt"):
-        return Subtitles(options)
+        return Subtitles()
     if options.format == "md":
-        return Markdown(options)
+        return Markdown()
     raise ValueError(f"unknown format {options.format!r}; one of txt, tsv, csv, jsonl, po, srt, vtt, md")
 
 

@@ -39,13 +39,13 @@ DRAIN_BYTES = 16 * 2**20
 
 def request_context(app, respond: Responder, endpoints: dict[str, str], max_payload_bytes: int, keys: KeyRing,
                     quota: Quota, open_paths: frozenset = frozenset(), key_in_body: frozenset = frozenset(),
-                    body_timeout_s: float = 30.0, access_log: bool = False):
+                    body_timeout_s: float = 30.0, access_log: bool = False, body_limits: dict[str, int] = {}):
     """`app` wrapped; `respond` answers an error in its path's flavour's shape (errors.responder); `endpoints`
     maps the paths whose requests are counted to their metrics label; the paths but `open_paths` (probes,
     language lists: auth.open_paths) need one of the `keys`, checked with its route and requests per minute
     (`quota`) before the body is read (key_refusal), but for a POST to `key_in_body` without one in its headers.
-    A body must arrive within `body_timeout_s` of the headers (then 408 and the connection closes). With
-    `access_log` (--log-format json), one access line per answered request (service/logs.py)."""
+    A body must arrive within `body_timeout_s` of the headers (408, closed), and be `body_limits[path]` bytes at
+    most (documents'), else `max_payload_bytes`. `access_log`: an access line per request (service/logs.py)."""
 
     async def wrapped(scope, receive, send):
         if scope["type"] != "http":
@@ -67,7 +67,7 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
                                         for k, v in message["headers"])
             await send(message)
 
-        limited = limited_receive(scope, receive, max_payload_bytes, body_timeout_s)
+        limited = limited_receive(scope, receive, limit := body_limits.get(path, max_payload_bytes), body_timeout_s)
         if scope["method"] == "HEAD":   # a GET route's answer without its body (uvicorn drops it, by its own scope)
             scope = scope | {"method": "GET"}
         with use_span(traced):
@@ -78,7 +78,7 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
                 elif limited is None:
                     await drain_declared(scope, receive, body_timeout_s)
                     state["error_type"] = "payload_too_large"
-                    await respond(scope["path"], rid, too_large(max_payload_bytes))(scope, receive, send_with_id)
+                    await respond(path, rid, too_large(limit, path in body_limits))(scope, receive, send_with_id)
                 else:
                     await app(scope, limited, send_with_id)
             except Exception:  # never a stack trace to the client

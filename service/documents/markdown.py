@@ -17,8 +17,7 @@ from __future__ import annotations
 import re
 from typing import Iterator, TextIO
 
-from .formats import Record
-from .options import BulkOptions
+from .records import Record
 
 FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
 # Kept whole: blank, thematic break, table rule, HTML block, link reference definition, indented code.
@@ -58,9 +57,6 @@ def cut(text: str, pattern: re.Pattern) -> tuple[list[str], list[str]]:
 
 
 class Markdown:
-    def __init__(self, options: BulkOptions):
-        self.options = options
-
     def read(self, stream: TextIO) -> Iterator[Record]:
         fence, paragraph = "", []
         for line in stream:

@@ -13,8 +13,7 @@ from __future__ import annotations
 import re
 from typing import Iterator, TextIO
 
-from .formats import Record
-from .options import BulkOptions
+from .records import Record
 
 TAG = r"(?:<[^<>]*>|\{\\[^{}]*\})"
 OUTER = re.compile(rf"^((?:{TAG}\s*)*)(.*?)((?:\s*{TAG})*)$", re.DOTALL)
@@ -31,9 +30,6 @@ def balanced(text: str, lines: int) -> list[str]:
 
 class Subtitles:
     """A record is a block: the lines up to a blank one, the blank lines after it kept with it."""
-
-    def __init__(self, options: BulkOptions):
-        self.options = options
 
     def read(self, stream: TextIO) -> Iterator[Record]:
         block: list[str] = []

@@ -1,0 +1,194 @@
+"""LibreTranslate's file API, part of its flavour (libretranslate.py installs it): POST /translate_file
+(multipart `file`, `source`, `target`, `api_key`) -> {"translatedFileUrl": ".../download_file/<name>"}, the
+download route that URL names, and GET /frontend/settings, where LibreTranslate's clients and web page read
+that files can be sent and which (`filesTranslation`, `supportedFilesFormat`). Shapes as LibreTranslate's
+libretranslate/app.py has them; errors in its shape, `{"error": "..."}`.
+
+A document is read by service/documents (its limits: the --max-file-* settings), its texts translated through
+the Gateway as requests of at most --max-texts texts, a few at a time: the same queue, batches, key limits and
+characters as any translation; the engine is never called here. The result waits in the FileStore
+(file_store.py) for the key that sent it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+from starlette.datastructures import FormData, UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..documents.formats import EXTENSIONS, MEDIA_TYPES, format_of, load
+from ..documents.limits import DocumentError, Limits
+from ..errors import ApiError
+from ..http.gateway import Gateway
+from ..shared.schemas import AUTO, TranslateRequest
+from ..worker.translate_api import ENDPOINT
+from .file_store import FileStore
+
+TRANSLATE_FILE = "/libretranslate/translate_file"
+SETTINGS = "/libretranslate/frontend/settings"
+DOWNLOAD = "libretranslate_download_file"       # the download route's name, for url_for
+IN_FLIGHT = 4           # a document's requests queued at once: its batches fill, other clients' requests still pass
+DETECT_CHARS = 2000     # source=auto: the language of the document's first texts, this many characters
+LANG = {"type": "string", "minLength": 1}     # source, target in /openapi.json
+
+
+async def read_upload(request: Request, max_bytes: int) -> FormData:
+    """The multipart form, or a 400 naming what to send, or a 413 for a body over the file limit (the
+    middleware's, declared or counted as it is read)."""
+    ctype = request.headers.get("content-type", "").lower()
+    if not ctype.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):   # the latter: no file
+        raise ApiError(400, "invalid_request", "send the file as multipart/form-data with the fields file, source "
+                       "and target (and api_key)")
+    try:
+        return await request.form(max_files=1, max_fields=16)
+    except StarletteHTTPException as e:
+        if e.status_code == 413:
+            raise ApiError(413, "file_too_large", f"the file is larger than {max_bytes} bytes (--max-file-bytes)",
+                           max_bytes, {"Connection": "close"}) from None
+        if e.status_code != 400:
+            raise
+        raise ApiError(400, "invalid_request", f"the form cannot be parsed: {e.detail}") from None
+
+
+def fields_of(form: FormData) -> tuple[UploadFile, str, str]:
+    """The file, source and target, each checked as LibreTranslate checks them (its messages)."""
+    upload, source, target = form.get("file"), form.get("source"), form.get("target")
+    for name, value in (("file", upload), ("source", source), ("target", target)):
+        if value is None or value == "":
+            raise ApiError(400, "invalid_request", f"Invalid request: missing {name} parameter")
+    if not isinstance(upload, UploadFile) or not upload.filename:
+        raise ApiError(400, "invalid_request", "Invalid request: file must be a file part with a file name")
+    if not isinstance(source, str) or not isinstance(target, str):
+        raise ApiError(400, "invalid_request", "Invalid request: source and target must be text fields")
+    return upload, source, target
+
+
+def file_format(filename: str) -> str:
+    fmt = format_of(filename)
+    if fmt is None:
+        raise ApiError(400, "unsupported_file_format", f"Invalid request: file format not supported ({filename!r}); "
+                       f"supported: {', '.join('.' + e for e in EXTENSIONS)}")
+    return fmt
+
+
+def safe_name(filename: str) -> str:
+    """The download's name: the upload's base name, with only letters, digits, '.', '-' and '_'."""
+    base = filename.replace("\\", "/").rsplit("/", 1)[-1]
+    return "".join(c if c.isascii() and (c.isalnum() or c in ".-_") else "_" for c in base)[-100:] or "file"
+
+
+async def translate_file(gateway: Gateway, store: FileStore, request: Request) -> Response:
+    form = await read_upload(request, gateway.settings.max_file_bytes)
+    try:
+        key = form.get("api_key")
+        await gateway.check_key(request, key if isinstance(key, str) else None)
+        upload, source, target = fields_of(form)
+        fmt = file_format(upload.filename)
+        data = await upload.read()
+    finally:
+        await form.close()
+    try:
+        document = await asyncio.to_thread(load, fmt, data, Limits(**gateway.settings.document_limits()))
+    except DocumentError as e:
+        raise ApiError(e.status, e.code, f"{upload.filename}: {e.message}", e.limit) from None
+    translations = await translate_texts(gateway, request, document.texts, source, target)
+    if translations is None:
+        return Response(status_code=499)
+    result = await asyncio.to_thread(document.render, translations)
+    name = safe_name(upload.filename)
+    token = await asyncio.to_thread(store.put, result, name, gateway.tenant(request).name, MEDIA_TYPES[fmt])
+    store.start_sweeping()
+    return JSONResponse({"translatedFileUrl": str(request.url_for(DOWNLOAD, filename=f"{token}.{name}"))})
+
+
+async def translate_texts(gateway: Gateway, request: Request, texts: list[str], source: str,
+                          target: str) -> list[str] | None:
+    """The texts' translations in order, None when the client went away. Requests of at most --max-texts texts
+    and --max-text-chars characters, IN_FLIGHT of them queued at once."""
+    limit = gateway.settings.max_text_chars
+    if long := next((t for t in texts if len(t) > limit), None):
+        raise ApiError(413, "text_too_long", f"a paragraph of the document has {len(long)} characters; the limit "
+                       f"is {limit}", limit)
+    if source == AUTO:             # a document with nothing to translate comes back as it was
+        source = await detect_source(gateway, texts, target) if texts else target
+    gateway.check_pair(source, target)
+    chunks, current, size = [], [], 0
+    for text in texts:
+        if current and (len(current) == gateway.settings.max_texts or size + len(text) > limit):
+            chunks.append(current)
+            current, size = [], 0
+        current.append(text)
+        size += len(text)
+    chunks += [current] if current else []
+    gate = asyncio.Semaphore(IN_FLIGHT)
+
+    async def one(chunk: list[str]) -> list[str] | None:
+        async with gate:
+            out = await gateway.translate(TranslateRequest(text=chunk, source_lang=source, target_lang=target),
+                                          request, ENDPOINT)
+        return None if out is None else [item["text"] for item in out["translations"]]
+
+    tasks = [asyncio.ensure_future(one(chunk)) for chunk in chunks]
+    try:
+        outs = await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:           # one request refused: the others are not left running for nothing
+            task.cancel()
+    return None if any(out is None for out in outs) else [t for out in outs for t in out]
+
+
+async def detect_source(gateway: Gateway, texts: list[str], target: str) -> str:
+    """source=auto: the language of the document's first texts (LibreTranslate detects the file's too)."""
+    sample, size = [], 0
+    for text in texts:
+        if size > DETECT_CHARS:
+            break
+        sample.append(text)
+        size += len(text)
+    lang, confidence = (await gateway.detect(["\n".join(sample)]))[0][0]
+    if (lang, target) not in gateway.pairs and lang != target:
+        raise ApiError(422, "unsupported_detected_language", f"the document was detected as {lang} (confidence "
+                       f"{confidence}), and no model translates {lang}-{target}; {gateway.pairs_text()}")
+    return lang
+
+
+async def download_file(store: FileStore, gateway: Gateway, request: Request, filename: str) -> Response:
+    path, meta = await asyncio.to_thread(store.get, filename.split(".", 1)[0], gateway.tenant(request).name)
+    return FileResponse(path, media_type=meta["media_type"], filename=meta["name"])
+
+
+def frontend_settings(gateway: Gateway) -> dict:
+    """LibreTranslate's GET /frontend/settings, with what this server does (no suggestions; its keys)."""
+    s, targets = gateway.settings, sorted({t for _, t in gateway.pairs})
+    target = "en" if "en" in targets else (targets[0] if targets else "en")
+    return {"charLimit": s.max_text_chars, "frontendTimeout": 500, "apiKeys": s.keyed, "keyRequired": s.keyed,
+            "suggestions": False, "filesTranslation": True,
+            "supportedFilesFormat": ["." + e for e in EXTENSIONS],
+            "language": {"source": {"code": AUTO, "name": "Auto Detect"},
+                         "target": {"code": target, "name": next((lang["name"] for lang in gateway.languages()
+                                                                   if lang["code"] == target), target)}}}
+
+
+def install(app: FastAPI, gateway: Gateway, errors: dict) -> None:
+    store = FileStore(gateway.settings.file_dir, gateway.settings.file_ttl_s)
+    store.sweep(force=True)          # what an earlier run of the server left
+
+    async def translate_route(request: Request) -> Response:
+        return await translate_file(gateway, store, request)
+
+    async def download_route(request: Request, filename: str) -> Response:
+        return await download_file(store, gateway, request, filename)
+
+    app.add_api_route(TRANSLATE_FILE, translate_route, methods=["POST"], responses=errors, tags=["libretranslate"],
+                      summary="LibreTranslate-compatible file translation: {\"translatedFileUrl\": ...}",
+                      openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {
+                          "schema": {"type": "object", "required": ["file", "source", "target"], "properties": {
+                              "file": {"type": "string", "format": "binary"}, "source": LANG, "target": LANG,
+                              "api_key": {"type": "string"}}}}}}})
+    app.add_api_route("/libretranslate/download_file/{filename}", download_route, methods=["GET"], name=DOWNLOAD,
+                      responses={404: errors[404]}, tags=["libretranslate"],
+                      summary="A translated file, for the key that sent it, until it expires")
+    app.add_api_route(SETTINGS, lambda: frontend_settings(gateway), methods=["GET"], tags=["libretranslate"],
+                      summary="LibreTranslate's frontend settings: limits, keys, the file formats")

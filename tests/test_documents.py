@@ -1,0 +1,184 @@
+"""service/documents without a server: docx, pptx and odt read and written back with their structure and their
+runs' formatting kept (opened again with python-docx, python-pptx and lxml and compared), a catalog's
+placeholders kept, and every hostile file refused with a DocumentError naming the problem, never a library's
+exception. The translator here is a dictionary (and upper case for what it does not know), so each expected
+text is known exactly; tests/test_translate_file.py runs the same files through a real server and model."""
+
+import io
+import zipfile
+
+import docx
+import polib
+import pptx
+import pytest
+from lxml import etree
+
+from documents_help import ODF_NS, entity_bomb, many_runs, opendocument, replaced, slides, word, zip_bomb, zipped
+from service.documents.formats import EXTENSIONS, format_of, load
+from service.documents.limits import DocumentError, Limits
+
+LIMITS = Limits(max_bytes=2_000_000, max_unpacked_bytes=30_000_000, max_entries=100, max_elements=50_000,
+                max_texts=500)
+WORDS = {"Das ist ein Satz mit fetten Wörtern darin.": "This is a sentence with bold words in it.",
+         "fetten Wörtern": "bold words", "Die Kopfzeile": "The header", "Die Fußzeile": "The footer",
+         "Zelle eins": "Cell one", "Zelle vier": "Cell four", "Der Titel": "The title", "Eine Notiz": "A note"}
+BODY = ("Das ist ein Satz mit ", "fetten Wörtern", " darin.")
+
+
+def translated(fmt: str, data: bytes) -> tuple[bytes, list[str]]:
+    document = load(fmt, data, LIMITS)
+    return document.render([WORDS.get(t, t.upper()) for t in document.texts]), document.texts
+
+
+def test_a_docx_keeps_its_table_header_footer_and_bold_run():
+    out, texts = translated("docx", word(BODY, "Die Kopfzeile", [["Zelle eins", ""], ["", "Zelle vier"]],
+                                         "Die Fußzeile"))
+    assert "".join(BODY) in texts and "fetten Wörtern" in texts        # the sentence whole, and the bold alone
+    d = docx.Document(io.BytesIO(out))
+    runs = [(r.text, r.bold) for r in d.paragraphs[0].runs]
+    assert runs == [("This is a sentence with ", None), ("bold words", True), (" in it.", None)]
+    assert d.sections[0].header.paragraphs[0].text == "The header"
+    assert d.sections[0].footer.paragraphs[0].text == "The footer"
+    assert [[c.text for c in row.cells] for row in d.tables[0].rows] == [["Cell one", ""], ["", "Cell four"]]
+
+
+def test_a_docx_whose_bold_words_move_keeps_every_run_and_its_text_whole():
+    """The translation of the bold words is not found in the sentence's: the bold run is placed proportionally,
+    and the runs together still say the whole translation."""
+    document = load("docx", word(BODY, "Die Kopfzeile", [["Zelle eins"]]), LIMITS)
+    answers = {"".join(BODY): "Here bold words stand in the middle of it.", "fetten Wörtern": "fat words"}
+    d = docx.Document(io.BytesIO(document.render([answers.get(t, t) for t in document.texts])))
+    runs = d.paragraphs[0].runs
+    assert "".join(r.text for r in runs) == "Here bold words stand in the middle of it."
+    assert [r.bold for r in runs] == [None, True, None] and runs[1].text.strip()
+
+
+def test_a_pptx_keeps_its_title_runs_and_notes():
+    out, _ = translated("pptx", slides("Der Titel", BODY, "Eine Notiz"))
+    slide = pptx.Presentation(io.BytesIO(out)).slides[0]
+    assert slide.shapes.title.text == "The title"
+    runs = slide.placeholders[1].text_frame.paragraphs[0].runs
+    assert [(r.text, r.font.bold) for r in runs] == [("This is a sentence with ", None), ("bold words", True),
+                                                      (" in it.", None)]
+    assert slide.notes_slide.notes_text_frame.text == "A note"
+
+
+def test_an_odt_keeps_its_span_table_header_and_mimetype_first():
+    out, _ = translated("odt", opendocument("Der Titel", BODY, "Zelle eins", "Die Kopfzeile"))
+    z = zipfile.ZipFile(io.BytesIO(out))
+    assert z.infolist()[0].filename == "mimetype" and z.infolist()[0].compress_type == zipfile.ZIP_STORED
+    ns = {"text": "urn:oasis:names:tc:opendocument:xmlns:text:1.0"}
+    content = etree.fromstring(z.read("content.xml"))
+    assert content.xpath("string(//text:h)", namespaces=ns) == "The title"
+    p = content.xpath("//office:text/text:p", namespaces=ns | {
+        "office": "urn:oasis:names:tc:opendocument:xmlns:office:1.0"})[0]
+    assert p.text == "This is a sentence with " and p[0].text == "bold words" and p[0].tail == " in it."
+    assert p[0].get("{%s}style-name" % ns["text"]) == "T1"
+    assert content.xpath("string(//text:p[ancestor::*[local-name()='table-cell']])", namespaces=ns) == "Cell one"
+    assert etree.fromstring(z.read("styles.xml")).xpath("string(//text:p)", namespaces=ns) == "The header"
+
+
+def test_an_odp_slide_and_its_notes_are_translated_and_its_frames_kept():
+    draw = 'xmlns:draw="urn:oasis:names:tc:opendocument:xmlns:drawing:1.0" ' \
+           'xmlns:presentation="urn:oasis:names:tc:opendocument:xmlns:presentation:1.0"'
+    content = (f'<?xml version="1.0" encoding="UTF-8"?><office:document-content {ODF_NS} {draw}><office:body>'
+               '<office:presentation><draw:page draw:name="p1"><draw:frame><draw:text-box><text:p>Der Titel</text:p>'
+               '</draw:text-box></draw:frame><presentation:notes><draw:frame><draw:text-box><text:p>Eine Notiz'
+               '</text:p></draw:text-box></draw:frame></presentation:notes></draw:page></office:presentation>'
+               '</office:body></office:document-content>')
+    data = zipped({"mimetype": "application/vnd.oasis.opendocument.presentation", "content.xml": content})
+    out, texts = translated("odp", data)
+    assert texts == ["Der Titel", "Eine Notiz"]
+    xml = zipfile.ZipFile(io.BytesIO(out)).read("content.xml").decode()
+    assert "<text:p>The title</text:p>" in xml and "<text:p>A note</text:p>" in xml and 'draw:name="p1"' in xml
+    assert refusal("odt", data).status == 400                    # an .odp named .odt
+
+
+def test_a_catalog_keeps_its_placeholders_and_marks_entries_fuzzy():
+    po = polib.POFile(wrapwidth=0)
+    po.append(polib.POEntry(msgid="%s: Zelle eins <b>{count}</b>"))
+    po.append(polib.POEntry(msgid="Die Kopfzeile", msgstr="Kept."))
+    out, texts = translated("po", str(po).encode())
+    assert texts == ["Zelle eins"]
+    entries = polib.pofile(out.decode())
+    assert entries[0].msgstr == "%s: Cell one <b>{count}</b>" and "fuzzy" in entries[0].flags
+    assert entries[1].msgstr == "Kept."
+
+
+def test_a_catalog_that_names_a_file_of_this_host_is_not_read_from_disk(tmp_path):
+    """polib.pofile takes a path or a catalog's text: an upload must never be taken for a path."""
+    secret = tmp_path / "secret.po"
+    secret.write_text('msgid "Geheim"\nmsgstr ""\n', encoding="utf-8")
+    try:
+        document = load("po", str(secret).encode(), LIMITS)
+    except DocumentError as e:
+        assert e.status == 400
+    else:
+        assert "Geheim" not in document.texts and b"Geheim" not in document.render(document.texts)
+
+
+def test_text_and_html_files():
+    out, _ = translated("txt", "Die Kopfzeile\r\n\r\n  \nZelle eins".encode())
+    assert out.decode() == "The header\r\n\r\n  \nCell one"
+    out, _ = translated("html", "<p>Das ist ein Satz mit <b>fetten Wörtern</b> darin.</p>".encode())
+    assert out.decode() == "<p>This is a sentence with <b>bold words</b> in it.</p>"
+
+
+def test_the_formats_by_extension():
+    assert [format_of(n) for n in ("a.DOCX", "b.pptx", "c.odt", "d.odp", "e.htm", "f.pot", "g.exe", "noext")] == \
+        ["docx", "pptx", "odt", "odp", "html", "po", None, None]
+    assert {"docx", "pptx", "odt", "odp", "txt", "html", "po"} <= set(EXTENSIONS)
+
+
+def refusal(fmt: str, data: bytes, limits: Limits = LIMITS) -> DocumentError:
+    with pytest.raises(DocumentError) as e:
+        load(fmt, data, limits)
+    return e.value
+
+
+DOCX = word(BODY, "Die Kopfzeile", [["Zelle eins"]])
+
+
+@pytest.mark.parametrize("name, data, status, words", [
+    ("an entity bomb", entity_bomb(DOCX), 400, "DTD"),
+    ("a zip bomb", zip_bomb(DOCX, 40_000_000), 413, "unpacked"),
+    ("a million runs", many_runs(DOCX, 1_000_000), 413, "XML elements"),
+    ("an odt named .docx", opendocument("a", ("b", "c", "d"), "e", "f"), 400, "OpenDocument text"),
+    ("text named .docx", b"Hallo Welt", 400, "not a zip archive"),
+    ("too many entries", replaced(DOCX, {f"x/{i}": b"" for i in range(120)}), 413, "entries"),
+    ("a UTF-16 part", replaced(DOCX, {"word/document.xml": '<?xml version="1.0"?><w:document/>'.encode("utf-16")}),
+     400, "not UTF-8"),
+    ("a broken body", replaced(DOCX, {"word/document.xml": b"<w:document><w:body>"}), 400, "cannot be read"),
+])
+def test_hostile_documents_are_refused_naming_the_problem(name, data, status, words):
+    e = refusal("docx", data)
+    assert e.status == status and words in e.message, (name, e.message)
+
+
+def test_declared_sizes_that_lie_are_caught_by_counting():
+    """A zip whose central directory says an entry is small: zipfile stops at the declared size and the CRC
+    no longer matches, so the entry cannot inflate past what was declared and counted."""
+    data = bytearray(zip_bomb(DOCX, 40_000_000))
+    central = bytes(data).find(b"word/media/image1.bin", len(data) - 4000) - 46   # its central directory record
+    assert data[central:central + 4] == b"PK\x01\x02"
+    data[central + 24:central + 28] = (1000).to_bytes(4, "little")   # the uncompressed size, a lie
+    assert refusal("docx", bytes(data)).status in (400, 413)
+
+
+def test_over_the_size_and_text_limits_and_wrong_text():
+    assert refusal("docx", DOCX, Limits(1000, 10**8, 100, 10**5, 100)).status == 413
+    e = refusal("docx", DOCX, Limits(10**7, 10**8, 100, 10**5, 2))
+    assert e.status == 413 and "texts to translate" in e.message
+    assert "zip archive" in refusal("txt", DOCX).message
+    assert "not UTF-8" in refusal("txt", "Grüße".encode("latin-1")).message
+
+
+def test_subtitles_and_markdown_read_whole_keep_timings_and_markup():
+    srt = ("1\r\n00:00:01,000 --> 00:00:02,500\r\nDie Kopfzeile\r\n\r\n"
+           "2\r\n00:00:03,000 --> 00:00:04,000\r\n<i>Zelle eins</i>\r\n")
+    out, texts = translated("srt", srt.encode())
+    assert texts == ["Die Kopfzeile", "Zelle eins"]                 # the tags around a cue's text are not sent
+    assert out.decode() == srt.replace("Die Kopfzeile", "The header").replace("Zelle eins", "Cell one")
+    md = "# Die Kopfzeile\n\n```\nDie Fußzeile\n```\n\n- Zelle eins\n"
+    out, _ = translated("md", md.encode())
+    assert out.decode() == "# The header\n\n```\nDie Fußzeile\n```\n\n- Cell one\n"
