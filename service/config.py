@@ -40,7 +40,7 @@ class Settings:
     # After a worker takes a request, how long it waits for more. 0: a lone request starts at once, and
     # requests that arrive while a worker is busy still form its next batch (service/worker/litserve_bridge.py).
     batch_timeout_ms: float = 0.0
-    max_batch_tokens: int = 8192        # padded source tokens per engine call (beams multiply this)
+    max_batch_tokens: int = 8192        # what a translation worker's running batch holds at most (sentence_cost)
     max_texts: int = 64                 # texts per request
     max_text_chars: int = 10_000        # characters per text
     max_sentence_tokens: int = 256      # source tokens per sentence after splitting
@@ -129,8 +129,9 @@ _HELP = {
                  "process does not need; off: they sleep)",
     "worker_nice": "how much lower the inference workers' CPU priority is than the HTTP process's (0-19; 0 = the same)",
     "max_batch_size": "requests an inference worker takes into one batch at most",
-    "max_batch_tokens": "padded source tokens per engine call (beams multiply them); a batch's sentences are cut "
-                        "into engine calls of at most this",
+    "max_batch_tokens": "the cache a translation worker's running batch may hold, in token positions: each "
+                        "sentence holds beam_size x (its padded source tokens + its output budget); a sentence "
+                        "joins when it fits, else waits (one that never fits runs alone)",
     "max_texts": "texts (or prompts) per request; beyond: 413",
     "max_text_chars": "characters per text or prompt; beyond: 413",
     "max_sentence_tokens": "source tokens per sentence, once a text is split into sentences; beyond: 413",

@@ -10,7 +10,8 @@ activation scales from calibration text) and int8-rows (each row's own scale); e
 checked in both, the form it is not in re-exported from its own weights (calibrated on the fixture text).
 
 Tokens and texts are identical; scores agree to float32 precision, not always bit for bit. Greedy search,
-beam search and seeded sampling are checked. What makes the float parts (attention, layer norms) sum a
+beam search and seeded sampling are checked, in batches cut up front and in the worker's running batch, which
+requests join at different steps beside rows of other options. What makes the float parts (attention, layer norms) sum a
 row's values in the same order alone and batched: padding only after a row's own values (generation
 packages write each token's keys at its position's cache column, model/export.py) and widths in steps of
 8 columns (service/inference/decoders.py); left-padded prompts and odd widths changed the last bit, which an int8
@@ -38,6 +39,7 @@ from service.shared.options import SearchOptions
 from service.shared.package import CACHE_BY_POSITION, INT8_SCHEMES, PackageError
 from service.inference.device import int8_products_saturate, session_options
 from service.shared.package import INT8_ROWS, INT8_STATIC
+from service.shared.search import rows_per_input
 
 from conftest import ROOT, pairs64, start_server, stop_server
 
@@ -116,6 +118,76 @@ def test_the_committed_int8_package_translates_the_same_alone_and_batched(de_en,
     seed_of = {tuple(x): 100 + i for i, x in enumerate(ids)}     # each sentence its own seed, wherever it goes
     assert_invariant(lambda batch: de_en.search(batch, SEARCHES[search], seeds=[seed_of[tuple(x)] for x in batch]),
                      ids, lambda hyps: [h.tokens for h in hyps], lambda hyps: [h.score for h in hyps])
+
+
+def joining(engine, requests: list[list[list[int]]], options: list[SearchOptions], every: int = 3) -> list:
+    """Each request's hypotheses (one list per sentence) when request i joins a running batch (the translate
+    worker's: one decoder call a step for every row of every request of a beam size, running_batch.RunningBatch)
+    i * every steps after the first, with options[i]."""
+    batches, members, step = {}, {}, 0
+    while len(members) < len(requests) or any(b.members for b in batches.values()):
+        while len(members) < len(requests) and len(members) * every <= step:
+            i, group = len(members), rows_per_input(options[len(members)])
+            batch = batches.get(group) or batches.setdefault(group, engine.running_batch(group))
+            members[i] = engine.join(batch, requests[i], options[i])
+        for batch in batches.values():
+            if batch.members:
+                assert not [m.error for m in batch.step() if m.error is not None]
+        step += 1
+    return [members[i].result for i in range(len(requests))]
+
+
+def assert_joining_is_invariant(engine, ids: list[list[int]], search: str) -> None:
+    """Requests of one or two sentences join a running batch at different steps, every other one with other
+    options of the same beam size (n-best, length penalty, the repetition penalty's whole distribution: rows
+    of different options share each call): each sentence's tokens as alone, its scores to float32 precision."""
+    requests = [[ids[i]] + ([ids[-1 - i]] if i % 4 == 3 else []) for i in range(len(ids) // 2)]
+    mates = [replace(SEARCHES[search], length_penalty=0.6, max_length=20),
+             replace(SEARCHES[search], repetition_penalty=1.3, num_hypotheses=1)]
+    options = [SEARCHES[search] if i % 2 == 0 else mates[i // 2 % 2] for i in range(len(requests))]
+    for every in (1, 3):
+        got = joining(engine, requests, options, every)
+        for request, opts, hyps in zip(requests, options, got):
+            for src, h in zip(request, hyps):
+                (alone,) = engine.search([src], opts)
+                assert [x.tokens for x in h] == [x.tokens for x in alone], (search, every, src)
+                np.testing.assert_allclose([x.score for x in h], [x.score for x in alone], rtol=1e-5, atol=1e-6)
+
+
+def test_requests_encoded_together_as_they_join_a_pool_translate_as_alone(de_en):
+    """Beam searches of one set of options that join at one step are encoded in one call
+    (Engine.join_together, sources padded to the widest): three join at the first step, three at the third,
+    into the pool where the first still run; each sentence's hypotheses as alone."""
+    ids = de_en.source_ids(TEXTS["de"], "en")
+    options = SEARCHES["beam 4"]
+    groups = [[[ids[0], ids[5]], [ids[1]], [ids[2]]], [[ids[3]], [ids[4], ids[6]], [ids[7]]]]
+    batch, tickets, step = de_en.running_batch(4), [], 0
+    while groups or batch.members:
+        if groups and step % 2 == 0:
+            requests = groups.pop(0)
+            tickets += zip(requests, de_en.join_together(batch, requests, options))
+        if batch.members:
+            assert not [m.error for m in batch.step() if m.error is not None]
+        step += 1
+    for request, ticket in tickets:
+        for src, hyps in zip(request, ticket.result):
+            (alone,) = de_en.search([src], options)
+            assert [h.tokens for h in hyps] == [h.tokens for h in alone]
+            np.testing.assert_allclose([h.score for h in hyps], [h.score for h in alone], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam 4"])
+def test_the_committed_int8_package_translates_the_same_joining_a_running_batch(de_en, search):
+    assert de_en.package.meta["precision"] == "int8" and de_en.package.meta["quantization"] in INT8_SCHEMES
+    assert_joining_is_invariant(de_en, de_en.source_ids(TEXTS["de"], "en"), search)
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam 4"])
+def test_an_fp32_package_translates_the_same_joining_a_running_batch(tiny_package, search):
+    engine = Engine(tiny_package, device="cpu", intra_op_threads=1)
+    assert engine.package.meta["precision"] == "fp32"
+    assert_joining_is_invariant(engine, engine.source_ids(
+        [" ".join(de.lower().split()[:-1]) or de for de in TEXTS["de"]], "en"), search)
 
 
 @pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),

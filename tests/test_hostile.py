@@ -522,6 +522,15 @@ class Exploding:
     def search(self, src_ids, options):
         return [[SimpleNamespace(tokens=ids[:-1], score=-1.0)] for ids in src_ids]
 
+    def running_batch(self, group):
+        return OneStepBatch()
+
+    def join(self, batch, src_ids, options):
+        member = SimpleNamespace(want="a step", row_source=list(range(len(src_ids))), error=None, result=None,
+                                 answer=self.search(src_ids, options))
+        batch.members.append(member)
+        return member
+
     def detokenize(self, ids):
         return self.piece_text(ids)
 
@@ -540,6 +549,29 @@ class Exploding:
         member = SimpleNamespace(steps=iter(tokens), rows=len(prompts), step=None, error=None, result=None)
         batch.members.append(member)
         return member
+
+
+class OneStepBatch:
+    """RunningBatch's interface over Exploding's searches, which end at their first step with their answer."""
+
+    def __init__(self):
+        self.members = []
+
+    @property
+    def rows(self):
+        return sum(len(m.row_source) for m in self.members)
+
+    def step(self):
+        for m in self.members:
+            m.want, m.result = None, m.answer
+        ended, self.members = self.members, []
+        return ended
+
+    def leave(self, member):
+        self.members.remove(member)
+
+    def close(self):
+        self.members = []
 
 
 class SteppedBatch:

@@ -34,7 +34,8 @@ SMALL = {"texts": ["Hallo"], "source_lang": "de", "target_lang": "en", "number":
 
 
 def make(max_batch_size=4, batch_timeout_ms=0.0, request_timeout=60.0):
-    api = TranslateAPI(Settings(max_batch_size=max_batch_size, batch_timeout_ms=batch_timeout_ms), CancelBoard())
+    api = TranslateAPI(Settings(max_batch_size=max_batch_size, batch_timeout_ms=batch_timeout_ms),
+                       CancelBoard(endpoints=("translate", "generate")))
     api.request_timeout = request_timeout          # LitServer sets this from --request-timeout-s
     loop = SchedulerLoop()
     loop._restart_workers = True                   # as in our server: START tells which worker holds a request
@@ -113,6 +114,20 @@ def test_the_shutdown_sentinel_stops_the_loop():
         collect(loop, api, requests, transport)
 
 
+def test_the_boards_count_of_queued_requests_comes_down_as_they_are_taken():
+    """The HTTP side counts each request it queues on the board; the collector counts it down as it takes it,
+    so a busy worker looks at the queue (a round trip to LitServe's manager) only when something is there."""
+    api, loop, requests, transport, _ = make(max_batch_size=2)
+    for i in range(3):
+        api.board.queued("translate", +1)
+        requests.put(item(f"r{i}"))
+    assert api.board.queued("translate") == 3 and litserve_bridge.queued(api) == 3
+    collect(loop, api, requests, transport)
+    assert api.board.queued("translate") == 1
+    collect(loop, api, requests, transport, wait=False)
+    assert api.board.queued("translate") == 0 and api.board.queued("generate") == 0
+
+
 # --- the loop around the scheduler ----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -135,17 +150,21 @@ def answers(responses: queue.Queue) -> list[tuple[str, object, LitAPIStatus]]:
     return out
 
 
-def test_the_worker_loop_answers_a_small_request_before_the_large_ones_taken_before_it(engine):
+def test_the_worker_loop_takes_a_small_request_that_arrives_meanwhile_ahead_of_waiting_work(engine):
+    """Two large requests fill the running batch's budget; a one-word request queued meanwhile is taken between
+    steps and joins ahead of the large ones' waiting sentences (as room frees: running rows are not paused),
+    so it is answered before the large request whose sentences wait."""
     api, loop, requests, transport, responses = make(max_batch_size=8)
     api.use_engines({engine.package.name: engine})
-    requests.put((0, "small", time.monotonic(), SMALL | {"request_id": "s"}))  # queued meanwhile
+    api.board.queued("translate", +1)                  # as the HTTP side counts what it queues
+    requests.put((0, "small", time.monotonic(), SMALL | {"request_id": "s", "received": time.monotonic()}))
     payloads = [(0, "large-a", large(2, 8, "a")), (0, "large-b", large(2, 8, "b"))]
     worker = threading.Thread(target=loop._serve, args=(api, requests, transport, payloads))
     worker.start()
     worker.join(timeout=600)
     answered = [(uid, body) for uid, body, status in answers(responses) if status == LitAPIStatus.OK]
-    assert [uid for uid, _ in answered] == ["small", "large-a", "large-b"] or \
-        [uid for uid, _ in answered] == ["small", "large-b", "large-a"], [uid for uid, _ in answered]
+    order = [uid for uid, _ in answered]
+    assert sorted(order) == ["large-a", "large-b", "small"] and order.index("small") < order.index("large-b"), order
     assert all("translations" in body for _, body in answered)
 
 

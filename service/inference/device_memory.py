@@ -117,6 +117,10 @@ class Tensors:
         self.pool, self.names, self.shape = pool, list(names), [int(d) for d in shape]
         self.block: Block | None = pool.take(len(self.names) * prod(self.shape))
 
+    @property
+    def nbytes(self) -> int:
+        return len(self.names) * prod(self.shape) * self.pool.dtype.itemsize if self.block is not None else 0
+
     def bind_outputs(self, io: ort.IOBinding) -> None:
         n, pool = prod(self.shape), self.pool
         for i, name in enumerate(self.names):
@@ -228,6 +232,11 @@ class InPlaceCache:
     def _tensor_size(self, rows: int, width: int) -> int:
         return rows * self.h * width * self.d_k
 
+    @property
+    def nbytes(self) -> int:
+        """What its tensors hold now (the blocks may be larger)."""
+        return len(self.names) * self._tensor_size(self.rows, self.width) * self.pool.dtype.itemsize
+
     def reserve(self, position: int) -> None:
         """Makes room for column `position` (the next step's), widening by `columns` when it is full."""
         if position >= self.width:
@@ -240,9 +249,18 @@ class InPlaceCache:
             return
         self._relayout(rows, self.width)
 
+    def fit(self, rows: np.ndarray, width: int) -> None:
+        """Keeps rows `rows` (int64) of every tensor, in that order, at `width` columns (wider or narrower);
+        a row -1 is a new one, its columns left as they happen to be (its search writes each column before it
+        reads it). Nothing is copied when they are all the rows in order at the same width (a running batch,
+        service/inference/decoders.py: rows join and leave between its steps)."""
+        if width == self.width and np.array_equal(rows, np.arange(self.rows)):
+            return
+        self._relayout(rows, width)
+
     def _relayout(self, rows: np.ndarray | None, width: int) -> None:
-        """Copies the cache into the second block with rows `rows` (None: the same) at `width` columns. The
-        tensors lie back to back, so one numpy call moves all of them."""
+        """Copies the cache into the second block with rows `rows` (None: the same; -1: any) at `width`
+        columns. The tensors lie back to back, so one numpy call moves all of them."""
         read, write = self.blocks
         L2, M = len(self.names), self.rows if rows is None else len(rows)
         n, m = self._tensor_size(self.rows, self.width), self._tensor_size(M, width)
@@ -255,10 +273,11 @@ class InPlaceCache:
             src = read.host()[:L2 * n].reshape(L2, self.rows, self.h, self.width, self.d_k)
             host = write.host(contents=False)
             dst = host[:L2 * m].reshape(L2, M, self.h, width, self.d_k)
-            if width == self.width:
-                np.take(src, rows, axis=1, out=dst, mode="clip")   # "raise" would copy via a buffer
+            if width <= self.width and rows is not None:         # the same or narrower: one gather
+                np.take(src[:, :, :, :width], rows, axis=1, out=dst, mode="clip")   # "raise" would buffer; -1 -> 0
             else:
-                dst[:, :, :, :self.width] = src if rows is None else src[:, rows]
+                w = min(width, self.width)
+                dst[:, :, :, :w] = (src if rows is None else src[:, np.maximum(rows, 0)])[:, :, :, :w]
             write.commit(host)
         self.blocks = [write, read]
         self.rows, self.width = M, width
@@ -286,3 +305,4 @@ class InPlaceCache:
         if self.blocks is not None:
             self.pool.give(*self.blocks)
             self.blocks = None
+

@@ -7,7 +7,8 @@ a processor that is off is not in it, so it costs a search nothing.
 Every processor has
 
     apply(step, rows, logp, ids, eos_logp) -> None     changes logp (and ids) in place
-        step      int: tokens every row has written so far
+        step      int: tokens every row has written so far; or (N,), each row's own (a BeamPool's inputs
+                  joined at different steps: service/shared/beam_pool.py)
         rows      Rows: the input sentence of each row, and its tokens so far where a processor reads them
         logp      float32 (N, W): log-probs of W candidates per row
         ids       int64 (N, W): their token ids; None when the candidates are the whole vocabulary (W = V, id = column)
@@ -121,10 +122,12 @@ class MinLength:
         self.min_length, self.eos_id, self.budget = min_length, eos_id, budget
 
     def apply(self, step, rows, logp, ids, eos_logp) -> None:
-        if step >= self.min_length:
+        young = np.asarray(step) < self.min_length                                   # () or (N,)
+        if not young.any():
             return
-        free = (~self.budget.rows_at_budget(rows, step) if self.budget is not None
-                else np.ones(len(rows.sentence), dtype=bool))                        # (N,) rows that may not end
+        free = np.broadcast_to(young, rows.sentence.shape)                           # (N,) rows that may not end
+        if self.budget is not None:
+            free = free & ~self.budget.rows_at_budget(rows, step)
         if ids is None:
             logp[free, self.eos_id] = NEG_INF
         else:

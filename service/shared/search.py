@@ -106,6 +106,11 @@ def max_lengths(source_lengths: Sequence[int], *, a: float = 0.0, b: int = 256, 
     return np.minimum(np.floor(a * src + b), cap).astype(np.int64)
 
 
+def rows_per_input(options: SearchOptions) -> int:
+    """The decoder rows a search gives each input: its beams, or 1 (greedy search, sampling)."""
+    return 1 if options.sampling else max(1, options.beam_size)
+
+
 def finish(steps: Generator) -> list:
     """Runs a step generator to the end; returns its hypotheses."""
     while True:

@@ -1,5 +1,5 @@
-"""Which requests' clients went away, and how often each endpoint's workers started: shared by the HTTP
-processes and the inference workers."""
+"""Which requests' clients went away, how often each endpoint's workers started and how many of its requests
+are queued: shared by the HTTP processes and the inference workers."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ class CancelBoard:
         self._numbers = ctx.Value("q", 0)
         self._endpoints = endpoints
         self._starts = ctx.Array("q", max(1, len(endpoints)))
+        self._queued = ctx.Array("q", max(1, len(endpoints)))
 
     def worker_started(self, endpoint: str) -> None:
         """Called by a worker of `endpoint` as its setup begins: a restarted worker is seen by this count
@@ -33,6 +34,23 @@ class CancelBoard:
 
     def worker_starts(self) -> dict[str, int]:
         return dict(zip(self._endpoints, self._starts[:len(self._endpoints)]))
+
+    def queued(self, endpoint: str, change: int = 0) -> int:
+        """Requests of `endpoint` on LitServe's queue, after adding `change` (the HTTP side +1 as it puts one,
+        the worker -1 as it takes one): a busy worker looks at the queue, a round trip to LitServe's manager
+        process, only when this says something is there. An endpoint this board does not know: 1."""
+        if endpoint not in self._endpoints:
+            return 1
+        i = self._endpoints.index(endpoint)
+        if not change:
+            return self._queued[i]
+        with self._queued.get_lock():
+            self._queued[i] += change
+            return self._queued[i]
+
+    def cancellations(self) -> int:
+        """How many cancellations were written so far: a reader that saw this many before has nothing new."""
+        return self._next.value
 
     def new_number(self) -> int:
         with self._numbers.get_lock():

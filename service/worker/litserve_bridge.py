@@ -46,6 +46,7 @@ log = logging.getLogger("transerve")
 
 IDLE_WAKE_S = 1.0   # an idle worker still returns to its loop this often
 POLL_S = 0.005      # a busy translation worker looks for new requests this often at most (between steps)
+QUEUE_CHECK_S = 0.1  # ... and, when the board counts nothing queued, this often (should the count be off)
 
 
 # --- the worker side -----------------------------------------------------------------------------
@@ -89,7 +90,9 @@ class SchedulerLoop(LitLoop):
                 self._answer(lit_api, transport, waiting)
                 if not scheduler.busy:
                     return more
-                if more and scheduler.wants_new_requests() and time.monotonic() - polled >= POLL_S:
+                since = time.monotonic() - polled
+                if more and since >= POLL_S and scheduler.wants_new_requests() and (
+                        since >= QUEUE_CHECK_S or queued(lit_api) > 0):
                     more = self._admit_arrivals(lit_api, request_queue, transport, waiting)
                     polled = time.monotonic()
                 scheduler.step()
@@ -141,6 +144,12 @@ class SchedulerLoop(LitLoop):
                 self.traces.answered(uid, event)
 
 
+def queued(lit_api: LitAPI) -> int:
+    """The board's count of the endpoint's queued requests (CancelBoard.queued); 1 when it has no board."""
+    board = getattr(lit_api, "board", None)
+    return board.queued(lit_api.api_path.strip("/")) if board is not None else 1
+
+
 def response_type(lit_api: LitAPI) -> LoopResponseType:
     return LoopResponseType.STREAMING if lit_api.stream else LoopResponseType.REGULAR
 
@@ -154,14 +163,17 @@ def collect(loop: LitLoop, lit_api: LitAPI, request_queue: Queue,
     payloads: list = []
     timed_out: list = []
     check_age = lit_api.request_timeout not in (-1, False)
-    queue_depth = metrics().queue_depth.labels(lit_api.api_path.strip("/"))
+    endpoint = lit_api.api_path.strip("/")
+    queue_depth, board = metrics().queue_depth.labels(endpoint), getattr(lit_api, "board", None)
 
     def take(item) -> None:
         if item == _SENTINEL_VALUE:
             raise _StopLoopError()
-        # The one place every queued request passes, served, timed out or failing later: the gauge
-        # the HTTP process raised when it queued the request comes down here and nowhere else.
+        # The one place every queued request passes, served, timed out or failing later: the gauge and
+        # the board's count the HTTP process raised when it queued the request come down here and nowhere else.
         queue_depth.dec()
+        if board is not None:
+            board.queued(endpoint, -1)
         response_queue_id, uid, queued_at, payload = item
         # Tells the HTTP process which worker holds the request (it fails them if that worker dies).
         loop.put_response(transport=transport, response_queue_id=response_queue_id, uid=uid, response_data=(),
@@ -309,10 +321,12 @@ class Workers:
             await asyncio.sleep(wait)
         carry(payload)   # the worker's spans join the request's trace (worker/traces.py), when traces are on
         metrics().queue_depth.labels(endpoint).inc()   # before the put: the worker may take it at once
+        self.board.queued(endpoint, +1)
         try:
             return (await self.handlers[endpoint]._submit_request(payload))[0]
         except BaseException:
             metrics().queue_depth.labels(endpoint).dec()
+            self.board.queued(endpoint, -1)
             raise
 
     def lost(self, endpoint: str) -> asyncio.Event:

@@ -7,21 +7,24 @@ tokenizing) and a job into its answer. Both schedulers are driven alike:
     admit({key: job})     requests join, also while others are under way (key: the caller's name for each)
     busy                  whether there is work left: call step()
     wants_new_requests()  whether a request arriving now would start before the work under way ends (the
-                          loop looks at its queue between steps only then: each look costs a round trip)
+                          loop looks at its queue between steps only then: each look costs a round trip, and
+                          a request this worker has no room for is better left to another)
     step()                one decoder step
     take_finished()       translation: the requests that can be answered now, which the scheduler forgets
     take_progress()       generation: every request held, each with whether it is over (the over ones leave)
     abandon()             forget everything (after an unexpected exception, whose requests the loop fails)
 
 Failures: a request that cannot be served is a `Failure` value, never an exception, so its batch-mates are
-still served; an engine batch that raises is retried one sentence at a time, a generation step that raises
-fails the requests whose rows were in it only.
+still served; a translation search or decoder step that raises has its sentences retried one at a time, a
+generation step that raises fails the requests whose rows were in it only.
 
-Translation, fairness: engine batches run in order of their requests' cost tier (source tokens x beam, each
-tier twice the one before), so the sentences of a one-word request start at the next decoder step, before
-the rest of a large request's engine batch; a large request's paused search keeps its cache and goes on
-after (and gets steps back under a steady stream of small requests, LEND_S). A sentence's answer does not
-depend on its batch-mates or on what runs between its steps (tests/test_batch_invariance.py).
+Translation: each model's running batch decodes the rows of every sentence that has joined in one decoder
+call a step (service/inference/decoders.py's RunningBatch): a request's sentences join at the next step when
+their cache fits the budget (--max-batch-tokens, `sentence_cost`), else they wait their turn, which is their
+request's arrival, each cost tier above 0 counted TIER_WAIT_S later (a one-word request goes ahead of a large
+one's waiting sentences; the large one's running rows go on meanwhile); a sentence leaves at the step its
+search ends, a request whose client went away at once. A sentence's answer does not depend on its batch-mates
+or on when it joined (tests/test_batch_invariance.py).
 """
 
 from __future__ import annotations
@@ -37,25 +40,29 @@ import numpy as np
 
 from .cancel import CancelBoard
 from .watch import SchedulerWatch
+from ..inference.decoders import columns_for
+from ..inference.running_batch import Member, RunningBatch, Ticket, pooled
 from ..inference.engine import Engine
 from ..shared.options import SearchOptions
 from ..metrics import metrics
-from ..shared.search import Hypothesis
+from ..shared.search import Hypothesis, max_lengths, rows_per_input
 
 log = logging.getLogger("transerve")
 
 # Cost tiers: a request costing up to this (source tokens x beam: any one sentence at the default beam 4)
-# is in tier 0, up to twice that in tier 1, and so on; engine batches of a lower tier run first.
-# Ordinary one-sentence traffic stays in tier 0, batched as it always was.
+# is in tier 0, up to twice that in tier 1, and so on.
 TIER_COST = 1024
-# A started engine batch paused for lower-tier ones gets a step back whenever they have run this many
-# seconds more than it since it was paused: bursts of small requests go first, a steady stream of them
-# shares the worker half and half with the large request instead of holding it back until its timeout.
-LEND_S = 0.5
-# On CPU an engine batch holds at most this many rows (sentences x beams): a decoder step, what a request
-# that overtakes may wait for, then stays short. 2 cores, beam 16, 64 short sentences: 256 rows a call
+# Sentences wait for room in the running batch in order of their request's arrival, each cost tier above 0
+# counted as this much later: a one-word request that arrives while a large one's sentences wait goes ahead
+# of them, and a large one still joins before requests that arrive this much later per tier than it. Seconds,
+# not steps: what a client waits; 2 s, as a busy 2-core machine's first step of two large requests can take
+# over 0.5 s, after which a one-word request that came meanwhile would wait behind them.
+TIER_WAIT_S = 2.0
+# On CPU a running batch holds at most this many rows (sentences x beams): a decoder step, what a request
+# that joins waits for at most, then stays short. 2 cores, beam 16, 64 short sentences: 256 rows a call
 # took 13.0 s in all, 180 ms a step; 1024 rows 13.6 s, 700 ms a step (benchmarks/results/fairness.md).
 CPU_BATCH_ROWS = 256
+GAUGE_S = 0.05      # the running rows, waiting requests and cache gauges are set this often at most
 
 
 # --- failures: one request's, never its batch-mates' ----------------------------------------------------
@@ -125,177 +132,288 @@ def answerable(job: Job | Failure) -> bool:
 
 
 @dataclass
-class EngineBatch:
-    model: str
-    options: SearchOptions
-    rows: list[tuple[Hashable, int]]      # (job key, sentence index)
-    src_ids: list[list[int]]
-    tier: int = 0                         # cost_tier of its requests
-    steps: Generator | None = None        # its search, once started (Engine.search_steps)
-    t0: float = 0.0                       # when it started (perf_counter)
-    live: int = 0                         # rows in its latest decoder call (metrics)
+class Running:
+    """Sentences of one request that joined the running batch at one step: one search in its model's batch."""
+    key: Hashable
+    batch: tuple[str, int]                # its running batch: (model, rows per source)
+    sentences: list[int] = field(default_factory=list)   # their indices in the request
+    tokens: list[int] = field(default_factory=list)      # what each holds of --max-batch-tokens (sentence_cost)
+    rows: list[int] = field(default_factory=list)        # the most rows each holds at once
+    member: Member | Ticket | None = None   # their search in the batch (Engine.join)
+    t0: float = 0.0                       # when they joined (perf_counter)
+    _seen: int = -1                       # the member's live_count that _held was counted from
+    _held: tuple[int, int] = (0, 0)
+
+    def held(self) -> tuple[int, int]:
+        """(tokens, rows) of its sentences still searched: one that ended has left the batch (its search
+        dropped its rows), and its budget with it."""
+        if self.member is None or self.member.want is None:
+            return 0, 0
+        if self._seen != self.member.live_count:          # a sentence ended since
+            live = self.member.sentences_left()
+            self._seen, self._held = self.member.live_count, (int(np.take(self.tokens, live).sum()),
+                                                              int(np.take(self.rows, live).sum()))
+        return self._held
 
 
 class TranslationScheduler:
-    """The translation requests a worker holds, cut into engine batches (grouped by model, search options and
-    cost tier, sorted by length, at most --max-batch-tokens and, on CPU, CPU_BATCH_ROWS rows each), run one
-    decoder step at a time, lowest tier first."""
+    """The translation requests a worker holds: each model's sentences decoded in a running batch per beam
+    size, one decoder call a step for all its rows whatever their other options (iteration-level batching,
+    service/inference/decoders.py's RunningBatch). A request's sentences join at the next step when their
+    cache fits the budget (--max-batch-tokens tokens, `sentence_cost`; on CPU at most CPU_BATCH_ROWS rows of a
+    model), else they wait their turn (TIER_WAIT_S); a sentence leaves at the step its search ends, a request
+    whose client went away at once."""
     endpoint = "translate"                # its metrics' label
 
     def __init__(self, engines: dict[str, Engine], board: CancelBoard, max_batch_tokens: int):
         self.engines, self.board, self.max_batch_tokens = engines, board, max_batch_tokens
         self.jobs: dict[Hashable, Job | Failure] = {}    # admitted, not taken yet; in the order admitted
-        self.batches: list[EngineBatch] = []             # not finished, in the order they run (lowest tier first)
+        # Sentences waiting for room: (turn, order admitted, job key, sentence index), in the order they join.
+        self.waiting: list[tuple[float, int, Hashable, int]] = []
+        self.running: list[Running] = []
+        # (model, rows per source) -> its running batch: one per beam size, which fixes how many rows read one
+        # copy of a source (RunningBatch says why a sentence's answer needs that).
+        self.batches: dict[tuple[str, int], RunningBatch] = {}
         self.fresh: set[Hashable] = set()                # keys that may have become answerable
-        self.lent = 0.0                       # seconds the first batch ran while a started one waited (LEND_S)
+        self._order = 0
+        self._seen = -1                  # the board's cancellations at the last look; -1: look at the next step
+        self._gauged = 0.0               # when the gauges were last set (monotonic)
+        self._gauged_held = (0, 0)       # (searches running, sentences waiting) then
         self.watch = SchedulerWatch(self.endpoint, engines)
-        # Each engine batch's search, given its requests' keys, wrapped: the worker loop traces it there
-        # (service/worker/traces.py); by default the search as it is.
+        # The searches of the requests that join at one step together (_searches), given their requests' keys
+        # (one per sentence), wrapped: the worker loop traces them there (service/worker/traces.py: a span for
+        # the group, its encoder run inside, each decoder step an event); by default as they are.
         self.traced: Callable[[Generator, list[Hashable]], Generator] = lambda steps, keys: steps
+        self.searches: list[Generator] = []       # those under way, advanced after each step
+
+    @property
+    def used(self) -> int:
+        """Tokens the running sentences hold (sentence_cost)."""
+        return sum(r.held()[0] for r in self.running)
 
     @property
     def busy(self) -> bool:
-        return bool(self.batches)
+        return bool(self.waiting or self.running)
 
     def wants_new_requests(self) -> bool:
-        """Whether a one-word request arriving now would run before the batch under way (one above tier 0)."""
-        return bool(self.batches) and self.batches[0].tier > 0
+        """Whether a request arriving now would join before the work held ends: while nothing waits and the
+        running batch has room, or what waits is above tier 0 (a one-word request goes ahead of it). Otherwise
+        it is better left on the queue, for a worker with room."""
+        if self.waiting:
+            return cost_tier(self.jobs[self.waiting[0][2]].cost) > 0
+        return self.used < self.max_batch_tokens
 
     def admit(self, jobs: dict[Hashable, Job | Failure]) -> None:
-        """Adds requests, also between two decoder steps of others. Their sentences join the engine batches
-        not started yet (cut again, so requests that arrive while a batch runs are batched together), which
-        go before any of a higher cost tier, started or not. A Failure is answerable at once."""
+        """Adds requests, also between two decoder steps: their sentences wait for room (the next step
+        admits what fits). A Failure is answerable at once."""
         metrics().batch_requests.labels(self.endpoint).observe(len(jobs))
         self.jobs.update(jobs)
         self.fresh.update(jobs)
-        now = time.monotonic()
-        rows = [r for eb in self.batches if eb.steps is None for r in eb.rows if r[0] in self.jobs]
         for key, job in jobs.items():
             if isinstance(job, Job):
-                job.hyps, job.left, job.started = [None] * len(job.sentences), len(job.sentences), now
-                rows += [(key, k) for k in range(len(job.sentences))]
-        self.batches = [eb for eb in self.batches if eb.steps is not None] + self._engine_batches(rows)
-        self.batches.sort(key=lambda eb: eb.tier)    # stable: within a tier, first come first served
-        self._observe()
+                job.hyps, job.left = [None] * len(job.sentences), len(job.sentences)
+                turn = job.received + cost_tier(job.cost) * TIER_WAIT_S
+                for k in range(len(job.sentences)):
+                    self._order += 1
+                    self.waiting.append((turn, self._order, key, k))
+        self.waiting.sort(key=lambda w: w[:2])
+        self._seen = -1                  # a request cancelled before it came is seen at the next step
+        self._gauges()
 
-    def _engine_batches(self, all_rows: list[tuple[Hashable, int]]) -> list[EngineBatch]:
-        """Sentences (job key, index) grouped by (model, options, cost tier), sorted by length, cut by token
-        budget."""
-        jobs = self.jobs
-        groups: dict[tuple, list[tuple[Hashable, int]]] = {}
-        for j, k in all_rows:
-            job = jobs[j]
-            groups.setdefault((job.model, job.options.batch_key(), cost_tier(job.cost)), []).append((j, k))
-        batches = []
-        for (model, _, tier), rows in groups.items():
-            options = jobs[rows[0][0]].options
-            rows.sort(key=lambda r: len(jobs[r[0]].sentences[r[1]]))
-            budget = max(1, self.max_batch_tokens // max(1, options.beam_size))
-            on_cpu = getattr(self.engines.get(model), "device_type", "cpu") == "cpu"
-            most = max(1, CPU_BATCH_ROWS // max(1, options.beam_size)) if on_cpu else len(rows)
-            chunks: list[list[tuple[Hashable, int]]] = [[]]
-            for r in rows:
-                width = len(jobs[r[0]].sentences[r[1]])  # sorted: the newest row is the widest
-                if chunks[-1] and (width * (len(chunks[-1]) + 1) > budget or len(chunks[-1]) == most):
-                    chunks.append([])
-                chunks[-1].append(r)
-            batches += [EngineBatch(model, options, c, [jobs[a].sentences[b] for a, b in c], tier) for c in chunks]
-        return batches
+    def sentence_cost(self, job: Job, k: int) -> tuple[int, int]:
+        """(tokens, rows) sentence k of `job` holds in the running batch at most: its rows (beams) x (its
+        source's padded positions + its output budget), the positions of its encoder outputs and its cache."""
+        o = job.options
+        rows = rows_per_input(o)
+        n = len(job.sentences[k])
+        cap = min(o.max_length, getattr(self.engines.get(job.model), "max_positions", o.max_length))
+        out = int(max_lengths([n], a=o.max_length_a, b=o.max_length_b, cap=cap)[0])
+        return rows * (columns_for(n) + out), rows
 
     def step(self) -> None:
-        """One step of the first engine batch (or of a started one it preempts that is owed time, see
-        LEND_S): its encoder and first decoder step when it has not started (its cancelled requests
-        dropped first), else its next decoder step. Call while busy; take_finished() then says which
-        requests can be answered."""
-        self._step()
-        self._observe()
+        """Requests whose client went away leave; waiting sentences that fit join; then one decoder call per
+        model for every running row. take_finished() then says which requests can be answered."""
+        self._drop_cancelled()
+        self._join_waiting()
+        for key, batch in list(self.batches.items()):
+            if batch.members:
+                self._step_batch(key, batch)
+            if not batch.members:          # its blocks go back to the pool, for the next batch
+                batch.close()
+                del self.batches[key]
+        for search in list(self.searches):
+            if next(search, self) is self:    # all its requests' searches ended
+                self.searches.remove(search)
+        self._gauges(force=not self.busy)
 
-    def _observe(self) -> None:
-        """The scheduler's gauges: rows of the started batches, requests with no sentence in one."""
-        running: dict[str, int] = {}
-        started = set()
-        for eb in self.batches:
-            if eb.steps is not None:
-                running[eb.model] = running.get(eb.model, 0) + eb.live
-                started.update(j for j, _ in eb.rows)
-        self.watch.update(running, sum(j not in started and not answerable(job) for j, job in self.jobs.items()))
-
-    def _step(self) -> None:
-        i, lending = self._next_batch()
-        eb = self.batches[i]
-        if eb.steps is None:
-            eb = self.batches[i] = self._drop_cancelled(eb)
-            if not eb.rows:
-                self.batches.pop(i)
-                return
-            eb.t0 = time.perf_counter()
-        t0 = time.perf_counter()
-        try:
-            if eb.steps is None:
-                eb.steps = self.traced(self.engines[eb.model].search_steps(eb.src_ids, eb.options),
-                                       [j for j, _ in eb.rows])
-            self.watch.last_rows = 0
-            next(eb.steps)
-            eb.live = self.watch.last_rows
+    def _join_waiting(self) -> None:
+        """The waiting sentences that fit, in turn (the first that does not fit stops the rest: it is not
+        overtaken for ever by smaller ones); one that could never fit joins an empty batch alone."""
+        if not self.waiting:
             return
-        except StopIteration as done:
-            results = done.value
-        except Exception:  # one bad engine batch must not take its requests' batch-mates down
-            log.exception("engine batch of %d sentences failed; retrying one by one", len(eb.rows))
-            results = self._one_by_one(eb)
-        finally:
-            self.lent += (time.perf_counter() - t0) * (-1 if i else int(lending))
-        self.batches.pop(i)
-        self._finished(eb, results)
+        joining: dict[Hashable, Running] = {}
+        used, rows = 0, {}
+        for r in self.running:
+            tokens, n = r.held()
+            used, rows[r.batch[0]] = used + tokens, rows.get(r.batch[0], 0) + n
+        while self.waiting:
+            _, _, key, k = self.waiting[0]
+            job = self.jobs[key]
+            tokens, r = self.sentence_cost(job, k)
+            on_cpu = getattr(self.engines.get(job.model), "device_type", "cpu") == "cpu"
+            most = CPU_BATCH_ROWS if on_cpu else math.inf
+            if (self.running or joining) and (used + tokens > self.max_batch_tokens
+                                              or rows.get(job.model, 0) + r > most):
+                break
+            self.waiting.pop(0)
+            used, rows[job.model] = used + tokens, rows.get(job.model, 0) + r
+            run = joining.setdefault(key, Running(key, (job.model, r)))
+            run.sentences.append(k)
+            run.tokens.append(tokens)
+            run.rows.append(r)
+        for runs in self._together(list(joining.values())):
+            search = self.traced(self._search(runs), [run.key for run in runs for _ in run.sentences])
+            if next(search, self) is not self:
+                self.searches.append(search)
 
-    def _next_batch(self) -> tuple[int, bool]:
-        """(0, whether the first batch runs while a started one waits behind it), or (i, False) for a
-        started batch behind it once the batches ahead have run LEND_S more than it since it was paused:
-        then they share the worker, so a stream of small requests cannot hold a large one back for ever."""
-        paused = next((i for i, eb in enumerate(self.batches[1:], 1) if eb.steps is not None), None)
-        if paused is None:
-            self.lent = 0.0
-            return 0, False
-        return (paused, False) if self.lent > LEND_S else (0, True)
+    def _search(self, runs: list[Running]) -> Generator[None, None, None]:
+        """The searches of requests that join at one step together, as one generator for the traces: its first
+        step joins them (their encoder run), each next one follows a decoder step; it returns once they all
+        ended (or failed to start: their sentences were tried one by one then)."""
+        if len(runs) > 1:
+            self._join_together(runs)
+        else:
+            self._join(runs[0])
+        while any(run.member is not None and run.member.want is not None for run in runs):
+            yield None
 
-    def _drop_cancelled(self, eb: EngineBatch) -> EngineBatch:
-        """eb without the sentences of requests whose client has gone (they get a 499 no one reads), or
-        that are already answered or failed."""
-        live = [j for j in dict.fromkeys(j for j, _ in eb.rows) if j in self.jobs and self.jobs[j].failure is None]
-        gone = {j for j, g in zip(live, self.board.cancelled(np.array([self.jobs[j].number for j in live])))
-                if g and self.jobs[j].number}
+    def _together(self, runs: list[Running]) -> list[list[Running]]:
+        """The joining runs, those that join one pool (beam searches of one batch and options) together: their
+        sentences are encoded in one call; any other alone."""
+        groups: dict[Hashable, list[Running]] = {}
+        for run in runs:
+            options = self.jobs[run.key].options
+            groups.setdefault((run.batch, options.batch_key()) if pooled(options) else id(run), []).append(run)
+        return list(groups.values())
+
+    def _batch(self, run: Running) -> RunningBatch:
+        batch = self.batches.get(run.batch)
+        if batch is None:
+            batch = self.batches[run.batch] = self.engines[run.batch[0]].running_batch(run.batch[1])
+        return batch
+
+    def _join_together(self, runs: list[Running]) -> None:
+        jobs = [self.jobs[run.key] for run in runs]
+        try:
+            tickets = self.engines[jobs[0].model].join_together(
+                self._batch(runs[0]), [[job.sentences[k] for k in run.sentences] for job, run in zip(jobs, runs)],
+                jobs[0].options)
+        except Exception:  # each tries alone (and its sentences one by one if that fails too)
+            log.exception("starting the search of %d requests together failed; each starts alone", len(runs))
+            for run in runs:
+                self._join(run)
+            return
+        now, t0 = time.monotonic(), time.perf_counter()
+        for job, run, ticket in zip(jobs, runs, tickets):
+            job.started, run.t0, run.member = job.started or now, t0, ticket
+            self.running.append(run)
+
+    def _join(self, run: Running) -> None:
+        job = self.jobs[run.key]
+        engine = self.engines[job.model]
+        if not job.started:
+            job.started = time.monotonic()
+        batch = self._batch(run)
+        run.t0 = time.perf_counter()
+        try:
+            run.member = engine.join(batch, [job.sentences[k] for k in run.sentences], job.options)
+        except Exception:  # its request's sentences are tried one by one; the batch goes on
+            log.exception("starting the search of %d sentences failed; retrying one by one", len(run.sentences))
+            self._finished(run, self._one_by_one(job, run.sentences))
+            return
+        self.running.append(run)
+        if run.member.want is None:       # it ended before its first step
+            self._ended(run)
+
+    def _step_batch(self, key: tuple[str, int], batch: RunningBatch) -> None:
+        try:
+            batch.step()      # (transerve_step_batch_rows: the engine's graph tells the watch)
+        except Exception:  # which row's fault is unknown: the batch's sentences are tried one by one
+            log.exception("a decoder step of %d rows failed; their sentences run again one by one", batch.rows)
+            batch.close()
+            for run in [r for r in self.running if r.batch == key]:
+                self.running.remove(run)
+                self._finished(run, self._one_by_one(self.jobs[run.key], run.sentences))
+            return
+        for run in [r for r in self.running if r.member.want is None]:
+            self._ended(run)
+
+    def _ended(self, run: Running) -> None:
+        """A search that ended: its hypotheses to their request (or, if it raised, its sentences one by one)."""
+        self.running.remove(run)
+        job, m = self.jobs[run.key], run.member
+        if m.error is not None:
+            log.error("the search of %d sentences failed; retrying one by one", len(run.sentences), exc_info=m.error)
+        results = self._one_by_one(job, run.sentences) if m.error is not None else m.result
+        metrics().inference.labels(self.endpoint, job.model).observe(time.perf_counter() - run.t0)
+        metrics().batch_sentences.labels(self.endpoint, job.model).observe(len(run.sentences))
+        self._finished(run, results)
+
+    def _drop_cancelled(self) -> None:
+        """Requests whose client has gone get a 499 no one reads; their sentences leave the waiting list and
+        the running batch."""
+        seen = self.board.cancellations()
+        if seen == self._seen:           # no cancellation since the last look, none unchecked (admit)
+            return
+        self._seen = seen
+        held = [j for j in dict.fromkeys([w[2] for w in self.waiting] + [r.key for r in self.running])
+                if self.jobs[j].number and self.jobs[j].failure is None]
+        if not held:
+            return
+        gone = {j for j, g in zip(held, self.board.cancelled(np.array([self.jobs[j].number for j in held]))) if g}
+        if not gone:
+            return
         for j in gone:
             self.jobs[j].failure = Failure(499, "client_closed_request", "the client went away")
             self.fresh.add(j)
-        keep = [i for i, (j, _) in enumerate(eb.rows) if j in self.jobs and j not in gone
-                and self.jobs[j].failure is None]
-        if len(keep) == len(eb.rows):
-            return eb
-        return EngineBatch(eb.model, eb.options, [eb.rows[i] for i in keep], [eb.src_ids[i] for i in keep], eb.tier)
+        self.waiting = [w for w in self.waiting if w[2] not in gone]
+        for run in [r for r in self.running if r.key in gone]:
+            self.batches[run.batch].leave(run.member)
+            self.running.remove(run)
 
-    def _one_by_one(self, eb: EngineBatch) -> list[list[Hypothesis] | None]:
-        engine, results = self.engines[eb.model], []
-        for src in eb.src_ids:
+    def _one_by_one(self, job: Job, sentences: list[int]) -> list[list[Hypothesis] | None]:
+        engine, results = self.engines[job.model], []
+        for k in sentences:
             try:
-                results.append(engine.search([src], eb.options)[0])
+                results.append(engine.search([job.sentences[k]], job.options)[0])
             except Exception:
                 log.exception("sentence failed")
                 results.append(None)
         return results
 
-    def _finished(self, eb: EngineBatch, results: list[list[Hypothesis] | None]) -> None:
-        """A finished engine batch's hypotheses to their requests (None: that sentence failed)."""
-        metrics().inference.labels(self.endpoint, eb.model).observe(time.perf_counter() - eb.t0)
-        metrics().batch_sentences.labels(self.endpoint, eb.model).observe(len(eb.rows))
-        for (j, k), hyps in zip(eb.rows, results):
-            job = self.jobs.get(j)
-            if job is None:        # answered already (failed in another engine batch)
-                continue
+    def _finished(self, run: Running, results: list[list[Hypothesis] | None]) -> None:
+        """Sentences' hypotheses to their request (None: that sentence failed)."""
+        job = self.jobs.get(run.key)
+        if not isinstance(job, Job):
+            return
+        for k, hyps in zip(run.sentences, results):
             if hyps is None and job.failure is None:
                 job.failure = Failure(500, "internal_error", "the engine failed on this text")
             job.hyps[k] = hyps
             job.left -= 1
-            self.fresh.add(j)
+        self.fresh.add(run.key)
+
+    def _gauges(self, force: bool = True) -> None:
+        """The scheduler's gauges (service/worker/watch.py): rows running per model, requests with a sentence
+        waiting for room: whenever a search joins or leaves or a sentence starts waiting, else at most every
+        GAUGE_S (each set writes a shared file, and a beam that ends changes the rows at almost every step)."""
+        now, held = time.monotonic(), (len(self.running), len(self.waiting))
+        if not force and held == self._gauged_held and now - self._gauged < GAUGE_S:
+            return
+        self._gauged, self._gauged_held, running = now, held, {}
+        for (model, _), batch in self.batches.items():
+            running[model] = running.get(model, 0) + batch.rows
+        self.watch.update(running, len({w[2] for w in self.waiting}))
 
     def take_finished(self) -> list[tuple[Hashable, Job | Failure]]:
         """The requests that can be answered now (every sentence done, or failed), in the order they were
@@ -306,8 +424,10 @@ class TranslationScheduler:
         self.fresh.clear()     # the others come back when their next sentence is done
         now = time.monotonic()
         for j in done:
-            if isinstance(self.jobs[j], Job):
-                self.jobs[j].finished = now
+            job = self.jobs[j]
+            if isinstance(job, Job):
+                job.finished = now
+                job.started = job.started or now
         return [(j, self.jobs.pop(j)) for j in done]
 
     def run(self, jobs: dict[Hashable, Job | Failure]) -> dict[Hashable, Job | Failure]:
@@ -320,13 +440,16 @@ class TranslationScheduler:
         return {key: done[key] for key in jobs}
 
     def abandon(self) -> None:
-        """Forgets every request and engine batch; the started searches hand their cache back."""
-        for eb in self.batches:
-            if eb.steps is not None:
-                with contextlib.suppress(Exception):   # called while handling an error: do not add one
-                    eb.steps.close()
-        self.jobs, self.batches, self.fresh, self.lent = {}, [], set(), 0.0
-        self._observe()
+        """Forgets every request and running batch; the searches under way hand their memory back."""
+        for batch in self.batches.values():
+            with contextlib.suppress(Exception):   # called while handling an error: do not add one
+                batch.close()
+        for search in self.searches:
+            with contextlib.suppress(Exception):
+                search.close()
+        self.searches = []
+        self.jobs, self.waiting, self.running, self.batches, self.fresh, self._seen = {}, [], [], {}, set(), -1
+        self._gauges()
 
 
 # --- generation -------------------------------------------------------------------------------------------

@@ -6,8 +6,9 @@ loop (litserve_bridge.SchedulerLoop) tells `WorkerTraces` what happens to the re
                             into this worker's batch (its --batch-timeout-ms window included), as queue_ms
     transerve.batch         the request in this worker's batch: from its admission into the scheduler to its
                             answer (a generation's steps as events)
-    transerve.engine.search a translation engine batch's search (child of its first request's batch span,
-                            linked to the others': a batch serves several traces), each decoder step an event
+    transerve.engine.search the searches of the translation requests that join the running batch at one step
+                            (child of its first request's batch span, linked to the others': they serve
+                            several traces), each decoder step an event
     transerve.engine.encode its encoder's run, inside the search
 
 each under the request's span in the HTTP process, in the same trace. The two processes share the machine's
@@ -89,7 +90,8 @@ class WorkerTraces:
         self.requests.clear()
 
     def search(self, steps: Generator, keys: list[Hashable]) -> Generator:
-        """`steps` (an engine batch's search, for the rows of these requests) traced, when any of them is."""
+        """`steps` (the searches of requests that joined together, for these requests' sentences) traced, when
+        any of them is."""
         spans = [self.requests[k] for k in dict.fromkeys(keys) if k in self.requests]
         return self._traced(steps, spans, len(keys)) if spans else steps
 
