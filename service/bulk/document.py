@@ -19,8 +19,20 @@ def run_document(options: BulkOptions, translator) -> int:
         document = load(options.format, data, Limits(**Settings().document_limits()))
     except DocumentError as e:
         raise ValueError(e.message) from None
-    texts = document.texts
-    progress = Progress(options.progress, len(texts))
+    progress = Progress(options.progress, len(document.texts))
+    result = document.render(translate_whole(document.texts, options, translator, progress))
+    if options.output == "-":
+        sys.stdout.buffer.write(result)
+    else:
+        with open(options.output, "wb") as f:
+            f.write(result)
+    progress.finish()
+    return progress.segments
+
+
+def translate_whole(texts: list[str], options: BulkOptions, translator, progress: Progress) -> list[str]:
+    """A document's texts, a chunk at a time with progress; nothing is written before they all are, so a stop
+    leaves no half-translated document (--resume translates it again)."""
     translations: list[str] = []
     try:
         for start in range(0, len(texts), options.chunk):
@@ -30,11 +42,4 @@ def run_document(options: BulkOptions, translator) -> int:
     except BaseException:
         progress.finish("stopped (nothing written: --resume translates the document again)")
         raise
-    result = document.render(translations)
-    if options.output == "-":
-        sys.stdout.buffer.write(result)
-    else:
-        with open(options.output, "wb") as f:
-            f.write(result)
-    progress.finish()
-    return progress.segments
+    return translations

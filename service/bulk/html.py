@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from ..shared import html_text
+from .document import translate_whole
 from .options import BulkOptions
 from .progress import Progress
 
@@ -24,15 +25,7 @@ def run_html(options: BulkOptions, translator) -> int:
     # Each run, then each of its inline elements alone: the alone-translations say where its tags go.
     texts = html_text.texts([document], leaves=True)
     progress = Progress(options.progress, len(texts))
-    translations: list[str] = []
-    try:
-        for start in range(0, len(texts), options.chunk):
-            out, tokens = translator.translate(texts[start:start + options.chunk])
-            translations += out
-            progress.update(len(out), tokens)
-    except BaseException:
-        progress.finish("stopped (nothing written: --resume translates the document again)")
-        raise
+    translations = translate_whole(texts, options, translator, progress)
     result = html_text.render([document], translations, leaves=True)[0]
     if options.output == "-":
         sys.stdout.write(result)
