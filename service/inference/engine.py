@@ -153,8 +153,14 @@ class Engine:
         if self.vocab is not None:
             unk, vocab = self.unk_id, self.vocab
             return [tag + [vocab.get(p, unk) for p in pieces] + [self.eos_id]
-                    for pieces in self.sp.encode(list(texts), out_type=str)]
-        return [tag + ids + [self.eos_id] for ids in self.sp.encode(list(texts), out_type=int)]
+                    for pieces in self._encode(texts, str)]
+        return [tag + ids + [self.eos_id] for ids in self._encode(texts, int)]
+
+    def _encode(self, texts: Sequence[str], out_type: type) -> list[list]:
+        """Each text's pieces, one text a call: SentencePiece's list form starts a thread pool a call, which cost a
+        one-sentence request 45-60 us of CPU and 0.5-0.8 ms of wall time on a busy 2-core machine, against 4.5 us
+        for the text alone; a worker's engine wants those cores anyway."""
+        return [self.sp.encode(t, out_type=out_type) for t in texts]
 
     def detokenize(self, ids: Sequence[int]) -> str:
         """Target ids -> text; special ids and language tags are dropped (as skip_special_tokens does)."""
@@ -266,7 +272,7 @@ class Engine:
     # --- generation (decoder-only packages) -------------------------------------------------------------
     def prompt_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """Decoder inputs: bos, then the prompt's pieces (an empty prompt is bos alone)."""
-        return [[self.bos_id] + ids for ids in self.sp.encode(list(texts), out_type=int)]
+        return [[self.bos_id] + ids for ids in self._encode(texts, int)]
 
     def piece_text(self, ids: Sequence[int]) -> str:
         return "".join(self.piece_texts[i] for i in ids)

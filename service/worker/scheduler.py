@@ -524,6 +524,7 @@ class GenerationScheduler:
         self.batches: dict[str, Any] = {}                  # model -> its running batch (Engine.generation_batch)
         self.used = 0                                      # tokens the running requests hold (generation_cost)
         self.watch = SchedulerWatch(self.endpoint, engines)
+        self._seen = -1              # the board's cancellations at the last look; -1: look at the next step
 
     @property
     def busy(self) -> bool:
@@ -539,6 +540,7 @@ class GenerationScheduler:
         metrics().batch_requests.labels(self.endpoint).observe(len(jobs))
         self.jobs.update(jobs)
         self.waiting += [key for key, job in jobs.items() if isinstance(job, GenJob)]
+        self._seen = -1              # a request cancelled before it came is seen at the next step
         self._gauges()
 
     def step(self) -> None:
@@ -645,7 +647,12 @@ class GenerationScheduler:
 
     def _drop_gone(self) -> None:
         """Requests whose client went away end now, their unfinished sequences "cancelled", and leave their
-        batch before its next call (or the queue of those waiting)."""
+        batch before its next call (or the queue of those waiting). The board is read only when its count of
+        cancellations moved (or a request came): a step of 8 streams is a few ms, reading it 0.05-0.1."""
+        seen = self.board.cancellations()
+        if seen == self._seen:
+            return
+        self._seen = seen
         held = [(key, job) for key, job in self.jobs.items() if isinstance(job, GenJob)]
         if not held:
             return
@@ -696,5 +703,5 @@ class GenerationScheduler:
         """Forgets every request and batch; the batches hand their cache back."""
         for model in list(self.batches):
             self._close(model)
-        self.jobs, self.waiting, self.running, self.used = {}, [], {}, 0
+        self.jobs, self.waiting, self.running, self.used, self._seen = {}, [], {}, 0, -1
         self._gauges()
