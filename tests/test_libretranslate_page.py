@@ -9,7 +9,10 @@ translatedFileUrl our server answers names the page's origin.
 In the browser: the page loads our /frontend/settings and /languages with no error and lists our file formats;
 on its file tab a German docx is chosen, translated, and downloaded by the page itself; the file opened with
 python-docx has each paragraph translated as our /libretranslate/translate translates it, its bold run and table
-kept. Every request the browser makes stays on the page's origin.
+kept. Every request the browser makes stays on the page's origin. A file we refuse shows our error there; the
+text tab shows what our /translate answers. On a keyed server, the key typed into the page's prompt is sent with
+the file, and the page's download, which carries no key, gets 401 (the result is the key's alone:
+docs/serving.md).
 
 The wheel must be obtainable (PyPI: CI installs from it anyway), so a failed download fails the test; without
 chromium, chromedriver or selenium the browser tests skip, saying why, as tests/test_ui.py's do."""
@@ -38,7 +41,7 @@ from conftest import pairs64, start_server, stop_server
 # LibreTranslate's release whose page is tested; its wheel's sha256 as PyPI lists it. Bump both together.
 LIBRETRANSLATE = "1.9.6"
 WHEEL_SHA256 = "4e23bec15a1a6d9e5f639dd44fa7614c77b4e671b9d807a94efa96a6f3cefa39"
-KEY = "k-page"
+KEY = "k-page"                       # the keyed server's one key
 PREFIX = "/libretranslate"           # LibreTranslate's --url-prefix: where our server serves its API
 GERMAN = [de for de, _ in pairs64()][:6]   # the tiny model knows these sentences
 WAIT_S = 60                          # a loaded 2-core machine: a translation may wait for the CPU
@@ -75,8 +78,8 @@ def wheel() -> zipfile.ZipFile:
 def render(wheel: zipfile.ZipFile, api_keys: bool) -> dict[str, bytes]:
     """index.html and js/app.js rendered with jinja2 as LibreTranslate's Flask app renders them (app.py's
     index() and appjs(), --url-prefix /libretranslate, --api-keys as our server has keys or not (the page's
-    key button), no secret, English), Flask's and Babel's helpers
-    stood in for: url_for gives the static files' paths, _e and _h the English text as JSON and as HTML."""
+    key button), no secret, English), Flask's and Babel's helpers stood in for: url_for gives the static files'
+    paths, _e and _h the English text as JSON and as HTML."""
     import jinja2
     from markupsafe import Markup, escape
 
@@ -239,9 +242,9 @@ def wait_for(driver, check, what: str):
 
 
 def shown_error(driver) -> str:
-    """The text of the page's error box ([[ error ]] in its #error card), or ''."""
-    return driver.execute_script("return (document.querySelector('.card-panel .error, #error') || {}).innerText"
-                                 " || (window._vueApp && window._vueApp.error) || ''")
+    """The error the page shows (a card in place of the whole form: its `[[ error ]]`), or ''."""
+    return driver.execute_script("const p = document.querySelector('.card.horizontal .card-content p');"
+                                 "return p ? p.innerText.trim() : ''")
 
 
 def console_errors(driver) -> list[str]:
@@ -258,13 +261,18 @@ def requests_made(driver) -> list[tuple[str, str]]:
     return made
 
 
-def open_file_tab(driver, page: str) -> None:
-    """The page loaded (its languages listed, from our /languages), then its "Translate Files" button."""
+def open_page(driver, page: str) -> None:
+    """The page loaded, its languages listed (from our /languages); the logs read so far dropped."""
     driver.get_log("performance")
     driver.get_log("browser")
     driver.get(page + "/")
     wait_for(driver, lambda d: d.find_elements("css selector", "select[aria-labelledby=sourceLangLabel] "
                                                                "option[value=de]"), "the languages listed")
+
+
+def open_file_tab(driver, page: str) -> None:
+    """The page loaded, then its "Translate Files" button."""
+    open_page(driver, page)
     driver.find_element("xpath", "//button[contains(., 'Translate Files')]").click()
     wait_for(driver, lambda d: d.find_elements("css selector", ".file-dropzone input[type=file]"), "the file tab")
 
@@ -338,6 +346,31 @@ def test_a_german_docx_from_the_file_tab_comes_back_translated(page, server, bro
     assert ("GET", link.removeprefix(page.url), 200) in page.passed, page.passed   # the download, via the origin
 
 
+def test_a_file_our_server_refuses_shows_its_error_on_the_page(page, browser, tmp_path):
+    """Our 400 in LibreTranslate's shape, {"error": ...}, is what the page shows (its file input's `accept` is
+    only a hint: a user may pick any file)."""
+    program = tmp_path / "program.exe"
+    program.write_bytes(b"MZ")
+    open_file_tab(browser, page.url)
+    browser.find_element("css selector", ".file-dropzone input[type=file]").send_keys(str(program))
+    browser.find_element("xpath", "//div[contains(@class, 'file-dropzone')]//button[normalize-space()='Translate']"
+                         ).click()
+    wait_for(browser, lambda d: "file format not supported ('program.exe')" in shown_error(d), "our error")
+    assert ("POST", PREFIX + "/translate_file", 400) in page.passed, page.passed
+
+def test_its_text_tab_shows_what_our_translate_answers(page, server, browser):
+    """Not the file tab, but the page's first use: typed text sent as its multipart form (alternatives=3)."""
+    from selenium.webdriver.support.ui import Select
+
+    expected = httpx.post(server + PREFIX + "/translate", data={"q": GERMAN[5], "source": "de", "target": "en"},
+                          timeout=WAIT_S * 2).json()["translatedText"]
+    open_page(browser, page.url)      # the text tab is the one shown first
+    Select(browser.find_element("css selector", "select[aria-labelledby=sourceLangLabel]")).select_by_value("de")
+    browser.find_element("id", "textarea1").send_keys(GERMAN[5])
+    wait_for(browser, lambda d: d.find_element("id", "textarea2").get_attribute("value") == expected, expected)
+    assert not shown_error(browser), shown_error(browser)
+
+
 def test_with_keys_the_page_sends_the_key_but_its_download_is_refused(keyed_page, browser, tmp_path):
     """A server with keys keeps each result for the key that sent it (README, "API keys"); LibreTranslate's page
     sends the key with the file but downloads the result with none (its own /download_file asks for none), so
@@ -353,3 +386,4 @@ def test_with_keys_the_page_sends_the_key_but_its_download_is_refused(keyed_page
     assert ("POST", PREFIX + "/translate_file", 200) in keyed_page.passed, keyed_page.passed
     assert wait_until(lambda: ("GET", link.removeprefix(keyed_page.url), 401) in keyed_page.passed), keyed_page.passed
     assert httpx.get(link, headers={"X-API-Key": KEY}).status_code == 200     # the key that sent it reads it
+
