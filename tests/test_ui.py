@@ -3,31 +3,26 @@ Debian's chromium driven by Selenium, its network blocked beyond 127.0.0.1 (ever
 unresolvable, every other connection sent to a proxy where nothing listens). Typed German shows what
 POST /translate answers for the same text (the page adds nothing of its own), the detected language, an
 error as the API gives it, the key asked for and sent, markup in a translation shown as text; every
-request the browser makes goes to the server. The browser tests skip, saying why, without chromium,
-chromedriver or selenium (scripts/test.sh installs them as root). TRANSERVE_UI_SCREENSHOT=docs/ui.png
-writes the page's screenshot there (else under the test's tmp_path)."""
+request the browser makes goes to the server (the browser: tests/browser_help.py). The browser tests skip,
+saying why, without chromium, chromedriver or selenium (scripts/test.sh installs them as root).
+TRANSERVE_UI_SCREENSHOT=docs/ui.png writes the page's screenshot there (else under the test's tmp_path)."""
 
 import base64
 import hashlib
 import json
 import os
 import re
-import shutil
 
 import httpx
 import pytest
 
+from browser_help import browser_missing, chromium
 from conftest import ROOT, start_server, stop_server
 
 KEY = "s3cret"
 GERMAN = "Daran wirst du nicht sterben."   # tests/fixtures/pairs64.tsv: the tiny model knows it
 MAX_CHARS = 200                            # --max-text-chars of the unkeyed server, for a 413 to show
 WAIT_S = 60                                # a loaded 2-core machine: a translation may wait for the CPU
-BLOCKED = ["--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
-           "--proxy-server=http://127.0.0.1:9"]   # 9 (discard): nothing listens; loopback bypasses proxies
-QUIET = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-default-apps", "--disable-extensions", "--window-size=1100,640"]
 
 
 @pytest.fixture(scope="module")
@@ -44,30 +39,11 @@ def keyed(tiny_package):
     stop_server(proc)
 
 
-def browser_missing() -> str | None:
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install -e '.[dev]')"
-    if not (shutil.which("chromium") and shutil.which("chromedriver")):
-        return "no chromium/chromedriver on PATH (apt-get install chromium chromium-driver; scripts/test.sh does)"
-    return None
-
-
 @pytest.fixture(scope="module")
 def browser():
     if why := browser_missing():
         pytest.skip(why)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    for arg in QUIET + BLOCKED:
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
-    driver.set_page_load_timeout(WAIT_S)
+    driver = chromium(WAIT_S)
     yield driver
     driver.quit()
 
