@@ -38,7 +38,7 @@ def make(max_batch_size=4, batch_timeout_ms=0.0, request_timeout=60.0):
                        CancelBoard(endpoints=("translate", "generate")))
     api.request_timeout = request_timeout          # LitServer sets this from --request-timeout-s
     loop = SchedulerLoop()
-    loop._restart_workers = True                   # as in our server: START tells which worker holds a request
+    loop._restart_workers = True                   # as in our server (LitServe's loops would send START then)
     responses = queue.Queue()
     return api, loop, queue.Queue(), MPQueueTransport(None, [responses]), responses
 
@@ -62,9 +62,7 @@ def test_takes_everything_already_queued_up_to_the_batch_size_without_waiting():
     assert payloads[0] == (0, "r0", {"uid": "r0"})
     payloads, _ = collect(loop, api, requests, transport)
     assert [p[1] for p in payloads] == ["r4", "r5"]
-    starts = [responses.get_nowait() for _ in range(6)]
-    assert [s[0] for s in starts] == [f"r{i}" for i in range(6)]
-    assert all(s[1][1] == LitAPIStatus.START for s in starts)
+    assert responses.empty()     # no START: nothing in an HTTP process reads which worker took a request
 
 
 @pytest.mark.parametrize("window_ms,together", [(0, False), (3000, True)])
@@ -141,12 +139,11 @@ def large(n_texts: int, beam: int, request_id: str) -> dict:
 
 
 def answers(responses: queue.Queue) -> list[tuple[str, object, LitAPIStatus]]:
-    """(uid, body, status) of every response sent, START aside."""
+    """(uid, body, status) of every response sent."""
     out = []
     while not responses.empty():
         uid, (body, status, *_) = responses.get_nowait()
-        if status != LitAPIStatus.START:
-            out.append((uid, body, status))
+        out.append((uid, body, status))
     return out
 
 

@@ -175,9 +175,10 @@ def collect(loop: LitLoop, lit_api: LitAPI, request_queue: Queue,
         if board is not None:
             board.queued(endpoint, -1)
         response_queue_id, uid, queued_at, payload = item
-        # Tells the HTTP process which worker holds the request (it fails them if that worker dies).
-        loop.put_response(transport=transport, response_queue_id=response_queue_id, uid=uid, response_data=(),
-                          status=LitAPIStatus.START, response_type=response_type(lit_api))
+        # No START message (LitServe's loops send one so that its monitor can fail a dead worker's requests): that
+        # monitor runs in the main process, whose response buffer is not the HTTP processes', so it never reached
+        # them; Workers.lost() fails them instead. Each START was a round trip through the manager process here
+        # and a thread hop and another round trip in the HTTP process, for every request.
         if check_age and time.monotonic() - queued_at > lit_api.request_timeout:
             timed_out.append((response_queue_id, uid))
         else:
