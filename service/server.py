@@ -26,6 +26,7 @@ from .http.auth import USAGE_PATH, open_paths
 from .http.keys import ANONYMOUS
 from .http.quota import WINDOWS
 from .worker.cancel import CancelBoard
+from .worker.litserve_bridge import Server
 from .config import Settings
 from .inference.device import probe_device
 from .errors import ERROR_KIND, install_handlers, responder
@@ -56,7 +57,7 @@ def build_server(settings: Settings, flavours: tuple[Flavour, ...] = FLAVOURS) -
     stopping = Stopping()   # before LitServe starts any process
     api = TranslateAPI(settings, board, stopping) if "translation" in tasks else None
     generate_api = GenerateAPI(settings, board, stopping) if "generation" in tasks else None
-    server = ls.LitServer([a for a in (api, generate_api) if a], accelerator="cuda" if cuda else "cpu",
+    server = Server([a for a in (api, generate_api) if a], accelerator="cuda" if cuda else "cpu",
                           devices=1 if cuda else "auto",
                           workers_per_device=settings.workers, timeout=settings.request_timeout_s,
                           restart_workers=True,  # a dead worker is replaced; without this the server exits

@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import pickle
+import threading
 import time
 from collections import deque
 from queue import Empty, Queue
@@ -34,6 +36,7 @@ from litserve.callbacks import CallbackRunner
 from litserve.loops.base import _SENTINEL_VALUE, LitLoop, _StopLoopError
 from litserve.server import RegularRequestHandler, StreamingRequestHandler
 from litserve.transport.base import MessageTransport
+from litserve.transport.process_transport import MPQueueTransport
 from litserve.utils import LitAPIStatus, LoopResponseType, ResponseBufferItem, WorkerSetupStatus
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -198,6 +201,59 @@ def collect(loop: LitLoop, lit_api: LitAPI, request_queue: Queue,
 
 
 # --- the HTTP side --------------------------------------------------------------------------------
+class Server(ls.LitServer):
+    """LitServer, its HTTP processes receiving the workers' answers through `QueueReader`."""
+
+    def _init_manager(self, num_api_servers: int):
+        manager = super()._init_manager(num_api_servers)
+        if type(self._transport) is MPQueueTransport:      # not LitServe's ZeroMQ transport (fast_queue)
+            self._transport = QueueReader(self._transport._queues)
+        return manager
+
+
+class QueueReader(MPQueueTransport):
+    """LitServe's transport over the manager's queues, received by one thread per HTTP process that waits on its
+    queue and hands each answer to the event loop: LitServe's receives each message in a thread of its own
+    (asyncio.to_thread, a get with a 1 s timeout), so every answer and every streamed event paid a thread pool
+    hand-off on top of the manager round trip. The workers send as before (pickled, this is an MPQueueTransport)."""
+
+    def __init__(self, queues: list):
+        super().__init__(None, queues)
+        self._inbox: tuple[int, asyncio.Queue] | None = None      # (pid, the answers read so far)
+
+    def _start(self, consumer_id: int) -> asyncio.Queue:
+        loop, inbox, source = asyncio.get_running_loop(), asyncio.Queue(), self._queues[consumer_id]
+
+        def read() -> None:
+            while not self._closed:
+                try:
+                    item = source.get(timeout=IDLE_WAKE_S)
+                except Empty:
+                    continue
+                except (EOFError, OSError, BrokenPipeError):    # the manager is gone: the server is stopping
+                    return
+                loop.call_soon_threadsafe(inbox.put_nowait, item)
+
+        threading.Thread(target=read, name=f"answers-{consumer_id}", daemon=True).start()
+        self._inbox = (os.getpid(), inbox)
+        return inbox
+
+    async def areceive(self, consumer_id: int, timeout: float | None = None, block: bool = True):
+        """The next answer; None after a second without one (LitServe's loop then asks again)."""
+        if self._closed:
+            raise asyncio.CancelledError("Transport closed")
+        inbox = self._inbox[1] if self._inbox and self._inbox[0] == os.getpid() else self._start(consumer_id)
+        if not inbox.empty():
+            return inbox.get_nowait()
+        try:
+            return await asyncio.wait_for(inbox.get(), timeout=1.0 if timeout is None else min(timeout, 1.0))
+        except asyncio.TimeoutError:
+            if timeout is not None and timeout <= 1.0:
+                raise
+            return None
+
+
+
 async def until_disconnected(request: Request) -> None:
     """Returns when the client goes away. A blocking receive, not polling is_disconnected(): under
     Starlette's BaseHTTPMiddleware the latter never sees the disconnect (its zero-timeout receive
