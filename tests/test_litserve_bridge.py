@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
 from litserve.transport.process_transport import MPQueueTransport
-from litserve.utils import LitAPIStatus
+from litserve.utils import LitAPIStatus, LoopResponseType
 
 from service.worker import litserve_bridge
 from service.worker.cancel import CancelBoard
@@ -138,8 +138,9 @@ def large(n_texts: int, beam: int, request_id: str) -> dict:
             "request_id": request_id, "number": 0}
 
 
-def answers(responses: queue.Queue) -> list[tuple[str, object, LitAPIStatus]]:
-    """(uid, body, status) of every response sent."""
+def answers(loop: SchedulerLoop, responses: queue.Queue) -> list[tuple[str, object, LitAPIStatus]]:
+    """(uid, body, status) of every response sent (the loop's sender thread done first), in order."""
+    loop._outbox_flush()
     out = []
     while not responses.empty():
         uid, (body, status, *_) = responses.get_nowait()
@@ -159,7 +160,7 @@ def test_the_worker_loop_takes_a_small_request_that_arrives_meanwhile_ahead_of_w
     worker = threading.Thread(target=loop._serve, args=(api, requests, transport, payloads))
     worker.start()
     worker.join(timeout=600)
-    answered = [(uid, body) for uid, body, status in answers(responses) if status == LitAPIStatus.OK]
+    answered = [(uid, body) for uid, body, status in answers(loop, responses) if status == LitAPIStatus.OK]
     order = [uid for uid, _ in answered]
     assert sorted(order) == ["large-a", "large-b", "small"] and order.index("small") < order.index("large-b"), order
     assert all("translations" in body for _, body in answered)
@@ -172,7 +173,7 @@ def test_a_generation_request_is_streamed_step_by_step_and_finished():
     payloads = [(0, "ok", {"prompt": "abc", "temperature": 0, "max_new_tokens": 8, "stop": ["c"]}),
                 (0, "bad", {"prompt": "abc", "beam_size": 2, "num_return_sequences": 3})]
     assert loop._serve(api, requests, transport, payloads)
-    sent = answers(responses)
+    sent = answers(loop, responses)
     events = {uid: [json.loads(body) for u, body, status in sent if u == uid and status == LitAPIStatus.OK]
               for uid in ("ok", "bad")}
     assert events["bad"] == [{"error": {"type": "invalid_request", "message": events["bad"][0]["error"]["message"]},
@@ -189,7 +190,19 @@ def test_a_scheduler_that_raises_fails_its_requests_and_the_loop_goes_on(engine,
     monkeypatch.setattr(api.scheduler, "step", lambda: 1 / 0)
     payloads = [(0, "a", SMALL | {"request_id": "a"}), (0, "b", SMALL | {"request_id": "b", "texts": ["Welt"]})]
     assert loop._serve(api, requests, transport, payloads)
-    sent = answers(responses)
+    sent = answers(loop, responses)
     assert [(uid, status) for uid, _, status in sent] == [("a", LitAPIStatus.ERROR), ("b", LitAPIStatus.ERROR)]
     assert isinstance(pickle.loads(sent[0][1]), ZeroDivisionError)
     assert not api.scheduler.busy and not api.scheduler.jobs
+
+
+def test_answers_leave_in_the_order_handed_over_and_all_before_the_loop_returns():
+    """The worker's sender thread (put_response) keeps the order, and the loop sends whatever it holds before it
+    returns: a stopping server's last answers are not lost."""
+    api, loop, requests, transport, responses = make()
+    for i in range(200):
+        loop.put_response(transport, 0, f"r{i}", i, LitAPIStatus.OK, LoopResponseType.STREAMING)
+    requests.put(_SENTINEL_VALUE)        # the server stops: the loop returns at its next look at the queue
+    loop(api, "cpu", 0, requests, transport, {}, None)
+    sent = [responses.get_nowait() for _ in range(200)]
+    assert [uid for uid, _ in sent] == [f"r{i}" for i in range(200)] and responses.empty()

@@ -26,7 +26,7 @@ import pickle
 import threading
 import time
 from collections import deque
-from queue import Empty, Queue
+from queue import Empty, Queue, SimpleQueue
 from typing import AsyncIterator
 
 import litserve as ls
@@ -65,14 +65,42 @@ class SchedulerLoop(LitLoop):
 
     def __call__(self, lit_api: LitAPI, device: str, worker_id: int, request_queue: Queue,
                  transport: MessageTransport, workers_setup_status: dict, callback_runner: CallbackRunner) -> None:
-        while True:
+        try:
+            while True:
+                try:
+                    payloads, timed_out = collect(self, lit_api, request_queue, transport)
+                except _StopLoopError:
+                    return
+                self._time_out(lit_api, transport, timed_out)
+                if payloads and not self._serve(lit_api, request_queue, transport, payloads):
+                    return
+        finally:
+            self._outbox_flush()
+
+    def put_response(self, transport: MessageTransport, response_queue_id: int, uid: str, response_data,
+                     status: LitAPIStatus, response_type: LoopResponseType) -> None:
+        """Hands an answer (or a stream's event) to the worker's sender thread, in order: each send is a round trip
+        through LitServe's manager process, which the next decoder step need not wait for (onnxruntime releases the
+        GIL while it runs). Eight streams sent eight a step."""
+        if getattr(self, "_outbox", None) is None:
+            self._outbox: SimpleQueue = SimpleQueue()
+            self._sender = threading.Thread(target=self._send_all, name="answers", daemon=True)
+            self._sender.start()
+        self._outbox.put((transport, response_queue_id, uid, response_data, status, response_type))
+
+    def _send_all(self) -> None:
+        while (item := self._outbox.get()) is not None:
             try:
-                payloads, timed_out = collect(self, lit_api, request_queue, transport)
-            except _StopLoopError:
-                return
-            self._time_out(lit_api, transport, timed_out)
-            if payloads and not self._serve(lit_api, request_queue, transport, payloads):
-                return
+                LitLoop.put_response(self, *item)
+            except Exception:      # the manager is gone (the server is stopping): nothing more can be sent
+                log.exception("sending an answer to the HTTP process failed")
+
+    def _outbox_flush(self) -> None:
+        """Every answer handed over is sent before the worker's loop returns (the server is stopping)."""
+        if getattr(self, "_outbox", None) is not None:
+            self._outbox.put(None)
+            self._sender.join(timeout=30)
+            self._outbox = None
 
     def _time_out(self, lit_api: LitAPI, transport: MessageTransport, timed_out: list) -> None:
         for response_queue_id, uid in timed_out:
