@@ -14,6 +14,12 @@ setting only for bursts that arrive spread out by less than a batch's run time.
 The HTTP side: LitServe's timeout only evicts requests still queued, and its monitor does not reach an
 HTTP process's requests when a worker dies: without the two bounds in `Workers.call` such a request
 would wait forever.
+
+The answers' way back, each hop measured (benchmarks/results/serving-cpu.md): a worker sends no START message
+(only LitServe's monitor read it, in another process), sends answers and stream events from a thread of its own
+(`SchedulerLoop.put_response`: a send is a round trip through LitServe's manager process, which the next
+decoder step need not wait for), and each HTTP process receives them in one thread (`QueueReader`), not in a
+thread-pool call per message.
 """
 
 from __future__ import annotations
