@@ -24,7 +24,10 @@ on monolingual text from `model.data --monolingual`: paragraphs cut into windows
   only) whenever dev BLEU improves; a run directory is resumed when it already holds one
 - --deadline-minutes: a wall-clock budget counted from the process's start, so that the tokenizer,
   loading, training, the final evaluation and the save all fit in it (the loop stops early by the
-  measured time of an evaluation and a save); SIGTERM stops training and saves the checkpoint at once
+  measured time of an evaluation and a save); SIGTERM stops training and saves the checkpoint at once;
+  --max-cpu-minutes: a CPU-time budget of the training steps (the process's own CPU time, evaluations and
+  saves left out: the machine's load and SIGSTOP pauses do not count), for comparing shapes per CPU hour
+- --shape d_model=384,h=6,d_ff=1536 (or n_encoder_layers=6,n_decoder_layers=2): a preset with another shape
 - a progress bar with loss, target tokens/s and ETA; dev loss and greedy dev BLEU every --eval-every steps
 - several GPUs or nodes through `torchrun --nproc-per-node N -m model.train …` (DistributedDataParallel)
 """
