@@ -49,10 +49,11 @@ def run_batches(engine, batches: list[list[list[int]]], options) -> tuple[int, f
     return tokens, time.perf_counter() - wall0, time.process_time() - cpu0, each
 
 
-def measure(engine, sources: list[list[int]], beam: int, batch_size: int) -> dict:
+def measure(engine, sources: list[list[int]], beam: int, batch_size: int, length: int = 0) -> dict:
     from service.shared.options import SearchOptions
 
-    options = SearchOptions(beam_size=beam)
+    options = (SearchOptions(beam_size=beam, min_length=length, max_length_a=0.0, max_length_b=length)
+               if length else SearchOptions(beam_size=beam))
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     batched = [[sources[i] for i in order[s:s + batch_size]] for s in range(0, len(order), batch_size)]
     tokens, wall, cpu, _ = run_batches(engine, batched, options)
@@ -61,7 +62,7 @@ def measure(engine, sources: list[list[int]], beam: int, batch_size: int) -> dic
             "b1_cpu_ms": one_cpu * 1000 / len(sources), "b1_tokens": one_tokens / len(sources)}
 
 
-def main(argv=None) -> None:
+def parse_args(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--package", action="append", required=True, metavar="NAME=DIR", help="repeatable; the first is "
                    "the reference of the ratio columns")
@@ -71,47 +72,64 @@ def main(argv=None) -> None:
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--length", type=int, default=0, help="every output this many tokens (eos banned before it, "
+                   "the budget this long): each package's cost at the same output length, whatever its training "
+                   "made it write (0: as it writes)")
     p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
     p.add_argument("--out", default=None, help="append the report (markdown) to this file")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
-    from model.corpus.tsv import read_pairs
-    from service.inference.engine import Engine
 
-    src_lang, tgt_lang = args.direction.split("-")
-    texts = [s for s, _ in read_pairs(args.data, direction=args.direction)[: args.sentences]]
-    engines = {}
-    for spec in args.package:
-        name, _, path = spec.rpartition("=")
-        engines[name or Path(path).name] = Engine(path, device="cpu", intra_op_threads=args.threads)
-    sources = {name: e.source_ids(texts, tgt_lang) for name, e in engines.items()}
+def best_of_rounds(args: argparse.Namespace, engines: dict, sources: dict) -> tuple[dict[str, dict], list[float]]:
+    """Every package measured once a round, in turns; -> each one's best figures, the load after each round."""
     for name, e in engines.items():                  # warm-up: first-run allocations
-        measure(e, sources[name][:2], args.beam, args.batch_size)
+        measure(e, sources[name][:2], args.beam, args.batch_size, args.length)
     best: dict[str, dict] = {}
     loads = []
     for _ in range(args.rounds):
         for name, e in engines.items():
-            r = measure(e, sources[name], args.beam, args.batch_size)
+            r = measure(e, sources[name], args.beam, args.batch_size, args.length)
             b = best.setdefault(name, r)
             for k in ("tok_s", "tok_cpu_s"):
                 b[k] = max(b[k], r[k])
             for k in ("b1_p50_ms", "b1_cpu_ms"):
                 b[k] = min(b[k], r[k])
         loads.append(os.getloadavg()[0])
+    return best, loads
+
+
+def report(args: argparse.Namespace, argv, n_texts: int, best: dict[str, dict], loads: list[float]) -> str:
     ref = best[next(iter(best))]
     rows = [f"| {name} | {b['tok_s']:,.0f} | {b['tok_cpu_s']:,.0f} | {b['b1_p50_ms']:,.1f} | {b['b1_cpu_ms']:,.1f} | "
             f"{b['b1_tokens']:.1f} | {b['b1_cpu_ms'] / b['b1_tokens']:.2f} | {b['b1_cpu_ms'] / ref['b1_cpu_ms']:.2f} | "
             f"{(b['b1_cpu_ms'] / b['b1_tokens']) / (ref['b1_cpu_ms'] / ref['b1_tokens']):.2f} | "
             f"{ref['tok_cpu_s'] / b['tok_cpu_s']:.2f} |" for name, b in best.items()]
-    report = "\n".join([
+    length = f", every output {args.length} tokens" if args.length else ""
+    return "\n".join([
         f"`python benchmarks/serving_cost.py {' '.join(sys.argv[1:] if argv is None else argv)}`", "",
-        f"CPU: {cpu_name()}; onnxruntime on {args.threads} thread(s); {args.direction}, the first {len(texts)} "
-        f"sentences of {args.data}; beam {args.beam}; best of {args.rounds} rounds (packages in turns); load "
-        f"average during the rounds {', '.join(f'{x:.1f}' for x in loads)}", "",
-        f"| package | tok/s (batch {args.batch_size}) | tok/CPU s | b1 p50 ms | b1 CPU ms | b1 tokens | b1 CPU ms/tok | "
-        f"b1 CPU × first | b1 CPU/tok × first | batch CPU/tok × first |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *rows])
-    publish(report + "\n", args.out)
+        f"CPU: {cpu_name()}; onnxruntime on {args.threads} thread(s); {args.direction}, the first {n_texts} "
+        f"sentences of {args.data}; beam {args.beam}{length}; best of {args.rounds} rounds (packages in turns); "
+        f"load average during the rounds {', '.join(f'{x:.1f}' for x in loads)}", "",
+        f"| package | tok/s (batch {args.batch_size}) | tok/CPU s | b1 p50 ms | b1 CPU ms | b1 tokens | "
+        "b1 CPU ms/tok | b1 CPU × first | b1 CPU/tok × first | batch CPU/tok × first |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *rows]) + "\n"
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+
+    from model.corpus.tsv import read_pairs
+    from service.inference.engine import Engine
+
+    tgt_lang = args.direction.split("-")[1]
+    texts = [s for s, _ in read_pairs(args.data, direction=args.direction)[: args.sentences]]
+    engines = {}
+    for spec in args.package:
+        name, _, path = spec.rpartition("=")
+        engines[name or Path(path).name] = Engine(path, device="cpu", intra_op_threads=args.threads)
+    sources = {name: e.source_ids(texts, tgt_lang) for name, e in engines.items()}
+    best, loads = best_of_rounds(args, engines, sources)
+    publish(report(args, argv, len(texts), best, loads), args.out)
 
 
 if __name__ == "__main__":
