@@ -19,6 +19,12 @@ corpus source shows what it adds to each test split, not only to dev. Settings m
 (model.train keeps the last one given) and `--init-from PACKAGE` (the budget then counts on from the package's
 target tokens: --target-tokens is what each setting trains beyond it).
 
+With --cpu-minutes M the budget is CPU time instead: each setting trains for M CPU minutes of its training
+steps (`--max-cpu-minutes`: the training process's own CPU time, so neither the machine's load nor a SIGSTOP
+pause counts; evaluations and saves are left out), and the table adds the target tokens each reached, for
+comparing model shapes per CPU hour (`--setting "wide=--shape d_model=384,h=6,d_ff=1536"`:
+benchmarks/results/size-cpu.md).
+
 "before" reproduces the schedule model.train had until the defaults changed (the paper's, factor 2 and
 4,000 warm-up steps at d_model 256: peak 0.001976 at step 4,000; every pair every epoch).
 """
@@ -62,9 +68,11 @@ def test_bleu(run: Path, test: str, direction: str, sentences: int) -> float:
 
 def run_setting(name: str, extra: list[str], args: argparse.Namespace, work: Path) -> dict:
     out = work / name
+    budget = (["--max-cpu-minutes", str(args.cpu_minutes)] if args.cpu_minutes else
+              ["--max-target-tokens", str(tokens_already_trained(extra) + args.target_tokens)])
     cmd = [sys.executable, "-m", "model.train", "--data", args.data, "--out", str(out), "--tokenizer",
            args.tokenizer, "--preset", args.preset, "--threads", str(args.threads), "--seed", str(args.seed),
-           "--max-target-tokens", str(tokens_already_trained(extra) + args.target_tokens), "--eval-every", "0",
+           *budget, "--eval-every", "0",
            "--eval-sentences", str(args.eval_sentences), "--no-resume", *extra]
     t = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -84,6 +92,8 @@ def main(argv=None) -> None:
     p.add_argument("--tokenizer", required=True, help="one SentencePiece model for every setting")
     p.add_argument("--preset", default="small")
     p.add_argument("--target-tokens", type=int, default=400_000)
+    p.add_argument("--cpu-minutes", type=float, default=0.0,
+                   help="budget each setting this many CPU minutes of training instead of --target-tokens")
     p.add_argument("--eval-sentences", type=int, default=200)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
@@ -97,12 +107,15 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     settings = args.setting or ["before=--lr 0.001976 --warmup 4000 --short-weight 1", "after="]
     header = [f"## {datetime.date.today()}: `python benchmarks/learning.py {shlex.join(sys.argv[1:])}`", "",
-              f"CPU: {cpu_name()}; preset {args.preset}, {args.target_tokens:,} target tokens, seed {args.seed}, "
+              f"CPU: {cpu_name()}; preset {args.preset}, "
+              + (f"{args.cpu_minutes:g} CPU minutes of training" if args.cpu_minutes else
+                 f"{args.target_tokens:,} target tokens") + f", seed {args.seed}, "
               f"{args.threads} thread(s); BLEU greedy on the first {args.eval_sentences} dev pairs of each direction"
               + (f"; test splits greedy BLEU on their first {args.test_sentences} pairs" if args.test else ""),
               "", "| setting | model.train options | dev loss | BLEU de-en | BLEU en-de | "
               + "".join(f"{Path(t).stem} {d} | " for t in args.test for d in ("de-en", "en-de"))
-              + "steps | minutes |", "|---|---|---:|---:|---:|" + "---:|" * (2 * len(args.test)) + "---:|---:|"]
+              + "steps | target tokens | CPU minutes | minutes |",
+              "|---|---|---:|---:|---:|" + "---:|" * (2 * len(args.test)) + "---:|---:|---:|---:|"]
     rows = []
     with tempfile.TemporaryDirectory(prefix="learning-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
@@ -111,7 +124,7 @@ def main(argv=None) -> None:
             r = run_setting(name, shlex.split(opts), args, work)
             rows.append(f"| {name} | `{opts or '(defaults)'}` | {r['dev_loss']:.3f} | {r.get('bleu_de-en', '-')} | "
                         f"{r.get('bleu_en-de', '-')} | " + "".join(f"{b:.2f} | " for b in r["tests"].values())
-                        + f"{r['step']} | {r['wall_min']:.1f} |")
+                        + f"{r['step']} | {r['target_tokens']:,} | {r.get('cpu_minutes', '-')} | {r['wall_min']:.1f} |")
             print(rows[-1], flush=True)
     publish("\n".join(header + rows) + f"\n\nload average at the end: {os.getloadavg()[0]:.1f}\n", args.out)
 

@@ -24,7 +24,10 @@ on monolingual text from `model.data --monolingual`: paragraphs cut into windows
   only) whenever dev BLEU improves; a run directory is resumed when it already holds one
 - --deadline-minutes: a wall-clock budget counted from the process's start, so that the tokenizer,
   loading, training, the final evaluation and the save all fit in it (the loop stops early by the
-  measured time of an evaluation and a save); SIGTERM stops training and saves the checkpoint at once
+  measured time of an evaluation and a save); SIGTERM stops training and saves the checkpoint at once;
+  --max-cpu-minutes: a CPU-time budget of the training steps (the process's own CPU time, evaluations and
+  saves left out: the machine's load and SIGSTOP pauses do not count), for comparing shapes per CPU hour
+- --shape d_model=384,h=6,d_ff=1536 (or n_encoder_layers=6,n_decoder_layers=2): a preset with another shape
 - a progress bar with loss, target tokens/s and ETA; dev loss and greedy dev BLEU every --eval-every steps
 - several GPUs or nodes through `torchrun --nproc-per-node N -m model.train …` (DistributedDataParallel)
 """
@@ -87,6 +90,9 @@ class TrainConfig:
     max_steps: int = 0              # 0 = no step limit
     max_target_tokens: int = 0      # stop once this many target tokens were trained on (0 = no limit)
     max_minutes: float = 0.0        # minutes of the training loop alone, after loading (0 = no limit)
+    # CPU minutes of this process's training steps (all its threads; evaluations and saves not counted), so
+    # that a budget buys the same training whatever the machine's load or a SIGSTOP pause (0 = no limit)
+    max_cpu_minutes: float = 0.0
     deadline_minutes: float = 0.0   # the whole run's wall clock from the process's start (0 = no deadline)
     eval_every: int = 1000          # steps between dev evaluations (0 = only at the end)
     eval_sentences: int = 300       # dev sentences decoded (greedy) for the periodic BLEU
@@ -104,6 +110,20 @@ STOP_CHECK_EVERY = 25
 PROBE_AT_SHARE = 0.1
 DEADLINE_TAIL_FACTOR = 1.5
 DEADLINE_MARGIN_S = 5.0
+
+
+SHAPE_FIELDS = ("d_model", "h", "d_ff", "n_encoder_layers", "n_decoder_layers")
+
+
+def parse_shape(arg: str) -> dict[str, int]:
+    """--shape "d_model=384,n_encoder_layers=6" -> {"d_model": 384, "n_encoder_layers": 6}."""
+    shape = {}
+    for item in filter(None, (part.strip() for part in arg.split(","))):
+        field, _, value = item.partition("=")
+        if field not in SHAPE_FIELDS or not value.isdigit() or int(value) < 1:
+            raise SystemExit(f"--shape: {item!r} is not FIELD=N with FIELD one of {', '.join(SHAPE_FIELDS)}")
+        shape[field] = int(value)
+    return shape
 
 
 def process_start_time() -> float:
@@ -313,6 +333,9 @@ def parse_args(argv) -> tuple[argparse.Namespace, TrainConfig]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    p.add_argument("--shape", default="", metavar="FIELD=N,...",
+                   help="override the preset's shape, e.g. d_model=384,h=6,d_ff=1536 or n_encoder_layers=6,"
+                        f"n_decoder_layers=2 (fields: {', '.join(SHAPE_FIELDS)}; a fresh run only)")
     p.add_argument("--arch", default="encoder-decoder", choices=["encoder-decoder", "decoder"],
                    help="encoder-decoder (translation, parallel data) or decoder (language model, monolingual data)")
     p.add_argument("--data", required=True, help="directory with train.tsv and dev.tsv from model.data")
@@ -454,8 +477,8 @@ def build_model(args: argparse.Namespace, corpus: CorpusInfo, tok: Tokenizer, st
         model = weights_of_package(Path(args.init_from), tok)
     else:
         config = (TransformerConfig(**state["config"]) if state else
-                  preset(args.preset, arch=args.arch, vocab_size=tok.vocab_size, pad_id=tok.special.pad,
-                         bos_id=tok.special.bos, eos_id=tok.special.eos,
+                  preset(args.preset, **parse_shape(args.shape), arch=args.arch, vocab_size=tok.vocab_size,
+                         pad_id=tok.special.pad, bos_id=tok.special.bos, eos_id=tok.special.eos,
                          # A zero <s> is for Marian/CTranslate2 export of translators; a language model keeps it.
                          zero_bos_embedding=not corpus.lm))
         model = Transformer(config)
@@ -617,6 +640,9 @@ class Trainer:
         self.elapsed_before = progress.history[-1]["minutes"] * 60 if progress.history else 0.0
         self.t_start = self.last_save = time.time()
         self.loop_deadline = self.t_start + settings.max_minutes * 60 if settings.max_minutes else math.inf
+        # CPU seconds of the training steps: the process's CPU time since here, less evaluations and saves
+        self.cpu_start, self.cpu_not_training = time.process_time(), 0.0
+        self.cpu_before = progress.history[-1].get("cpu_minutes", 0.0) * 60 if progress.history else 0.0
         self.probe_at = self.t_start + PROBE_AT_SHARE * (deadline - self.t_start)   # inf without a deadline
 
     def host_batches(self, epoch: int, batch_pos: int) -> Iterator[tuple[int, int, IdBatch]]:
@@ -717,17 +743,25 @@ class Trainer:
         return stop or bool(s.max_target_tokens and p.target_tokens >= s.max_target_tokens)
 
     def out_of_time(self, now: float) -> bool:
-        """Past --max-minutes, or too close to the deadline for the final evaluation and save."""
+        """Past --max-minutes or --max-cpu-minutes, or too close to the deadline for the final evaluation and
+        save."""
         if now >= self.loop_deadline:
+            return True
+        if self.settings.max_cpu_minutes and self.training_cpu_seconds() >= self.settings.max_cpu_minutes * 60:
             return True
         if self.deadline == math.inf or self.eval_seconds is None or self.save_seconds is None:
             return now >= self.deadline
         tail = DEADLINE_TAIL_FACTOR * (self.eval_seconds + 2 * self.save_seconds) + DEADLINE_MARGIN_S
         return now >= self.deadline - tail
 
+    def training_cpu_seconds(self) -> float:
+        """This process's CPU seconds in training steps since the loop started (all threads, the batch
+        prefetcher's too; evaluations and saves left out)."""
+        return time.process_time() - self.cpu_start - self.cpu_not_training
+
     def evaluate(self) -> None:
         """Dev metrics into the history, the log and train_log.jsonl; best.pt when they are the best yet."""
-        t = time.time()
+        t, cpu = time.time(), time.process_time()
         s, p, data, device = self.settings, self.progress, self.data, self.cluster.device
         if self.corpus.lm:                  # the best language model has the lowest dev loss
             metrics = evaluate_lm_dev(self.model, data.dev, s.max_tokens, device)
@@ -737,7 +771,8 @@ class Trainer:
                                    s.eval_sentences, device)
             score = sum(v for k, v in metrics.items() if k.startswith("bleu")) / max(1, len(data.dev_refs))
         minutes = round((time.time() - self.t_start + self.elapsed_before) / 60, 1)
-        metrics.update(step=p.step, target_tokens=p.target_tokens, minutes=minutes)
+        cpu_minutes = round((self.training_cpu_seconds() - (time.process_time() - cpu) + self.cpu_before) / 60, 2)
+        metrics.update(step=p.step, target_tokens=p.target_tokens, minutes=minutes, cpu_minutes=cpu_minutes)
         p.history.append(metrics)
         tqdm.write(json.dumps(metrics))
         if score > p.best_score:
@@ -746,11 +781,13 @@ class Trainer:
         with open(self.out / "train_log.jsonl", "a") as f:
             f.write(json.dumps(metrics) + "\n")
         self.eval_seconds = max(self.eval_seconds or 0.0, time.time() - t)
+        self.cpu_not_training += time.process_time() - cpu
 
     def save(self) -> None:
-        t = time.time()
+        t, cpu = time.time(), time.process_time()
         save_training_checkpoint(self.ckpt_path, self.model, self.optimizer, self.progress, self.corpus.labels)
         self.save_seconds = max(self.save_seconds or 0.0, time.time() - t)
+        self.cpu_not_training += time.process_time() - cpu
 
     def finish(self) -> None:
         """The last save, then a final evaluation unless the last step had one (or a SIGTERM stopped it)."""

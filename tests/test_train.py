@@ -72,7 +72,7 @@ def test_evaluate_rejects_a_direction_the_model_does_not_have(tiny_run, data_dir
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stop", ["max-target-tokens", "max-minutes", "sigterm"])
+@pytest.mark.parametrize("stop", ["max-target-tokens", "max-minutes", "max-cpu-minutes", "sigterm"])
 def test_torchrun_processes_stop_together(stop, data_dir, tmp_path):
     """Each stop condition is decided by both processes together, so they end together, within a minute, with
     one checkpoint (two processes that train: "device cpu x2"). Before, each counted target tokens from its own
@@ -80,7 +80,7 @@ def test_torchrun_processes_stop_together(stop, data_dir, tmp_path):
     SIGTERM."""
     out, budget = tmp_path / "ddp", 12_000
     limits = {"max-target-tokens": ["--max-target-tokens", str(budget)], "max-minutes": ["--max-minutes", "0.15"],
-              "sigterm": []}[stop]
+              "max-cpu-minutes": ["--max-cpu-minutes", "0.1"], "sigterm": []}[stop]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "model.train", "--data", str(data_dir), "--out", str(out), "--direction", "de-en", "--eval-every", "0",
            "--eval-sentences", "4", *TINY, "--max-tokens", "300", "--threads", "1", *limits]
@@ -303,6 +303,33 @@ def test_a_run_stops_at_its_target_token_budget_and_logs_tokens(data_dir, tmp_pa
     last = json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])
     assert 1000 <= last["target_tokens"] < 1300 and last["step"] > 1
     assert torch.load(out / "checkpoint.pt", weights_only=False)["target_tokens"] == last["target_tokens"]
+
+
+def test_a_run_stops_at_its_cpu_time_budget_evaluations_left_out(data_dir, tmp_path):
+    """--max-cpu-minutes counts the process's CPU time in training steps: evaluations (here every 5 steps) and
+    saves are left out, and a process stopped by SIGSTOP would not spend any. --shape changes the preset's."""
+    out = tmp_path / "cpu"
+    started = time.process_time()
+    train.main(["--data", str(data_dir), "--out", str(out), "--direction", "de-en", "--eval-sentences", "8", *TINY,
+                "--max-tokens", "300", "--threads", "1", "--max-cpu-minutes", "0.05", "--eval-every", "5",
+                "--shape", "d_ff=128,n_decoder_layers=1"])
+    spent = time.process_time() - started
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert len(log) > 2 and log[-1]["step"] > 10
+    assert [r["cpu_minutes"] for r in log] == sorted(r["cpu_minutes"] for r in log)
+    assert 0.05 <= log[-1]["cpu_minutes"] < 0.05 + 0.02           # stopped at the first step past 3 CPU seconds
+    assert spent > log[-1]["cpu_minutes"] * 60                     # the evaluations, loading and saves not counted
+    model = json.loads((out / "config.json").read_text())["model"]
+    assert (model["d_model"], model["d_ff"], model["n_encoder_layers"], model["n_decoder_layers"]) == (64, 128, 2, 1)
+
+
+def test_shape_overrides_the_presets_fields():
+    assert train.parse_shape("d_model=384,h=6, n_encoder_layers=6,n_decoder_layers=2") == {
+        "d_model": 384, "h": 6, "n_encoder_layers": 6, "n_decoder_layers": 2}
+    assert train.parse_shape("") == {}
+    for bad in ["dropout=0", "d_model=x", "d_model", "vocab_size=10"]:
+        with pytest.raises(SystemExit, match="--shape"):
+            train.parse_shape(bad)
 
 
 def test_a_run_from_a_package_continues_its_schedule(tiny_package, data_dir, tmp_path):
