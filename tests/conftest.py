@@ -81,10 +81,18 @@ def read_answer(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the OS picks it; a server started next can bind it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 now (the OS picks it; a server started next can bind it). Under pytest-xdist
+    (scripts/test.sh runs two processes) each process takes only ports of its own residue: the OS may hand the
+    same free port to both while the first one's server is still starting, before it binds."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")         # gw0, gw1, ...; empty without xdist
+    index = int(worker[2:]) if worker.startswith("gw") else 0
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port % count == index:
+            return port
 
 
 def start_server(package, *extra, env=None, port=None, preexec_fn=None):
