@@ -5,6 +5,7 @@ server_log run the real service on 127.0.0.1, free_port finds it a port."""
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 # Settings that make the tiny preset overfit 64 pairs in a few hundred steps on a CPU.
 # The peak is what the paper's schedule gave these fixtures at factor 1 (d_model 64, warm-up 50); every pair
 # every epoch; fp32 on every CPU, so the fixtures train alike whether or not the CPU has bf16 instructions.
+PORTS = (20000, 32768)   # free_port's range: below the ephemeral ports (ip_local_port_range's default starts at 32768)
 TINY = ["--preset", "tiny", "--vocab-size", "300", "--warmup", "50", "--lr", str(64 ** -0.5 * 50 ** -0.5),
         "--max-tokens", "2000", "--label-smoothing", "0", "--short-weight", "1", "--precision", "fp32"]
 
@@ -81,18 +83,24 @@ def read_answer(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the OS picks it; a server started next can bind it). Under pytest-xdist
-    (scripts/test.sh runs two processes) each process takes only ports of its own residue: the OS may hand the
-    same free port to both while the first one's server is still starting, before it binds."""
+    """A TCP port free on 127.0.0.1 now (a server started next can bind it). Under pytest-xdist (scripts/test.sh runs
+    two processes) each process draws only ports of its own residue: the OS, asked for any free port, may hand the
+    same one to both while the first one's server is still starting, before it binds. Drawn below the ephemeral
+    range (32768 and up here), where no client connection takes one; the OS's own choice cannot be split this
+    way, since Linux gives bind() even ports only."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")         # gw0, gw1, ...; empty without xdist
     index = int(worker[2:]) if worker.startswith("gw") else 0
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    while True:
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(PORTS[0] + index, PORTS[1], count)
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port % count == index:
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:       # taken, or a connection of it waiting out TIME_WAIT
+                continue
+        return port
+    raise RuntimeError(f"no free port in {PORTS} for pytest process {worker or 'main'}")
 
 
 def start_server(package, *extra, env=None, port=None, preexec_fn=None):
