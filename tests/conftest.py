@@ -20,11 +20,11 @@ import pytest
 ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
 sys.path.insert(0, str(Path(__file__).parent))
+PORTS = (20000, 32768)   # free_port's range: below the ephemeral ports (ip_local_port_range's default starts at 32768)
 
 # Settings that make the tiny preset overfit 64 pairs in a few hundred steps on a CPU.
 # The peak is what the paper's schedule gave these fixtures at factor 1 (d_model 64, warm-up 50); every pair
 # every epoch; fp32 on every CPU, so the fixtures train alike whether or not the CPU has bf16 instructions.
-PORTS = (20000, 32768)   # free_port's range: below the ephemeral ports (ip_local_port_range's default starts at 32768)
 TINY = ["--preset", "tiny", "--vocab-size", "300", "--warmup", "50", "--lr", str(64 ** -0.5 * 50 ** -0.5),
         "--max-tokens", "2000", "--label-smoothing", "0", "--short-weight", "1", "--precision", "fp32"]
 
