@@ -3,6 +3,7 @@ batch collector (what it takes, when it stops waiting, what it tells the HTTP pr
 runs a LitAPI's scheduler (each request answered when done, the requests that arrive meanwhile joining;
 a generation request's events streamed; a scheduler that raises failing its requests, not the loop)."""
 
+import asyncio
 import json
 import pickle
 import queue
@@ -21,7 +22,7 @@ from service.worker.cancel import CancelBoard
 from service.config import Settings
 from service.inference.engine import Engine
 from service.worker.generate_api import GenerateAPI
-from service.worker.litserve_bridge import SchedulerLoop, collect
+from service.worker.litserve_bridge import SchedulerLoop, collect, unbundled
 from service.worker.translate_api import TranslateAPI
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,8 +144,8 @@ def answers(loop: SchedulerLoop, responses: queue.Queue) -> list[tuple[str, obje
     loop._outbox_flush()
     out = []
     while not responses.empty():
-        uid, (body, status, *_) = responses.get_nowait()
-        out.append((uid, body, status))
+        for uid, (body, status, *_) in unbundled(responses.get_nowait()):
+            out.append((uid, body, status))
     return out
 
 
@@ -204,5 +205,42 @@ def test_answers_leave_in_the_order_handed_over_and_all_before_the_loop_returns(
         loop.put_response(transport, 0, f"r{i}", i, LitAPIStatus.OK, LoopResponseType.STREAMING)
     requests.put(_SENTINEL_VALUE)        # the server stops: the loop returns at its next look at the queue
     loop(api, "cpu", 0, requests, transport, {}, None)
-    sent = [responses.get_nowait() for _ in range(200)]
-    assert [uid for uid, _ in sent] == [f"r{i}" for i in range(200)] and responses.empty()
+    sent = [uid for uid, _, _ in answers(loop, responses)]
+    assert sent == [f"r{i}" for i in range(200)]
+
+
+def test_what_one_step_answers_goes_out_as_one_message():
+    """Three streams running together: each step's events travel as one message (a bundle), not one each (each
+    message is a round trip through LitServe's manager process); unbundled, every stream's events are in order."""
+    _, loop, requests, transport, responses = make()
+    api = GenerateAPI(Settings(), CancelBoard())
+    api.use_engines({"lm": EchoLM()})
+    payloads = [(0, uid, {"prompt": prompt, "temperature": 0, "max_new_tokens": 8})
+                for uid, prompt in (("a", "abcd"), ("b", "bcde"), ("c", "cdef"))]
+    assert loop._serve(api, requests, transport, payloads)
+    loop._outbox_flush()
+    messages = [responses.get_nowait() for _ in range(responses.qsize())]
+    sent = [m for message in messages for m in unbundled(message)]
+    assert len(messages) < len(sent)
+    assert any({uid for uid, _ in unbundled(m)} == {"a", "b", "c"} for m in messages)
+    for uid, prompt in (("a", "abcd"), ("b", "bcde"), ("c", "cdef")):
+        events = [body for u, (body, status, *_) in sent if u == uid and status == LitAPIStatus.OK]
+        assert "".join(p["text"] for e in events for p in json.loads(e)["pieces"]) == prompt
+        assert [status for u, (_, status, *_) in sent if u == uid][-1] == LitAPIStatus.FINISH_STREAMING
+
+
+def test_the_http_side_reads_a_bundle_as_the_messages_it_holds_in_order():
+    answers_queue = queue.Queue()
+    reader = litserve_bridge.QueueReader([answers_queue])
+    first = ("u1", ("a", LitAPIStatus.OK, LoopResponseType.STREAMING, 0))
+    second = ("u2", ("b", LitAPIStatus.OK, LoopResponseType.STREAMING, 0))
+    third = ("u1", ("", LitAPIStatus.FINISH_STREAMING, LoopResponseType.STREAMING, 0))
+    answers_queue.put(litserve_bridge.bundle([first, second]))
+    answers_queue.put(litserve_bridge.bundle([third]))
+
+    async def read() -> list:
+        return [await reader.areceive(0) for _ in range(3)]
+    try:
+        assert asyncio.run(read()) == [first, second, third]
+    finally:
+        reader.close(send_sentinel=False)

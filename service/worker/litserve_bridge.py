@@ -18,13 +18,15 @@ would wait forever.
 The answers' way back, each hop measured (benchmarks/results/serving-cpu.md): a worker sends no START message
 (only LitServe's monitor read it, in another process), sends answers and stream events from a thread of its own
 (`SchedulerLoop.put_response`: a send is a round trip through LitServe's manager process, which the next
-decoder step need not wait for), and each HTTP process receives them in one thread (`QueueReader`), not in a
-thread-pool call per message.
+decoder step need not wait for), what one step answers as one message per HTTP process (a bundle: eight streams
+cost one round trip a step, not eight), and each HTTP process receives them in one thread (`QueueReader`), not
+in a thread-pool call per message.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -87,19 +89,55 @@ class SchedulerLoop(LitLoop):
                      status: LitAPIStatus, response_type: LoopResponseType) -> None:
         """Hands an answer (or a stream's event) to the worker's sender thread, in order: each send is a round trip
         through LitServe's manager process, which the next decoder step need not wait for (onnxruntime releases the
-        GIL while it runs). Eight streams sent eight a step."""
+        GIL while it runs). Inside `one_message()` it is held until the block ends."""
+        message = (transport, response_queue_id, (uid, (response_data, status, response_type, self.worker_id)))
+        if getattr(self, "_held", None) is not None:
+            self._held.append(message)
+            return
+        self._hand_over([message])
+
+    @contextlib.contextmanager
+    def one_message(self):
+        """The answers put in this block go out together: one message per HTTP process (`bundle`)."""
+        self._held = []
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            if held:
+                self._hand_over(held)
+
+    def _hand_over(self, messages: list) -> None:
         if getattr(self, "_outbox", None) is None:
             self._outbox: SimpleQueue = SimpleQueue()
             self._sender = threading.Thread(target=self._send_all, name="answers", daemon=True)
             self._sender.start()
-        self._outbox.put((transport, response_queue_id, uid, response_data, status, response_type))
+        self._outbox.put(messages)
 
     def _send_all(self) -> None:
-        while (item := self._outbox.get()) is not None:
-            try:
-                LitLoop.put_response(self, *item)
-            except Exception:      # the manager is gone (the server is stopping): nothing more can be sent
-                log.exception("sending an answer to the HTTP process failed")
+        """Sends what was handed over, in order; what waits in the outbox when the sender gets to it goes out with
+        it, one message per HTTP process (its queue)."""
+        while True:
+            messages = self._outbox.get()
+            last = messages is None
+            while not last:
+                try:
+                    more = self._outbox.get_nowait()
+                except Empty:
+                    break
+                last = more is None
+                messages += more or []
+            queues: dict[tuple, list] = {}
+            for transport, queue_id, message in messages or []:
+                queues.setdefault((transport, queue_id), []).append(message)
+            for (transport, queue_id), group in queues.items():
+                try:   # an HTTP process that reads them with QueueReader (not LitServe's ZeroMQ transport) unbundles
+                    for message in [bundle(group)] if isinstance(transport, MPQueueTransport) else group:
+                        transport.send(message, consumer_id=queue_id)
+                except Exception:      # the manager is gone (the server is stopping): nothing more can be sent
+                    log.exception("sending an answer to the HTTP process failed")
+            if last:
+                return
 
     def _outbox_flush(self) -> None:
         """Every answer handed over is sent before the worker's loop returns (the server is stopping)."""
@@ -138,8 +176,9 @@ class SchedulerLoop(LitLoop):
                           lit_api.api_path.strip("/"), len(waiting))
             scheduler.abandon()
             self.traces.abandoned("internal_error")
-            for uid, response_queue_id in waiting.items():
-                self.put_error_response(transport, response_queue_id, uid, e, response_type(lit_api))
+            with self.one_message():
+                for uid, response_queue_id in waiting.items():
+                    self.put_error_response(transport, response_queue_id, uid, e, response_type(lit_api))
             return more
 
     def _admit(self, lit_api: LitAPI, payloads: list, waiting: dict) -> None:
@@ -162,7 +201,11 @@ class SchedulerLoop(LitLoop):
 
     def _answer(self, lit_api: LitAPI, transport: MessageTransport, waiting: dict) -> None:
         """A translation is answered once, when done; a generation request (a streaming LitAPI) gets each
-        step's new text as an event, and FINISH once over."""
+        step's new text as an event, and FINISH once over. What one step answers goes out as one message."""
+        with self.one_message():
+            self._answer_step(lit_api, transport, waiting)
+
+    def _answer_step(self, lit_api: LitAPI, transport: MessageTransport, waiting: dict) -> None:
         if not lit_api.stream:
             for uid, job in lit_api.scheduler.take_finished():
                 response = lit_api.encode_response(job)
@@ -179,6 +222,19 @@ class SchedulerLoop(LitLoop):
             if over:
                 self.put_response(transport, waiting.pop(uid), uid, "", LitAPIStatus.FINISH_STREAMING, stream)
                 self.traces.answered(uid, event)
+
+
+BUNDLE = "transerve-bundle"   # a message that holds several (LitServe's uids are uuid4 strings)
+
+
+def bundle(messages: list[tuple]) -> tuple:
+    """LitServe's messages (uid, (data, status, response type, worker id)) as one: a message alone as it is."""
+    return messages[0] if len(messages) == 1 else (BUNDLE, messages)
+
+
+def unbundled(message: tuple | None) -> list:
+    """The messages `bundle` made one, in order; any other (the closing transport's None) as it is."""
+    return message[1] if isinstance(message, tuple) and message[0] == BUNDLE else [message]
 
 
 def queued(lit_api: LitAPI) -> int:
@@ -266,7 +322,11 @@ class QueueReader(MPQueueTransport):
                     continue
                 except (EOFError, OSError, BrokenPipeError):    # the manager is gone: the server is stopping
                     return
-                loop.call_soon_threadsafe(inbox.put_nowait, item)
+                loop.call_soon_threadsafe(put_all, unbundled(item))
+
+        def put_all(items: list) -> None:
+            for item in items:
+                inbox.put_nowait(item)
 
         threading.Thread(target=read, name=f"answers-{consumer_id}", daemon=True).start()
         self._inbox = (os.getpid(), inbox)
