@@ -107,3 +107,23 @@ class TorchPromptDecoder:
 
     def select(self, rows: np.ndarray) -> None:
         self.seqs = [list(self.seqs[r]) for r in rows]
+
+
+def sample_one(logp: np.ndarray, rng: np.random.Generator, temperature: float, top_k: int, top_p: float) -> int:
+    """One row of ancestral sampling with Generator.choice, as service.shared.search sampled row by row before
+    _sample_rows: the reference that _sample_rows must match id for id (a seeded request's text stays the same)."""
+    z = logp.astype(np.float64) / temperature
+    if top_k > 0 and top_k < z.size:
+        kth = np.partition(z, -top_k)[-top_k]
+        z[z < kth] = -np.inf
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        cum = np.cumsum(p[order])
+        cut = int(np.searchsorted(cum, top_p)) + 1
+        mask = np.zeros_like(p, dtype=bool)
+        mask[order[:cut]] = True
+        p = np.where(mask, p, 0.0)
+        p /= p.sum()
+    return int(rng.choice(p.size, p=p))

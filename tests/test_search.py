@@ -9,7 +9,9 @@ import pytest
 from service.shared.options import SearchOptions
 from service.shared.processors import (ForceEosAtBudget, MinLength, NoRepeatNgram, RepetitionPenalty, Rows,
                                        SuppressTokens, logits_processors)
-from service.shared.search import Hypothesis, Step, beam_step, decode, finish
+from service.shared.search import Hypothesis, Step, _sample_rows, beam_step, decode, finish
+
+from oracles import sample_one
 
 BOS, EOS, V = 1, 0, 12
 
@@ -297,3 +299,21 @@ def test_the_training_sides_translate_runs_the_served_search_with_every_option(t
     if "no_repeat_ngram_size" in options and options["no_repeat_ngram_size"] == 1:
         assert served != [t.text for t in engine.translate(sources, source_lang="de", target_lang="en",
                                                            beam_size=4)]  # the options change the outputs
+
+
+@pytest.mark.parametrize("vocab", [7, 64, 8000, 8003])
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0), (1.0, 0, 0.9),
+                                                       (0.8, 40, 0.95), (1.0, 1, 1.0), (1.0, 0, 0.0)])
+def test_sampling_all_rows_at_once_picks_what_generator_choice_picks_row_by_row(vocab, temperature, top_k, top_p):
+    """_sample_rows must give each row the id the per-row Generator.choice oracle gives for the same seed, so a
+    seeded request's text is the same whatever its batch-mates (and the same as before rows were sampled at once)."""
+    data = np.random.default_rng(vocab)
+    for trial in range(20):
+        rows = int(data.integers(1, 9))
+        logits = data.normal(scale=float(data.choice([0.5, 3.0, 12.0])), size=(rows, vocab))
+        logp = (logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))).astype(np.float32)    # (N, V)
+        seeds = [int(s) for s in data.integers(0, 2**31, size=rows)]
+        expected = [sample_one(logp[r], np.random.default_rng(seeds[r]), temperature, top_k, top_p)
+                    for r in range(rows)]
+        u = np.array([np.random.default_rng(seed).random() for seed in seeds])
+        assert _sample_rows(logp, u, temperature, top_k, top_p).tolist() == expected, (trial, rows)

@@ -365,25 +365,35 @@ def _sampler(options: SearchOptions, seeds: Sequence[int | None]) -> Callable:
     rngs = [np.random.default_rng(s) for s in seeds]
     t, k, p = options.temperature, options.top_k, options.top_p
 
-    def pick(logp: np.ndarray, sentence: np.ndarray) -> list[int]:
-        return [_sample_one(logp[r], rngs[sentence[r]], t, k, p) for r in range(len(logp))]
+    def pick(logp: np.ndarray, sentence: np.ndarray) -> np.ndarray:
+        # One uniform draw per row from its input's generator, as Generator.choice(V, p=...) draws it.
+        u = np.array([rngs[s].random() for s in sentence], dtype=np.float64)      # (N,)
+        return _sample_rows(logp, u, t, k, p)
     return pick
 
 
-def _sample_one(logp: np.ndarray, rng: np.random.Generator, temperature: float, top_k: int, top_p: float) -> int:
-    z = logp.astype(np.float64) / temperature
-    if top_k > 0 and top_k < z.size:
-        kth = np.partition(z, -top_k)[-top_k]
+def _sample_rows(logp: np.ndarray, u: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """Each row's token for its uniform draw u: Generator.choice(V, p=row's distribution) for all rows at once,
+    the same ids to the bit (tests/test_search.py holds it to the per-row oracle): numpy's exp runs per row, as
+    its SIMD tail may differ from the same values in a longer run."""
+    z = logp.astype(np.float64) / temperature                                  # (N, V)
+    if 0 < top_k < z.shape[1]:
+        kth = np.partition(z, -top_k, axis=1)[:, -top_k, None]                 # (N, 1)
         z[z < kth] = -np.inf
-    p = np.exp(z - z.max())
-    p /= p.sum()
+    z -= z.max(axis=1, keepdims=True)
+    for row in z:
+        np.exp(row, out=row)
+    probs = z                                                                  # (N, V)
+    probs /= probs.sum(axis=1, keepdims=True)
     if top_p < 1.0:
-        order = np.argsort(-p, kind="stable")
-        cum = np.cumsum(p[order])
+        order = np.argsort(-probs, axis=1, kind="stable")                      # (N, V) most likely first
+        cum = np.cumsum(np.take_along_axis(probs, order, axis=1), axis=1)
         # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-        cut = int(np.searchsorted(cum, top_p)) + 1
-        mask = np.zeros_like(p, dtype=bool)
-        mask[order[:cut]] = True
-        p = np.where(mask, p, 0.0)
-        p /= p.sum()
-    return int(rng.choice(p.size, p=p))
+        cut = (cum < top_p).sum(axis=1) + 1                                    # (N,)
+        keep = np.zeros_like(probs, dtype=bool)
+        np.put_along_axis(keep, order, np.arange(probs.shape[1])[None, :] < cut[:, None], axis=1)
+        probs = np.where(keep, probs, 0.0)
+        probs /= probs.sum(axis=1, keepdims=True)
+    cdf = np.cumsum(probs, axis=1)
+    cdf /= cdf[:, -1:]
+    return (cdf <= u[:, None]).sum(axis=1)                                     # (N,) searchsorted(cdf, u, "right")
