@@ -26,6 +26,15 @@ FIXTURES = ROOT / "tests" / "fixtures"
 CALIBRATION_MIN = 32        # fewer unmeasured sentences than this in a source: the next source is tried
 HELD_OUT = FIXTURES / "langid-heldout.tsv"   # lang<TAB>text, 200 German Ding sentences
 
+# A server a benchmark starts gets a process group of its own (os.killpg stops all of it) but stays in the
+# client's session. With the kernel's autogroup scheduling (sched_autogroup_enabled=1, Debian's default) a new
+# session is a CPU group of its own, and the scheduler then shares the cores between the client's group and the
+# server's instead of process by process: on the 2-core EPYC the client then waited on the run queue for 2.4 s of
+# a 10 s run of 8 streams (schedstat), and a stream's TTFT p95 was 90-218 ms where a server in the client's session
+# gave 25-30 ms; the server's own part of it (its timings' first_token_ms) had a p50 of 11-14 ms both ways. A
+# client on another machine does not wait behind the server (benchmarks/results/serving-cpu.md).
+SERVER_PROCESS_GROUP = {"process_group": 0}
+
 
 def pairs64() -> list[tuple[str, str]]:
     """The tests' 64 real Ding sentence pairs (tests/fixtures/pairs64.tsv, GPL-2+): (German, English)."""
@@ -262,7 +271,7 @@ def served(package: Path, sentences: list[str], *, workers: int, threads: int, m
     cmd = [sys.executable, "-m", "service", "--model", str(package), "--port", str(port),
            "--workers", str(workers), "--threads", str(threads), "--device", device,
            "--max-batch-size", str(max_batch), "--max-output-tokens", str(max_length)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **SERVER_PROCESS_GROUP)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 180

@@ -42,7 +42,7 @@ from locust.env import Environment
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from common import free_port, pairs64  # noqa: E402
+from common import SERVER_PROCESS_GROUP, free_port, pairs64  # noqa: E402
 
 SENTENCES = [de for de, _ in pairs64()]
 
@@ -150,7 +150,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "service", "--model", args.model, "--port", str(port), "--threads",
            str(args.threads), "--max-queue", str(args.max_queue)]
     server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+                              **SERVER_PROCESS_GROUP)
     return server, f"http://127.0.0.1:{port}"
 
 

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, cpu_name, free_port, pairs64
+from common import ROOT, SERVER_PROCESS_GROUP, cpu_name, free_port, pairs64
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -65,7 +65,7 @@ def start(tree: Path, package: Path, workers: int, threads: int) -> tuple[subpro
     proc = subprocess.Popen([sys.executable, "-m", "service", "--model", str(package), "--port", str(port),
                              "--workers", str(workers), "--threads", str(threads), "--device", "cpu",
                              "--max-batch-size", "32"], cwd=tree, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+                            stderr=subprocess.DEVNULL, **SERVER_PROCESS_GROUP)
     url = f"http://127.0.0.1:{port}"
     for _ in range(360):
         try:

@@ -62,7 +62,7 @@ from typing import Awaitable, Callable
 import httpx
 import numpy as np
 
-from common import ROOT, cpu_facts, describe_cpu, free_port, pairs64
+from common import ROOT, SERVER_PROCESS_GROUP, cpu_facts, describe_cpu, free_port, pairs64
 
 ENDPOINTS = ("translate", "generate")
 OPEN_LOOP_CONNECTIONS = 64   # made before an open loop starts (more are made when more requests are in flight)
@@ -317,7 +317,7 @@ def start_server(args: argparse.Namespace, workers: int, threads: int) -> tuple[
     cmd = [sys.executable, "-m", "service", *[a for m in args.model for a in ("--model", m)], "--host", "127.0.0.1",
            "--port", str(port), "--workers", str(workers), "--threads", str(threads), *args.server_arg]
     proc = subprocess.Popen(cmd, cwd=args.server_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+                            **SERVER_PROCESS_GROUP)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from service.config import parse_settings  # noqa: E402
-from common import cpu_name  # noqa: E402
+from common import SERVER_PROCESS_GROUP, cpu_name  # noqa: E402
 
 HEADS = {
     "silent": b"",
@@ -70,7 +70,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
     cmd = [sys.executable, "-m", "service", "--model", args.model, "--host", "127.0.0.1", "--port", str(port),
            "--threads", "1", *shlex.split(args.server_args)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+                            **SERVER_PROCESS_GROUP)
     deadline = time.time() + 180
     while time.time() < deadline and proc.poll() is None:
         try:
