@@ -195,7 +195,10 @@ def test_a_running_batch_drops_a_member_at_once_and_narrows_when_the_longest_row
     three = engine.join_generation(batch, engine.prompt_ids(["Das"]) * 3,
                                    SearchOptions(sampling=True, min_length=20, max_length=30), seeds=[1, 2, 3])
     batch.step()
-    assert batch.call_rows == [1, 4] and batch.rows == 4                  # one prompt read for its 3 sequences
+    # one prompt read for its 3 sequences, then their first tokens in a call of their own: the running row waits
+    assert batch.call_rows == [1, 3] and batch.rows == 4 and long.step is None and three.step is not None
+    batch.step()
+    assert batch.call_rows == [4] and long.step is not None
     batch.step()
     assert batch.call_rows == [4]
     assert batch.step() == [long] and long.result[0][0].tokens and batch.call_rows == [3]
@@ -204,6 +207,35 @@ def test_a_running_batch_drops_a_member_at_once_and_narrows_when_the_longest_row
     assert batch.step() == [] and batch.call_rows == [] and batch.rows == 0
     batch.close()
     assert engine.pool.held_bytes > 0 and batch.bytes == 0
+
+
+def test_sequences_that_share_a_prompt_and_join_running_rows_continue_as_alone(tiny_lm_package):
+    """A joining request's first tokens come from a call of its own, written into rows of their own: three sampled
+    sequences of one prompt (one prompt row read by three) and a beam search of 4 (one row read by four), joining
+    while another request runs, continue as each request alone."""
+    engine = Engine(tiny_lm_package, device="cpu", intra_op_threads=1)
+    sampled = SearchOptions(sampling=True, min_length=6, max_length=8)
+    beams = SearchOptions(beam_size=4, num_hypotheses=2, max_length=8)
+    prompt = engine.prompt_ids(["Das Haus"])[0]
+    alone_sampled = finish(engine.generate_steps([prompt] * 3, sampled, seeds=[1, 2, 3]))
+    alone_beams = finish(engine.generate_steps([prompt], beams))
+    batch = engine.generation_batch()
+    engine.join_generation(batch, engine.prompt_ids([" ".join(SENTENCES[:2])]),
+                           SearchOptions(beam_size=1, min_length=12, max_length=12))
+    batch.step()
+    three = engine.join_generation(batch, [prompt] * 3, sampled, seeds=[1, 2, 3])
+    four = engine.join_generation(batch, [prompt], beams)
+    batch.step()
+    assert batch.call_rows == [1, 3 + 4]
+    while three.result is None or four.result is None:
+        batch.step()
+    assert tokens(three.result) == tokens(alone_sampled) and tokens(four.result) == tokens(alone_beams)
+    batch.close()
+
+
+def tokens(hyps) -> list[list[list[int]]]:
+    """Each prompt's hypotheses' tokens (a Hypothesis per prompt, or a list of them: beam search)."""
+    return [[h.tokens for h in (hs if isinstance(hs, list) else [hs])] for hs in hyps]
 
 
 def test_decoder_log_probs_match_pytorch(engine, reference):

@@ -94,6 +94,7 @@ class LmBatch:
         self.write: Block | None = None       # where the next call writes its present
         self.cached = (0, 0)                  # (rows, width) of the cache in `read`
         self.call_rows: list[int] = []        # rows of each decoder call of the last step (prompts' call first)
+        self.first_rows_at = 0                # the cache's row where new members' first call writes (_start)
 
     # --- members -------------------------------------------------------------------------------------------
     def join(self, prompts: Sequence[Sequence[int]], options: SearchOptions, *, bos_id: int, eos_id: int,
@@ -137,36 +138,48 @@ class LmBatch:
             if m.stepped:
                 m.send(None)
         new = [m for m in self.members if not m.started and not m.over]
+        running = any(m.want is not None for m in self.members)
         if new:
-            self._start(new)
+            self._start(new, first_apart=running)
+        first = [m for m in new if m.want is not None]
         live = [m for m in self.members if m.want is not None]
-        if live:
+        if first and running:
+            self._decode_first(first)       # the running rows wait at their Want for the next step
+        elif live:
             self._decode(live)
         ended = [m for m in self.members if m.over]
         for m in ended:
             self.leave(m)
         return ended
 
-    def _start(self, new: list[LmMember]) -> None:
-        """Reads the new members' prompts into the cache beside the running rows; their searches start."""
+    def _start(self, new: list[LmMember], first_apart: bool = False) -> None:
+        """Reads the new members' prompts into the cache beside the running rows; their searches start. With
+        `first_apart`, the cache also gets room for the rows of their first call (_decode_first), after the
+        prompts' rows: a prompt's row can be read by several (beams, sequences), each of which writes its own."""
         heads: dict[tuple, int] = {}      # each distinct prompt but its last token -> its row among the new
         for m in new:
             for p in m.prompts:
                 heads.setdefault(tuple(p[:-1]), len(heads))
-        longest = max(len(h) for h in heads)
-        offset = self._relayout(columns_for(longest + 1), len(heads))
-        self._read_prompts(list(heads), offset)
-        for m in new:
-            m.rows = np.array([offset + heads[tuple(p[:-1])] for p in m.prompts], dtype=np.int64)
+        for m in new:                         # rows among the new ones until the cache has room for them
+            m.rows = np.array([heads[tuple(p[:-1])] for p in m.prompts], dtype=np.int64)
             m.next_pos = np.array([len(p) - 1 for p in m.prompts], dtype=np.int64)
             m.started = True
             m.send(None)                      # to its first Want (a beam search makes its K rows a prompt there)
+        first_rows = sum(len(m.rows) for m in new if m.want is not None) if first_apart else 0
+        longest = max(len(h) for h in heads)
+        offset = self._relayout(columns_for(longest + 1), len(heads) + first_rows,
+                                [m for m in self.members if m.started and not m.over and m not in new])
+        self._read_prompts(list(heads), offset)
+        for m in new:
+            m.rows = m.rows + offset
+        self.first_rows_at = offset + len(heads)
 
-    def _relayout(self, width: int, extra: int) -> int:
+    def _relayout(self, width: int, extra: int, running: list[LmMember] | None = None) -> int:
         """Copies the rows the running members read into a new block, at max(width, the cache's width)
         columns, with room for `extra` new rows after them; the members' rows follow. Returns where the new
         rows go. Columns no call wrote are zeros: masked, but never NaN."""
-        running = [m for m in self.members if m.started and not m.over]
+        if running is None:
+            running = [m for m in self.members if m.started and not m.over]
         rows, old_width = self.cached
         keep, inverse = np.unique(np.concatenate([m.rows for m in running] or [np.zeros(0, np.int64)]),
                                   return_inverse=True)
@@ -234,16 +247,37 @@ class LmBatch:
         offset = 0
         for m, n in zip(live, counts):
             m.rows, m.next_pos = np.arange(offset, offset + n, dtype=np.int64), m.next_pos + 1
-            k, rows = m.want.k, slice(offset, offset + n)
-            m.send((outs["log_probs"][rows], None, None) if k is None else
-                   (outs["top_log_probs"][rows, :k], outs["top_ids"][rows, :k], outs["eos_log_probs"][rows]))
+            m.send(self._outputs_for(outs, slice(offset, offset + n), m.want.k))
             offset += n
 
+    def _decode_first(self, first: list[LmMember]) -> None:
+        """New members' first tokens in a call of their own, so that a stream's first token does not wait for the
+        running rows' step (TTFT, as vLLM runs a new request's prefill before the running decodes); their present
+        goes back into their own rows of the cache, which keeps everyone's. The width is the cache's, a multiple of
+        COLUMNS_STEP: a row's outputs are the same as in a call with the others."""
+        rows = np.concatenate([m.rows for m in first])
+        next_pos = np.concatenate([m.next_pos for m in first])                  # (N,)
+        at = self.first_rows_at
+        outs = self._run(np.concatenate([m.want.tokens for m in first]), rows, next_pos, self.cached[1],
+                         [m.want.k for m in first], into_rows=at)
+        offset = 0
+        for m in first:
+            n = len(m.rows)
+            m.rows, m.next_pos = np.arange(at + offset, at + offset + n, dtype=np.int64), m.next_pos + 1
+            m.send(self._outputs_for(outs, slice(offset, offset + n), m.want.k))
+            offset += n
+
+    @staticmethod
+    def _outputs_for(outs: dict[str, np.ndarray], rows: slice, k: int | None) -> tuple:
+        return ((outs["log_probs"][rows], None, None) if k is None else
+                (outs["top_log_probs"][rows, :k], outs["top_ids"][rows, :k], outs["eos_log_probs"][rows]))
+
     def _run(self, tokens: np.ndarray, past_rows: np.ndarray, next_pos: np.ndarray, width: int,
-             ks: list[int | None]) -> dict[str, np.ndarray]:
+             ks: list[int | None], into_rows: int | None = None) -> dict[str, np.ndarray]:
         """One call of the graph, N rows of one token each: the top outputs at the largest k any member wants,
         the whole distribution as well when one wants it. The present goes to the other block, which
-        becomes the cache."""
+        becomes the cache; with `into_rows` (a row of the cache, `width` its width) it is copied into the cache's
+        rows from there on instead, and the cache keeps every other row."""
         g, N, L = self.graph, len(tokens), len(self.graph.past_names)
         rows, old_width = self.cached
         key_mask = np.arange(width)[None, :] <= next_pos[:, None]              # (N, W) columns 0..position
@@ -268,9 +302,21 @@ class LmBatch:
             g.on_call(N)
         g.session.run_with_iobinding(io)
         del arrays
-        self.read, self.write, self.cached = self.write, self.read, (N, width)
+        if into_rows is None:
+            self.read, self.write, self.cached = self.write, self.read, (N, width)
+        else:
+            self._copy_back(into_rows, N, width)
         self.call_rows.append(N)
         return dict(zip(names, outs))
+
+    def _copy_back(self, at: int, N: int, width: int) -> None:
+        """The present of a call (in `write`, N rows at the cache's width) into the cache's rows at..at + N."""
+        g, L = self.graph, len(self.graph.past_names)
+        R = self.cached[0]
+        host = self.read.host()
+        cache = host[:L * R * g.h * width * g.d_k].reshape(L, R, g.h, width, g.d_k)      # (L, R, h, W, d_k)
+        cache[:, at:at + N] = self.write.host()[:L * N * g.h * width * g.d_k].reshape(L, N, g.h, width, g.d_k)
+        self.read.commit(host)
 
     def _bind_inputs(self, io, tokens: np.ndarray, past_rows: np.ndarray, key_mask: np.ndarray,
                      positions: np.ndarray, k: int) -> list[np.ndarray]:
