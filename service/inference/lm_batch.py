@@ -3,10 +3,11 @@ over a decoder-only package's graph (OrtLmDecoder's layout, model/export.py's LM
 
 A search joins the running batch between two steps (`LmBatch.join`): at the next step its prompts are read
 (every token but the last, in a call of their own, as OrtLmDecoder reads them), their cache is put beside
-the running rows', and its first token is chosen in that same step's decoder call with everyone else's. It
-leaves at the step it ends, or at once when its caller drops it (`leave`: a client gone, every sequence
-stopped). Each member's search is service.shared.search's searcher(), answered here: one graph call a step
-for every row, each member's outputs handed to its own search.
+the running rows', and its first token is chosen in a second call of its own (`_decode_first`); the running rows
+wait for the next step, so a stream's first token does not wait for everyone's step (alone, a search's first
+token is chosen in the step's one call). It leaves at the step it ends, or at once when its caller drops it
+(`leave`: a client gone, every sequence stopped). Each member's search is service.shared.search's searcher(),
+answered here: one graph call a step for every row, each member's outputs handed to its own search.
 
 What lets rows that joined at different steps share a call: the graph writes each row's token at the cache
 column of its own position and reads, per row, the columns `key_mask` shows (columns 0..position), so a row's
@@ -17,8 +18,9 @@ in the same order (OrtLmDecoder says why): a seeded request's output is the same
 
 The cache lives in two blocks of the engine's pool, as KVCache's does: a call reads `past` from one and writes
 `present` into the other, which then swap. Joining copies the running rows' cache once into a new block with
-room for the new rows (the prompts' call writes straight into that room), as narrowing it does when the longest
-rows have left; the graph writes a whole present every step anyway, so neither adds more than a step's copy.
+room for the new rows (the prompts' call writes straight into that room, the first tokens' call into rows after
+it, whose present is copied back there), as narrowing it does when the longest rows have left; the graph writes a
+whole present every step anyway, so neither adds more than a step's copy.
 """
 
 from __future__ import annotations
