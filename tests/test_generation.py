@@ -29,6 +29,7 @@ from service.shared.search import decode, finish
 
 from conftest import ROOT, pairs64, torch_reference
 from oracles import TorchPromptDecoder
+from test_batch_invariance import continuations
 
 SENTENCES = [s for pair in pairs64() for s in pair]
 # Prompts of every length: a word, half a sentence, a whole sentence, and text the model never saw.
@@ -229,13 +230,9 @@ def test_sequences_that_share_a_prompt_and_join_running_rows_continue_as_alone(t
     assert batch.call_rows == [1, 3 + 4]
     while three.result is None or four.result is None:
         batch.step()
-    assert tokens(three.result) == tokens(alone_sampled) and tokens(four.result) == tokens(alone_beams)
+    assert continuations(three.result) == continuations(alone_sampled)
+    assert continuations(four.result) == continuations(alone_beams)
     batch.close()
-
-
-def tokens(hyps) -> list[list[list[int]]]:
-    """Each prompt's hypotheses' tokens (a Hypothesis per prompt, or a list of them: beam search)."""
-    return [[h.tokens for h in (hs if isinstance(hs, list) else [hs])] for hs in hyps]
 
 
 def test_decoder_log_probs_match_pytorch(engine, reference):
