@@ -34,7 +34,10 @@ sent its requests on average (the client shares the CPUs: a large lag means the 
 offered). Statuses other than 200 (e.g. 503 once --max-queue requests wait, 408 when a starved client sent
 its headers too slowly) and requests with no answer (named by the client's exception, e.g. a connection the
 server closed beyond its --max-connections) are counted, not timed. `load 1 min` is the load average as each
-run ended: on a shared machine it says which figures other processes disturbed.
+run ended: on a shared machine it says which figures other processes disturbed. `client waited %` is the time
+the client's threads spent runnable but waiting for a CPU (Linux's schedstat), as a share of the run: where it
+is large, the figures include the client's own wait behind the server, which a client on another machine does
+not have (benchmarks/common.py's SERVER_PROCESS_GROUP says when it was).
 
 Every table names the CPU (model name, AVX-512/VNNI flags), its cores and the load average. The client runs
 on the same machine as the server (httpx, asyncio, one process, one connection per client: see Connections):
@@ -88,9 +91,22 @@ class Run:
     load: str
     results: list[Result]
     wall: float
+    client_wait: float = 0.0              # seconds the client's threads waited for a CPU (run_queue_wait)
 
 
 Send = Callable[[httpx.AsyncClient, int], Awaitable[Result]]
+
+
+def run_queue_wait() -> float:
+    """Seconds this process's threads have waited, runnable, for a CPU (/proc/self/task/*/schedstat; 0 where there
+    is none). A thread that ended takes its share with it: the client's threads live as long as the run."""
+    total = 0
+    for task in Path("/proc/self/task").glob("*/schedstat"):
+        try:
+            total += int(task.read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / 1e9
 
 
 def read_texts(data: Path | None) -> list[str]:
@@ -159,15 +175,15 @@ async def closed_loop(send: Send, clients: int, seconds: float) -> Run:
     results: list[Result] = []
     async with Connections() as connections:
         own = [connections.take() for _ in range(clients)]
-        t0 = time.perf_counter()
+        t0, waited = time.perf_counter(), run_queue_wait()
         end = t0 + seconds
 
         async def one_client(client: httpx.AsyncClient) -> None:
             while time.perf_counter() < end:
                 results.append(await send(client, next(counter)))
         await asyncio.gather(*(one_client(c) for c in own))
-        wall = time.perf_counter() - t0
-    return Run("closed", f"{clients} client{'s' * (clients > 1)}", results, wall)
+        wall, waited = time.perf_counter() - t0, run_queue_wait() - waited
+    return Run("closed", f"{clients} client{'s' * (clients > 1)}", results, wall, waited)
 
 
 def arrival_times(rate: float, seconds: float, burstiness: float, seed: int) -> np.ndarray:
@@ -184,7 +200,7 @@ async def open_loop(send: Send, rate: float, seconds: float, burstiness: float, 
     times = arrival_times(rate, seconds, burstiness, seed)
     async with Connections() as connections:
         connections.give(*[connections.take() for _ in range(min(len(times), OPEN_LOOP_CONNECTIONS))])
-        t0 = time.perf_counter()
+        t0, waited = time.perf_counter(), run_queue_wait()
 
         async def at(i: int, when: float) -> Result:
             await asyncio.sleep(max(0.0, t0 + when - time.perf_counter()))
@@ -196,8 +212,8 @@ async def open_loop(send: Send, rate: float, seconds: float, burstiness: float, 
             r.lag = r.sent - (t0 + when)
             return r
         results = await asyncio.gather(*(at(i, float(w)) for i, w in enumerate(times)))
-        wall = time.perf_counter() - t0
-    return Run("open", f"{rate:.2f} req/s", list(results), wall)
+        wall, waited = time.perf_counter() - t0, run_queue_wait() - waited
+    return Run("open", f"{rate:.2f} req/s", list(results), wall, waited)
 
 
 class Connections:
@@ -251,7 +267,7 @@ def summarize(run: Run) -> dict:
             "ttft": percentiles([r.ttft for r in ok if r.ttft is not None]),
             "itl": percentiles([x for r in ok for x in r.itl]), "tpot": percentiles(tpot),
             "lag_ms": 1000 * float(np.mean([r.lag for r in run.results])) if run.mode == "open" else 0.0,
-            "loadavg": os.getloadavg()[0]}
+            "client_wait_pct": 100 * run.client_wait / run.wall, "loadavg": os.getloadavg()[0]}
 
 
 def fmt(values: tuple[float, float, float]) -> str:
@@ -264,13 +280,14 @@ def table(rows: list[dict], generation: bool) -> list[str]:
     if generation:
         head += " TTFT p50 / p95 / p99 ms | ITL p50 / p95 / p99 ms | TPOT p50 / p95 / p99 ms |"
         rule += "---:|---:|---:|"
-    lines = [head + " send lag ms | load 1 min |", rule + "---:|---:|"]
+    lines = [head + " send lag ms | client waited % | load 1 min |", rule + "---:|---:|---:|"]
     for r in rows:
         line = (f"| {r['mode']} | {r['load']} | {r['sent']} | {r['ok']} | {r['other']} | {r['req_s']:.1f} | "
                 f"{r['tok_s']:,.0f} | {fmt(r['latency'])} |")
         if generation:
             line += f" {fmt(r['ttft'])} | {fmt(r['itl'])} | {fmt(r['tpot'])} |"
-        lines.append(line + (f" {r['lag_ms']:.1f} |" if r["mode"] == "open" else " - |") + f" {r['loadavg']:.1f} |")
+        lines.append(line + (f" {r['lag_ms']:.1f} |" if r["mode"] == "open" else " - |")
+                     + f" {r['client_wait_pct']:.1f} | {r['loadavg']:.1f} |")
     return lines
 
 
