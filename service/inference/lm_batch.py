@@ -4,8 +4,8 @@ over a decoder-only package's graph (OrtLmDecoder's layout, model/export.py's LM
 A search joins the running batch between two steps (`LmBatch.join`): at the next step its prompts are read
 (every token but the last, in a call of their own, as OrtLmDecoder reads them), their cache is put beside
 the running rows', and its first token is chosen in a second call of its own (`_decode_first`); the running rows
-wait for the next step, so a stream's first token does not wait for everyone's step (alone, a search's first
-token is chosen in the step's one call). It leaves at the step it ends, or at once when its caller drops it
+wait for the next step, so a stream's first token does not wait for everyone's step (alone, or on a GPU, a
+search's first token is chosen in the step's one call). It leaves at the step it ends, or at once when its caller drops it
 (`leave`: a client gone, every sequence stopped). Each member's search is service.shared.search's searcher(),
 answered here: one graph call a step for every row, each member's outputs handed to its own search.
 
@@ -140,7 +140,9 @@ class LmBatch:
             if m.stepped:
                 m.send(None)
         new = [m for m in self.members if not m.started and not m.over]
-        running = any(m.want is not None for m in self.members)
+        # On a device the first tokens' copy back goes through the host, whole cache and all (Block.host):
+        # there they are chosen in the step's one call, as before (not measured: no GPU here).
+        running = any(m.want is not None for m in self.members) and self.graph.pool.device == "cpu"
         if new:
             self._start(new, first_apart=running)
         first = [m for m in new if m.want is not None]
