@@ -5,9 +5,10 @@ A search joins the running batch between two steps (`LmBatch.join`): at the next
 (every token but the last, in a call of their own, as OrtLmDecoder reads them), their cache is put beside
 the running rows', and its first token is chosen in a second call of its own (`_decode_first`); the running rows
 wait for the next step, so a stream's first token does not wait for everyone's step (alone, or on a GPU, a
-search's first token is chosen in the step's one call). It leaves at the step it ends, or at once when its caller drops it
-(`leave`: a client gone, every sequence stopped). Each member's search is service.shared.search's searcher(),
-answered here: one graph call a step for every row, each member's outputs handed to its own search.
+search's first token is chosen in the step's one call). It leaves at the step it ends, or at once when its
+caller drops it (`leave`: a client gone, every sequence stopped). Each member's search is
+service.shared.search's searcher(), answered here: one graph call a step for every row, each member's outputs
+handed to its own search.
 
 What lets rows that joined at different steps share a call: the graph writes each row's token at the cache
 column of its own position and reads, per row, the columns `key_mask` shows (columns 0..position), so a row's
@@ -140,14 +141,14 @@ class LmBatch:
             if m.stepped:
                 m.send(None)
         new = [m for m in self.members if not m.started and not m.over]
-        # On a device the first tokens' copy back goes through the host, whole cache and all (Block.host):
-        # there they are chosen in the step's one call, as before (not measured: no GPU here).
-        running = any(m.want is not None for m in self.members) and self.graph.pool.device == "cpu"
+        # New members' first tokens in a call apart while others run. On a device the copy back goes through the
+        # host, whole cache and all (Block.host): there they are chosen in the step's one call (no GPU here).
+        apart = any(m.want is not None for m in self.members) and self.graph.pool.device == "cpu"
         if new:
-            self._start(new, first_apart=running)
+            self._start(new, first_apart=apart)
         first = [m for m in new if m.want is not None]
         live = [m for m in self.members if m.want is not None]
-        if first and running:
+        if first and apart:
             self._decode_first(first)       # the running rows wait at their Want for the next step
         elif live:
             self._decode(live)
