@@ -97,7 +97,6 @@ class LmBatch:
         self.write: Block | None = None       # where the next call writes its present
         self.cached = (0, 0)                  # (rows, width) of the cache in `read`
         self.call_rows: list[int] = []        # rows of each decoder call of the last step (prompts' call first)
-        self.first_rows_at = 0                # the cache's row where new members' first call writes (_start)
 
     # --- members -------------------------------------------------------------------------------------------
     def join(self, prompts: Sequence[Sequence[int]], options: SearchOptions, *, bos_id: int, eos_id: int,
@@ -144,12 +143,11 @@ class LmBatch:
         # New members' first tokens in a call apart while others run. On a device the copy back goes through the
         # host, whole cache and all (Block.host): there they are chosen in the step's one call (no GPU here).
         apart = any(m.want is not None for m in self.members) and self.graph.pool.device == "cpu"
-        if new:
-            self._start(new, first_apart=apart)
+        first_at = self._start(new, first_apart=apart) if new else 0
         first = [m for m in new if m.want is not None]
         live = [m for m in self.members if m.want is not None]
         if first and apart:
-            self._decode_first(first)       # the running rows wait at their Want for the next step
+            self._decode_first(first, first_at)    # the running rows wait at their Want for the next step
         elif live:
             self._decode(live)
         ended = [m for m in self.members if m.over]
@@ -157,10 +155,11 @@ class LmBatch:
             self.leave(m)
         return ended
 
-    def _start(self, new: list[LmMember], first_apart: bool = False) -> None:
+    def _start(self, new: list[LmMember], first_apart: bool = False) -> int:
         """Reads the new members' prompts into the cache beside the running rows; their searches start. With
         `first_apart`, the cache also gets room for the rows of their first call (_decode_first), after the
-        prompts' rows: a prompt's row can be read by several (beams, sequences), each of which writes its own."""
+        prompts' rows: a prompt's row can be read by several (beams, sequences), each of which writes its own.
+        Returns the cache row where that room begins."""
         heads: dict[tuple, int] = {}      # each distinct prompt but its last token -> its row among the new
         for m in new:
             for p in m.prompts:
@@ -177,7 +176,7 @@ class LmBatch:
         self._read_prompts(list(heads), offset)
         for m in new:
             m.rows = m.rows + offset
-        self.first_rows_at = offset + len(heads)
+        return offset + len(heads)
 
     def _relayout(self, width: int, extra: int, running: list[LmMember] | None = None) -> int:
         """Copies the rows the running members read into a new block, at max(width, the cache's width)
@@ -255,14 +254,14 @@ class LmBatch:
             m.send(self._outputs_for(outs, slice(offset, offset + n), m.want.k))
             offset += n
 
-    def _decode_first(self, first: list[LmMember]) -> None:
+    def _decode_first(self, first: list[LmMember], at: int) -> None:
         """New members' first tokens in a call of their own, so that a stream's first token does not wait for the
         running rows' step (TTFT, as vLLM runs a new request's prefill before the running decodes); their present
         goes back into their own rows of the cache, which keeps everyone's. The width is the cache's, a multiple of
-        COLUMNS_STEP: a row's outputs are the same as in a call with the others."""
+        COLUMNS_STEP: a row's outputs are the same as in a call with the others. `at`: the cache row their
+        present goes to (_start made room there)."""
         rows = np.concatenate([m.rows for m in first])
         next_pos = np.concatenate([m.next_pos for m in first])                  # (N,)
-        at = self.first_rows_at
         outs = self._run(np.concatenate([m.want.tokens for m in first]), rows, next_pos, self.cached[1],
                          [m.want.k for m in first], into_rows=at)
         offset = 0
