@@ -229,18 +229,47 @@ def test_what_one_step_answers_goes_out_as_one_message():
         assert [status for u, (_, status, *_) in sent if u == uid][-1] == LitAPIStatus.FINISH_STREAMING
 
 
-def test_the_http_side_reads_a_bundle_as_the_messages_it_holds_in_order():
-    answers_queue = queue.Queue()
-    reader = litserve_bridge.QueueReader([answers_queue])
+def test_the_http_side_reads_a_bundle_as_the_messages_it_holds_in_order(tmp_path):
+    """Over SocketAnswers' real Unix socket: a worker's copy (pickled, as LitServe hands it to a spawned worker)
+    connects and sends; the HTTP side unbundles, in order."""
+    answers = litserve_bridge.SocketAnswers(f"test-{tmp_path.name}", b"key")
+    worker = pickle.loads(pickle.dumps(answers))
     first = ("u1", ("a", LitAPIStatus.OK, LoopResponseType.STREAMING, 0))
     second = ("u2", ("b", LitAPIStatus.OK, LoopResponseType.STREAMING, 0))
     third = ("u1", ("", LitAPIStatus.FINISH_STREAMING, LoopResponseType.STREAMING, 0))
-    answers_queue.put(litserve_bridge.bundle([first, second]))
-    answers_queue.put(litserve_bridge.bundle([third]))
 
     async def read() -> list:
-        return [await reader.areceive(0) for _ in range(3)]
+        with pytest.raises(asyncio.TimeoutError):
+            await answers.areceive(0, timeout=0.01)          # listening from the first call
+        sender = threading.Thread(target=lambda: [worker.send(litserve_bridge.bundle(m), 0)
+                                                  for m in ([first, second], [third])])
+        sender.start()
+        got = [await answers.areceive(0) for _ in range(3)]
+        sender.join()
+        return got
     try:
         assert asyncio.run(read()) == [first, second, third]
     finally:
-        reader.close(send_sentinel=False)
+        answers.close(send_sentinel=False)
+
+
+def test_a_worker_that_dies_mid_message_breaks_only_its_own_connection(tmp_path):
+    """A worker killed half-way through a message: the HTTP side drops that connection; another worker's answers,
+    and a replacement's, still arrive."""
+    answers = litserve_bridge.SocketAnswers(f"test-{tmp_path.name}", b"key")
+    message = ("u1", ("a", LitAPIStatus.OK, LoopResponseType.REGULAR, 0))
+
+    async def read() -> list:
+        with pytest.raises(asyncio.TimeoutError):
+            await answers.areceive(0, timeout=0.01)          # listening
+        dying = pickle.loads(pickle.dumps(answers))._connect(0)
+        frame = pickle.dumps(message)
+        dying._send(len(frame).to_bytes(4, "big") + frame[:len(frame) // 2])   # the header, half the body
+        dying.close()
+        other = pickle.loads(pickle.dumps(answers))
+        other.send(message, 0)
+        return [await answers.areceive(0, timeout=5)]
+    try:
+        assert asyncio.run(read()) == [message]
+    finally:
+        answers.close(send_sentinel=False)

@@ -17,10 +17,10 @@ would wait forever.
 
 The answers' way back, each hop measured (benchmarks/results/serving-cpu.md): a worker sends no START message
 (only LitServe's monitor read it, in another process), sends answers and stream events from a thread of its own
-(`SchedulerLoop.put_response`: a send is a round trip through LitServe's manager process, which the next
-decoder step need not wait for), what one step answers as one message per HTTP process (a bundle: eight streams
-cost one round trip a step, not eight), and each HTTP process receives them in one thread (`QueueReader`), not
-in a thread-pool call per message.
+(`SchedulerLoop.put_response`: the next decoder step need not wait for a send), what one step answers as one
+message per HTTP process (a bundle: eight streams cost one send a step, not eight), and over a socket of its own
+to each HTTP process (`SocketAnswers`), not through LitServe's manager process; each HTTP process reads a worker's
+answers in one thread, not in a thread-pool call per message.
 """
 
 from __future__ import annotations
@@ -31,9 +31,13 @@ import json
 import logging
 import os
 import pickle
+import secrets
+import sys
+import tempfile
 import threading
 import time
 from collections import deque
+from multiprocessing.connection import AuthenticationError, Client, Connection, Listener
 from queue import Empty, Queue, SimpleQueue
 from typing import AsyncIterator
 
@@ -87,9 +91,9 @@ class SchedulerLoop(LitLoop):
 
     def put_response(self, transport: MessageTransport, response_queue_id: int, uid: str, response_data,
                      status: LitAPIStatus, response_type: LoopResponseType) -> None:
-        """Hands an answer (or a stream's event) to the worker's sender thread, in order: each send is a round trip
-        through LitServe's manager process, which the next decoder step need not wait for (onnxruntime releases the
-        GIL while it runs). Inside `one_message()` it is held until the block ends."""
+        """Hands an answer (or a stream's event) to the worker's sender thread, in order: the next decoder step need
+        not wait for the send (onnxruntime releases the GIL while it runs). Inside `one_message()` it is held until
+        the block ends."""
         message = (transport, response_queue_id, (uid, (response_data, status, response_type, self.worker_id)))
         if getattr(self, "_held", None) is not None:
             self._held.append(message)
@@ -131,10 +135,12 @@ class SchedulerLoop(LitLoop):
             for transport, queue_id, message in messages or []:
                 queues.setdefault((transport, queue_id), []).append(message)
             for (transport, queue_id), group in queues.items():
-                try:   # an HTTP process that reads them with QueueReader (not LitServe's ZeroMQ transport) unbundles
-                    for message in [bundle(group)] if isinstance(transport, MPQueueTransport) else group:
+                # SocketAnswers (and a test's MPQueueTransport) unbundle; LitServe's ZeroMQ transport does not.
+                bundles = isinstance(transport, (SocketAnswers, MPQueueTransport))
+                try:
+                    for message in [bundle(group)] if bundles else group:
                         transport.send(message, consumer_id=queue_id)
-                except Exception:      # the manager is gone (the server is stopping): nothing more can be sent
+                except Exception:      # the HTTP process is gone (the server is stopping): nothing more can be sent
                     log.exception("sending an answer to the HTTP process failed")
             if last:
                 return
@@ -292,43 +298,95 @@ def collect(loop: LitLoop, lit_api: LitAPI, request_queue: Queue,
 
 # --- the HTTP side --------------------------------------------------------------------------------
 class Server(ls.LitServer):
-    """LitServer, its HTTP processes receiving the workers' answers through `QueueReader`."""
+    """LitServer, its workers' answers reaching the HTTP processes over sockets of their own (`SocketAnswers`)."""
 
     def _init_manager(self, num_api_servers: int):
         manager = super()._init_manager(num_api_servers)
         if type(self._transport) is MPQueueTransport:      # not LitServe's ZeroMQ transport (fast_queue)
-            self._transport = QueueReader(self._transport._queues)
+            self._transport = SocketAnswers(f"transerve-answers-{secrets.token_hex(8)}", secrets.token_bytes(32))
         return manager
 
 
-class QueueReader(MPQueueTransport):
-    """LitServe's transport over the manager's queues, received by one thread per HTTP process that waits on its
-    queue and hands each answer to the event loop: LitServe's receives each message in a thread of its own
-    (asyncio.to_thread, a get with a 1 s timeout), so every answer and every streamed event paid a thread pool
-    hand-off on top of the manager round trip. The workers send as before (pickled, this is an MPQueueTransport)."""
+class SocketAnswers(MessageTransport):
+    """The workers' answers to the HTTP processes, each worker writing to each HTTP process over a Unix socket of
+    their own (`multiprocessing.connection`: pickled, authenticated). LitServe's transport put every answer and every
+    streamed event on a queue held by its manager process: a round trip there from the worker and another from the
+    HTTP process, a third process to wake on cores the workers keep busy. Here a send is one write, and the HTTP
+    process reads it in one thread per worker, which hands it to the event loop. A worker that dies mid-write
+    breaks only its own connection (its requests fail through `Workers.lost`); its replacement connects anew.
 
-    def __init__(self, queues: list):
-        super().__init__(None, queues)
-        self._inbox: tuple[int, asyncio.Queue] | None = None      # (pid, the answers read so far)
+    Made in the main process; the HTTP processes (forked) listen at `name`-N when they first read, the workers
+    (spawned: this object pickled) connect when they first send. On Linux the sockets have no file (the abstract
+    namespace: nothing is left behind when a process is killed), so the authkey is what keeps others out."""
+
+    CONNECT_S = 60.0      # how long a worker waits for an HTTP process to listen (it does from its start-up)
+
+    def __init__(self, name: str, authkey: bytes):
+        self.name, self.authkey = name, authkey
+        self._closed = False
+        self._out: dict[int, Connection] = {}                   # worker side: consumer id -> its connection
+        self._inbox: tuple[int, asyncio.Queue] | None = None    # HTTP side: (pid, the answers read so far)
+        self._listener: Listener | None = None
+
+    def __reduce__(self):
+        return (SocketAnswers, (self.name, self.authkey))
+
+    def address(self, consumer_id: int) -> str:
+        if sys.platform == "linux":
+            return f"\0{self.name}-{consumer_id}"
+        return os.path.join(tempfile.gettempdir(), f"{self.name}-{consumer_id}")
+
+    def send(self, item, consumer_id: int) -> None:
+        """Writes `item` to HTTP process `consumer_id` (from one thread: the worker's sender)."""
+        connection = self._out.get(consumer_id) or self._connect(consumer_id)
+        try:
+            connection.send(item)
+        except OSError:
+            del self._out[consumer_id]       # the next send connects again
+            raise
+
+    def _connect(self, consumer_id: int) -> Connection:
+        deadline = time.monotonic() + self.CONNECT_S
+        while True:
+            try:
+                connection = Client(self.address(consumer_id), family="AF_UNIX", authkey=self.authkey)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        self._out[consumer_id] = connection
+        return connection
 
     def _start(self, consumer_id: int) -> asyncio.Queue:
-        loop, inbox, source = asyncio.get_running_loop(), asyncio.Queue(), self._queues[consumer_id]
+        """Listens for this HTTP process's workers; each connection is read by a thread of its own."""
+        loop, inbox = asyncio.get_running_loop(), asyncio.Queue()
+        self._listener = listener = Listener(self.address(consumer_id), family="AF_UNIX", authkey=self.authkey)
 
-        def read() -> None:
+        def accept() -> None:
             while not self._closed:
                 try:
-                    item = source.get(timeout=IDLE_WAKE_S)
-                except Empty:
+                    connection = listener.accept()
+                except AuthenticationError:
                     continue
-                except (EOFError, OSError, BrokenPipeError):    # the manager is gone: the server is stopping
+                except OSError:       # the listener was closed
                     return
-                loop.call_soon_threadsafe(put_all, unbundled(item))
+                threading.Thread(target=read, args=(connection,), name=f"answers-{consumer_id}", daemon=True).start()
+
+        def read(connection: Connection) -> None:
+            with connection:
+                while True:
+                    try:
+                        item = connection.recv()
+                    except (EOFError, OSError, pickle.UnpicklingError):   # that worker stopped, perhaps mid-write
+                        return
+                    loop.call_soon_threadsafe(put_all, unbundled(item))
 
         def put_all(items: list) -> None:
             for item in items:
                 inbox.put_nowait(item)
 
-        threading.Thread(target=read, name=f"answers-{consumer_id}", daemon=True).start()
+        threading.Thread(target=accept, name=f"answers-{consumer_id}-accept", daemon=True).start()
         self._inbox = (os.getpid(), inbox)
         return inbox
 
@@ -346,6 +404,14 @@ class QueueReader(MPQueueTransport):
                 raise
             return None
 
+    def close(self, send_sentinel: bool = True) -> None:
+        """Stops listening (the main process calls it as the server stops; the HTTP processes are stopped next)."""
+        self._closed = True
+        for connection in self._out.values():
+            connection.close()
+        self._out.clear()
+        if self._listener is not None:
+            self._listener.close()
 
 
 async def until_disconnected(request: Request) -> None:
