@@ -4,9 +4,12 @@ runs a LitAPI's scheduler (each request answered when done, the requests that ar
 a generation request's events streamed; a scheduler that raises failing its requests, not the loop)."""
 
 import asyncio
+import contextlib
 import json
+import multiprocessing
 import pickle
 import queue
+import socket
 import sys
 import threading
 import time
@@ -232,7 +235,7 @@ def test_what_one_step_answers_goes_out_as_one_message():
 def test_the_http_side_reads_a_bundle_as_the_messages_it_holds_in_order(tmp_path):
     """Over SocketAnswers' real Unix socket: a worker's copy (pickled, as LitServe hands it to a spawned worker)
     connects and sends; the HTTP side unbundles, in order."""
-    answers = litserve_bridge.SocketAnswers(f"test-{tmp_path.name}", b"key")
+    answers = litserve_bridge.SocketAnswers(str(tmp_path))
     worker = pickle.loads(pickle.dumps(answers))
     first = ("u1", ("a", LitAPIStatus.OK, LoopResponseType.STREAMING, 0))
     second = ("u2", ("b", LitAPIStatus.OK, LoopResponseType.STREAMING, 0))
@@ -251,25 +254,67 @@ def test_the_http_side_reads_a_bundle_as_the_messages_it_holds_in_order(tmp_path
         assert asyncio.run(read()) == [first, second, third]
     finally:
         answers.close(send_sentinel=False)
+    assert not tmp_path.exists()
 
 
-def test_a_worker_that_dies_mid_message_breaks_only_its_own_connection(tmp_path):
-    """A worker killed half-way through a message: the HTTP side drops that connection; another worker's answers,
-    and a replacement's, still arrive."""
-    answers = litserve_bridge.SocketAnswers(f"test-{tmp_path.name}", b"key")
+def test_no_peer_stops_the_others_answers(tmp_path):
+    """A connection that never writes, a worker killed half-way through a message and a message that cannot be
+    unpickled: each ends or skips only its own; the answers of a worker connected all along, and a new one's,
+    still arrive (one reader thread per connection, a frame read whole before it is unpickled)."""
+    answers = litserve_bridge.SocketAnswers(str(tmp_path))
     message = ("u1", ("a", LitAPIStatus.OK, LoopResponseType.REGULAR, 0))
+    later = ("u2", ("b", LitAPIStatus.OK, LoopResponseType.REGULAR, 0))
 
     async def read() -> list:
         with pytest.raises(asyncio.TimeoutError):
             await answers.areceive(0, timeout=0.01)          # listening
+        silent = socket.socket(socket.AF_UNIX)
+        silent.connect(answers.address(0))
+        steady = pickle.loads(pickle.dumps(answers))
+        steady.send(message, 0)
+        got = [await answers.areceive(0, timeout=5)]
         dying = pickle.loads(pickle.dumps(answers))._connect(0)
         frame = pickle.dumps(message)
         dying._send(len(frame).to_bytes(4, "big") + frame[:len(frame) // 2])   # the header, half the body
         dying.close()
-        other = pickle.loads(pickle.dumps(answers))
-        other.send(message, 0)
-        return [await answers.areceive(0, timeout=5)]
+        steady._out[0].send_bytes(b"not a pickle")             # skipped; the connection reads on
+        steady.send(later, 0)
+        got.append(await answers.areceive(0, timeout=5))
+        pickle.loads(pickle.dumps(answers)).send(message, 0)
+        got.append(await answers.areceive(0, timeout=5))
+        silent.close()
+        return got
     try:
-        assert asyncio.run(read()) == [message]
+        assert asyncio.run(read()) == [message, later, message]
     finally:
         answers.close(send_sentinel=False)
+
+
+def http_process(answers, received) -> None:
+    """A forked stand-in for an HTTP process: listens, reads one answer, says so, and exits."""
+    async def read() -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await answers.areceive(0, timeout=0.01)
+        received.put(await answers.areceive(0, timeout=10))
+    asyncio.run(read())
+
+
+def test_a_worker_drops_the_answers_of_an_http_process_that_has_gone(tmp_path):
+    """Once connected, a worker whose HTTP process has exited fails that send and the next ones at once, not after
+    CONNECT_S: a dead HTTP process must not hold the answers bound for the others."""
+    answers = litserve_bridge.SocketAnswers(str(tmp_path))
+    worker = pickle.loads(pickle.dumps(answers))
+    message = ("u1", ("a", LitAPIStatus.OK, LoopResponseType.REGULAR, 0))
+    fork = multiprocessing.get_context("fork")
+    received = fork.Queue()
+    http = fork.Process(target=http_process, args=(answers, received))
+    http.start()
+    worker.send(message, 0)                 # waits for the listener, as a worker does at start-up
+    assert received.get(timeout=10) == message
+    http.join(timeout=10)
+    started = time.monotonic()
+    for _ in range(3):
+        with pytest.raises(OSError):
+            for _ in range(100):            # a first write may still land in the closed socket's buffer
+                worker.send(message, 0)
+    assert time.monotonic() - started < 1.0

@@ -31,13 +31,14 @@ import json
 import logging
 import os
 import pickle
-import secrets
+import shutil
+import socket
 import sys
 import tempfile
 import threading
 import time
 from collections import deque
-from multiprocessing.connection import AuthenticationError, Client, Connection, Listener
+from multiprocessing.connection import Client, Connection
 from queue import Empty, Queue, SimpleQueue
 from typing import AsyncIterator
 
@@ -302,99 +303,123 @@ class Server(ls.LitServer):
 
     def _init_manager(self, num_api_servers: int):
         manager = super()._init_manager(num_api_servers)
-        if type(self._transport) is MPQueueTransport:      # not LitServe's ZeroMQ transport (fast_queue)
-            self._transport = SocketAnswers(f"transerve-answers-{secrets.token_hex(8)}", secrets.token_bytes(32))
+        # Not LitServe's ZeroMQ transport (fast_queue), and only where HTTP processes are forked over Unix sockets.
+        if type(self._transport) is MPQueueTransport and sys.platform != "win32":
+            self._transport = SocketAnswers(tempfile.mkdtemp(prefix="transerve-answers-"))
         return manager
 
 
 class SocketAnswers(MessageTransport):
     """The workers' answers to the HTTP processes, each worker writing to each HTTP process over a Unix socket of
-    their own (`multiprocessing.connection`: pickled, authenticated). LitServe's transport put every answer and every
+    their own (`multiprocessing.connection`'s framing, pickled). LitServe's transport put every answer and every
     streamed event on a queue held by its manager process: a round trip there from the worker and another from the
     HTTP process, a third process to wake on cores the workers keep busy. Here a send is one write, and the HTTP
-    process reads it in one thread per worker, which hands it to the event loop. A worker that dies mid-write
-    breaks only its own connection (its requests fail through `Workers.lost`); its replacement connects anew.
+    process reads it in one thread per worker, which hands it to the event loop.
 
-    Made in the main process; the HTTP processes (forked) listen at `name`-N when they first read, the workers
-    (spawned: this object pickled) connect when they first send. On Linux the sockets have no file (the abstract
-    namespace: nothing is left behind when a process is killed), so the authkey is what keeps others out."""
+    Made in the main process, with `folder` (mode 0700, as the manager's own socket: only the server's user can
+    connect, so no handshake); the HTTP processes (forked) listen at `folder`/answers-N when they first read, the
+    workers (spawned: this object pickled) connect when they first send. Nothing a peer does stops the others: a
+    worker that dies mid-write, or a message that cannot be read, ends or skips only its own; a worker whose HTTP
+    process has gone drops its answers (they had no one to go to) and tries again after DEAD_S. An HTTP process
+    whose threads stop altogether (SIGSTOP) would hold its workers' sends once its socket buffer is full."""
 
-    CONNECT_S = 60.0      # how long a worker waits for an HTTP process to listen (it does from its start-up)
+    CONNECT_S = 60.0   # how long a worker waits for an HTTP process to listen the first time (it does at start-up)
+    DEAD_S = 5.0       # after an HTTP process stops answering: how long its answers are dropped unsent
 
-    def __init__(self, name: str, authkey: bytes):
-        self.name, self.authkey = name, authkey
+    def __init__(self, folder: str):
+        self.folder = folder
         self._closed = False
         self._out: dict[int, Connection] = {}                   # worker side: consumer id -> its connection
-        self._inbox: tuple[int, asyncio.Queue] | None = None    # HTTP side: (pid, the answers read so far)
-        self._listener: Listener | None = None
+        self._dead_until: dict[int, float] = {}                 # worker side: consumer id -> when to try again
+        self._inboxes: dict[tuple[int, int], asyncio.Queue] = {}  # HTTP side: (pid, consumer id) -> answers
+        self._listeners: list[socket.socket] = []
 
     def __reduce__(self):
-        return (SocketAnswers, (self.name, self.authkey))
+        return (SocketAnswers, (self.folder,))
 
     def address(self, consumer_id: int) -> str:
-        if sys.platform == "linux":
-            return f"\0{self.name}-{consumer_id}"
-        return os.path.join(tempfile.gettempdir(), f"{self.name}-{consumer_id}")
+        return os.path.join(self.folder, f"answers-{consumer_id}")
 
+    # --- the worker side: one thread (the loop's sender) sends ---------------------------------------------
     def send(self, item, consumer_id: int) -> None:
-        """Writes `item` to HTTP process `consumer_id` (from one thread: the worker's sender)."""
+        """Writes `item` to HTTP process `consumer_id`; raises when it cannot (the answer is lost with it)."""
         connection = self._out.get(consumer_id) or self._connect(consumer_id)
         try:
             connection.send(item)
         except OSError:
-            del self._out[consumer_id]       # the next send connects again
+            del self._out[consumer_id]
+            connection.close()
+            self._dead_until[consumer_id] = time.monotonic() + self.DEAD_S
             raise
 
     def _connect(self, consumer_id: int) -> Connection:
-        deadline = time.monotonic() + self.CONNECT_S
+        """Waits up to CONNECT_S for a listener the first time; later, one try (its HTTP process has stopped)."""
+        if time.monotonic() < self._dead_until.get(consumer_id, 0.0):
+            raise ConnectionRefusedError(f"HTTP process {consumer_id} stopped answering")
+        deadline = time.monotonic() + (0.0 if consumer_id in self._dead_until else self.CONNECT_S)
         while True:
             try:
-                connection = Client(self.address(consumer_id), family="AF_UNIX", authkey=self.authkey)
+                connection = Client(self.address(consumer_id), family="AF_UNIX")
                 break
             except (FileNotFoundError, ConnectionRefusedError):
-                if time.monotonic() > deadline:
+                if time.monotonic() >= deadline:
+                    self._dead_until[consumer_id] = time.monotonic() + self.DEAD_S
                     raise
                 time.sleep(0.05)
         self._out[consumer_id] = connection
         return connection
 
+    # --- the HTTP side ---------------------------------------------------------------------------------
     def _start(self, consumer_id: int) -> asyncio.Queue:
         """Listens for this HTTP process's workers; each connection is read by a thread of its own."""
         loop, inbox = asyncio.get_running_loop(), asyncio.Queue()
-        self._listener = listener = Listener(self.address(consumer_id), family="AF_UNIX", authkey=self.authkey)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.address(consumer_id))
+        listener.listen(64)
+        self._listeners.append(listener)
 
         def accept() -> None:
-            while not self._closed:
+            while True:
                 try:
-                    connection = listener.accept()
-                except AuthenticationError:
+                    peer, _ = listener.accept()
+                except OSError:
+                    if self._closed or listener.fileno() < 0:
+                        return
+                    time.sleep(0.1)       # out of file descriptors, say: the workers already connected go on
                     continue
-                except OSError:       # the listener was closed
-                    return
-                threading.Thread(target=read, args=(connection,), name=f"answers-{consumer_id}", daemon=True).start()
+                threading.Thread(target=read, args=(Connection(peer.detach()),), name=f"answers-{consumer_id}",
+                                 daemon=True).start()
 
         def read(connection: Connection) -> None:
             with connection:
                 while True:
                     try:
-                        item = connection.recv()
-                    except (EOFError, OSError, pickle.UnpicklingError):   # that worker stopped, perhaps mid-write
+                        frame = connection.recv_bytes()
+                    except (EOFError, OSError):      # that worker stopped, perhaps mid-write
                         return
-                    loop.call_soon_threadsafe(put_all, unbundled(item))
+                    try:
+                        item = pickle.loads(frame)
+                    except Exception:                  # the frame is whole: the next one can still be read
+                        log.exception("an answer from a worker could not be read; it is dropped")
+                        continue
+                    try:
+                        loop.call_soon_threadsafe(put_all, unbundled(item))
+                    except RuntimeError:               # the event loop has closed: this process is stopping
+                        return
 
         def put_all(items: list) -> None:
             for item in items:
                 inbox.put_nowait(item)
 
         threading.Thread(target=accept, name=f"answers-{consumer_id}-accept", daemon=True).start()
-        self._inbox = (os.getpid(), inbox)
+        self._inboxes[os.getpid(), consumer_id] = inbox
         return inbox
 
     async def areceive(self, consumer_id: int, timeout: float | None = None, block: bool = True):
         """The next answer; None after a second without one (LitServe's loop then asks again)."""
         if self._closed:
             raise asyncio.CancelledError("Transport closed")
-        inbox = self._inbox[1] if self._inbox and self._inbox[0] == os.getpid() else self._start(consumer_id)
+        inbox = self._inboxes.get((os.getpid(), consumer_id)) or self._start(consumer_id)
         if not inbox.empty():
             return inbox.get_nowait()
         try:
@@ -405,13 +430,17 @@ class SocketAnswers(MessageTransport):
             return None
 
     def close(self, send_sentinel: bool = True) -> None:
-        """Stops listening (the main process calls it as the server stops; the HTTP processes are stopped next)."""
+        """Stops listening and removes the sockets' folder (the main process calls it as the server stops; the HTTP
+        processes are stopped next)."""
         self._closed = True
         for connection in self._out.values():
             connection.close()
         self._out.clear()
-        if self._listener is not None:
-            self._listener.close()
+        for listener in self._listeners:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)      # wakes its accept()
+            listener.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 async def until_disconnected(request: Request) -> None:
