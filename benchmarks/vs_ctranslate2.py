@@ -55,7 +55,8 @@ batch 32 (64 on a GPU), in each precision, and how many translations the engines
 word: the "BLEU within 0.3" goal. A line `bleu_minus_ctranslate2 fp32=D int8=D` comes before the last.
 
 Then the HTTP service (`python -m service`, int8 package; by default one single-threaded worker per
-thread of --threads) at 32 concurrent clients, one sentence per request: served tok/s against
+thread of --threads) at 32 concurrent clients, one sentence per request, each client one keep-alive
+connection on a plain socket (common.KeepAlive: a fifth of httpx's CPU a request): served tok/s against
 CTranslate2 int8's offline beam-4 batch-32 figure. The last line is
 
     ratio_vs_ctranslate2 engine_fp32=R engine_int8=R served=R
@@ -528,9 +529,9 @@ def served_tables(http: dict, served_ratio: float, ct2_one: float, args: argpars
                   n_sentences: int) -> list[str]:
     """The served figures against CTranslate2's offline ones, and where a request's time goes."""
     low, large = plan.low, plan.large
-    lines = ["", f"| served (HTTP, {low}, beam 4, 32 concurrent clients, {4 * n_sentences} requests, "
-             f"server --device {args.device} --workers {args.served_workers} --threads {args.served_threads}) "
-             "| value |", "|---|---:|",
+    lines = ["", f"| served (HTTP, {low}, beam 4, 32 concurrent clients on keep-alive sockets, "
+             f"{4 * n_sentences} requests, server --device {args.device} --workers {args.served_workers} "
+             f"--threads {args.served_threads}) | value |", "|---|---:|",
              f"| tok/s | {http['tok_s']:,.0f} |",
              f"| over CTranslate2 {low} offline beam 4 batch {large} | {served_ratio:.2f} |",
              f"| request p50 ms under load | {http['p50_ms']:,.1f} |",
