@@ -419,7 +419,9 @@ class SocketAnswers(MessageTransport):
         """The next answer; None after a second without one (LitServe's loop then asks again)."""
         if self._closed:
             raise asyncio.CancelledError("Transport closed")
-        inbox = self._inboxes.get((os.getpid(), consumer_id)) or self._start(consumer_id)
+        inbox = self._inboxes.get((os.getpid(), consumer_id))
+        if inbox is None:
+            inbox = self._start(consumer_id)
         if not inbox.empty():
             return inbox.get_nowait()
         try:
