@@ -304,32 +304,36 @@ class KeepAlive:
             self.sock = None
 
 
+def wait_ready(url: str, timeout_s: float = 180) -> str:
+    """Waits for a server's /ready; the device its /info names."""
+    import httpx
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    else:
+        raise RuntimeError("the service did not become ready")
+    info = httpx.get(url + "/info", timeout=10)
+    return info.json().get("device", "unknown") if info.status_code == 200 else "unknown"
+
+
 def served(package: Path, sentences: list[str], *, workers: int, threads: int, max_length: int,
            clients: int = 32, repeat: int = 1, device: str = "cpu", max_batch: int = 32) -> dict:
     """The HTTP service at `clients` concurrent clients, one sentence per request, beam 4: the best of
     `repeat` passes over the sentences, on one server (each pass's figures come from that pass), and
     the lowest p50 of `repeat` runs of 16 sentences sent one at a time, with that run's stages."""
-    import httpx
-
     port = free_port()
     cmd = [sys.executable, "-m", "service", "--model", str(package), "--port", str(port),
            "--workers", str(workers), "--threads", str(threads), "--device", device,
            "--max-batch-size", str(max_batch), "--max-output-tokens", str(max_length)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **SERVER_PROCESS_GROUP)
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            try:
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise RuntimeError("the service did not become ready")
-        info = httpx.get(url + "/info", timeout=10)
-        device_used = info.json().get("device", "unknown") if info.status_code == 200 else "unknown"
+        device_used = wait_ready(f"http://127.0.0.1:{port}")
         body = {"source_lang": "de", "target_lang": "en", "beam_size": 4, "max_length": max_length}
         own, connections = threading.local(), []        # a connection per client thread
 

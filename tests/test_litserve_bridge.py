@@ -130,6 +130,31 @@ def test_the_boards_count_of_queued_requests_comes_down_as_they_are_taken():
     assert api.board.queued("translate") == 0 and api.board.queued("generate") == 0
 
 
+class CountingQueue(queue.Queue):
+    def __init__(self):
+        super().__init__()
+        self.gets = 0
+
+    def get(self, *args, **kwargs):
+        self.gets += 1
+        return super().get(*args, **kwargs)
+
+
+def test_a_busy_worker_asks_the_queue_no_more_often_than_the_board_counts_requests():
+    """Between steps the collector takes as many requests as the board counts queued and stops there: one more ask
+    would be a round trip to the manager process only to hear the queue is empty. A count that is off costs at
+    most a look later: fewer queued than counted stops at the first empty ask, more waits for the next look."""
+    api, loop, _, transport, _ = make(max_batch_size=8)
+    requests = CountingQueue()
+    for i in range(3):
+        requests.put(item(f"r{i}"))
+    payloads, _ = collect(loop, api, requests, transport, wait=False, expect=2)
+    assert [p[1] for p in payloads] == ["r0", "r1"] and requests.gets == 2
+    payloads, _ = collect(loop, api, requests, transport, wait=False, expect=3)
+    assert [p[1] for p in payloads] == ["r2"] and requests.gets == 4
+    assert collect(loop, api, requests, transport, wait=False, expect=0) == ([], []) and requests.gets == 5
+
+
 # --- the loop around the scheduler ----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

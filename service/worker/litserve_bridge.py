@@ -197,8 +197,10 @@ class SchedulerLoop(LitLoop):
     def _admit_arrivals(self, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport,
                         waiting: dict) -> bool:
         """Admits what is queued now, without waiting; False when the server is stopping."""
+        board = getattr(lit_api, "board", None)
         try:
-            payloads, timed_out = collect(self, lit_api, request_queue, transport, wait=False)
+            payloads, timed_out = collect(self, lit_api, request_queue, transport, wait=False,
+                                          expect=queued(lit_api) if board is not None else None)
         except _StopLoopError:
             return False
         self._time_out(lit_api, transport, timed_out)
@@ -255,11 +257,13 @@ def response_type(lit_api: LitAPI) -> LoopResponseType:
 
 
 def collect(loop: LitLoop, lit_api: LitAPI, request_queue: Queue,
-            transport: MessageTransport, wait: bool = True) -> tuple[list, list]:
+            transport: MessageTransport, wait: bool = True, expect: int | None = None) -> tuple[list, list]:
     """(payloads, timed_out): up to `max_batch_size` requests as `(response_queue_id, uid, payload)`,
     and `(response_queue_id, uid)` of those that waited longer than `request_timeout` (LitServe
     answers them 504). Both empty when nothing arrived within IDLE_WAKE_S (wait=False: only what is
-    already queued, no window)."""
+    already queued, no window). `expect`: how many the board counts queued; having taken that many it does
+    not ask the queue again (each ask is a round trip to LitServe's manager process; what arrived since
+    waits for the next look)."""
     payloads: list = []
     timed_out: list = []
     check_age = lit_api.request_timeout not in (-1, False)
@@ -289,7 +293,8 @@ def collect(loop: LitLoop, lit_api: LitAPI, request_queue: Queue,
     except Empty:
         return payloads, timed_out
     window_ends = time.monotonic() + (lit_api.batch_timeout if wait else 0.0)
-    while len(payloads) < lit_api.max_batch_size:
+    most = lit_api.max_batch_size if expect is None else min(lit_api.max_batch_size, max(1, expect))
+    while len(payloads) + len(timed_out) < most:
         try:  # a timeout of 0 takes only what is already queued
             take(request_queue.get(timeout=max(0.0, window_ends - time.monotonic())))
         except Empty:
