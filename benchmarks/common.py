@@ -263,7 +263,7 @@ def free_port() -> int:
 class KeepAlive:
     """One HTTP/1.1 keep-alive connection on a plain socket, for `served`'s clients: the cost of a load generator
     written in C (wrk), not httpx's. On the 2-core EPYC httpx's Client took 2.3 ms for a `GET /ready` whose round
-    trip on a plain socket took 0.47 ms, and 1.1 CPU ms a request at 32 clients (benchmarks/results/serving-cpu.md):
+    trip on a plain socket took 0.47 ms, and 1.1-1.2 CPU ms a request at 32 clients (benchmarks/results/serving-cpu.md):
     time a lone request's figure and CPU the server's throughput should not pay on a machine they share.
     It reads only what our JSON responses are (a Content-Length, no chunks)."""
 
