@@ -4,7 +4,6 @@ runs a LitAPI's scheduler (each request answered when done, the requests that ar
 a generation request's events streamed; a scheduler that raises failing its requests, not the loop)."""
 
 import asyncio
-import contextlib
 import json
 import multiprocessing
 import pickle
@@ -257,18 +256,28 @@ def test_what_one_step_answers_goes_out_as_one_message():
         assert [status for u, (_, status, *_) in sent if u == uid][-1] == LitAPIStatus.FINISH_STREAMING
 
 
+async def listening(answers) -> None:
+    """The HTTP side's first read starts its listener; nothing has come yet."""
+    with pytest.raises(asyncio.TimeoutError):
+        await answers.areceive(0, timeout=0.01)
+
+
+def worker_side(answers):
+    """A worker's copy, pickled as LitServe hands the transport to a spawned worker."""
+    return pickle.loads(pickle.dumps(answers))
+
+
 def test_the_http_side_reads_a_bundle_as_the_messages_it_holds_in_order(tmp_path):
     """Over SocketAnswers' real Unix socket: a worker's copy (pickled, as LitServe hands it to a spawned worker)
     connects and sends; the HTTP side unbundles, in order."""
     answers = litserve_bridge.SocketAnswers(str(tmp_path))
-    worker = pickle.loads(pickle.dumps(answers))
+    worker = worker_side(answers)
     first = ("u1", ("a", LitAPIStatus.OK, LoopResponseType.STREAMING, 0))
     second = ("u2", ("b", LitAPIStatus.OK, LoopResponseType.STREAMING, 0))
     third = ("u1", ("", LitAPIStatus.FINISH_STREAMING, LoopResponseType.STREAMING, 0))
 
     async def read() -> list:
-        with pytest.raises(asyncio.TimeoutError):
-            await answers.areceive(0, timeout=0.01)          # listening from the first call
+        await listening(answers)
         sender = threading.Thread(target=lambda: [worker.send(litserve_bridge.bundle(m), 0)
                                                   for m in ([first, second], [third])])
         sender.start()
@@ -291,21 +300,20 @@ def test_no_peer_stops_the_others_answers(tmp_path):
     later = ("u2", ("b", LitAPIStatus.OK, LoopResponseType.REGULAR, 0))
 
     async def read() -> list:
-        with pytest.raises(asyncio.TimeoutError):
-            await answers.areceive(0, timeout=0.01)          # listening
+        await listening(answers)
         silent = socket.socket(socket.AF_UNIX)
         silent.connect(answers.address(0))
-        steady = pickle.loads(pickle.dumps(answers))
+        steady = worker_side(answers)
         steady.send(message, 0)
         got = [await answers.areceive(0, timeout=5)]
-        dying = pickle.loads(pickle.dumps(answers))._connect(0)
+        dying = worker_side(answers)._connect(0)
         frame = pickle.dumps(message)
         dying._send(len(frame).to_bytes(4, "big") + frame[:len(frame) // 2])   # the header, half the body
         dying.close()
         steady._out[0].send_bytes(b"not a pickle")             # skipped; the connection reads on
         steady.send(later, 0)
         got.append(await answers.areceive(0, timeout=5))
-        pickle.loads(pickle.dumps(answers)).send(message, 0)
+        worker_side(answers).send(message, 0)
         got.append(await answers.areceive(0, timeout=5))
         silent.close()
         return got
@@ -318,8 +326,7 @@ def test_no_peer_stops_the_others_answers(tmp_path):
 def http_process(answers, received) -> None:
     """A forked stand-in for an HTTP process: listens, reads one answer, says so, and exits."""
     async def read() -> None:
-        with contextlib.suppress(asyncio.TimeoutError):
-            await answers.areceive(0, timeout=0.01)
+        await listening(answers)
         received.put(await answers.areceive(0, timeout=10))
     asyncio.run(read())
 
@@ -328,7 +335,7 @@ def test_a_worker_drops_the_answers_of_an_http_process_that_has_gone(tmp_path):
     """Once connected, a worker whose HTTP process has exited fails that send and the next ones at once, not after
     CONNECT_S: a dead HTTP process must not hold the answers bound for the others."""
     answers = litserve_bridge.SocketAnswers(str(tmp_path))
-    worker = pickle.loads(pickle.dumps(answers))
+    worker = worker_side(answers)
     message = ("u1", ("a", LitAPIStatus.OK, LoopResponseType.REGULAR, 0))
     fork = multiprocessing.get_context("fork")
     received = fork.Queue()
