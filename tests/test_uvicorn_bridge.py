@@ -1,0 +1,74 @@
+"""The connection cap of service/http/uvicorn_bridge.py, in this process: the real protocol class on a real
+asyncio server on 127.0.0.1, real client sockets. tests/test_slow_clients.py floods a served process with
+hundreds; here one step of the cap is looked at exactly, which a flood shows only by chance."""
+
+import asyncio
+
+from uvicorn.config import Config
+from uvicorn.server import ServerState
+
+from service.http.uvicorn_bridge import GRACE_S, GuardedHTTPProtocol
+
+
+async def app(scope, receive, send):   # never reached: the clients send nothing
+    raise AssertionError(scope)
+
+
+async def open_silent(n: int, cap: int):
+    """A server whose protocol is GuardedHTTPProtocol at `cap` (the cap checked only when a test asks) and `n`
+    silent connections to it, all waiting on their clients for GRACE_S: (server, its protocols, the clients'
+    (reader, writer) pairs)."""
+    loop = asyncio.get_running_loop()
+    config = Config(app=app, log_level="warning")
+    config.load()
+    state = ServerState()
+    protocol = type("Capped", (GuardedHTTPProtocol,), {"max_connections": 10 * n, "ceiling": 100 * n})
+    server = await loop.create_server(lambda: protocol(config=config, server_state=state, app_state={}, _loop=loop),
+                                     "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    clients = [await asyncio.open_connection("127.0.0.1", port) for _ in range(n)]   # kept: a writer let go closes
+    async with asyncio.timeout(5):
+        while len(state.connections) < n:
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(GRACE_S + 0.1)
+    protocol.max_connections = cap
+    return server, state.connections, clients
+
+
+async def closed_count(clients, wait_s: float = 0.3) -> int:
+    async def closed(client):
+        reader, _ = client
+        try:
+            return await asyncio.wait_for(reader.read(1), wait_s) == b""
+        except (TimeoutError, ConnectionError):
+            return False
+    return sum(await asyncio.gather(*map(closed, clients)))
+
+
+def shut(server, clients) -> None:
+    server.close()
+    for _, writer in clients:
+        writer.close()
+
+
+def test_a_second_look_before_the_closed_are_gone_closes_no_more():
+    """The cap closes the connections over it, and a look made before their connection_lost has run (a new
+    connection in the same turn of the event loop) finds none over: the closing ones are not counted."""
+    async def run():
+        server, connections, clients = await open_silent(6, cap=4)
+        one = next(iter(connections))
+        one.make_room(new=False)    # the look after GRACE_S/4 (check_again) ...
+        one.make_room(new=True)     # ... and a connection made before the loop turns
+        assert await closed_count(clients) == 2
+        assert len(connections) == 4
+        shut(server, clients)
+    asyncio.run(run())
+
+
+def test_the_oldest_waiting_are_the_ones_closed():
+    async def run():
+        server, connections, clients = await open_silent(5, cap=3)
+        next(iter(connections)).make_room(new=False)
+        assert [await closed_count([c]) for c in clients] == [1, 1, 0, 0, 0]
+        shut(server, clients)
+    asyncio.run(run())
