@@ -28,7 +28,7 @@ from typing import Sequence
 
 from . import mono
 from .corpus.catalogs import LOCALE_DIR
-from .corpus.clean import MAX_CHARS, MAX_RATIO, clean_corpus
+from .corpus.clean import MAX_CHARS, MAX_RATIO, clean_corpus, source_name
 from .corpus.debian import DEFAULT_CACHE
 from .corpus.sources import collect_sources
 from .corpus.split import split_corpus
@@ -82,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-words", type=int, default=0,
                    help="keep only pairs with at least this many words on both sides (e.g. 4: sentence-level "
                    "text without dictionary entries and UI labels; dev and test are unchanged)")
+    p.add_argument("--upsample", action="append", default=[], metavar="ORIGIN=N", type=upsample_arg,
+                   help="write the training pairs of a source N times (a source as meta.json counts them: ding, "
+                   "gettext, lohelp, deb:NAME; or a kind: deb, wheel; repeatable): weights a domain in every "
+                   "epoch, e.g. ding=2 for everyday sentences; dev and test are unchanged")
     p.add_argument("--seed", type=int, default=1234, help="seed of the train shuffle")
     p.add_argument("--max-chars", type=int, default=MAX_CHARS, help="max characters per side")
     p.add_argument("--max-ratio", type=float, default=MAX_RATIO, help="max length ratio")
@@ -105,6 +109,22 @@ LICENCES = {
 }
 
 
+def upsample_arg(arg: str) -> tuple[str, int]:
+    origin, _, times = arg.partition("=")
+    if not origin or not times.isdigit() or int(times) < 1:
+        raise argparse.ArgumentTypeError(f"{arg!r} is not ORIGIN=N with N a whole number of times, e.g. ding=2")
+    return origin, int(times)
+
+
+def upsampled(train: list[Pair], weights: list[tuple[str, int]]) -> list[Pair]:
+    """`train` and, after it, the pairs of each weighted origin again (N - 1 more times in all): the trainer
+    shuffles every epoch, so where the copies stand does not matter."""
+    times = dict(weights)
+    extra = [p for p in train
+             for _ in range(times.get(source_name(p.origin), times.get(p.origin.split(":")[0], 1)) - 1)]
+    return train + extra
+
+
 def format_table(stats: dict[str, Counter], splits: dict[str, list[Pair]], leaks: int) -> str:
     """The summary printed after a run."""
     width = max([len("source"), len("total"), *(len(s) for s in stats)])
@@ -125,7 +145,7 @@ def format_table(stats: dict[str, Counter], splits: dict[str, list[Pair]], leaks
 
 def write_meta(out: Path, pairs: list[Pair], stats: dict[str, Counter], splits: dict[str, list[Pair]],
                leaks: int, seed: int, sources: list[str], argv: Sequence[str],
-               licences: dict[str, str] | None = None) -> None:
+               licences: dict[str, str] | None = None, upsample: Sequence[tuple[str, int]] = ()) -> None:
     """meta.json: counts per source, splits, licences (a source's own where it states one, as
     ``collect_sources`` found it, else ``LICENCES`` by kind) and the sources with their versions."""
     licences = licences or {}
@@ -141,6 +161,7 @@ def write_meta(out: Path, pairs: list[Pair], stats: dict[str, Counter], splits: 
         "origins": dict(sorted(origins.items())),
         "splits": {name: len(v) for name, v in splits.items()},
         "leaks_removed": leaks,
+        "upsampled": dict(upsample),          # source -> times its pairs are in train.tsv (the counts above: once)
         "sentences_in_train": sum(p.sentence for p in splits["train"]),
         "licences": {name: licences.get(name) or LICENCES.get(name.split(":")[0], "see the source's own terms")
                      for name in stats},
@@ -176,10 +197,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not splits.get("test-software", True):
         del splits["test-software"]          # no software text in this corpus
 
+    if args.upsample:
+        known = {name for p in splits["train"] for name in (source_name(p.origin), p.origin.split(":")[0])}
+        if unknown := [name for name, _ in args.upsample if name not in known]:
+            parser.exit(2, f"error: --upsample {', '.join(unknown)}: no training pairs come from it (the sources: "
+                        f"{', '.join(sorted(known))})\n")
+        splits["train"] = upsampled(splits["train"], args.upsample)
     args.out.mkdir(parents=True, exist_ok=True)
     for name, split_pairs in splits.items():
         write_tsv(args.out / f"{name}.tsv", split_pairs)
-    write_meta(args.out, pairs, stats, splits, leaks, args.seed, sources, argv, licences)
+    write_meta(args.out, pairs, stats, splits, leaks, args.seed, sources, argv, licences, args.upsample)
     print(format_table(stats, splits, leaks))
     print(f"wrote {args.out} in {time.monotonic() - start:.1f}s")
     return 0

@@ -533,3 +533,20 @@ def test_min_words_keeps_sentence_level_pairs_and_the_same_held_out_splits(tmp_p
     everything = read_pairs(tmp_path / "all" / "train.tsv")
     assert train and all(min(len(de.split()), len(en.split())) >= 4 for de, en in train)
     assert set(train) == {(de, en) for de, en in everything if min(len(de.split()), len(en.split())) >= 4}
+
+
+def test_upsample_writes_a_sources_training_pairs_n_times_and_leaves_dev_and_test(tmp_path: Path, capsys) -> None:
+    common = ["--ding", str(FIXTURE), "--no-locale", "--test-size", "3", "--dev-size", "2"]
+    assert main([*common, "--out", str(tmp_path / "once")]) == 0
+    assert main([*common, "--out", str(tmp_path / "twice"), "--upsample", "ding=2"]) == 0
+    for name in ("dev", "test"):
+        assert (tmp_path / "once" / f"{name}.tsv").read_bytes() == (tmp_path / "twice" / f"{name}.tsv").read_bytes()
+    once, twice = (read_pairs(tmp_path / d / "train.tsv") for d in ("once", "twice"))
+    assert once and twice == once + once          # the fixture is all Ding: every pair once more, after the rest
+    meta = json.loads((tmp_path / "twice" / "meta.json").read_text())
+    assert meta["upsampled"] == {"ding": 2} and meta["splits"]["train"] == 2 * len(once)
+    with pytest.raises(SystemExit) as exit_:
+        main([*common, "--out", str(tmp_path / "typo"), "--upsample", "dign=2"])
+    assert exit_.value.code == 2 and "dign" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*common, "--out", str(tmp_path / "zero"), "--upsample", "ding=0"])
