@@ -726,10 +726,9 @@ class Trainer:
         each has its own clock, signals and batch sizes, and one that left alone would hang the others in
         the next gradient all-reduce. The step count is the same on all of them, so --max-steps is exact."""
         s, p, c = self.settings, self.progress, self.cluster
-        if s.max_steps and p.step >= s.max_steps:
-            return True
+        at_max_steps = bool(s.max_steps and p.step >= s.max_steps)
         if c.distributed:
-            if p.step % STOP_CHECK_EVERY:
+            if p.step % STOP_CHECK_EVERY and not at_max_steps:   # all reach --max-steps together: the last sum
                 return False
             # One sum: the processes that want to stop, and the target tokens of all since the last check.
             shared = torch.tensor([float(self.sigterm.raised or self.out_of_time(now)), self.tokens_unshared],
@@ -737,9 +736,9 @@ class Trainer:
             dist.all_reduce(shared, op=dist.ReduceOp.SUM)
             wanting, tokens = shared.tolist()
             p.target_tokens, self.tokens_unshared = p.target_tokens + int(tokens), 0
-            stop = wanting > 0
+            stop = wanting > 0 or at_max_steps
         else:
-            stop = self.sigterm.raised or self.out_of_time(now)
+            stop = at_max_steps or self.sigterm.raised or self.out_of_time(now)
         return stop or bool(s.max_target_tokens and p.target_tokens >= s.max_target_tokens)
 
     def out_of_time(self, now: float) -> bool:

@@ -72,7 +72,7 @@ def test_evaluate_rejects_a_direction_the_model_does_not_have(tiny_run, data_dir
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stop", ["max-target-tokens", "max-minutes", "max-cpu-minutes", "sigterm"])
+@pytest.mark.parametrize("stop", ["max-target-tokens", "max-minutes", "max-cpu-minutes", "sigterm", "max-steps"])
 def test_torchrun_processes_stop_together(stop, data_dir, tmp_path):
     """Each stop condition is decided by both processes together, so they end together, within a minute, with
     one checkpoint (two processes that train: "device cpu x2"). Before, each counted target tokens from its own
@@ -80,7 +80,7 @@ def test_torchrun_processes_stop_together(stop, data_dir, tmp_path):
     SIGTERM."""
     out, budget = tmp_path / "ddp", 12_000
     limits = {"max-target-tokens": ["--max-target-tokens", str(budget)], "max-minutes": ["--max-minutes", "0.15"],
-              "max-cpu-minutes": ["--max-cpu-minutes", "0.1"], "sigterm": []}[stop]
+              "max-cpu-minutes": ["--max-cpu-minutes", "0.1"], "sigterm": [], "max-steps": ["--max-steps", "3"]}[stop]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "model.train", "--data", str(data_dir), "--out", str(out), "--direction", "de-en", "--eval-every", "0",
            "--eval-sentences", "4", *TINY, "--max-tokens", "300", "--threads", "1", *limits]
@@ -107,6 +107,8 @@ def test_torchrun_processes_stop_together(stop, data_dir, tmp_path):
         assert "done: step" in output
     if stop == "max-target-tokens":              # summed over both processes, at most 25 steps past the budget
         assert budget <= state["target_tokens"] < budget + 25 * 2 * 300
+    if stop == "max-steps":    # before the processes' first sum (every 25 steps): their tokens are counted all the same
+        assert state["step"] == 3 and 0 < state["target_tokens"] <= 3 * 2 * 300
 
 
 # --- the flat-array input pipeline against the per-example reference code it replaced -----------------
