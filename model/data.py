@@ -116,12 +116,16 @@ def upsample_arg(arg: str) -> tuple[str, int]:
     return origin, int(times)
 
 
+def upsample_names(origin: str) -> tuple[str, str]:
+    """The names --upsample knows a pair's origin by: its source (as meta.json counts it) and its kind."""
+    return source_name(origin), origin.split(":")[0]
+
+
 def upsampled(train: list[Pair], weights: list[tuple[str, int]]) -> list[Pair]:
     """`train` and, after it, the pairs of each weighted origin again (N - 1 more times in all): the trainer
     shuffles every epoch, so where the copies stand does not matter."""
     times = dict(weights)
-    extra = [p for p in train
-             for _ in range(times.get(source_name(p.origin), times.get(p.origin.split(":")[0], 1)) - 1)]
+    extra = [p for p in train for _ in range(next((times[n] for n in upsample_names(p.origin) if n in times), 1) - 1)]
     return train + extra
 
 
@@ -198,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         del splits["test-software"]          # no software text in this corpus
 
     if args.upsample:
-        known = {name for p in splits["train"] for name in (source_name(p.origin), p.origin.split(":")[0])}
+        known = {name for p in splits["train"] for name in upsample_names(p.origin)}
         if unknown := [name for name, _ in args.upsample if name not in known]:
             parser.exit(2, f"error: --upsample {', '.join(unknown)}: no training pairs come from it (the sources: "
                         f"{', '.join(sorted(known))})\n")
