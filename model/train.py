@@ -79,6 +79,11 @@ class TrainConfig:
     # warm-up to the peak; Adam's moments start afresh, so its rate climbs to the schedule's over this many
     # steps (0: at once), as a fresh Adam's first steps are as large as the rate whatever the gradient.
     rewarm: int = 200
+    # Steps of a linear decay to zero that end the run at --max-steps (the decay phase of a warmup-stable-decay
+    # schedule, Hägele et al. 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training Durations"):
+    # from step max_steps - cooldown the rate falls from the schedule's value there to 0 at max_steps. A branch
+    # to ship: the run itself goes on from the checkpoint before it. 0: no decay beyond the schedule's.
+    cooldown: int = 0
     # Dictionary entries and UI labels (targets under `short_pieces` pieces) are most of the corpus's
     # pairs but teach little about sentences: each epoch keeps this random share of them (1 = all).
     short_weight: float = 0.25
@@ -165,9 +170,13 @@ class SigtermFlag:
             signal.signal(signal.SIGTERM, self._previous)
 
 
-def lr_at(step: int, peak: float, warmup: int, rewarm_from: int = 0, rewarm: int = 0) -> float:
+def lr_at(step: int, peak: float, warmup: int, rewarm_from: int = 0, rewarm: int = 0, *,
+          end: int = 0, cooldown: int = 0) -> float:
     """The paper's schedule, factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), by its peak value;
-    from `rewarm_from` on (a fresh optimizer joining a run under way), ramped up to it over `rewarm` steps."""
+    from `rewarm_from` on (a fresh optimizer joining a run under way), ramped up to it over `rewarm` steps;
+    over the last `cooldown` steps before `end`, falling linearly to 0 (TrainConfig.cooldown)."""
+    if cooldown and step > end - cooldown:
+        return lr_at(end - cooldown, peak, warmup, rewarm_from, rewarm) * max(end - step, 0) / cooldown
     if rewarm_from and rewarm and step - rewarm_from < rewarm:
         return lr_at(step, peak, warmup) * max(step - rewarm_from, 0) / rewarm
     step = max(step, 1)
@@ -364,6 +373,9 @@ def parse_args(argv) -> tuple[argparse.Namespace, TrainConfig]:
     if args.init_from and not args.tokenizer:
         meta = json.loads((Path(args.init_from) / "model.json").read_text(encoding="utf-8"))
         args.tokenizer = str(Path(args.init_from) / meta["tokenizer"]["source"])
+    if args.cooldown and not 0 < args.cooldown <= args.max_steps:
+        raise SystemExit(f"--cooldown {args.cooldown} ends the run at --max-steps: give --max-steps of at least "
+                         f"{args.cooldown} (the step the rate reaches 0)")
     return args, TrainConfig(**{f: getattr(args, f) for f in asdict(TrainConfig())})
 
 
@@ -705,7 +717,7 @@ class Trainer:
         s, p, c = self.settings, self.progress, self.cluster
         p.step += 1
         for g in self.optimizer.param_groups:
-            g["lr"] = lr_at(p.step, s.lr, s.warmup, p.rewarm_from, s.rewarm)
+            g["lr"] = lr_at(p.step, s.lr, s.warmup, p.rewarm_from, s.rewarm, end=s.max_steps, cooldown=s.cooldown)
         with torch.autocast(c.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.use_amp):
             logits = self.net(b.src, b.tgt_in, b.src_mask, b.tgt_mask)                     # (B, T, V)
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), b.tgt_out.view(-1),

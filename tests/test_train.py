@@ -354,6 +354,26 @@ def test_a_run_from_a_package_continues_its_schedule(tiny_package, data_dir, tmp
     assert saved["optimizer"]["param_groups"][0]["lr"] == train.lr_at(step + 3, peak, warmup, step, 4)
 
 
+def test_a_cooldown_falls_linearly_to_zero_at_max_steps(tiny_package, data_dir, tmp_path):
+    """--cooldown N: the schedule as before up to max_steps - N, then a straight line from its rate there to 0 at
+    --max-steps, where the run ends; without --max-steps there is no end to fall to."""
+    peak, warmup = 1e-3, 400
+    base = train.lr_at(1000, peak, warmup)
+    assert train.lr_at(999, peak, warmup, end=1100, cooldown=100) == train.lr_at(999, peak, warmup)
+    assert [train.lr_at(s, peak, warmup, end=1100, cooldown=100) for s in (1000, 1050, 1075, 1100)] == \
+        pytest.approx([base, base / 2, base / 4, 0.0])
+    for bad in (["--cooldown", "10"], ["--cooldown", "10", "--max-steps", "5"], ["--cooldown", "-1"]):
+        with pytest.raises(SystemExit, match="--max-steps"):
+            train.parse_args(["--data", str(data_dir), "--out", str(tmp_path / "x"), *bad])
+    step = json.loads((tiny_package / "model.json").read_text())["training"]["step"]
+    out = tmp_path / "cooled"
+    train.main(["--data", str(data_dir), "--out", str(out), "--direction", "de-en", "--init-from", str(tiny_package),
+                *TINY, "--max-steps", str(step + 4), "--cooldown", "4", "--rewarm", "0", "--eval-every", "0",
+                "--eval-sentences", "4", "--threads", "1"])
+    saved = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert saved["step"] == step + 4 and saved["optimizer"]["param_groups"][0]["lr"] == 0.0
+
+
 def test_a_run_can_start_from_a_model_packages_weights(tiny_package, data_dir, tmp_path):
     """--init-from reads the weights back out of the package's graphs and takes its tokenizer; with a zero
     learning rate the saved weights are the package's."""
