@@ -173,12 +173,20 @@ class SigtermFlag:
 def lr_at(step: int, peak: float, warmup: int, rewarm_from: int = 0, rewarm: int = 0, *,
           end: int = 0, cooldown: int = 0) -> float:
     """The paper's schedule, factor · d_model^-0.5 · min(step^-0.5, step · warmup^-1.5), by its peak value;
-    from `rewarm_from` on (a fresh optimizer joining a run under way), ramped up to it over `rewarm` steps;
-    over the last `cooldown` steps before `end`, falling linearly to 0 (TrainConfig.cooldown)."""
+    over the last `cooldown` steps before `end`, falling linearly from its value there to 0
+    (TrainConfig.cooldown); from `rewarm_from` on (a fresh optimizer joining a run under way), that ramped up
+    over `rewarm` steps. The two multiply: a cooldown branch started from a package (--init-from) inside its
+    cooldown ramps up to the cooldown's line, not to the rate before it, nor stays at 0."""
+    rate = paper_lr(min(step, end - cooldown) if cooldown else step, peak, warmup)
     if cooldown and step > end - cooldown:
-        return lr_at(end - cooldown, peak, warmup, rewarm_from, rewarm) * max(end - step, 0) / cooldown
+        rate *= max(end - step, 0) / cooldown
     if rewarm_from and rewarm and step - rewarm_from < rewarm:
-        return lr_at(step, peak, warmup) * max(step - rewarm_from, 0) / rewarm
+        rate *= max(step - rewarm_from, 0) / rewarm
+    return rate
+
+
+def paper_lr(step: int, peak: float, warmup: int) -> float:
+    """The paper's schedule alone: a linear warm-up to `peak` at `warmup`, then 1/sqrt(step)."""
     step = max(step, 1)
     return peak * min(step / warmup, (warmup / step) ** 0.5)
 

@@ -362,6 +362,10 @@ def test_a_cooldown_falls_linearly_to_zero_at_max_steps(tiny_package, data_dir, 
     assert train.lr_at(999, peak, warmup, end=1100, cooldown=100) == train.lr_at(999, peak, warmup)
     assert [train.lr_at(s, peak, warmup, end=1100, cooldown=100) for s in (1000, 1050, 1075, 1100)] == \
         pytest.approx([base, base / 2, base / 4, 0.0])
+    # A branch from a package that records step 1000 (Adam afresh, --rewarm 20) inside its cooldown: the ramp
+    # and the line multiply, so it learns from its second step and still ends at 0.
+    ramped = [train.lr_at(s, peak, warmup, 1000, 20, end=1100, cooldown=100) for s in (1000, 1010, 1020, 1050)]
+    assert ramped == pytest.approx([0.0, base * 0.9 / 2, base * 0.8, base / 2])
     for bad in (["--cooldown", "10"], ["--cooldown", "10", "--max-steps", "5"], ["--cooldown", "-1"]):
         with pytest.raises(SystemExit, match="--max-steps"):
             train.parse_args(["--data", str(data_dir), "--out", str(tmp_path / "x"), *bad])
