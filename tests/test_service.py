@@ -153,13 +153,15 @@ def test_32_concurrent_clients_are_batched_and_answered_as_if_alone(server):
 def test_without_a_batch_window_requests_queued_behind_a_running_batch_go_together(tiny_package):
     """The default window is 0: a worker takes a request the moment it is free, and the requests
     that arrive while it is busy join its plan between two decoder steps, ahead of the larger work
-    (service/worker/litserve_bridge.py). One worker; a long request keeps it busy (256 sentences at beam 16,
-    above the default --max-request-cost) while 8 short ones arrive: answered as alone, before it."""
+    (service/worker/litserve_bridge.py). One worker; a long request keeps it busy (64 texts of 8 sentences at
+    beam 16, above the default --max-request-cost; 3 s on an idle Xeon, where texts of 4 took 2 s and a CI machine
+    starved by other jobs once answered them before the 8 short ones) while 8 short ones arrive: answered as
+    alone, before it."""
     proc, url = start_server(tiny_package, "--workers", "1", "--max-request-cost", "1000000")
     try:
         de = list(PAIRS)
         expected = alone(url, de[:8])            # each short one with the worker otherwise idle
-        long_body = {"text": [" ".join(de[i:i + 4]) for i in range(64)], "source_lang": "de", "target_lang": "en",
+        long_body = {"text": [" ".join((de * 2)[i:i + 8]) for i in range(64)], "source_lang": "de", "target_lang": "en",
                      "beam_size": 16}
         short = lambda s: post(url, "/translate", {"text": s, "source_lang": "de", "target_lang": "en"})  # noqa: E731
         batches0 = _metric(url, "transerve_batch_size_requests_count", endpoint="translate")
@@ -320,11 +322,14 @@ def test_metrics_count_what_happened(server):
 def test_scheduler_metrics_move_while_a_request_is_served(server):
     """issue 36's scheduler metrics as a scrape sees them: while a long request decodes, rows run and their
     cache is held; its decoder calls are counted with their rows; once it is answered nothing runs, waits or
-    holds cache."""
+    holds cache. 32 texts of 4 sentences at beam 16: 1 s on an idle Xeon (32 single sentences took 0.35 s, which
+    a CI machine starved by other jobs once answered between two scrapes)."""
     labels = {"endpoint": "translate", "model": "tiny-de-en"}
     calls = _metric(server, "transerve_step_batch_rows_count", **labels)
     rows = _metric(server, "transerve_step_batch_rows_sum", **labels)
-    body = {"text": list(PAIRS)[:32], "source_lang": "de", "target_lang": "en", "beam_size": 16}
+    de = list(PAIRS)
+    body = {"text": [" ".join(de[i:i + 4]) for i in range(32)], "source_lang": "de", "target_lang": "en",
+            "beam_size": 16}
     seen = {"transerve_scheduler_running_rows": 0.0, "transerve_cache_bytes": 0.0}
     with cf.ThreadPoolExecutor(1) as pool:
         answer = pool.submit(post, server, "/translate", body)

@@ -70,8 +70,13 @@ def stop_while_busy(proc, url: str, deliver) -> dict:
     askers = [threading.Thread(target=ask) for _ in range(REQUESTS)]
     for asker in askers:
         asker.start()
+    # Until every request is admitted (in flight, or already answered: on a starved machine the first ones can
+    # be answered before the last is admitted) and one at least is still in flight.
     deadline = time.monotonic() + 30
-    while in_flight(url) < REQUESTS and time.monotonic() < deadline:   # all admitted: counted in flight
+    while time.monotonic() < deadline:
+        running = in_flight(url)
+        if running >= 1 and running + len(got["answers"]) >= REQUESTS:
+            break
         time.sleep(0.02)
     got["signalled"] = signalled = time.monotonic()
     deliver()

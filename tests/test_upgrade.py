@@ -75,7 +75,8 @@ def test_an_upgraded_int8_package_keeps_its_form_int8_weights_metadata_and_answe
         quantize, scheme, int8_package, data_dir, tmp_path, capsys):
     """int8-rows: the same graph with the same weights, so the same scores to the bit. int8-static is
     calibrated again on fp32 graphs whose weights are the dequantized int8 ones, so its activation scales
-    move a little: the same translations, scores within 1e-4 (measured: 5e-6 at most, 64 of 64 not equal)."""
+    move a little: the same translations, scores within 1e-3 (measured at most 5e-6 on an AMD EPYC, 1.1e-4 on an
+    Intel Xeon with AMX; 64 of 64 not equal)."""
     old, new = int8_package(quantize), tmp_path / "new"
     calibration = ["--calibration", str(data_dir / "dev.tsv")] if quantize == "int8" else []
     upgrade_main([str(old), "--out", str(new), *calibration])
@@ -93,7 +94,7 @@ def test_an_upgraded_int8_package_keeps_its_form_int8_weights_metadata_and_answe
     before, after = greedy(old), greedy(new)
     assert [t for t, _ in after] == [t for t, _ in before]
     worst = max(abs(a - b) for (_, a), (_, b) in zip(after, before))
-    assert worst == 0 if scheme == "int8-rows" else worst < 1e-4, worst
+    assert worst == 0 if scheme == "int8-rows" else worst < 1e-3, worst
 
 
 def test_an_int8_static_package_is_upgraded_only_with_calibration_text(int8_package, tmp_path):
