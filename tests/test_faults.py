@@ -136,7 +136,7 @@ def test_a_killed_generation_worker_fails_its_streams_and_requests_at_once(tiny_
                 break
             time.sleep(1)
         r = httpx.post(url + "/generate", json={"prompt": "Das", "max_new_tokens": 3}, timeout=60)
-        assert r.status_code == 200 and r.json()["choices"]
+        assert r.status_code == 200 and r.json()["choices"], r.text
     finally:
         stop_server(proc)
 

@@ -350,3 +350,34 @@ def test_a_worker_drops_the_answers_of_an_http_process_that_has_gone(tmp_path):
             for _ in range(100):            # a first write may still land in the closed socket's buffer
                 worker.send(message, 0)
     assert time.monotonic() - started < 1.0
+
+
+def test_ready_waits_until_a_restarted_worker_is_acted_on_and_its_hold_back_has_passed():
+    """A worker restarted between two polls of the watcher: until the watcher has failed the requests that may
+    have gone with it, and the dead worker's get() on LitServe's queue has timed out, a request put now could
+    be lost, so the HTTP process says it is not ready (a probe, a client waiting for /ready)."""
+    from types import SimpleNamespace
+
+    from litserve.utils import WorkerSetupStatus
+
+    board = CancelBoard(("generate",))
+    server = SimpleNamespace(workers_setup_status={"generate_0": WorkerSetupStatus.READY})
+    workers = litserve_bridge.Workers(server, {}, board, request_timeout_s=10)
+
+    async def run():
+        assert workers.ready()
+        lost = workers.lost("generate")              # a request waits: the watcher runs
+        await asyncio.sleep(0.1)
+        board.worker_started("generate")             # died and started again, ready before any poll saw it
+        assert not workers.ready()
+        await asyncio.wait_for(lost.wait(), 5)       # the watcher's next poll fails the waiting requests
+        assert not workers.ready()
+
+        async def until_ready():
+            while not workers.ready():
+                await asyncio.sleep(0.05)
+        await asyncio.wait_for(until_ready(), 10)
+        return time.monotonic()
+
+    ready_at = asyncio.run(run())
+    assert ready_at >= workers._lost_at["generate"] + litserve_bridge.LOST_HOLD_S

@@ -61,6 +61,7 @@ from ..metrics import metrics
 log = logging.getLogger("transerve")
 
 IDLE_WAKE_S = 1.0   # an idle worker still returns to its loop this often
+LOST_HOLD_S = IDLE_WAKE_S + 0.5   # new requests wait this long after a worker's loss is seen (Workers._enqueue)
 POLL_S = 0.005      # a busy translation worker looks for new requests this often at most (between steps)
 QUEUE_CHECK_S = 0.1  # ... and, when the board counts nothing queued, this often (should the count be off)
 
@@ -473,6 +474,7 @@ class Workers:
         self._watcher: asyncio.Future | None = None      # see lost(); one per HTTP process
         self._lost: dict[str, asyncio.Event] = {}
         self._lost_at: dict[str, float] = {}              # when the watcher last saw a worker stop (monotonic)
+        self._seen_starts: dict[str, int] | None = None   # the workers' start counts the watcher has acted on
 
     def serves(self, endpoint: str) -> bool:
         return endpoint in self.handlers
@@ -570,7 +572,7 @@ class Workers:
         handing the next request put on the queue to no one. A request put before the loss was seen fails
         with the others (lost); one put after must wait that get out."""
         lost_at = self._lost_at.get(endpoint)
-        if lost_at is not None and (wait := lost_at + IDLE_WAKE_S + 0.5 - time.monotonic()) > 0:
+        if lost_at is not None and (wait := lost_at + LOST_HOLD_S - time.monotonic()) > 0:
             await asyncio.sleep(wait)
         carry(payload)   # the worker's spans join the request's trace (worker/traces.py), when traces are on
         metrics().queue_depth.labels(endpoint).inc()   # before the put: the worker may take it at once
@@ -594,7 +596,7 @@ class Workers:
     async def _watch(self) -> None:
         status = getattr(self.server, "workers_setup_status", None)
         seen: dict[str, str] = {}
-        starts = self.board.worker_starts()
+        starts = self._seen_starts = self.board.worker_starts()
         while status is not None:
             await asyncio.sleep(0.5)
             try:
@@ -611,11 +613,19 @@ class Workers:
                 event = self._lost.pop(endpoint, None)
                 if event is not None:
                     event.set()  # requests waiting now fail; later ones get a new event
+            self._seen_starts = starts
 
     def ready(self) -> bool:
-        """Every worker loaded and warmed up."""
+        """Every worker loaded and warmed up, and no restart pending here: one this process's watcher has not
+        acted on yet (a request put now could still go to the dead worker's get() and fail with those in
+        flight) or whose new requests are still held back (_enqueue)."""
         status = getattr(self.server, "workers_setup_status", None) or {}
-        return bool(status) and all(v == WorkerSetupStatus.READY for v in status.values())
+        if not status or any(v != WorkerSetupStatus.READY for v in status.values()):
+            return False
+        if self._watcher is not None and not self._watcher.done() and self.board.worker_starts() != self._seen_starts:
+            return False
+        now = time.monotonic()
+        return all(now >= lost_at + LOST_HOLD_S for lost_at in self._lost_at.values())
 
     def stop(self) -> None:
         self.server._shutdown_event.set()
