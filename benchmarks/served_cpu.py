@@ -8,9 +8,13 @@ Each round starts `python -m service` from each tree (its own code) on the same 
 default, `--workers 2 --threads 1`), sends 32 sentences one at a time, then 256 at 32 concurrent clients (beam 4).
 With --by-process it also says where the CPU of the loaded part went: each process of the server's tree (its
 inference workers, LitServe's manager process that carries its queues, the HTTP process) and the client's own
-(this process: httpx in 32 threads), in CPU ms per request. --data takes the sentences from a TSV's first column
-(default: the tests' 64 Ding sentences); the last line is then the engine's own figure for the same requests'
-sentences offline, in tokens per CPU second, beside the served tokens per server CPU second.
+(this process: a keep-alive socket per client thread, common.KeepAlive), in CPU ms per request. --data takes the
+sentences from a TSV's first column (default: the tests' 64 Ding sentences). Then the same requests' sentences
+in this process, in tokens per CPU second: through the engine offline (sorted batches of 16, one thread), and
+through one worker's scheduler driven as the worker loop drives it (16 requests in flight, no HTTP, no queues:
+what the running batch costs itself). The last line is the ceiling these cores leave served: the engine's CPU
+per request offline over that plus what the rest of the served path (HTTP process, manager, client) took, the
+most served can reach against the offline engine on cores they share even with workers as cheap as it.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-from common import ROOT, SERVER_PROCESS_GROUP, cpu_name, free_port, pairs64
+from common import ROOT, SERVER_PROCESS_GROUP, KeepAlive, cpu_name, free_port, pairs64
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -93,49 +98,75 @@ def role(pid: int) -> str:
     return f"forked ({threads} threads)"
 
 
-def by_process(before: dict[int, float], wall: float, requests: int, client_cpu: float) -> str:
-    lines = []
+def by_process(before: dict[int, float], wall: float, requests: int, client_cpu: float) -> tuple[str, dict]:
+    """Each process's CPU ms a request, as lines, and summed by role (the client's as "client")."""
+    lines, split = [], {"client": client_cpu / requests * 1000}
     for pid, c0 in before.items():
         used = cpu_seconds_of(pid) - c0
         if used > 0.005:
+            split[role(pid)] = split.get(role(pid), 0.0) + used / requests * 1000
             lines.append(f"  pid {pid} {role(pid)}: {used / requests * 1000:.2f} CPU ms/request, "
                          f"{used / wall * 100:.0f}% of a core")
-    lines.append(f"  client (this process): {client_cpu / requests * 1000:.2f} CPU ms/request, "
+    lines.append(f"  client (this process): {split['client']:.2f} CPU ms/request, "
                  f"{client_cpu / wall * 100:.0f}% of a core")
-    return "\n".join(lines)
+    return "\n".join(lines), split
 
 
-def measure(tree: Path, args: argparse.Namespace, sentences: list[str]) -> str:
-    import httpx
+def ceiling(split: dict, tokens_per_request: float, offline_rate: float) -> str:
+    """What served could reach against the engine offline on the same cores if the inference workers were as
+    cheap as the offline engine: everything else the served path runs (the HTTP process, LitServe's manager,
+    the client, which share the cores here as in vs_ctranslate2.py's served row) comes on top of the engine's
+    own CPU per request."""
+    engine_ms = tokens_per_request / offline_rate * 1000
+    rest = sum(ms for name, ms in split.items() if name != "inference worker")
+    workers = split.get("inference worker", 0.0)
+    return (f"served ceiling on these cores: the engine offline {engine_ms:.2f} CPU ms/request, the rest of the "
+            f"served path {rest:.2f} (workers now {workers:.2f}, {engine_ms / workers:.2f}x the engine's "
+            f"efficiency): at most {engine_ms / (engine_ms + rest):.2f}x the engine offline with the workers "
+            f"as cheap as it, {engine_ms / (workers + rest):.2f}x as measured")
 
+
+def measure(tree: Path, args: argparse.Namespace, sentences: list[str]) -> tuple[str, dict, float]:
+    """The round's report, CPU ms a request by role (--by-process, else {}) and output tokens a request. Each
+    client thread sends over a keep-alive connection of its own (common.KeepAlive, as vs_ctranslate2.py's served
+    row): httpx cost the client about 1.5 CPU ms a request on cores the server shares."""
     proc, url = start(tree, args.package, args.workers, args.threads)
+    port = int(url.rsplit(":", 1)[1])
     body = {"source_lang": "de", "target_lang": "en", "beam_size": 4, "max_length": 32}
+    own, connections = threading.local(), []
+
+    def one(text: str) -> int:
+        if not hasattr(own, "connection"):
+            own.connection = KeepAlive("127.0.0.1", port)
+            connections.append(own.connection)
+        status, out = own.connection.post_json("/translate", body | {"text": text})
+        if status != 200:
+            raise RuntimeError(f"/translate answered {status}: {out}")
+        return out["translations"][0]["output_tokens"]
     try:
-        with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=32)) as client:
-            def one(text: str) -> int:
-                r = client.post(url + "/translate", json=body | {"text": text})
-                r.raise_for_status()
-                return r.json()["translations"][0]["output_tokens"]
-            [one(t) for t in sentences[:8]]                       # warm-up
-            c0 = cpu_seconds(proc.pid)
-            [one(t) for t in sentences[:32]]
-            alone = (cpu_seconds(proc.pid) - c0) / 32 * 1000
-            each = {pid: cpu_seconds_of(pid) for pid in process_tree(proc.pid)}
-            c0, t0, me = cpu_seconds(proc.pid), time.perf_counter(), os.times()
-            with cf.ThreadPoolExecutor(32) as pool:
-                tokens = sum(pool.map(one, sentences * 4))
-            wall, used = time.perf_counter() - t0, cpu_seconds(proc.pid) - c0
-            client = sum(os.times()[:2]) - sum(me[:2])
-            split = by_process(each, wall, 4 * len(sentences), client) if args.by_process else ""
+        [one(t) for t in sentences[:8]]                       # warm-up
+        c0 = cpu_seconds(proc.pid)
+        [one(t) for t in sentences[:32]]
+        alone = (cpu_seconds(proc.pid) - c0) / 32 * 1000
+        each = {pid: cpu_seconds_of(pid) for pid in process_tree(proc.pid)}
+        c0, t0, me = cpu_seconds(proc.pid), time.perf_counter(), os.times()
+        with cf.ThreadPoolExecutor(32) as pool:
+            tokens = sum(pool.map(one, sentences * 4))
+        wall, used = time.perf_counter() - t0, cpu_seconds(proc.pid) - c0
+        client = sum(os.times()[:2]) - sum(me[:2])
+        lines, split = by_process(each, wall, 4 * len(sentences), client) if args.by_process else ("", {})
     finally:
+        for c in connections:
+            c.close()
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
-    return (f"{tree}: alone {alone:.1f} CPU ms/request; under load {used / (4 * len(sentences)) * 1000:.1f} CPU "
-            f"ms/request, {tokens / used:.0f} tokens per server CPU s, {tokens / wall:.0f} tok/s wall; "
-            f"load avg {os.getloadavg()[0]:.1f}" + (f"\n{split}" if split else ""))
+    report = (f"{tree}: alone {alone:.1f} CPU ms/request; under load {used / (4 * len(sentences)) * 1000:.1f} CPU "
+              f"ms/request, {tokens / used:.0f} tokens per server CPU s, {tokens / wall:.0f} tok/s wall; "
+              f"load avg {os.getloadavg()[0]:.1f}" + (f"\n{lines}" if lines else ""))
+    return report, split, tokens / (4 * len(sentences))
 
 
-def offline(package: Path, sentences: list[str], batch: int = 16) -> str:
+def offline(package: Path, sentences: list[str], batch: int = 16) -> float:
     """The same requests' sentences through the engine in this process, sorted by length, in batches of `batch`
     (32 clients over 2 workers: 16 each), one onnxruntime thread: output tokens per CPU second, the best of 2."""
     from service.inference.engine import Engine
@@ -149,7 +180,43 @@ def offline(package: Path, sentences: list[str], batch: int = 16) -> str:
         for i in range(0, len(ids), batch):
             tokens += sum(len(h[0].tokens) for h in engine.search(ids[i:i + batch], options))
         best = max(best, tokens / (time.process_time() - c0))
-    return f"offline (Engine.search, batch {batch}, 1 thread, sorted): {best:.0f} tokens per CPU s"
+    print(f"offline (Engine.search, batch {batch}, 1 thread, sorted): {best:.0f} tokens per CPU s", flush=True)
+    return best
+
+
+def scheduled(package: Path, sentences: list[str], clients: int = 16) -> float:
+    """The same requests through one worker's scheduler in this process (service/worker/scheduler.py, as the
+    worker loop drives it: no HTTP, no queues), `clients` requests in flight (32 clients over 2 workers: 16
+    each), each answered request replaced by the next at once: output tokens per CPU second, the best of 2.
+    Against `offline`: what the running batch costs itself (encoding arrivals a few at a time, joining,
+    the cache's relayout for rows at different positions)."""
+    from service.config import Settings
+    from service.inference.engine import Engine
+    from service.shared.options import SearchOptions
+    from service.worker.cancel import CancelBoard
+    from service.worker.scheduler import Job, TranslationScheduler, request_cost
+
+    engine, options = Engine(package, intra_op_threads=1), SearchOptions(beam_size=4, max_length=32)
+    ids = engine.source_ids(sentences * 4, "en")
+
+    def job(i: int) -> Job:
+        return Job(str(i), engine.package.name, "de", "en", options, [ids[i]], [(0, 1)], [[]], time.monotonic(),
+                   0, request_cost(len(ids[i]), 4))
+    best = 0.0
+    for _ in range(2):
+        scheduler = TranslationScheduler({engine.package.name: engine}, CancelBoard(), Settings().max_batch_tokens)
+        waiting = iter(range(clients, len(ids)))
+        c0, tokens = time.process_time(), 0
+        scheduler.admit({i: job(i) for i in range(clients)})
+        while scheduler.busy:
+            scheduler.step()
+            answered = scheduler.take_finished()
+            tokens += sum(len(j.hyps[0][0].tokens) for _, j in answered)
+            scheduler.admit({i: job(i) for i in (next(waiting, None) for _ in answered) if i is not None})
+        best = max(best, tokens / (time.process_time() - c0))
+    print(f"scheduled (one worker's TranslationScheduler in this process, {clients} requests in flight, 1 thread): "
+          f"{best:.0f} tokens per CPU s", flush=True)
+    return best
 
 
 def main(argv=None) -> None:
@@ -170,9 +237,12 @@ def main(argv=None) -> None:
                  if args.data else [de for de, _ in pairs64()])
     for r in range(args.rounds):
         for tree in trees if r % 2 == 0 else trees[::-1]:
-            print(measure(tree, args, sentences), flush=True)
+            report, split, tokens_per_request = measure(tree, args, sentences)
+            print(report, flush=True)
     if args.by_process:
-        print(offline(args.package, sentences), flush=True)
+        rate = offline(args.package, sentences)
+        scheduled(args.package, sentences)
+        print(ceiling(split, tokens_per_request, rate), flush=True)
 
 
 if __name__ == "__main__":
