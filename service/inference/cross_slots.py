@@ -81,9 +81,11 @@ class CrossSlots:
         for sources, _ in live:
             sources.close()                     # every pending source is placed now, or has left
 
-    def _tensors(self) -> np.ndarray:
+    def _tensors(self, host: np.ndarray) -> np.ndarray:
+        """The (L, cap, h, S, d_k) tensors in `host`, the block as a host array (Block.host: on a device, a copy
+        that Block.commit writes back whole)."""
         g = self.graph
-        return self.block.host()[:len(g.cross_names) * self.cap * g.h * self.S * g.d_k].reshape(
+        return host[:len(g.cross_names) * self.cap * g.h * self.S * g.d_k].reshape(
             len(g.cross_names), self.cap, g.h, self.S, g.d_k)
 
     def _free(self, alive: np.ndarray) -> None:
@@ -98,9 +100,10 @@ class CrossSlots:
             sources, number = self.owner[slot]
             sources.placed[number] = -1
         if len(to):
-            t = self._tensors()
+            host = self.block.host()
+            t = self._tensors(host)
             t[:, to] = t[:, frm]
-            self.block.commit(t)
+            self.block.commit(host)
             self.mask[to] = self.mask[frm]
             for a, b in zip(to.tolist(), frm.tolist()):
                 sources, number = self.owner[a] = self.owner[b]
@@ -112,14 +115,15 @@ class CrossSlots:
         """A block with room for `cap` slots S wide, the live slots copied into it (cut or zero-padded)."""
         g, L, A = self.graph, len(self.graph.cross_names), self.A
         block = g.pool.take(L * cap * g.h * S * g.d_k)
-        t = block.host(contents=False)[:L * cap * g.h * S * g.d_k].reshape(L, cap, g.h, S, g.d_k)
+        host = block.host(contents=False)
+        t = host[:L * cap * g.h * S * g.d_k].reshape(L, cap, g.h, S, g.d_k)
         mask = np.zeros((cap, S), dtype=np.int32)
         if A:
             w = min(S, self.S)
-            t[:, :A, :, :w] = self._tensors()[:, :A, :, :w]
+            t[:, :A, :, :w] = self._tensors(self.block.host())[:, :A, :, :w]
             t[:, :A, :, w:] = 0
             mask[:A, :w] = self.mask[:A, :w]
-        block.commit(t)
+        block.commit(host)
         if self.block is not None:
             g.pool.give(self.block)
         self.block, self.cap, self.S, self.mask = block, cap, S, mask
@@ -128,7 +132,8 @@ class CrossSlots:
         """New sources into the next slots, from the encoder outputs they are pending in."""
         g, L = self.graph, len(self.graph.cross_names)
         slots = np.arange(self.A, self.A + len(numbers))
-        t = self._tensors()
+        host = self.block.host()
+        t = self._tensors(host)
         for cross, first, row, count in sources.pending:
             A_i, _, S_i, _ = cross.shape
             sel = (numbers >= first) & (numbers < first + count)
@@ -137,7 +142,7 @@ class CrossSlots:
             own = cross.block.host()[:L * A_i * g.h * S_i * g.d_k].reshape(L, A_i, g.h, S_i, g.d_k)
             t[:, slots[sel], :, :S_i] = own[:, numbers[sel] - first + row]
             t[:, slots[sel], :, S_i:] = 0                     # masked, but never NaN
-        self.block.commit(t)
+        self.block.commit(host)
         self.mask[slots] = np.arange(self.S)[None, :] < sources.lengths[numbers][:, None]
         sources.placed[numbers] = slots
         self.owner += [(sources, n) for n in numbers.tolist()]

@@ -15,8 +15,9 @@ change. A generation decoder's cache (`KVCache`) is written into two blocks in t
 A tensor of any shape takes the first prod(shape) elements of its stretch of the block.
 
 On the CPU a block is a numpy array and a reorder is one numpy copy of the live columns. On CUDA the
-reorder goes through the host (the source block down, the destination up, whole): correct, not yet
-fast, and not yet run on a GPU here.
+cache's reorder and the encoder outputs' `select` stay on the device (service/inference/row_gather.py: a
+graph of Gather, Slice and Pad between two blocks); the running batch's cross slots still go through the host
+(the block down, the copy, the block up): correct, not yet fast. Neither path has run on a GPU here yet.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .onnxruntime_bridge import Binder
+from .row_gather import RowGather
 
 
 class Block:
@@ -38,9 +40,9 @@ class Block:
     output costs only what the search writes; on CUDA an OrtValue from onnxruntime's allocator for the
     device, reserved in full (not yet run on a GPU here)."""
 
-    def __init__(self, size: int, dtype: np.dtype, device: str):
+    def __init__(self, size: int, dtype: np.dtype, device: str, *, host_array: bool = True):
         self.size, self.dtype, self.itemsize = size, dtype, dtype.itemsize
-        if device == "cpu":
+        if device == "cpu" and host_array:
             self.data = np.empty(size, dtype)
             self.address: int = self.data.ctypes.data
         else:
@@ -69,11 +71,15 @@ class BlockPool:
     keeps at most `keep` (the largest), so what it holds is bounded by the largest searches seen, which
     the token budget per engine batch bounds in turn. Thread-safe: searches on one engine may overlap."""
 
-    def __init__(self, dtype: type, device: str, keep: int = 3):
+    def __init__(self, dtype: type, device: str, keep: int = 3, *, host_blocks: bool = True):
+        """host_blocks=False: on the CPU too, blocks are onnxruntime's and copies run as on a device (for tests
+        of that path)."""
         if keep < 1:
             raise ValueError(f"keep must be at least 1 (a search hands back up to 3 blocks), got {keep}")
         self.dtype, self.device, self.keep = np.dtype(dtype), device, keep
+        self.on_host = device == "cpu" and host_blocks      # blocks are numpy arrays, copies numpy's
         self.bind = Binder(device)
+        self._gather: RowGather | None = None
         self._free: list[Block] = []                  # ascending size
         # Blocks taken and not given back, with the bytes their takers asked for (a block dropped unreturned
         # leaves by itself: a generator closed before its first step hands its blocks to the collector).
@@ -84,7 +90,7 @@ class BlockPool:
         with self._lock:
             block = next((self._free.pop(i) for i, b in enumerate(self._free) if b.size >= size), None)
         if block is None:
-            block = Block(max(size, 1), self.dtype, self.device)
+            block = Block(max(size, 1), self.dtype, self.device, host_array=self.on_host)
         with self._lock:
             self._lent[block] = max(size, 1) * self.dtype.itemsize
         return block
@@ -96,6 +102,14 @@ class BlockPool:
             self._free.extend(blocks)
             self._free.sort(key=lambda b: b.size)
             del self._free[:-self.keep]
+
+    def gather(self, src: Block, shape: tuple[int, int, int, int, int], rows: np.ndarray, width: int,
+               dst: Block) -> None:
+        """dst's start = src's (L, R, h, W, d_k) tensor's rows `rows` (-1: any) at `width` columns, zero-padded,
+        copied where the blocks are (row_gather.RowGather; for blocks that are not numpy arrays)."""
+        if self._gather is None:
+            self._gather = RowGather(self.device, self.dtype)
+        self._gather(src.address, shape, rows, width, dst.address)
 
     @property
     def lent_bytes(self) -> int:
@@ -136,11 +150,14 @@ class Tensors:
         n, old = prod(self.shape), self.block
         shape = [len(rows), *self.shape[1:]]
         new = self.pool.take(len(self.names) * prod(shape))
-        src, dst = old.host(), new.host(contents=False)
-        for i in range(len(self.names)):
-            np.take(src[i * n:(i + 1) * n].reshape(self.shape), rows, axis=0, mode="clip",
-                    out=dst[i * prod(shape):(i + 1) * prod(shape)].reshape(shape))
-        new.commit(dst)
+        if self.pool.on_host:
+            src, dst = old.host(), new.host(contents=False)
+            for i in range(len(self.names)):
+                np.take(src[i * n:(i + 1) * n].reshape(self.shape), rows, axis=0, mode="clip",
+                        out=dst[i * prod(shape):(i + 1) * prod(shape)].reshape(shape))
+        else:                              # the tensors back to back: one (names, A, h, S, d_k) gather
+            A, h, S, d_k = self.shape
+            self.pool.gather(old, (len(self.names), A, h, S, d_k), rows, S, new)
         self.pool.give(old)
         self.block, self.shape = new, shape
 
@@ -260,7 +277,8 @@ class InPlaceCache:
 
     def _relayout(self, rows: np.ndarray | None, width: int) -> None:
         """Copies the cache into the second block with rows `rows` (None: the same; -1: any) at `width`
-        columns. The tensors lie back to back, so one numpy call moves all of them."""
+        columns. The tensors lie back to back, so one numpy call (or one gather graph, RowGather) moves all
+        of them."""
         read, write = self.blocks
         L2, M = len(self.names), self.rows if rows is None else len(rows)
         n, m = self._tensor_size(self.rows, self.width), self._tensor_size(M, width)
@@ -269,7 +287,10 @@ class InPlaceCache:
             larger = self.pool.take(2 * L2 * m)
             self.pool.give(write)
             self.blocks[1] = write = larger
-        if n and m:
+        if n and m and not self.pool.on_host:
+            self.pool.gather(read, (L2, self.rows, self.h, self.width, self.d_k),
+                             np.arange(self.rows) if rows is None else rows, width, write)
+        elif n and m:
             src = read.host()[:L2 * n].reshape(L2, self.rows, self.h, self.width, self.d_k)
             host = write.host(contents=False)
             dst = host[:L2 * m].reshape(L2, M, self.h, width, self.d_k)
