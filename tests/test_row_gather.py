@@ -4,11 +4,13 @@ device takes: the cache's reorder and the encoder outputs' select by that graph,
 host) translates exactly as one on numpy arrays, in batches cut up front and in a running batch that requests
 join at different steps. Here on onnxruntime's CPU provider: no GPU has run it yet."""
 
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from service.inference.cross_slots import CrossSlots
 from service.inference.device_memory import BlockPool
 from service.inference.engine import Engine
 from service.inference.row_gather import RowGather
@@ -57,8 +59,12 @@ def same_hypotheses(a, b) -> None:
 
 @pytest.mark.parametrize("options", [SearchOptions(beam_size=4, num_hypotheses=2), SearchOptions(beam_size=1)],
                          ids=["beam 4", "greedy"])
-def test_an_engine_on_onnxruntime_blocks_translates_as_on_numpy_arrays(engines, options):
+def test_an_engine_on_onnxruntime_blocks_translates_as_on_numpy_arrays(engines, options, monkeypatch):
     host, device = engines
+    ran = Counter()
+    for name in ("_copy_into", "_place_on_device"):          # the cross slots' device copies, counted
+        method = getattr(CrossSlots, name)
+        monkeypatch.setattr(CrossSlots, name, lambda self, *a, _m=method, _n=name: (ran.update([_n]), _m(self, *a)))
     ids = host.source_ids([de for de, _ in pairs64()][:24], "en")
     # One batch: sentences end at different steps, so their rows and encoder outputs leave (select).
     same_hypotheses(host.search(ids, options), device.search(ids, options))
@@ -70,3 +76,4 @@ def test_an_engine_on_onnxruntime_blocks_translates_as_on_numpy_arrays(engines, 
     for h, d in zip(joining(host, requests, opts, 2), joining(device, requests, opts, 2), strict=True):
         same_hypotheses(h, d)
     assert device.pool._gather is not None and host.pool._gather is None    # the graph did the copies
+    assert ran["_copy_into"] and ran["_place_on_device"], ran   # slots moved, widened and placed on the device

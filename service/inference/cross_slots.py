@@ -11,6 +11,10 @@ sentences of models/de-en on the 2-core EPYC, most steps, as some sentence ends 
 
 A source's padding columns are zero and masked; a row's outputs do not depend on S (a multiple of
 COLUMNS_STEP) nor on its slot (RunningBatch's docstring says why).
+
+On a device (blocks that are not numpy arrays) the copies run there (BlockPool.gather): a slot that moves
+into a hole, or a reallocation, copies every slot into a block of its own; a new source is gathered into its
+slot layer by layer.
 """
 
 from __future__ import annotations
@@ -99,11 +103,17 @@ class CrossSlots:
         for slot in holes:
             sources, number = self.owner[slot]
             sources.placed[number] = -1
-        if len(to):
+        if len(to) and not self.graph.pool.on_host:      # on a device: into a block of its own, every slot
+            rows = np.full(self.cap, -1, dtype=np.int64)
+            rows[:A] = np.arange(A)
+            rows[to] = frm
+            self._copy_into(self.graph.pool.take(self._size(self.cap, self.S)), rows, self.S)
+        elif len(to):
             host = self.block.host()
             t = self._tensors(host)
             t[:, to] = t[:, frm]
             self.block.commit(host)
+        if len(to):
             self.mask[to] = self.mask[frm]
             for a, b in zip(to.tolist(), frm.tolist()):
                 sources, number = self.owner[a] = self.owner[b]
@@ -111,42 +121,74 @@ class CrossSlots:
         del self.owner[A:]
         self.A = A
 
+    def _size(self, cap: int, S: int) -> int:
+        g = self.graph
+        return len(g.cross_names) * cap * g.h * S * g.d_k
+
+    def _copy_into(self, block: Block, rows: np.ndarray, S: int) -> None:
+        """On a device: `block` becomes the tensors, its slot i the old slot rows[i] (-1: any) at S columns
+        (cut or zero-padded); len(rows) is its room."""
+        g = self.graph
+        g.pool.gather(self.block.address, (len(g.cross_names), self.cap, g.h, self.S, g.d_k), rows, S, block.address)
+        g.pool.give(self.block)
+        self.block, self.cap, self.S = block, len(rows), S
+
     def _reallocate(self, cap: int, S: int) -> None:
         """A block with room for `cap` slots S wide, the live slots copied into it (cut or zero-padded)."""
-        g, L, A = self.graph, len(self.graph.cross_names), self.A
-        block = g.pool.take(L * cap * g.h * S * g.d_k)
-        host = block.host(contents=False)
-        t = host[:L * cap * g.h * S * g.d_k].reshape(L, cap, g.h, S, g.d_k)
+        g, L, A, w = self.graph, len(self.graph.cross_names), self.A, min(S, self.S)
+        block = g.pool.take(self._size(cap, S))
         mask = np.zeros((cap, S), dtype=np.int32)
-        if A:
-            w = min(S, self.S)
-            t[:, :A, :, :w] = self._tensors(self.block.host())[:, :A, :, :w]
-            t[:, :A, :, w:] = 0
-            mask[:A, :w] = self.mask[:A, :w]
-        block.commit(host)
-        if self.block is not None:
-            g.pool.give(self.block)
-        self.block, self.cap, self.S, self.mask = block, cap, S, mask
+        mask[:A, :w] = self.mask[:A, :w]
+        if A and not g.pool.on_host:
+            self._copy_into(block, np.concatenate([np.arange(A), np.full(cap - A, -1)]), S)
+        else:
+            if A:
+                host = block.host(contents=False)
+                t = host[:self._size(cap, S)].reshape(L, cap, g.h, S, g.d_k)
+                t[:, :A, :, :w] = self._tensors(self.block.host())[:, :A, :, :w]
+                t[:, :A, :, w:] = 0
+                block.commit(host)
+            if self.block is not None:
+                g.pool.give(self.block)
+            self.block, self.cap, self.S = block, cap, S
+        self.mask = mask
 
     def _place(self, sources: Sources, numbers: np.ndarray) -> None:
         """New sources into the next slots, from the encoder outputs they are pending in."""
         g, L = self.graph, len(self.graph.cross_names)
         slots = np.arange(self.A, self.A + len(numbers))
-        host = self.block.host()
-        t = self._tensors(host)
+        on_host = g.pool.on_host
+        host = self.block.host() if on_host else None
         for cross, first, row, count in sources.pending:
             A_i, _, S_i, _ = cross.shape
             sel = (numbers >= first) & (numbers < first + count)
             if not sel.any():
                 continue
+            if not on_host:
+                self._place_on_device(cross, numbers[sel] - first + row, slots[sel])
+                continue
             own = cross.block.host()[:L * A_i * g.h * S_i * g.d_k].reshape(L, A_i, g.h, S_i, g.d_k)
+            t = self._tensors(host)
             t[:, slots[sel], :, :S_i] = own[:, numbers[sel] - first + row]
             t[:, slots[sel], :, S_i:] = 0                     # masked, but never NaN
-        self.block.commit(host)
+        if on_host:
+            self.block.commit(host)
         self.mask[slots] = np.arange(self.S)[None, :] < sources.lengths[numbers][:, None]
         sources.placed[numbers] = slots
         self.owner += [(sources, n) for n in numbers.tolist()]
         self.A += len(numbers)
+
+    def _place_on_device(self, cross: Tensors, rows: np.ndarray, slots: np.ndarray) -> None:
+        """cross's rows `rows` into `slots`, zero-padded to S: a gather per layer and run of consecutive slots,
+        each into its place in the (L, cap, h, S, d_k) tensors."""
+        g, L = self.graph, len(self.graph.cross_names)
+        A_i, _, S_i, _ = cross.shape
+        own, slot = A_i * g.h * S_i * g.d_k, g.h * self.S * g.d_k          # elements a layer, a slot
+        runs = np.split(np.arange(len(slots)), np.flatnonzero(np.diff(slots) != 1) + 1)
+        for layer in range(L):
+            for run in runs:
+                g.pool.gather(cross.block.at(layer * own), (1, A_i, g.h, S_i, g.d_k), rows[run], self.S,
+                              self.block.at((layer * self.cap + int(slots[run[0]])) * slot))
 
     def bind(self, io: ort.IOBinding) -> None:
         """Binds the first A slots as the cross_* inputs and src_mask, when they moved since."""

@@ -15,9 +15,11 @@ change. A generation decoder's cache (`KVCache`) is written into two blocks in t
 A tensor of any shape takes the first prod(shape) elements of its stretch of the block.
 
 On the CPU a block is a numpy array and a reorder is one numpy copy of the live columns. On CUDA the
-cache's reorder and the encoder outputs' `select` stay on the device (service/inference/row_gather.py: a
-graph of Gather, Slice and Pad between two blocks); the running batch's cross slots still go through the host
-(the block down, the copy, the block up): correct, not yet fast. Neither path has run on a GPU here yet.
+translation cache's reorder, the encoder outputs' `select` and the running batch's cross slots stay on the
+device (`BlockPool.gather`: service/inference/row_gather.py's graph of Gather, Slice and Pad between two
+blocks); a generation batch's cache still goes through the host when rows join (the block down, the copy, the
+block up): correct, not yet fast. tests/test_row_gather.py runs the device path on the CPU provider; no GPU
+has run it yet.
 """
 
 from __future__ import annotations
@@ -103,13 +105,14 @@ class BlockPool:
             self._free.sort(key=lambda b: b.size)
             del self._free[:-self.keep]
 
-    def gather(self, src: Block, shape: tuple[int, int, int, int, int], rows: np.ndarray, width: int,
-               dst: Block) -> None:
-        """dst's start = src's (L, R, h, W, d_k) tensor's rows `rows` (-1: any) at `width` columns, zero-padded,
-        copied where the blocks are (row_gather.RowGather; for blocks that are not numpy arrays)."""
+    def gather(self, src: int, shape: tuple[int, int, int, int, int], rows: np.ndarray, width: int,
+               dst: int) -> None:
+        """At address `dst`: the rows `rows` (-1: any) of the (L, R, h, W, d_k) tensor at address `src`, at `width`
+        columns, zero-padded; copied where the blocks are (row_gather.RowGather; for blocks that are not numpy
+        arrays, `Block.at` gives the addresses)."""
         if self._gather is None:
             self._gather = RowGather(self.device, self.dtype)
-        self._gather(src.address, shape, rows, width, dst.address)
+        self._gather(src, shape, rows, width, dst)
 
     @property
     def lent_bytes(self) -> int:
@@ -157,7 +160,7 @@ class Tensors:
                         out=dst[i * prod(shape):(i + 1) * prod(shape)].reshape(shape))
         else:                              # the tensors back to back: one (names, A, h, S, d_k) gather
             A, h, S, d_k = self.shape
-            self.pool.gather(old, (len(self.names), A, h, S, d_k), rows, S, new)
+            self.pool.gather(old.address, (len(self.names), A, h, S, d_k), rows, S, new.address)
         self.pool.give(old)
         self.block, self.shape = new, shape
 
@@ -288,8 +291,8 @@ class InPlaceCache:
             self.pool.give(write)
             self.blocks[1] = write = larger
         if n and m and not self.pool.on_host:
-            self.pool.gather(read, (L2, self.rows, self.h, self.width, self.d_k),
-                             np.arange(self.rows) if rows is None else rows, width, write)
+            self.pool.gather(read.address, (L2, self.rows, self.h, self.width, self.d_k),
+                             np.arange(self.rows) if rows is None else rows, width, write.address)
         elif n and m:
             src = read.host()[:L2 * n].reshape(L2, self.rows, self.h, self.width, self.d_k)
             host = write.host(contents=False)
