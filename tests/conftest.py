@@ -3,9 +3,11 @@ trans-de-en, GPL-2+), a tiny model trained on it until it reproduces them, and i
 Shared helpers, defined here once so that no test module imports another: start_server / stop_server /
 server_log run the real service on 127.0.0.1, free_port finds it a port."""
 
+import fcntl
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -45,6 +47,26 @@ def train_fixture(args: list[str]) -> None:
         train.main([*args, "--seed", "1", "--threads", "1"])
     finally:
         torch.set_num_threads(threads)
+
+
+def made_once(tmp_path_factory, key: str, name: str, make) -> Path:
+    """A directory `name` (a run's or a package's name), filled by make(it) once for the whole session: under
+    pytest-xdist (scripts/test.sh runs two processes) the first process to ask makes it, under a lock, and the
+    others wait for it and reuse it (`key` names it there). For the fixtures every process would make alike (the
+    tiny models train reproducibly: seed 1, one thread), each of which took each process a minute or more of a
+    2-core machine's CPU. Tests only read what it holds."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent                      # the session's, above each process's own
+    shared, done = root / f"made-once-{key}", root / f"made-once-{key}.done"
+    with open(root / f"made-once-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)        # released when the file closes, or its process dies
+        if not done.exists():
+            shutil.rmtree(shared, ignore_errors=True)          # a half-made one (its maker failed)
+            shared.mkdir()
+            make(shared / name)
+            done.touch()
+    return shared / name
 
 
 def descendants(root: int) -> list[int]:
@@ -188,10 +210,9 @@ def data_dir(tmp_path_factory):
 def tiny_run(data_dir, tmp_path_factory):
     """A de→en tiny model that has memorised the 64 pairs (trained by our own command): greedy search
     gives all 64, beam search a few slightly wrong (see tests/test_service.py)."""
-    out = tmp_path_factory.mktemp("run") / "tiny"
-    train_fixture(["--data", str(data_dir), "--out", str(out), "--direction", "de-en", "--max-steps", "500",
-                   "--eval-every", "0", "--eval-sentences", "64", *TINY])
-    return out
+    return made_once(tmp_path_factory, "run", "tiny", lambda out: train_fixture([
+        "--data", str(data_dir), "--out", str(out), "--direction", "de-en", "--max-steps", "500",
+        "--eval-every", "0", "--eval-sentences", "64", *TINY]))
 
 
 @pytest.fixture(scope="session")
@@ -199,9 +220,7 @@ def tiny_package(tiny_run, tmp_path_factory):
     """tiny_run exported to an fp32 model package."""
     from model.export import export_package
 
-    out = tmp_path_factory.mktemp("pkg") / "tiny-de-en"
-    export_package(tiny_run, out)
-    return out
+    return made_once(tmp_path_factory, "package", "tiny-de-en", lambda out: export_package(tiny_run, out))
 
 
 @pytest.fixture(scope="session")
@@ -221,10 +240,9 @@ def tiny_lm_run(mono_dir, tmp_path_factory):
     800 steps: at 400, 2 of 4 seeds had not learnt every continuation (the prompt "Bless" went on
     "sssss..."); at 800, 10 of 10 seeds continue each half-sentence prompt of tests/test_generation.py
     into a sentence that begins with it, the one such sentence by at least 1 nat over the runner-up."""
-    out = tmp_path_factory.mktemp("run") / "tiny-lm"
-    train_fixture(["--arch", "decoder", "--data", str(mono_dir), "--out", str(out), "--max-steps", "800",
-                   "--eval-every", "0", *TINY])
-    return out
+    return made_once(tmp_path_factory, "lm-run", "tiny-lm", lambda out: train_fixture([
+        "--arch", "decoder", "--data", str(mono_dir), "--out", str(out), "--max-steps", "800", "--eval-every", "0",
+        *TINY]))
 
 
 @pytest.fixture(scope="session")
@@ -232,6 +250,4 @@ def tiny_lm_package(tiny_lm_run, tmp_path_factory):
     """tiny_lm_run exported to an fp32 generation package."""
     from model.export import export_package
 
-    out = tmp_path_factory.mktemp("pkg") / "tiny-lm"
-    export_package(tiny_lm_run, out)
-    return out
+    return made_once(tmp_path_factory, "lm-package", "tiny-lm", lambda out: export_package(tiny_lm_run, out))
