@@ -1,8 +1,9 @@
 """Copies between the engine's blocks where the model runs (service/inference/row_gather.py): the graph written as
 protobuf bytes copies what numpy's gather copies, and an engine whose blocks are onnxruntime's (the path a CUDA
-device takes: the cache's reorder and the encoder outputs' select by that graph, the cross slots through the
-host) translates exactly as one on numpy arrays, in batches cut up front and in a running batch that requests
-join at different steps. Here on onnxruntime's CPU provider: no GPU has run it yet."""
+device takes: the translation cache's reorder, the encoder outputs' select, the cross slots and a generation
+batch's cache by that graph) translates and generates exactly as one on numpy arrays, in batches cut up front
+and in running batches that requests join at different steps. Here on onnxruntime's CPU provider: no GPU has
+run it yet."""
 
 from collections import Counter
 from dataclasses import replace
@@ -18,9 +19,9 @@ from service.shared.options import SearchOptions
 from service.shared.search import rows_per_input
 
 from conftest import ROOT, pairs64
-from test_batch_invariance import joining
+from test_batch_invariance import SEARCHES, joined_at, joining
 
-DE_EN = ROOT / "models" / "de-en"
+DE_EN, LM = ROOT / "models" / "de-en", ROOT / "models" / "lm-small"
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
@@ -77,3 +78,15 @@ def test_an_engine_on_onnxruntime_blocks_translates_as_on_numpy_arrays(engines, 
         same_hypotheses(h, d)
     assert device.pool._gather is not None and host.pool._gather is None    # the graph did the copies
     assert ran["_copy_into"] and ran["_place_on_device"], ran   # slots moved, widened and placed on the device
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_a_generation_engine_on_onnxruntime_blocks_continues_as_on_numpy_arrays(search):
+    host = Engine(LM, device="cpu", intra_op_threads=1)
+    device = on_onnxruntime_blocks(Engine(LM, device="cpu", intra_op_threads=1))
+    words = [1, 2, 3, 5, 8, 1, 2, 4, 0, 6]
+    prompts = host.prompt_ids([" ".join(de.split()[:k]) for k, (de, _) in zip(words, pairs64())])
+    options, seeds = replace(SEARCHES[search], max_length=12), [300 + i for i in range(len(prompts))]
+    steps = [0, 0, 1, 1, 1, 3, 4, 7, 7, 9]               # joining beside running rows, several at once
+    assert joined_at(device, prompts, options, seeds, steps) == joined_at(host, prompts, options, seeds, steps)
+    assert device.pool._gather is not None and host.pool._gather is None

@@ -15,11 +15,11 @@ change. A generation decoder's cache (`KVCache`) is written into two blocks in t
 A tensor of any shape takes the first prod(shape) elements of its stretch of the block.
 
 On the CPU a block is a numpy array and a reorder is one numpy copy of the live columns. On CUDA the
-translation cache's reorder, the encoder outputs' `select` and the running batch's cross slots stay on the
-device (`BlockPool.gather`: service/inference/row_gather.py's graph of Gather, Slice and Pad between two
-blocks); a generation batch's cache still goes through the host when rows join (the block down, the copy, the
-block up): correct, not yet fast. tests/test_row_gather.py runs the device path on the CPU provider; no GPU
-has run it yet.
+translation cache's reorder, the encoder outputs' `select`, the running batch's cross slots and a generation
+batch's cache when rows join stay on the device (`BlockPool.gather`: service/inference/row_gather.py's graph
+of Gather, Slice and Pad between two blocks); only a generation batch's first rows, with nothing cached to copy,
+get their zeros from the host. tests/test_row_gather.py runs the device path on the CPU provider; no GPU has
+run it yet.
 """
 
 from __future__ import annotations

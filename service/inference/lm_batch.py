@@ -4,8 +4,8 @@ over a decoder-only package's graph (OrtLmDecoder's layout, model/export.py's LM
 A search joins the running batch between two steps (`LmBatch.join`): at the next step its prompts are read
 (every token but the last, in a call of their own, as OrtLmDecoder reads them), their cache is put beside
 the running rows', and its first token is chosen in a second call of its own (`_decode_first`); the running rows
-wait for the next step, so a stream's first token does not wait for everyone's step (alone, or on a GPU, a
-search's first token is chosen in the step's one call). It leaves at the step it ends, or at once when its
+wait for the next step, so a stream's first token does not wait for everyone's step (alone, a search's
+first token is chosen in the step's one call). It leaves at the step it ends, or at once when its
 caller drops it (`leave`: a client gone, every sequence stopped). Each member's search is
 service.shared.search's searcher(), answered here: one graph call a step for every row, each member's outputs
 handed to its own search.
@@ -140,9 +140,8 @@ class LmBatch:
             if m.stepped:
                 m.send(None)
         new = [m for m in self.members if not m.started and not m.over]
-        # New members' first tokens in a call apart while others run. On a device the copy back goes through the
-        # host, whole cache and all (Block.host): there they are chosen in the step's one call (no GPU here).
-        apart = any(m.want is not None for m in self.members) and self.graph.pool.device == "cpu"
+        # New members' first tokens in a call apart while others run (on a device too: the copy back stays there).
+        apart = any(m.want is not None for m in self.members)
         first_at = self._start(new, first_apart=apart) if new else 0
         first = [m for m in new if m.want is not None]
         live = [m for m in self.members if m.want is not None]
@@ -191,15 +190,21 @@ class LmBatch:
         g, L = self.graph, len(self.graph.past_names)
         shape = [len(keep) + extra, g.h, width, g.d_k]
         block = g.pool.take(L * prod(shape))
-        host = block.host(contents=False)
-        dst = host[:L * prod(shape)].reshape(L, *shape)                     # (L, R', h, W', d_k)
-        dst[:, len(keep):] = 0
-        if len(keep):
-            src = self.read.host()[:L * rows * g.h * old_width * g.d_k].reshape(L, rows, g.h, old_width, g.d_k)
-            w = min(width, old_width)
-            dst[:, :len(keep), :, :w] = src[:, keep, :, :w]
-            dst[:, :len(keep), :, w:] = 0
-        block.commit(host)
+        if len(keep) and not g.pool.on_host:
+            # On a device, gathered there; the new rows a copy of a kept one: finite, and the prompts' call
+            # writes their columns before any is read unmasked.
+            g.pool.gather(self.read.address, (L, rows, g.h, old_width, g.d_k),
+                          np.concatenate([keep, np.full(extra, -1, dtype=np.int64)]), width, block.address)
+        else:
+            host = block.host(contents=False)
+            dst = host[:L * prod(shape)].reshape(L, *shape)                     # (L, R', h, W', d_k)
+            dst[:, len(keep):] = 0
+            if len(keep):
+                src = self.read.host()[:L * rows * g.h * old_width * g.d_k].reshape(L, rows, g.h, old_width, g.d_k)
+                w = min(width, old_width)
+                dst[:, :len(keep), :, :w] = src[:, keep, :, :w]
+                dst[:, :len(keep), :, w:] = 0
+            block.commit(host)
         if self.read is not None:
             g.pool.give(self.read)
         self.read, self.cached = block, (shape[0], width)
@@ -317,6 +322,12 @@ class LmBatch:
         """The present of a call (in `write`, N rows at the cache's width) into the cache's rows at..at + N."""
         g, L = self.graph, len(self.graph.past_names)
         R = self.cached[0]
+        if not g.pool.on_host:                   # on a device: each layer's N rows gathered into place there
+            layer, row = N * g.h * width * g.d_k, g.h * width * g.d_k
+            for i in range(L):
+                g.pool.gather(self.write.at(i * layer), (1, N, g.h, width, g.d_k), np.arange(N), width,
+                              self.read.at((i * R + at) * row))
+            return
         host = self.read.host()
         cache = host[:L * R * g.h * width * g.d_k].reshape(L, R, g.h, width, g.d_k)      # (L, R, h, W, d_k)
         cache[:, at:at + N] = self.write.host()[:L * N * g.h * width * g.d_k].reshape(L, N, g.h, width, g.d_k)
