@@ -9,10 +9,14 @@ From the one package given (any precision), in a temporary directory: its fp32 a
 with the zero <s> embedding CTranslate2 assumes) converted by ct2-transformers-converter with
 --quantization float16 (int8 on a CPU): both engines run the same weights. Then, in order:
 
-    device       --device cuda (or auto where onnxruntime has a CUDA provider and CTranslate2 sees a GPU):
-                 every onnxruntime session's own get_providers() must start with CUDAExecutionProvider, and
-                 the server's /info must say cuda; otherwise it stops with exit status 2 and the reason.
-                 onnxruntime falls back to CPU with a log line only, which would make every figure a CPU one.
+    device       --device cuda (or auto where onnxruntime has a CUDA provider): every onnxruntime
+                 session's own get_providers() must start with CUDAExecutionProvider, and the server's /info
+                 must say cuda; otherwise it stops with exit status 2 and the reason. onnxruntime falls back
+                 to CPU with a log line only, which would make every figure a CPU one.
+    CTranslate2  the comparison where it runs on that device; where it does not (not installed, or no GPU
+                 for it: its 4.8 wheels link CUDA 12's cuBLAS, and a spot machine with CUDA 13 and 64 MiB
+                 carried in has neither), every CTranslate2 figure is reported SKIPPED with the reason and
+                 ours still run.
     agreement    fp16 (int8 on a CPU) against fp32, beam 4 and greedy, batches of 32 sorted by length: the
                  sentences whose tokens are the same (goal: at least 98 %), and over those the largest
                  difference in mean log-prob per token (goal: at most 0.05). On a CPU int8 stands in, and
@@ -24,10 +28,12 @@ with the zero <s> embedding CTranslate2 assumes) converted by ct2-transformers-c
                  CPU), the engines taking turns, each the best of --repeat passes: tok/s (target tokens,
                  eos included, per second) and p50 ms of a batch.
     served       `python -m service` on 127.0.0.1 with the fp16 package (int8 on a CPU), 32 concurrent
-                 clients, one sentence per request, beam 4: tok/s against CTranslate2's offline batch 64.
+                 clients, one sentence per request, beam 4: tok/s against our engine's offline batch 64
+                 (the line `served_vs_engine`) and CTranslate2's.
 
 The last line is `ratio_vs_ctranslate2_gpu engine_fp16=R served=R` (ours over CTranslate2, beam 4 batch 64;
-served over CTranslate2 offline at batch 64). Without CUDA every part that needs it is reported as
+served over CTranslate2 offline at batch 64), or says why CTranslate2 was skipped. Without CUDA every part
+that needs it is reported as
 SKIPPED with the reason, the CPU figures come with a line `ratio_vs_ctranslate2_cpu engine_int8=R
 served=R`, and the last line says the GPU ratio was skipped. Exit status: 0, 1 when a goal that was
 measured failed (agreement and invariance on a GPU, invariance on a CPU), 2 when CUDA was asked for and is
@@ -73,17 +79,29 @@ class DeviceProblem(SystemExit):
 
 
 def cuda_problems() -> list[str]:
-    """Why this machine cannot run the GPU parts; [] when onnxruntime and CTranslate2 both have CUDA."""
-    import ctranslate2
+    """Why onnxruntime cannot run the GPU parts here; [] when it has its CUDA provider."""
     import onnxruntime
 
-    problems = []
-    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
-        problems.append(f"onnxruntime {onnxruntime.__version__} has no CUDAExecutionProvider (providers: "
-                        f"{', '.join(onnxruntime.get_available_providers())}; pip install -e '.[gpu]')")
-    if not ctranslate2.get_cuda_device_count():
-        problems.append(f"CTranslate2 {ctranslate2.__version__} sees no CUDA device")
-    return problems
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        return []
+    return [f"onnxruntime {onnxruntime.__version__} has no CUDAExecutionProvider (providers: "
+            f"{', '.join(onnxruntime.get_available_providers())}; pip install -e '.[gpu]')"]
+
+
+def ctranslate2_problem(device: str, wanted: bool = True) -> str | None:
+    """Why CTranslate2 is not compared with on `device` (its parts are then skipped); None when it is."""
+    import importlib.util
+
+    if not wanted:
+        return "--no-ctranslate2"
+    missing = [name for name in ("ctranslate2", "transformers") if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"{' and '.join(missing)} not installed (the bench and marian extras)"
+    import ctranslate2
+
+    if device == "cuda" and not ctranslate2.get_cuda_device_count():
+        return f"CTranslate2 {ctranslate2.__version__} sees no CUDA device"
+    return None
 
 
 def require_cuda(engine, label: str) -> None:
@@ -109,8 +127,9 @@ def load_engine(package: Path, device: str, label: str, threads: int = 0):
     return engine
 
 
-def build(package: Path, work: Path, device: str) -> tuple[dict[str, Path], Path, Path]:
-    """{precision: package} for fp32 and the low precision, the Marian export, and CTranslate2's model."""
+def build(package: Path, work: Path, device: str, with_ct2: bool) -> tuple[dict[str, Path], Path | None, Path | None]:
+    """{precision: package} for fp32 and the low precision, and with_ct2: the Marian export and CTranslate2's
+    model (else None, None)."""
     from model.export_marian import export_package_marian
     from model.upgrade import upgrade_package
 
@@ -122,6 +141,8 @@ def build(package: Path, work: Path, device: str) -> tuple[dict[str, Path], Path
         else:
             upgrade_package(package, work / precision, precision=precision)
             packages[precision] = work / precision
+    if not with_ct2:
+        return packages, None, None
     marian = export_package_marian(package, work / "marian", zero_bos=True)
     ct2 = work / "ct2"
     converter = Path(sys.executable).parent / "ct2-transformers-converter"
@@ -205,12 +226,14 @@ def ours_runner(engine, beam: int, max_length: int):
     return run
 
 
-def speed(packages: dict, ct2: Path, ids: list[list[int]], pieces: list[list[str]], *, low: str, device: str,
+def speed(packages: dict, ct2: Path | None, ids: list[list[int]], pieces: list[list[str]], *, low: str, device: str,
           max_length: int, repeat: int, facts: dict) -> list[dict]:
     """Beam 4 at each of SIZES: ours in `low` and CTranslate2, taking turns, best of `repeat` passes. On a
-    CPU each engine first gets its best thread count for the size (as vs_ctranslate2.py chooses them)."""
+    CPU each engine first gets its best thread count for the size (as vs_ctranslate2.py chooses them).
+    Without `ct2` ours alone, and each row's "ct2" and "ratio" are None."""
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    ids, pieces = [ids[i] for i in order], [pieces[i] for i in order]
+    ids = [ids[i] for i in order]
+    pieces = [pieces[i] for i in order] if ct2 else []
     engines: dict[int, object] = {}
 
     def make(engine: str, intra: int, inter: int):
@@ -223,7 +246,7 @@ def speed(packages: dict, ct2: Path, ids: list[list[int]], pieces: list[list[str
     rows = []
     for size in SIZES:
         runs, settings = {}, {}
-        for engine, items in (("ctranslate2", pieces), ("ours", ids)):
+        for engine, items in ((("ctranslate2", pieces),) if ct2 else ()) + (("ours", ids),):
             groups = common.batches(items, size)
             if size == 1:
                 groups = groups[:16]                     # batch 1 is slow; a sample is enough
@@ -237,14 +260,16 @@ def speed(packages: dict, ct2: Path, ids: list[list[int]], pieces: list[list[str
                 r = common.measure(run, groups)
                 if engine not in best or r["tok_s"] > best[engine]["tok_s"]:
                     best[engine] = r
-        row = {"batch": size, "ours": best["ours"], "ct2": best["ctranslate2"],
-               "ratio": best["ours"]["tok_s"] / best["ctranslate2"]["tok_s"], "settings": settings}
+        theirs = best.get("ctranslate2")
+        row = {"batch": size, "ours": best["ours"], "ct2": theirs,
+               "ratio": best["ours"]["tok_s"] / theirs["tok_s"] if theirs else None, "settings": settings}
         rows.append(row)
-        where = ("" if device == "cuda"
-                 else f" (threads: ours {settings['ours']}, CTranslate2 {settings['ctranslate2']})")
+        where = "" if device == "cuda" else " (threads: " + ", ".join(
+            f"{'ours' if e == 'ours' else 'CTranslate2'} {s}" for e, s in settings.items()) + ")"
+        compared = (f"CTranslate2 {low} {theirs['tok_s']:9,.0f} tok/s p50 {theirs['p50_ms']:8.1f} ms | "
+                    f"ratio {row['ratio']:.2f}" if theirs else "CTranslate2 skipped")
         print(f"speed beam 4 batch {size:2}: ours {low} {row['ours']['tok_s']:9,.0f} tok/s p50 "
-              f"{row['ours']['p50_ms']:8.1f} ms | CTranslate2 {low} {row['ct2']['tok_s']:9,.0f} tok/s p50 "
-              f"{row['ct2']['p50_ms']:8.1f} ms | ratio {row['ratio']:.2f}{where}", flush=True)
+              f"{row['ours']['p50_ms']:8.1f} ms | {compared}{where}", flush=True)
     return rows
 
 
@@ -265,8 +290,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, help="TSV whose first column is the source (default: the tests' 64 sentences)")
     p.add_argument("--direction", help="source-target, one of the package's (default: its first)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="cuda: stop with exit "
-                   "status 2 unless onnxruntime and CTranslate2 really run on the GPU; auto: cuda where both "
-                   "have it (and the same check), else the CPU parts; cpu: the CPU parts only")
+                   "status 2 unless onnxruntime really runs on the GPU; auto: cuda where onnxruntime has it "
+                   "(and the same check), else the CPU parts; cpu: the CPU parts only")
     p.add_argument("--sentences", type=int, help="test sentences for agreement and speed (default 1,000; "
                    "--quick: 256 on a GPU, 64 on a CPU)")
     p.add_argument("--invariance", type=int, help="sentences searched alone and batched (default 128; --quick: "
@@ -276,6 +301,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, help="passes per speed figure, engines taking turns (default 3, --quick 1)")
     p.add_argument("--quick", action="store_true", help="fewer sentences and passes")
     p.add_argument("--no-http", action="store_true", help="skip the served measurement")
+    p.add_argument("--no-ctranslate2", action="store_true", help="skip CTranslate2 even where it runs (it is "
+                   "skipped anyway, with the reason, where it is not installed or sees no GPU)")
     p.add_argument("--out", type=Path, help="also write the report as Markdown here")
     return p.parse_args(argv)
 
@@ -291,6 +318,7 @@ class Setup:
     meta: dict
     direction: str
     target: str
+    ct2_skipped: str | None        # why CTranslate2 is not compared with; None when it is
 
     @property
     def gpu(self) -> bool:
@@ -320,7 +348,8 @@ def prepare(args: argparse.Namespace) -> Setup:
     meta = json.loads((args.package / "model.json").read_text(encoding="utf-8"))
     direction = args.direction or meta["directions"][0]
     source, target = direction.split("-")
-    return Setup(device, problems, common.cpu_facts(), meta, direction, target)
+    return Setup(device, problems, common.cpu_facts(), meta, direction, target,
+                 ctranslate2_problem(device, wanted=not args.no_ctranslate2))
 
 
 def opening_lines(setup: Setup) -> tuple[list[str], list[str]]:
@@ -333,6 +362,8 @@ def opening_lines(setup: Setup) -> tuple[list[str], list[str]]:
         why = "; ".join(setup.problems) if setup.problems else "--device cpu"
         skipped = [f"SKIPPED fp16 vs fp32 agreement, fp16 invariance, fp16 speed against CTranslate2 fp16, served "
                    f"fp16 on CUDA, the CUDA provider check: no CUDA here ({why}); int8 on the CPU stands in"]
+    if setup.ct2_skipped:
+        skipped.append(f"SKIPPED every CTranslate2 figure: {setup.ct2_skipped}; ours are measured alone")
     for line in report + skipped:
         print(line, flush=True)
     return report, skipped
@@ -356,10 +387,8 @@ def record(result: tuple[list[str], list[str]], report: list[str], failed: list[
 def run_checks(args: argparse.Namespace, setup: Setup, packages: dict, marian: Path, report: list[str],
                failed: list[str]) -> tuple[list[str], list[list[int]], list[list[str]]]:
     """The CUDA provider check, agreement and invariance (lines added to `report`, failed goals to `failed`).
-    -> the sentences, our ids and CTranslate2's pieces for them. The engines loaded here are dropped on
-    return: the speed part loads its own, with its thread counts."""
-    from transformers import MarianTokenizer
-
+    -> the sentences, our ids and CTranslate2's pieces for them ([] without CTranslate2). The engines loaded
+    here are dropped on return: the speed part loads its own, with its thread counts."""
     low = setup.low
     engines = {precision: load_engine(path, setup.device, precision) for precision, path in packages.items()}
     if setup.gpu:
@@ -368,9 +397,13 @@ def run_checks(args: argparse.Namespace, setup: Setup, packages: dict, marian: P
         print(report[-1], flush=True)
     texts = read_sentences(args.data, args.sentences)
     ids = engines["fp32"].source_ids(texts, setup.target)
-    tok = MarianTokenizer.from_pretrained(str(marian))
-    tag = common.target_tag(args.package, tok, setup.target)
-    pieces = [tok.convert_ids_to_tokens(tag + tok(t).input_ids) for t in texts]
+    pieces = []
+    if marian is not None:
+        from transformers import MarianTokenizer
+
+        tok = MarianTokenizer.from_pretrained(str(marian))
+        tag = common.target_tag(args.package, tok, setup.target)
+        pieces = [tok.convert_ids_to_tokens(tag + tok(t).input_ids) for t in texts]
 
     record(agreement(engines, ids, low, args.max_length, setup.device), report, failed)
     for precision in (low, "fp32"):
@@ -401,7 +434,7 @@ def run_parts(args: argparse.Namespace, setup: Setup, report: list[str], failed:
     work = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
     t0 = time.perf_counter()
     try:
-        packages, marian, ct2 = build(args.package, work, setup.device)
+        packages, marian, ct2 = build(args.package, work, setup.device, with_ct2=not setup.ct2_skipped)
         t0 = lap(took, "build", t0)
         texts, ids, pieces = run_checks(args, setup, packages, marian, report, failed)
         t0 = lap(took, "checks", t0)
@@ -421,39 +454,50 @@ def run_parts(args: argparse.Namespace, setup: Setup, report: list[str], failed:
 def speed_table(rows: list[dict]) -> list[str]:
     table = ["| beam 4, batch | ours tok/s | CTranslate2 tok/s | ratio | ours p50 ms | CTranslate2 p50 ms |",
              "|---:|---:|---:|---:|---:|---:|"]
-    table += [f"| {r['batch']} | {r['ours']['tok_s']:,.0f} | {r['ct2']['tok_s']:,.0f} | {r['ratio']:.2f} | "
-              f"{r['ours']['p50_ms']:,.1f} | {r['ct2']['p50_ms']:,.1f} |" for r in rows]
+    for r in rows:
+        ours, theirs = r["ours"], r["ct2"]
+        compared = (f"{theirs['tok_s']:,.0f} | {r['ratio']:.2f} | {ours['p50_ms']:,.1f} | {theirs['p50_ms']:,.1f}"
+                    if theirs else f"skipped | – | {ours['p50_ms']:,.1f} | skipped")
+        table.append(f"| {r['batch']} | {ours['tok_s']:,.0f} | {compared} |")
     return table
 
 
-def served_line(setup: Setup, http: dict | None, served_ratio: float | None) -> str:
+def served_line(setup: Setup, http: dict | None, large: dict) -> str:
     if not http:
         return "served: SKIPPED (--no-http)"
     low = setup.low
+    theirs = (f"{http['tok_s'] / large['ct2']['tok_s']:.2f}x CTranslate2 {low} offline batch {LARGE}"
+              if large["ct2"] else "CTranslate2 skipped")
     return (f"served ({low}, server --device {setup.device}, /info says {http['device']}): {http['tok_s']:,.0f} "
-            f"tok/s under load ({served_ratio:.2f}x CTranslate2 {low} offline batch {LARGE}), request "
-            f"p50 {http['p50_ms']:,.1f} ms; one sentence alone p50 {http['alone_p50_ms']:,.1f} ms")
+            f"tok/s under load ({http['tok_s'] / large['ours']['tok_s']:.2f}x our engine {low} offline batch "
+            f"{LARGE}; {theirs}), request p50 {http['p50_ms']:,.1f} ms; one sentence alone p50 "
+            f"{http['alone_p50_ms']:,.1f} ms")
 
 
-def summary_lines(setup: Setup, large: dict, served_ratio: float | None) -> list[str]:
-    """The ratio lines the report ends with: the GPU's, or the CPU's and why the GPU's was skipped."""
-    served_text = "n/a" if served_ratio is None else f"{served_ratio:.2f}"
+def summary_lines(setup: Setup, large: dict, http: dict | None) -> list[str]:
+    """The ratio lines the report ends with: served over our engine offline, then the GPU's ratio against
+    CTranslate2, or the CPU's and why the GPU's was skipped."""
+    def served(over: dict | None) -> str:
+        return "n/a" if http is None or over is None else f"{http['tok_s'] / over['tok_s']:.2f}"
+    lines = [f"served_vs_engine_{setup.device} {setup.low}={served(large['ours'])}"]
+    if setup.ct2_skipped:
+        return lines + [f"ratio_vs_ctranslate2_{setup.device} skipped: {setup.ct2_skipped}"]
     if setup.gpu:
-        return [f"ratio_vs_ctranslate2_gpu engine_fp16={large['ratio']:.2f} served={served_text}"]
-    return [f"ratio_vs_ctranslate2_cpu engine_int8={large['ratio']:.2f} served={served_text}",
-            "ratio_vs_ctranslate2_gpu skipped: no CUDA here (" + ("; ".join(setup.problems) or "--device cpu")
-            + "), so no GPU ratio was measured"]
+        return lines + [f"ratio_vs_ctranslate2_gpu engine_fp16={large['ratio']:.2f} served={served(large['ct2'])}"]
+    return lines + [f"ratio_vs_ctranslate2_cpu engine_int8={large['ratio']:.2f} served={served(large['ct2'])}",
+                    "ratio_vs_ctranslate2_gpu skipped: no CUDA here (" + ("; ".join(setup.problems) or "--device cpu")
+                    + "), so no GPU ratio was measured"]
 
 
 def header_lines(args: argparse.Namespace, argv, setup: Setup, texts: list[str], took: dict[str, float]) -> list[str]:
-    import ctranslate2
     import onnxruntime
 
+    ct2_version = "not compared" if setup.ct2_skipped else __import__("ctranslate2").__version__
     command = "python benchmarks/gpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
     return [f"- command: `{command.strip()}`", f"- date: {datetime.date.today()}",
             f"- machine: {common.describe_cpu(setup.facts)}; {platform.system()} {platform.release()}"
             + (f"; GPU: {common.gpu_name()}" if setup.gpu else ""),
-            f"- versions: ctranslate2 {ctranslate2.__version__}, onnxruntime {onnxruntime.__version__}",
+            f"- versions: ctranslate2 {ct2_version}, onnxruntime {onnxruntime.__version__}",
             f"- package: {args.package} ({setup.meta['precision']}), {setup.direction}; {len(texts)} sentences "
             f"({args.data or 'the tests’ 64 Ding sentences'}); output budget {args.max_length} tokens",
             f"- speed: the best of {args.repeat} passes, the engines taking turns",
@@ -470,10 +514,9 @@ def main(argv=None) -> int:
 
     large = next(r for r in rows if r["batch"] == LARGE)
     table = speed_table(rows)
-    served_ratio = http["tok_s"] / large["ct2"]["tok_s"] if http else None
-    report.append(served_line(setup, http, served_ratio))
+    report.append(served_line(setup, http, large))
     print(report[-1], flush=True)
-    summary = summary_lines(setup, large, served_ratio)
+    summary = summary_lines(setup, large, http)
     header = header_lines(args, argv, setup, texts, took)
     print()
     print("\n".join(header))

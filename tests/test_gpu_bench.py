@@ -53,6 +53,7 @@ def test_quick_on_a_cpu_runs_the_cpu_parts_and_reports_the_cuda_parts_skipped(ti
     assert "CUDA provider check: every session" not in out     # never reported as passed
     assert "engine_fp16=" not in out
     lines = out.strip().splitlines()
+    assert re.fullmatch(r"served_vs_engine_cpu int8=\d+\.\d\d", lines[-3]), lines[-3]
     assert re.fullmatch(r"ratio_vs_ctranslate2_cpu engine_int8=\d+\.\d\d served=\d+\.\d\d", lines[-2]), lines[-2]
     assert lines[-1].startswith("ratio_vs_ctranslate2_gpu skipped: no CUDA here"), lines[-1]
 
@@ -77,3 +78,19 @@ def test_a_session_that_fell_back_to_the_cpu_stops_the_run(capsys):
         gpu.require_cuda(SimpleNamespace(encoder=cuda, decoder=cpu), "fp16")
     assert stop.value.code == 2
     assert "decoder session runs on ['CPUExecutionProvider']" in capsys.readouterr().err
+
+
+def test_without_ctranslate2_the_tables_and_ratios_say_skipped_and_served_is_held_to_our_engine():
+    """A GPU machine without a CTranslate2 that runs there (2026-11-28's H200: CUDA 13, and its wheel links CUDA
+    12's cuBLAS): ours are measured alone, every CTranslate2 figure says skipped, and served is still compared."""
+    import gpu
+
+    ours = {"tok_s": 14756.0, "p50_ms": 40.7}
+    rows = [{"batch": 64, "ours": ours, "ct2": None, "ratio": None, "settings": {"ours": "1"}}]
+    assert gpu.speed_table(rows)[-1] == "| 64 | 14,756 | skipped | – | 40.7 | skipped |"
+    setup = gpu.Setup("cuda", [], {}, {}, "de-en", "en", "ctranslate2 not installed")
+    http = {"tok_s": 2633.0, "p50_ms": 89.8, "alone_p50_ms": 29.1, "device": "cuda"}
+    assert gpu.summary_lines(setup, rows[0], http) == [
+        "served_vs_engine_cuda fp16=0.18", "ratio_vs_ctranslate2_cuda skipped: ctranslate2 not installed"]
+    assert "0.18x our engine fp16 offline batch 64; CTranslate2 skipped" in gpu.served_line(setup, http, rows[0])
+    assert gpu.ctranslate2_problem("cpu", wanted=False) == "--no-ctranslate2"
