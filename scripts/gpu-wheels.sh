@@ -290,7 +290,9 @@ assert gpu.get_providers()[0] == "CUDAExecutionProvider", "CUDAExecutionProvider
 cpu = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
 diff = float(np.abs(gpu.run(None, {"x": x})[0] - cpu.run(None, {"x": x})[0]).max())
 print(f"CUDA against CPU: max abs difference {diff:.2e}")
-assert diff < 1e-4, diff
+# TF32, the CUDA provider's default for fp32 MatMul on Ampere and newer, rounds the inputs to 10 mantissa bits:
+# 1.66e-3 on an H200 (2026-11-28). A wrong kernel is off by far more on outputs of at most 1.
+assert diff < 1e-2, diff
 libs = sorted({line.split()[-1] for line in open("/proc/self/maps")
                if any(k in line for k in ("libcudart", "libcublas", "libcudnn.so", "libcurand", "providers_cuda"))})
 print("loaded:", *libs, sep="\n  ")

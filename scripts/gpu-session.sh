@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# A lent GPU's 15 minutes in two device calls (docs/gpu.md, "A session with a GPU"): issue 36's serving
+# proof and the GPU benchmark first, then the training recipe continuing the default in the time left.
+#
+# One call cannot carry everything: onnxruntime-gpu (.gpu-wheels, 48.7 MB) and the committed packages (42 MB)
+# are each most of the 64 MiB a call carries. So the first call carries onnxruntime-gpu and the serve wheels
+# and installs them under /tmp; the second, on the same machine while it is still warm (30 s), carries the
+# packages and the corpus and measures. The working tree travels in both, without models/: `pack` takes
+# models/ out of git's index (ignored through .git/info/exclude, carried by name) and `restore` puts it back.
+#
+#   bash scripts/gpu-session.sh pack       # here: .whl (serve wheels), .gpu-data (corpus, xz); models/ untracked
+#   device run, carry [.gpu-wheels, .whl]:             bash scripts/gpu-session.sh setup
+#   device run at once, carry [models, .gpu-data]:     bash scripts/gpu-session.sh measure
+#   (both run calls in one message, so the second starts as the first ends: a machine idle for 30 s is given back
+#   bare, and a third call then finds neither onnxruntime-gpu nor the wheels; seen on 2026-11-28)
+#   bash scripts/gpu-session.sh restore    # here: models/ tracked again
+#
+# `measure` runs each stage under its own limit inside BUDGET_S (default 540 s) and goes on when one fails;
+# what it writes under $OUT: gpu-h200.md (benchmarks/gpu.py's report), serving-gpu.md (benchmarks/serving.py's
+# tables), logs.tar.xz (every stage's output) and pieces/ (the recipe's checkpoint, JOIN.sh joins it).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DATA=${DATA:-data/de-en-ding2}          # the corpus the default trains on (models/de-en/MODEL_CARD.md)
+SITE=/tmp/site                          # the serve extra's wheels the machine lacks
+ORT_SITE=/tmp/ort-gpu/site              # onnxruntime-gpu, unpacked by scripts/gpu-wheels.sh gpu
+# What the device machine's image lacks of the gpu extra's lock (its python3 has torch, numpy, sentencepiece,
+# prometheus-client, pyyaml, lxml, httpx, uvloop): pinned as in deploy/docker/requirements-gpu.lock.
+# fastapi 0.165 imports opentelemetry-api itself (its telemetry module); py3langid (4.6 MB, source=auto only) and
+# OpenTelemetry's SDK and exporter (off unless OTEL_* is set) stay behind.
+WHEELS="annotated-types==0.8.0 fastapi==0.165.0 fastapi-offline==1.7.7 litserve==0.2.19 pydantic==2.14.4
+  pydantic-core==2.50.5 typing-inspection==0.4.5 python-multipart==0.0.34 starlette==1.10.0 uvicorn==0.54.0
+  redis==8.1.0 polib==1.2.0 python-docx==1.2.0 python-pptx==1.0.2 xlsxwriter==3.3.1 pyzmq==27.3.0
+  python-dotenv==1.2.4 httptools==0.9.0 watchfiles==1.3.0 websockets==17.4 opentelemetry-api==1.45.2"
+
+pack() {
+  [ -f .gpu-wheels/SHA256SUMS ] || bash scripts/gpu-wheels.sh prepare
+  mkdir -p .whl
+  # shellcheck disable=SC2086
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .whl $WHEELS
+  rm -rf .gpu-data && mkdir -p .gpu-data
+  cp "$DATA"/dev.tsv "$DATA"/test.tsv "$DATA"/meta.json .gpu-data/
+  xz -T0 -6 -c "$DATA"/train.tsv > .gpu-data/train.tsv.xz
+  grep -qx '/models/' .git/info/exclude 2>/dev/null || echo '/models/' >> .git/info/exclude
+  grep -qx '/.gpu-data/' .git/info/exclude || echo '/.gpu-data/' >> .git/info/exclude
+  git rm -r -q --cached models
+  du -cb $(git ls-files) | tail -1 | awk '{printf "tree without models/: %.1f MB\n", $1 / 1e6}'
+  du -cb .gpu-wheels .whl | tail -1 | awk '{printf "first call carries: %.1f MB more\n", $1 / 1e6}'
+  du -cb models .gpu-data | tail -1 | awk '{printf "second call carries: %.1f MB more\n", $1 / 1e6}'
+}
+
+restore() {
+  git reset -q -- models
+  sed -i '\#^/models/$#d' .git/info/exclude
+  git status --short models
+}
+
+setup() {
+  nvidia-smi -L
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+    || exit
+  bash scripts/gpu-wheels.sh gpu || exit
+  PYTHONPATH=$ORT_SITE:$SITE python3 -c "import onnxruntime, litserve, fastapi, pydantic, service.__main__;
+print('onnxruntime', onnxruntime.__version__, onnxruntime.get_available_providers());
+print('litserve', litserve.__version__, 'pydantic', pydantic.__version__)"
+}
+
+measure() {
+  local start budget logs
+  start=$(date +%s); budget=${BUDGET_S:-540}; logs=/tmp/gpu-logs
+  mkdir -p "$logs" "$OUT/pieces"
+  export PYTHONPATH=$ORT_SITE:$SITE PYTHONUNBUFFERED=1
+  left() { echo $((budget - ($(date +%s) - start))); }
+  stage() {   # stage NAME LIMIT_S command...: output in the log and on stdout, the status and time after it
+    local name=$1 limit=$2 t0=$SECONDS
+    shift 2
+    ((limit <= $(left))) || limit=$(left)
+    ((limit > 0)) || { echo "== $name: skipped, no time left"; return; }
+    echo "== $name: limit ${limit} s, $(left) s left"
+    timeout -k 10 "$limit" "$@" 2>&1 | tee "$logs/$name.log"
+    echo "== $name: status ${PIPESTATUS[0]} after $((SECONDS - t0)) s"
+  }
+  [ -d "$ORT_SITE" ] || echo "warning: $ORT_SITE is missing (a fresh machine, not the warm one setup ran on): no CUDA for onnxruntime"
+  stage machine 20 sh -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc;
+    python3 -c "import onnxruntime as o, torch; print(o.__version__, o.get_available_providers(), torch.__version__)"'
+  stage gpu-bench 170 python3 benchmarks/gpu.py --package models/de-en --quick --device cuda --out "$OUT/gpu-h200.md"
+  stage fp16 60 sh -c 'python3 -m model.upgrade models/de-en --precision fp16 --out /tmp/de-en-fp16 &&
+    python3 -m model.upgrade models/lm-small --precision fp16 --out /tmp/lm-small-fp16'
+  stage serving 130 python3 benchmarks/serving.py --model /tmp/de-en-fp16 --model /tmp/lm-small-fp16 --layouts 1x0 \
+    --server-arg=--device --server-arg=cuda --concurrency 1,8,32,128 --rates 0.75 --seconds 5 --warmup-seconds 1 \
+    --title "H200, fp16, one worker" --out "$OUT/serving-gpu.md"
+  # The recipe: the default's run going on from its package on the GPU, in the time left (its --minutes count
+  # from its own start; 2.5 of them export, evaluate and cut the checkpoint into pieces).
+  local minutes
+  minutes=$(python3 -c "print(round(($(left) - 20) / 60, 2))")
+  mkdir -p /tmp/data/corpus && cp .gpu-data/dev.tsv .gpu-data/test.tsv .gpu-data/meta.json /tmp/data/corpus/ \
+    && xz -dc .gpu-data/train.tsv.xz > /tmp/data/corpus/train.tsv
+  if python3 -c "import sys; sys.exit(float('$minutes') < 3.5)"; then
+    stage recipe "$(($(left) - 5))" python3 -m model.recipe --data /tmp/data/corpus --out /tmp/recipe \
+      --minutes "$minutes" --bundle spot --piece-mb 16.5 --pieces "$OUT/pieces" -- --device cuda \
+      --max-tokens 25000 --init-from models/de-en --eval-every 200 --eval-sentences 200 --save-every-minutes 2
+  else
+    echo "== recipe: skipped, $minutes minutes left"
+  fi
+  cp /tmp/recipe/MODEL_CARD.md "$logs/recipe-card.md" 2>/dev/null
+  tar -C "$logs" -cJf "$OUT/logs.tar.xz" .
+  ls -la "$OUT" "$OUT/pieces"
+}
+
+case ${1:-} in
+pack | restore | setup | measure) "$1" ;;
+*) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
