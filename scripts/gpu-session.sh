@@ -85,20 +85,25 @@ measure() {
   stage machine 20 sh -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc;
     python3 -c "import onnxruntime as o, torch; print(o.__version__, o.get_available_providers(), torch.__version__)"'
   stage gpu-bench 170 python3 benchmarks/gpu.py --package models/de-en --quick --device cuda --out "$OUT/gpu-h200.md"
-  stage fp16 60 sh -c 'python3 -m model.upgrade models/de-en --precision fp16 --out /tmp/de-en-fp16 &&
-    python3 -m model.upgrade models/lm-small --precision fp16 --out /tmp/lm-small-fp16'
+  stage copies 80 sh -c 'python3 -m model.upgrade models/de-en --precision fp16 --out /tmp/de-en-fp16 &&
+    python3 -m model.upgrade models/lm-small --precision fp16 --out /tmp/lm-small-fp16 &&
+    python3 -m model.upgrade models/de-en --precision fp32 --out /tmp/de-en-fp32'
+  # Where CUDA's searches part from the CPU's (wrong on 2026-11-28's H200: benchmarks/results/gpu-h200.md).
+  stage agreement 60 python3 benchmarks/cuda_agreement.py --package /tmp/de-en-fp32 --package /tmp/de-en-fp16
   stage serving 130 python3 benchmarks/serving.py --model /tmp/de-en-fp16 --model /tmp/lm-small-fp16 --layouts 1x0 \
     --server-arg=--device --server-arg=cuda --concurrency 1,8,32,128 --rates 0.75 --seconds 5 --warmup-seconds 1 \
     --title "H200, fp16, one worker" --out "$OUT/serving-gpu.md"
   # The recipe: the default's run going on from its package on the GPU, in the time left (its --minutes count
-  # from its own start; 2.5 of them export, evaluate and cut the checkpoint into pieces).
+  # from its own start; 1.5 of them export, evaluate and cut the checkpoint into pieces: 37 s and the pieces on
+  # the H200, 2026-11-28, where the default 2.5 left a minute unused).
   local minutes
   minutes=$(python3 -c "print(round(($(left) - 20) / 60, 2))")
   mkdir -p /tmp/data/corpus && cp .gpu-data/dev.tsv .gpu-data/test.tsv .gpu-data/meta.json /tmp/data/corpus/ \
     && xz -dc .gpu-data/train.tsv.xz > /tmp/data/corpus/train.tsv
-  if python3 -c "import sys; sys.exit(float('$minutes') < 3.5)"; then
+  if python3 -c "import sys; sys.exit(float('$minutes') < 2.5)"; then
     stage recipe "$(($(left) - 5))" python3 -m model.recipe --data /tmp/data/corpus --out /tmp/recipe \
-      --minutes "$minutes" --bundle spot --piece-mb 16.5 --pieces "$OUT/pieces" -- --device cuda \
+      --minutes "$minutes" --after-training-minutes 1.5 --bundle spot --piece-mb 16.5 --pieces "$OUT/pieces" \
+      -- --device cuda \
       --max-tokens 25000 --init-from models/de-en --eval-every 200 --eval-sentences 200 --save-every-minutes 2
   else
     echo "== recipe: skipped, $minutes minutes left"

@@ -4,6 +4,7 @@ that no function outside tests runs past 60 lines. The checker is tested on plan
 rule that stopped looking would fail here."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -220,3 +221,23 @@ def test_ruff_finds_nothing():
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+# A search's strategy (sampling, greedy, beam) is decided by SearchOptions.strategy alone; the request mappings
+# in shared/schemas.py decide `sampling` from a request's fields, which is what a mapping is for.
+STRATEGY_TEST = re.compile(r"\.sampling\b|\bbeam(_size)? *(>|==|<=|<) *1\b")
+STRATEGY_HOMES = {"service/shared/options.py", "service/shared/schemas.py"}
+
+
+def strategy_decisions(path: Path, text: str) -> list[str]:
+    return [f"{path}:{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1)
+            if STRATEGY_TEST.search(line) and not line.lstrip().startswith("#")]
+
+
+def test_the_strategy_is_decided_in_one_place():
+    found = [hit for path in sorted((ROOT / "service").rglob("*.py"))
+             if str(path.relative_to(ROOT)) not in STRATEGY_HOMES
+             for hit in strategy_decisions(path.relative_to(ROOT), path.read_text(encoding="utf-8"))]
+    assert found == [], "ask SearchOptions.strategy (or rows_per_input) instead:\n" + "\n".join(found)
+    planted = strategy_decisions(Path("x.py"), "if options.sampling or options.beam_size == 1:\n    pass\n")
+    assert planted == ["x.py:1: if options.sampling or options.beam_size == 1:"]

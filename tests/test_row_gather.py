@@ -16,7 +16,6 @@ from service.inference.device_memory import BlockPool
 from service.inference.engine import Engine
 from service.inference.row_gather import RowGather
 from service.shared.options import SearchOptions
-from service.shared.search import rows_per_input
 
 from conftest import ROOT, pairs64
 from test_batch_invariance import SEARCHES, joined_at, joining
@@ -73,7 +72,7 @@ def test_an_engine_on_onnxruntime_blocks_translates_as_on_numpy_arrays(engines, 
     requests = [[ids[i]] + ([ids[-1 - i]] if i % 3 == 2 else []) for i in range(12)]
     mate = replace(options, length_penalty=0.6, max_length=20)
     opts = [mate if i % 3 == 1 else options for i in range(len(requests))]
-    assert len({rows_per_input(o) for o in opts}) == 1
+    assert len({o.rows_per_input for o in opts}) == 1
     for h, d in zip(joining(host, requests, opts, 2), joining(device, requests, opts, 2), strict=True):
         same_hypotheses(h, d)
     assert device.pool._gather is not None and host.pool._gather is None    # the graph did the copies

@@ -34,6 +34,7 @@ from . import sse
 from ..errors import NOT_JSON, ApiError, declares_json, parse_error
 from .flavour import Flavour
 from ..http.gateway import Finished, Gateway, GenerationStream
+from ..shared.options import DEFAULTS
 from ..shared.schemas import GenerateRequest, StopSequence, _json_types
 
 ENDPOINT = "completions"      # the metrics' endpoint label of POST /v1/completions
@@ -73,8 +74,8 @@ class CompletionRequest(BaseModel):
         "not taken")
     max_tokens: Optional[int] = Field(DEFAULT_MAX_TOKENS, ge=1, le=4096, description="Pieces to generate at most "
                                       "(capped by the server)")
-    temperature: Optional[float] = Field(1.0, ge=0.0, le=2.0, description="0 = greedy")
-    top_p: Optional[float] = Field(1.0, gt=0.0, le=1.0)
+    temperature: Optional[float] = Field(DEFAULTS.temperature, ge=0.0, le=2.0, description="0 = greedy")
+    top_p: Optional[float] = Field(DEFAULTS.top_p, gt=0.0, le=1.0)
     n: Optional[int] = Field(1, ge=1, le=8, description="Choices per prompt (seeds seed, seed+1, …)")
     # up to 2**53 - 1, read exactly by every JSON parser (2**63 - 1 is read as 2**63 by those that use floats)
     seed: Optional[int] = Field(None, ge=0, le=2**53 - 1)
@@ -215,10 +216,11 @@ class OpenAIRoutes:
         stands for: greedy search (temperature 0) has one answer, which OpenAI repeats n times."""
         n = body.n or 1
         greedy = body.temperature == 0
-        common = dict(model=body.model, max_new_tokens=body.max_tokens or DEFAULT_MAX_TOKENS,
-                      temperature=1.0 if body.temperature is None else body.temperature,
-                      top_p=1.0 if body.top_p is None else body.top_p, seed=body.seed, stop=body.stop or [],
-                      num_return_sequences=1 if greedy else n, stream=bool(body.stream))
+        # temperature and top_p sent as null take GenerateRequest's defaults, as left out.
+        given = {name: value for name, value in (("temperature", body.temperature), ("top_p", body.top_p))
+                 if value is not None}
+        common = dict(model=body.model, max_new_tokens=body.max_tokens or DEFAULT_MAX_TOKENS, seed=body.seed,
+                      stop=body.stop or [], num_return_sequences=1 if greedy else n, stream=bool(body.stream), **given)
         try:
             return [GenerateRequest(prompt=p, **common) for p in prompts], (n if greedy else 1)
         except ValidationError as e:   # CompletionRequest's bounds are within GenerateRequest's: not expected

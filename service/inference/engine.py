@@ -41,7 +41,7 @@ from .running_batch import Member, RunningBatch, Ticket, pooled
 from ..shared.beam_pool import BeamPool
 from ..shared.options import SearchOptions
 from ..shared.package import ModelPackage, PackageError, load_package
-from ..shared.search import Hypothesis, Search, Step, decode, finish, max_lengths, rows_per_input, searcher
+from ..shared.search import Hypothesis, Search, Step, decode, finish, max_lengths, searcher
 
 log = logging.getLogger(__name__)
 # Engine.generate_steps: a Step per decoder call, then one Hypothesis per prompt (or a list: beam search).
@@ -203,7 +203,7 @@ class Engine:
         limits = max_lengths([len(s) for s in src_ids], a=options.max_length_a, b=options.max_length_b,
                              cap=min(options.max_length, self.max_positions))
         decoder = OrtDecoder(self.graph, self.encode(src), src != self.pad_id, max_positions=int(max(limits)) + 1,
-                             max_rows=B * (1 if options.sampling else options.beam_size), top_k=self.search_top_k)
+                             max_rows=B * options.rows_per_input, top_k=self.search_top_k)
         try:
             # Greedy search and sampling yield their Steps too: the caller ignores them.
             return (yield from decode(decoder, B, options, bos_id=self.bos_id, eos_id=self.eos_id, max_length=limits,
@@ -213,7 +213,7 @@ class Engine:
 
     def running_batch(self, group: int) -> RunningBatch:
         """An empty batch for searches that share each decoder call (`join`), each with `group` rows per source
-        (search.rows_per_input: its beams): the translate worker's."""
+        (SearchOptions.rows_per_input: its beams): the translate worker's."""
         return RunningBatch(self.graph, group)
 
     def join(self, batch: RunningBatch, src_ids: Sequence[Sequence[int]], options: SearchOptions,
@@ -258,9 +258,9 @@ class Engine:
     def _encoded(self, batch: RunningBatch, src_ids: Sequence[Sequence[int]],
                  options: SearchOptions) -> tuple[Tensors, np.ndarray, np.ndarray]:
         """The encoder outputs of `src_ids` (padded to a multiple of COLUMNS_STEP), their lengths and budgets."""
-        if rows_per_input(options) != batch.group:
+        if options.rows_per_input != batch.group:
             raise ValueError(f"a batch of {batch.group} rows per source takes no search of "
-                             f"{rows_per_input(options)} (see RunningBatch)")
+                             f"{options.rows_per_input} (see RunningBatch)")
         lengths = np.array([len(s) for s in src_ids], dtype=np.int64)
         src = np.full((len(src_ids), columns_for(int(lengths.max()))), self.pad_id, dtype=np.int64)   # (B, S)
         for i, s in enumerate(src_ids):
@@ -286,11 +286,11 @@ class Engine:
             raise ValueError(f"{self.package.name} is a {self.task} package; generation needs a decoder-only one")
         N = len(prompts)
         budget = [min(options.max_length, self.max_positions - len(p)) for p in prompts]
-        decoder = OrtLmDecoder(self.graph, prompts, max_rows=N * (1 if options.sampling else options.beam_size),
+        decoder = OrtLmDecoder(self.graph, prompts, max_rows=N * options.rows_per_input,
                                max_new_positions=max(budget) + 1, top_k=self.search_top_k)
         search = decode(decoder, N, options, bos_id=self.bos_id, eos_id=self.eos_id, max_length=budget,
                         banned_ids=self.banned_ids, start_tokens=decoder.start_tokens, seeds=seeds, cancel=cancel)
-        if options.sampling or options.beam_size == 1:
+        if options.strategy != "beam":
             return _closing(decoder, _one_each(search))
         try:
             return _no_steps(finish(search))

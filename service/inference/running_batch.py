@@ -34,7 +34,7 @@ POOL_INPUTS = 4096
 
 def pooled(options: SearchOptions) -> bool:
     """Whether a search of these options joins a PooledBeams (beam search), or is a Member of its own."""
-    return not options.sampling and options.beam_size > 1
+    return options.strategy == "beam"
 
 
 class Member:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# A search's strategy, decided by SearchOptions.strategy and nowhere else.
+STRATEGIES = ("sampling", "greedy", "beam")
 # How a search ends at its length budget: transformers' generate() or CTranslate2's (service/shared/search.py
 # explains the difference). Written here, not in search.py, because the SDK imports this module without numpy.
 RULES = ("transformers", "ctranslate2")
@@ -42,11 +44,24 @@ class SearchOptions:
             raise ValueError(f"length_rule must be one of {', '.join(map(repr, RULES))}, "
                              f"got {self.length_rule!r}")
         # Greedy search and sampling would silently return one.
-        most = 1 if self.sampling else self.beam_size
+        most = self.rows_per_input
         if not 1 <= self.num_hypotheses <= most:
             raise ValueError(f"num_hypotheses must be between 1 and {most} "
                              f"({'sampling returns one per input' if self.sampling else 'beam_size'}), "
                              f"got {self.num_hypotheses}")
+
+    @property
+    def strategy(self) -> str:
+        """"sampling", "greedy" or "beam": the one place the strategy is decided, which every search path asks
+        (decode(), the running batch's pooled beams, the engines' decoders, generation's scheduler)."""
+        if self.sampling:
+            return "sampling"
+        return "beam" if self.beam_size > 1 else "greedy"
+
+    @property
+    def rows_per_input(self) -> int:
+        """The decoder rows a search gives each input: its beams, or 1 (greedy search, sampling)."""
+        return self.beam_size if self.strategy == "beam" else 1
 
     def batch_key(self) -> tuple:
         """What the rows of one engine batch must share: every option but the seed (each row samples with

@@ -208,13 +208,13 @@ class GenerateRequest(BaseModel):
     max_new_tokens: int = Field(64, ge=1, le=4096, description="Pieces to generate at most (capped by the server)")
     min_new_tokens: int = Field(0, ge=0, le=4096, description="Pieces to generate before the end of text may "
                                 "come, at most max_new_tokens; 0 = off")
-    temperature: float = Field(1.0, ge=0.0, le=5.0, description="Sampling temperature; 0 = greedy (no sampling); "
-                               "0 or 1.0 with beam_size > 1")
-    top_k: int = Field(0, ge=0, le=1000, description="Sample among the k most likely pieces; 0 = off (the only "
-                       "value with beam_size > 1)")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1.0 = off (the only value "
+    temperature: float = Field(DEFAULTS.temperature, ge=0.0, le=5.0, description="Sampling temperature; 0 = "
+                               "greedy (no sampling); 0 or 1.0 with beam_size > 1")
+    top_k: int = Field(DEFAULTS.top_k, ge=0, le=1000, description="Sample among the k most likely pieces; 0 = "
+                       "off (the only value with beam_size > 1)")
+    top_p: float = Field(DEFAULTS.top_p, gt=0.0, le=1.0, description="Nucleus sampling mass; 1.0 = off (the only value "
                          "with beam_size > 1)")
-    repetition_penalty: float = Field(1.0, ge=1.0, le=10.0,
+    repetition_penalty: float = Field(DEFAULTS.repetition_penalty, ge=1.0, le=10.0,
                                       description="Penalty on pieces already generated; 1.0 = off")
     stop: Union[StopSequence, Annotated[list[StopSequence], Field(max_length=4)]] = Field(
         default_factory=list, description="Up to 4 stop sequences; the text ends before the first one found (it "
@@ -246,6 +246,27 @@ class GenerateRequest(BaseModel):
             raise ValueError("beam search does not sample: leave temperature, top_k and top_p at their defaults "
                              "with beam_size > 1, or use beam_size=1")
         return self
+
+
+def generation_options(request: dict, max_new: int) -> SearchOptions:
+    """POST /generate's fields (those given; the others take GenerateRequest's defaults, defined there once) ->
+    the engine's options: the one mapping, as search_options() is translation's, which /v1/completions reaches
+    through the GenerateRequest it builds. Temperature 0 is greedy search; beam_size > 1 is beam search returning
+    the num_return_sequences best; else sampling, one row a sequence. max_new: the request's budget after the
+    server's and the model's caps. ValueError where num_return_sequences asks more of greedy search than its one
+    text (GenerateRequest refused sampling options with beam search already)."""
+    def get(name: str):
+        return request.get(name, GenerateRequest.model_fields[name].default)
+
+    beam, n, temperature = get("beam_size"), get("num_return_sequences"), get("temperature")
+    sampling = beam == 1 and temperature > 0
+    if n > 1 and not sampling and n > beam:
+        raise ValueError(f"num_return_sequences={n} needs sampling (temperature > 0) or beam_size >= {n}; greedy "
+                         "search returns one text")
+    return SearchOptions(beam_size=beam, num_hypotheses=n if beam > 1 else 1, max_length=max_new + 1,
+                         min_length=min(get("min_new_tokens"), max_new), repetition_penalty=get("repetition_penalty"),
+                         sampling=sampling, temperature=temperature if sampling else DEFAULTS.temperature,
+                         top_k=get("top_k"), top_p=get("top_p"))
 
 
 class GenerationChoice(BaseModel):

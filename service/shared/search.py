@@ -106,11 +106,6 @@ def max_lengths(source_lengths: Sequence[int], *, a: float = 0.0, b: int = 256, 
     return np.minimum(np.floor(a * src + b), cap).astype(np.int64)
 
 
-def rows_per_input(options: SearchOptions) -> int:
-    """The decoder rows a search gives each input: its beams, or 1 (greedy search, sampling)."""
-    return 1 if options.sampling else max(1, options.beam_size)
-
-
 def finish(steps: Generator) -> list:
     """Runs a step generator to the end; returns its hypotheses."""
     while True:
@@ -124,8 +119,8 @@ def decode(decoder: IncrementalDecoder, batch_size: int, options: SearchOptions,
            max_length: Sequence[int] | np.ndarray, banned_ids: Sequence[int] = (),
            start_tokens: np.ndarray | None = None, seeds: Sequence[int | None] | None = None,
            cancel: set[int] | None = None) -> Search:
-    """The search `options` choose over a fresh decoder's `batch_size` rows: sampling (options.sampling), greedy
-    search (beam_size 1) or beam search. A generator: each next() runs one decoder step; it returns, for each
+    """The search `options` choose (options.strategy) over a fresh decoder's `batch_size` rows: sampling, greedy
+    search or beam search. A generator: each next() runs one decoder step; it returns, for each
     input, its hypotheses best first (num_hypotheses of them with beam search, else one).
 
     max_length: each input's budget in tokens, eos included (max_lengths() gives a translation's).
@@ -151,10 +146,10 @@ def searcher(decoder: IncrementalDecoder, batch_size: int, options: SearchOption
     processors = logits_processors(options, eos_id=eos_id, max_length=max_len, banned_ids=banned_ids)
     first = (np.full(batch_size, bos_id, dtype=np.int64) if start_tokens is None
              else np.asarray(start_tokens, dtype=np.int64).copy())
-    if options.sampling:
+    if options.strategy == "sampling":
         seeds = list(seeds) if seeds is not None else [options.seed] * batch_size
         return _paths(decoder, first, _sampler(options, seeds), processors, eos_id, max_len, cancel, top_k)
-    if options.beam_size == 1:
+    if options.strategy == "greedy":
         return _paths(decoder, first, None, processors, eos_id, max_len, cancel, top_k)
     return _beam(decoder, first, options, processors, eos_id, max_len, top_k)
 

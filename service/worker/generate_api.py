@@ -25,7 +25,7 @@ import litserve as ls
 from .cancel import CancelBoard
 from ..config import Settings
 from ..inference.engine import Engine
-from ..shared.options import SearchOptions
+from ..shared.schemas import GenerateRequest, generation_options
 from .litserve_bridge import SchedulerLoop
 from ..metrics import metrics
 from .scheduler import Failure, GenerationScheduler, GenJob, for_one_request, generation_cost
@@ -99,31 +99,26 @@ class GenerateAPI(ls.LitAPI):
         if len(prompt) - 1 > s.max_prompt_tokens:
             return Failure(413, "too_many_tokens", f"the prompt has {len(prompt) - 1} tokens; the limit is "
                            f"{s.max_prompt_tokens}", s.max_prompt_tokens)
-        max_new = min(request.get("max_new_tokens", 64), s.max_output_tokens)
+        max_new = min(request.get("max_new_tokens", GenerateRequest.model_fields["max_new_tokens"].default),
+                      s.max_output_tokens)
         room = engine.max_positions - len(prompt)
         if room < 1:
             return Failure(413, "too_many_tokens", f"the prompt fills the model's {engine.max_positions} positions",
                            engine.max_positions)
         max_new = min(max_new, room)
-        beam = request.get("beam_size", 1)
-        temperature = request.get("temperature", 1.0)
-        n = request.get("num_return_sequences", 1)
-        sampling = beam == 1 and temperature > 0   # beam search with sampling options: GenerateRequest refused it
-        if n > 1 and not sampling and n > beam:
-            return Failure(422, "invalid_request", f"num_return_sequences={n} needs sampling (temperature > 0) or "
-                           f"beam_size >= {n}; greedy search returns one text")
-        rows = beam if beam > 1 else n
+        try:
+            options = generation_options(request, max_new)
+        except ValueError as e:
+            return Failure(422, "invalid_request", str(e))
+        n = request.get("num_return_sequences", GenerateRequest.model_fields["num_return_sequences"].default)
+        beam = options.strategy == "beam"
+        rows = options.beam_size if beam else n
         cost = generation_cost(len(prompt) - 1, max_new, rows)
         if cost > s.max_request_cost:
             return Failure(413, "request_too_costly", f"the request costs {cost} ((prompt tokens {len(prompt) - 1} + "
-                           f"max_new_tokens {max_new}) x {rows} {'beams' if beam > 1 else 'sequences'}); the limit is "
+                           f"max_new_tokens {max_new}) x {rows} {'beams' if beam else 'sequences'}); the limit is "
                            f"{s.max_request_cost} (send a shorter prompt, fewer max_new_tokens, beams or sequences)",
                            s.max_request_cost)
-        options = SearchOptions(beam_size=beam, num_hypotheses=n if beam > 1 else 1, max_length=max_new + 1,
-                                min_length=min(request.get("min_new_tokens", 0), max_new),
-                                repetition_penalty=request.get("repetition_penalty", 1.0), sampling=sampling,
-                                temperature=temperature if sampling else 1.0, top_k=request.get("top_k", 0),
-                                top_p=request.get("top_p", 1.0))
         seed = request.get("seed")
         seeds = [None if seed is None else seed + k for k in range(n)]
         return GenJob(request.get("request_id", ""), request.get("number", -1), name, options, prompt, n, seeds,

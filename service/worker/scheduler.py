@@ -45,7 +45,7 @@ from ..inference.running_batch import Member, RunningBatch, Ticket, pooled
 from ..inference.engine import Engine
 from ..shared.options import SearchOptions
 from ..metrics import metrics
-from ..shared.search import Hypothesis, max_lengths, rows_per_input
+from ..shared.search import Hypothesis, max_lengths
 
 log = logging.getLogger("transerve")
 
@@ -224,7 +224,7 @@ class TranslationScheduler:
         """(tokens, rows) sentence k of `job` holds in the running batch at most: its rows (beams) x (its
         source's padded positions + its output budget), the positions of its encoder outputs and its cache."""
         o = job.options
-        rows = rows_per_input(o)
+        rows = o.rows_per_input
         n = len(job.sentences[k])
         cap = min(o.max_length, getattr(self.engines.get(job.model), "max_positions", o.max_length))
         out = int(max_lengths([n], a=o.max_length_a, b=o.max_length_b, cap=cap)[0])
@@ -491,7 +491,7 @@ class GenJob:
     @property
     def beam(self) -> bool:
         """Beam search: one row a beam, its n best hypotheses at its end (it streams nothing)."""
-        return self.options.beam_size > 1
+        return self.options.strategy == "beam"
 
     @property
     def rows(self) -> int:

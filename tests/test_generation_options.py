@@ -1,0 +1,46 @@
+"""service/shared/schemas.py's generation_options(): POST /generate's fields to the engine's options, the one
+mapping (the OpenAI flavour reaches it through the GenerateRequest it builds), and SearchOptions.strategy, the one
+place a strategy is decided."""
+
+import pytest
+
+from service.api.openai_api import CompletionRequest, OpenAIRoutes
+from service.shared.options import DEFAULTS, SearchOptions
+from service.shared.schemas import GenerateRequest, generation_options
+
+
+@pytest.mark.parametrize("options, strategy, rows", [
+    (SearchOptions(sampling=True, beam_size=1), "sampling", 1),
+    (SearchOptions(beam_size=1), "greedy", 1),
+    (SearchOptions(beam_size=4), "beam", 4),
+])
+def test_the_strategy_and_its_rows(options, strategy, rows):
+    assert (options.strategy, options.rows_per_input) == (strategy, rows)
+
+
+def test_fields_left_out_take_the_request_models_defaults():
+    options = generation_options({}, max_new=10)
+    assert options.strategy == "sampling"          # GenerateRequest: temperature 1.0, beam_size 1
+    assert (options.temperature, options.top_k, options.top_p, options.repetition_penalty) == (
+        DEFAULTS.temperature, DEFAULTS.top_k, DEFAULTS.top_p, DEFAULTS.repetition_penalty)
+    assert (options.max_length, options.min_length) == (11, 0)   # eos included; min_new_tokens 0 = off
+    body = GenerateRequest(prompt="x").model_dump()
+    assert generation_options(body, max_new=10) == options
+
+
+def test_temperature_0_is_greedy_and_beams_return_the_n_best():
+    greedy = generation_options({"temperature": 0.0, "top_k": 5}, max_new=8)
+    assert greedy.strategy == "greedy" and greedy.temperature == DEFAULTS.temperature
+    beam = generation_options({"beam_size": 3, "num_return_sequences": 2, "min_new_tokens": 20}, max_new=8)
+    assert (beam.strategy, beam.num_hypotheses, beam.min_length) == ("beam", 2, 8)
+    with pytest.raises(ValueError, match="num_return_sequences=2 needs sampling"):
+        generation_options({"temperature": 0, "num_return_sequences": 2}, max_new=8)
+
+
+def test_openai_nulls_take_the_same_defaults_as_left_out():
+    runs, copies = OpenAIRoutes.generate_requests(None, CompletionRequest(model="lm", prompt="x", temperature=None,
+                                                                     top_p=None), ["x"])
+    assert (runs[0].temperature, runs[0].top_p, copies) == (DEFAULTS.temperature, DEFAULTS.top_p, 1)
+    greedy = CompletionRequest(model="lm", prompt="x", temperature=0, n=3)
+    runs, copies = OpenAIRoutes.generate_requests(None, greedy, ["x"])
+    assert (runs[0].temperature, runs[0].num_return_sequences, copies) == (0.0, 1, 3)
