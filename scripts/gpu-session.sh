@@ -90,6 +90,13 @@ measure() {
     python3 -m model.upgrade models/de-en --precision fp32 --out /tmp/de-en-fp32'
   # Where CUDA's searches part from the CPU's (wrong on 2026-11-28's H200: benchmarks/results/gpu-h200.md).
   stage agreement 60 python3 benchmarks/cuda_agreement.py --package /tmp/de-en-fp32 --package /tmp/de-en-fp16
+  # The same with onnxruntime's attention kernels named and, one at a time, its fp16 fast paths off (read from
+  # onnxruntime's source, docs/gpu.md): a kernel whose absence changes the answer is the suspect.
+  stage kernels 40 env ORT_ENABLE_ATTENTION_KERNEL_DEBUG_INFO=1 python3 benchmarks/cuda_agreement.py \
+    --package /tmp/de-en-fp16 --sentences 2
+  for off in ORT_DISABLE_FLASH_DECODE ORT_DISABLE_FLASH_ATTENTION ORT_DISABLE_MEMORY_EFFICIENT_ATTENTION; do
+    stage "agreement-$off" 40 env "$off=1" python3 benchmarks/cuda_agreement.py --package /tmp/de-en-fp16
+  done
   stage serving 130 python3 benchmarks/serving.py --model /tmp/de-en-fp16 --model /tmp/lm-small-fp16 --layouts 1x0 \
     --server-arg=--device --server-arg=cuda --concurrency 1,8,32,128 --rates 0.75 --seconds 5 --warmup-seconds 1 \
     --title "H200, fp16, one worker" --out "$OUT/serving-gpu.md"
