@@ -13,6 +13,8 @@ from service.config import Settings, parse_settings
 from service.inference.engine import Engine
 from service.worker.scheduler import Job, request_cost
 from service.worker.translate_api import TranslateAPI
+from service.http.gateway import worker_payload
+from service.shared.schemas import TranslateRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -34,8 +36,9 @@ def make_api(engine, **settings) -> TranslateAPI:
 
 
 def large(n_texts: int, beam: int, request_id: str) -> dict:
-    return {"texts": large_texts(n_texts), "source_lang": "de", "target_lang": "en", "beam_size": beam,
-            "request_id": request_id, "number": 0}
+    texts = large_texts(n_texts)
+    body = TranslateRequest(text=texts, source_lang="de", target_lang="en", beam_size=beam)
+    return worker_payload(body, texts, Settings().max_output_tokens) | {"request_id": request_id, "number": 0}
 
 
 def cost_of(engine, request) -> int:

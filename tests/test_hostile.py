@@ -610,11 +610,14 @@ def test_a_translation_hook_that_raises_fails_only_its_request():
     from service.config import Settings
     from service.worker.scheduler import Failure, Job
     from service.worker.translate_api import TranslateAPI
+    from service.http.gateway import worker_payload
+    from service.shared.schemas import TranslateRequest
 
     api = TranslateAPI(Settings(), CancelBoard())
     api.use_engines({"m": Exploding()})
     texts = ("a", "boom", "bad-out", "b")   # fine, decode_request raises, encode_response raises, fine
-    jobs = [api.decode_request({"texts": [t], "source_lang": "de", "target_lang": "en"}) for t in texts]
+    jobs = [api.decode_request(worker_payload(TranslateRequest(text=t, source_lang="de", target_lang="en"), [t],
+                                              Settings().max_output_tokens)) for t in texts]
     assert [type(j) for j in jobs] == [Job, Failure, Job, Job]
     out = [api.encode_response(j) for j in api.scheduler.run(dict(enumerate(jobs))).values()]
     for o in out[1:3]:

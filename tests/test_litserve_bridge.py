@@ -26,6 +26,8 @@ from service.inference.engine import Engine
 from service.worker.generate_api import GenerateAPI
 from service.worker.litserve_bridge import SchedulerLoop, collect, unbundled
 from service.worker.translate_api import TranslateAPI
+from service.http.gateway import worker_payload
+from service.shared.schemas import TranslateRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -33,7 +35,8 @@ from fairness import large_texts  # noqa: E402
 from test_scheduler import EchoLM  # noqa: E402
 
 DE_EN = ROOT / "models" / "de-en"
-SMALL = {"texts": ["Hallo"], "source_lang": "de", "target_lang": "en", "number": 0}
+SMALL = worker_payload(TranslateRequest(text="Hallo", source_lang="de", target_lang="en"), ["Hallo"],
+                       Settings().max_output_tokens) | {"number": 0}
 
 
 def make(max_batch_size=4, batch_timeout_ms=0.0, request_timeout=60.0):
@@ -162,8 +165,9 @@ def engine():
 
 
 def large(n_texts: int, beam: int, request_id: str) -> dict:
-    return {"texts": large_texts(n_texts), "source_lang": "de", "target_lang": "en", "beam_size": beam,
-            "request_id": request_id, "number": 0}
+    texts = large_texts(n_texts)
+    body = TranslateRequest(text=texts, source_lang="de", target_lang="en", beam_size=beam)
+    return worker_payload(body, texts, Settings().max_output_tokens) | {"request_id": request_id, "number": 0}
 
 
 def answers(loop: SchedulerLoop, responses: queue.Queue) -> list[tuple[str, object, LitAPIStatus]]:

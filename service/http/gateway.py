@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
 import litserve as ls
@@ -42,6 +42,13 @@ from ..worker.translate_api import ENDPOINT, TranslateAPI
 LANGUAGE_NAMES = {"de": "German", "en": "English", "fr": "French", "es": "Spanish", "it": "Italian",
                   "nl": "Dutch", "pt": "Portuguese", "pl": "Polish", "ru": "Russian", "zh": "Chinese",
                   "ja": "Japanese", "cs": "Czech", "da": "Danish", "sv": "Swedish", "fi": "Finnish"}
+
+
+def worker_payload(body: TranslateRequest, texts: list[str], max_output_tokens: int) -> dict:
+    """What the translate worker reads of a request: its texts, its pair and its engine options, mapped once,
+    here (TranslateRequest.to_search_options); the worker applies no default of its own."""
+    return {"texts": texts, "source_lang": body.source_lang, "target_lang": body.target_lang,
+            "options": asdict(body.to_search_options(max_output_tokens))}
 
 
 class Gateway:
@@ -149,9 +156,8 @@ class Gateway:
         if not self.workers.serves(ENDPOINT):
             raise no_translation_model()
         received = time.monotonic()
-        payload = body.model_dump(exclude={"text"}) | {"texts": texts, "received": received,
-                                                       "request_id": request.state.request_id,
-                                                       "number": self.board.new_number()}
+        payload = worker_payload(body, texts, self.settings.max_output_tokens) | {
+            "received": received, "request_id": request.state.request_id, "number": self.board.new_number()}
         with self.admission.admitted(endpoint):
             out = raise_worker_error(await self.workers.call(ENDPOINT, payload, request) or {})
         if not out:

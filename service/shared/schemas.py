@@ -88,6 +88,11 @@ class TranslateRequest(BaseModel):
                              f"e.g. beam_size={self.num_alternatives + 1}")
         return self
 
+    def to_search_options(self, max_output_tokens: int) -> SearchOptions:
+        """This request's engine options, mapped once (search_options()), in the Gateway: they travel in the
+        worker's payload, and the worker applies no default of its own."""
+        return search_options(self.model_dump(include=set(SEARCH_FIELDS) | {"num_alternatives"}), max_output_tokens)
+
 
 # The fields of POST /translate that choose the search, as the bulk command takes them too (service/bulk/options.py
 # makes one command-line option of each, with this schema's default, range and description).

@@ -31,7 +31,7 @@ from ..shared.package import load_package
 from .litserve_bridge import SchedulerLoop
 from ..metrics import metrics
 from .scheduler import Failure, Job, TranslationScheduler, for_one_request, request_cost
-from ..shared.schemas import search_options
+from ..shared.options import SearchOptions
 from ..stopping import Stopping
 from .process import start_worker
 from ..shared.text import join_sentences, split_sentences
@@ -96,7 +96,7 @@ class TranslateAPI(ls.LitAPI):
             return Failure(400, "unsupported_language_pair",
                            f"no model translates {pair[0]}-{pair[1]}; available pairs: {valid}")
         engine = self.engines[name]
-        options = search_options(request, s.max_output_tokens)
+        options = SearchOptions(**request["options"])   # mapped once, in the Gateway: to_search_options()
         beam = options.beam_size
         texts = request["texts"]
         sentences, spans, seps = [], [], []
