@@ -444,7 +444,10 @@ def run_parts(args: argparse.Namespace, setup: Setup, report: list[str], failed:
         t0 = lap(took, "speed", t0)
         http = None
         if not args.no_http:
-            http = serve(args, setup, packages[setup.low], texts)
+            try:
+                http = serve(args, setup, packages[setup.low], texts)
+            except RuntimeError as e:    # the server did not start or answer: the figures before it still stand
+                http = {"error": str(e)}
             lap(took, "served", t0)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -465,6 +468,8 @@ def speed_table(rows: list[dict]) -> list[str]:
 def served_line(setup: Setup, http: dict | None, large: dict) -> str:
     if not http:
         return "served: SKIPPED (--no-http)"
+    if "error" in http:
+        return f"served: FAILED: {http['error']}"
     low = setup.low
     theirs = (f"{http['tok_s'] / large['ct2']['tok_s']:.2f}x CTranslate2 {low} offline batch {LARGE}"
               if large["ct2"] else "CTranslate2 skipped")
@@ -516,6 +521,9 @@ def main(argv=None) -> int:
     table = speed_table(rows)
     report.append(served_line(setup, http, large))
     print(report[-1], flush=True)
+    if http and "error" in http:
+        failed.append(report[-1])
+        http = None
     summary = summary_lines(setup, large, http)
     header = header_lines(args, argv, setup, texts, took)
     print()

@@ -476,7 +476,8 @@ def main(argv=None) -> None:
     if args.out:
         new = not args.out.exists()
         with args.out.open("a", encoding="utf-8") as f:
-            f.write(("# Serving under load (CPU): benchmarks/serving.py\n\n" if new else "\n") + text)
+            where = "GPU" if "cuda" in args.server_arg else "CPU"     # --server-arg=--device --server-arg=cuda
+            f.write((f"# Serving under load ({where}): benchmarks/serving.py\n\n" if new else "\n") + text)
 
 
 if __name__ == "__main__":

@@ -94,3 +94,14 @@ def test_without_ctranslate2_the_tables_and_ratios_say_skipped_and_served_is_hel
         "served_vs_engine_cuda fp16=0.18", "ratio_vs_ctranslate2_cuda skipped: ctranslate2 not installed"]
     assert "0.18x our engine fp16 offline batch 64; CTranslate2 skipped" in gpu.served_line(setup, http, rows[0])
     assert gpu.ctranslate2_problem("cpu", wanted=False) == "--no-ctranslate2"
+
+
+def test_a_server_that_did_not_start_is_reported_failed_and_the_report_still_ends():
+    """2026-11-28's H200 lacked a package the server imports: the served part failed, and with it the whole report."""
+    import gpu
+
+    setup = gpu.Setup("cuda", [], {}, {}, "de-en", "en", "ctranslate2 not installed")
+    row = {"batch": 64, "ours": {"tok_s": 100.0, "p50_ms": 1.0}, "ct2": None, "ratio": None, "settings": {}}
+    line = gpu.served_line(setup, {"error": "the service did not become ready"}, row)
+    assert line == "served: FAILED: the service did not become ready"
+    assert gpu.summary_lines(setup, row, None)[0] == "served_vs_engine_cuda fp16=n/a"
