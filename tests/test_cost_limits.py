@@ -13,7 +13,7 @@ from service.config import Settings, parse_settings
 from service.inference.engine import Engine
 from service.worker.scheduler import Job, request_cost
 from service.worker.translate_api import TranslateAPI
-from service.http.gateway import worker_payload
+from service.http.gateway import translate_payload
 from service.shared.schemas import TranslateRequest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +38,7 @@ def make_api(engine, **settings) -> TranslateAPI:
 def large(n_texts: int, beam: int, request_id: str) -> dict:
     texts = large_texts(n_texts)
     body = TranslateRequest(text=texts, source_lang="de", target_lang="en", beam_size=beam)
-    return worker_payload(body, texts, Settings().max_output_tokens) | {"request_id": request_id, "number": 0}
+    return translate_payload(body, texts, Settings().max_output_tokens) | {"request_id": request_id, "number": 0}
 
 
 def cost_of(engine, request) -> int:

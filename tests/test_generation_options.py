@@ -44,3 +44,16 @@ def test_openai_nulls_take_the_same_defaults_as_left_out():
     greedy = CompletionRequest(model="lm", prompt="x", temperature=0, n=3)
     runs, copies = OpenAIRoutes.generate_requests(None, greedy, ["x"])
     assert (runs[0].temperature, runs[0].num_return_sequences, copies) == (0.0, 1, 3)
+
+
+def test_the_gateway_maps_a_request_once_and_refuses_what_its_strategy_cannot_give():
+    from service.errors import ApiError
+    from service.http.gateway import generate_payload
+
+    payload = generate_payload(GenerateRequest(prompt="x", max_new_tokens=500, seed=3), max_output_tokens=256)
+    assert payload["options"]["max_length"] == 257          # capped by the server, eos included
+    assert set(payload) == {"prompt", "model", "num_return_sequences", "seed", "stop", "options"}
+    assert SearchOptions(**payload["options"]).strategy == "sampling"
+    with pytest.raises(ApiError) as refused:
+        generate_payload(GenerateRequest(prompt="x", temperature=0, num_return_sequences=2), 256)
+    assert refused.value.status == 422 and "needs sampling" in str(refused.value)

@@ -610,13 +610,13 @@ def test_a_translation_hook_that_raises_fails_only_its_request():
     from service.config import Settings
     from service.worker.scheduler import Failure, Job
     from service.worker.translate_api import TranslateAPI
-    from service.http.gateway import worker_payload
+    from service.http.gateway import translate_payload
     from service.shared.schemas import TranslateRequest
 
     api = TranslateAPI(Settings(), CancelBoard())
     api.use_engines({"m": Exploding()})
     texts = ("a", "boom", "bad-out", "b")   # fine, decode_request raises, encode_response raises, fine
-    jobs = [api.decode_request(worker_payload(TranslateRequest(text=t, source_lang="de", target_lang="en"), [t],
+    jobs = [api.decode_request(translate_payload(TranslateRequest(text=t, source_lang="de", target_lang="en"), [t],
                                               Settings().max_output_tokens)) for t in texts]
     assert [type(j) for j in jobs] == [Job, Failure, Job, Job]
     out = [api.encode_response(j) for j in api.scheduler.run(dict(enumerate(jobs))).values()]
@@ -629,6 +629,8 @@ def test_a_generation_hook_that_raises_fails_only_its_request():
     from service.worker.cancel import CancelBoard
     from service.config import Settings
     from service.worker.generate_api import GenerateAPI
+    from service.http.gateway import generate_payload
+    from service.shared.schemas import GenerateRequest
 
     api = GenerateAPI(Settings(), CancelBoard())
     api.use_engines({"m": Exploding()})
@@ -637,7 +639,8 @@ def test_a_generation_hook_that_raises_fails_only_its_request():
                 {"prompt": "ok", "top_k": 7, "max_new_tokens": 8},         # its engine group raises
                 {"prompt": "ok", "top_k": 9, "max_new_tokens": 8},         # its first token has no text
                 {"prompt": "ok", "temperature": 0, "max_new_tokens": 8}]
-    jobs = [api.decode_request(r | {"number": n + 1}) for n, r in enumerate(requests)]
+    jobs = [api.decode_request(generate_payload(GenerateRequest(**r), Settings().max_output_tokens) | {"number": n + 1})
+            for n, r in enumerate(requests)]
     events = [[] for _ in jobs]
     api.scheduler.admit(dict(enumerate(jobs)))
     while True:   # as the worker loop drives it

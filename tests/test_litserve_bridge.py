@@ -26,7 +26,8 @@ from service.inference.engine import Engine
 from service.worker.generate_api import GenerateAPI
 from service.worker.litserve_bridge import SchedulerLoop, collect, unbundled
 from service.worker.translate_api import TranslateAPI
-from service.http.gateway import worker_payload
+from service.http.gateway import generate_payload, translate_payload
+from service.shared.schemas import GenerateRequest
 from service.shared.schemas import TranslateRequest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,8 +36,13 @@ from fairness import large_texts  # noqa: E402
 from test_scheduler import EchoLM  # noqa: E402
 
 DE_EN = ROOT / "models" / "de-en"
-SMALL = worker_payload(TranslateRequest(text="Hallo", source_lang="de", target_lang="en"), ["Hallo"],
+SMALL = translate_payload(TranslateRequest(text="Hallo", source_lang="de", target_lang="en"), ["Hallo"],
                        Settings().max_output_tokens) | {"number": 0}
+
+
+def generation(**fields) -> dict:
+    """A generate worker's payload as the Gateway makes it."""
+    return generate_payload(GenerateRequest(**fields), Settings().max_output_tokens)
 
 
 def make(max_batch_size=4, batch_timeout_ms=0.0, request_timeout=60.0):
@@ -167,7 +173,7 @@ def engine():
 def large(n_texts: int, beam: int, request_id: str) -> dict:
     texts = large_texts(n_texts)
     body = TranslateRequest(text=texts, source_lang="de", target_lang="en", beam_size=beam)
-    return worker_payload(body, texts, Settings().max_output_tokens) | {"request_id": request_id, "number": 0}
+    return translate_payload(body, texts, Settings().max_output_tokens) | {"request_id": request_id, "number": 0}
 
 
 def answers(loop: SchedulerLoop, responses: queue.Queue) -> list[tuple[str, object, LitAPIStatus]]:
@@ -202,14 +208,14 @@ def test_a_generation_request_is_streamed_step_by_step_and_finished():
     _, loop, requests, transport, responses = make()
     api = GenerateAPI(Settings(), CancelBoard())
     api.use_engines({"lm": EchoLM()})
-    payloads = [(0, "ok", {"prompt": "abc", "temperature": 0, "max_new_tokens": 8, "stop": ["c"]}),
-                (0, "bad", {"prompt": "abc", "beam_size": 2, "num_return_sequences": 3})]
+    payloads = [(0, "ok", generation(prompt="abc", temperature=0, max_new_tokens=8, stop=["c"])),
+                (0, "bad", generation(prompt="abc" * 30))]     # beyond EchoLM's 64 positions
     assert loop._serve(api, requests, transport, payloads)
     sent = answers(loop, responses)
     events = {uid: [json.loads(body) for u, body, status in sent if u == uid and status == LitAPIStatus.OK]
               for uid in ("ok", "bad")}
-    assert events["bad"] == [{"error": {"type": "invalid_request", "message": events["bad"][0]["error"]["message"]},
-                              "status": 422}]
+    assert events["bad"] == [{"error": {"type": "too_many_tokens", "message": events["bad"][0]["error"]["message"],
+                                        "limit": 64}, "status": 413}]
     assert "".join(p["text"] for e in events["ok"] for p in e["pieces"]) == "ab"
     assert events["ok"][-1]["done"]["choices"] == [{"index": 0, "finish_reason": "stop", "tokens": 3}]
     finished = [uid for uid, _, status in sent if status == LitAPIStatus.FINISH_STREAMING]
@@ -246,7 +252,7 @@ def test_what_one_step_answers_goes_out_as_one_message():
     _, loop, requests, transport, responses = make()
     api = GenerateAPI(Settings(), CancelBoard())
     api.use_engines({"lm": EchoLM()})
-    payloads = [(0, uid, {"prompt": prompt, "temperature": 0, "max_new_tokens": 8})
+    payloads = [(0, uid, generation(prompt=prompt, temperature=0, max_new_tokens=8))
                 for uid, prompt in (("a", "abcd"), ("b", "bcde"), ("c", "cdef"))]
     assert loop._serve(api, requests, transport, payloads)
     loop._outbox_flush()

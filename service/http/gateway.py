@@ -44,7 +44,19 @@ LANGUAGE_NAMES = {"de": "German", "en": "English", "fr": "French", "es": "Spanis
                   "ja": "Japanese", "cs": "Czech", "da": "Danish", "sv": "Swedish", "fi": "Finnish"}
 
 
-def worker_payload(body: TranslateRequest, texts: list[str], max_output_tokens: int) -> dict:
+def generate_payload(body: GenerateRequest, max_output_tokens: int) -> dict:
+    """What the generate worker reads of a request: its prompt, model, sequences, seed and stops, and its engine
+    options, mapped once, here (GenerateRequest.to_search_options). ApiError 422 where the request asks more of
+    its strategy than it gives."""
+    try:
+        options = body.to_search_options(max_output_tokens)
+    except ValueError as e:
+        raise ApiError(422, "invalid_request", str(e)) from None
+    return body.model_dump(include={"prompt", "model", "num_return_sequences", "seed", "stop"}) | {
+        "options": asdict(options)}
+
+
+def translate_payload(body: TranslateRequest, texts: list[str], max_output_tokens: int) -> dict:
     """What the translate worker reads of a request: its texts, its pair and its engine options, mapped once,
     here (TranslateRequest.to_search_options); the worker applies no default of its own."""
     return {"texts": texts, "source_lang": body.source_lang, "target_lang": body.target_lang,
@@ -156,7 +168,7 @@ class Gateway:
         if not self.workers.serves(ENDPOINT):
             raise no_translation_model()
         received = time.monotonic()
-        payload = worker_payload(body, texts, self.settings.max_output_tokens) | {
+        payload = translate_payload(body, texts, self.settings.max_output_tokens) | {
             "received": received, "request_id": request.state.request_id, "number": self.board.new_number()}
         with self.admission.admitted(endpoint):
             out = raise_worker_error(await self.workers.call(ENDPOINT, payload, request) or {})
@@ -233,12 +245,12 @@ class Gateway:
         """The request's stream, started: its checks, its place in the queue and the worker's first event
         are behind it, so that a 4xx or 503 is still raised here, before any answer starts."""
         self.check_generation(body)
+        fields = generate_payload(body, self.settings.max_output_tokens)   # a 422 before any quota is taken
         tenant = self.tenant(request)
         allow_model(tenant, body.model or self.generators[0])
         add_fields(request.scope["state"], await self.quota.take(tenant, charges(tenant, tokens=0)))
         received, number = time.monotonic(), self.board.new_number()
-        payload = body.model_dump() | {"received": received, "request_id": request.state.request_id,
-                                       "number": number}
+        payload = fields | {"received": received, "request_id": request.state.request_id, "number": number}
         async with AsyncExitStack() as held:
             events = self.workers.events(GENERATE, payload)
             held.push_async_callback(events.aclose)

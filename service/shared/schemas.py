@@ -241,6 +241,12 @@ class GenerateRequest(BaseModel):
 
     _types = model_validator(mode="before")(classmethod(_json_types))
 
+    def to_search_options(self, max_output_tokens: int) -> SearchOptions:
+        """This request's engine options, mapped once (generation_options()), in the Gateway: its budget is
+        max_new_tokens capped by the server's max_output_tokens (the worker caps it again by the model's room for
+        the prompt). ValueError where num_return_sequences asks more of greedy search than its one text."""
+        return generation_options(self.model_dump(), min(self.max_new_tokens, max_output_tokens))
+
     @model_validator(mode="after")
     def _consistent(self):
         if self.min_new_tokens > self.max_new_tokens:

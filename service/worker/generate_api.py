@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import litserve as ls
 
 from .cancel import CancelBoard
 from ..config import Settings
 from ..inference.engine import Engine
-from ..shared.schemas import GenerateRequest, generation_options
+from ..shared.options import SearchOptions
 from .litserve_bridge import SchedulerLoop
 from ..metrics import metrics
 from .scheduler import Failure, GenerationScheduler, GenJob, for_one_request, generation_cost
@@ -99,18 +100,14 @@ class GenerateAPI(ls.LitAPI):
         if len(prompt) - 1 > s.max_prompt_tokens:
             return Failure(413, "too_many_tokens", f"the prompt has {len(prompt) - 1} tokens; the limit is "
                            f"{s.max_prompt_tokens}", s.max_prompt_tokens)
-        max_new = min(request.get("max_new_tokens", GenerateRequest.model_fields["max_new_tokens"].default),
-                      s.max_output_tokens)
+        options = SearchOptions(**request["options"])   # mapped once, in the Gateway: to_search_options()
         room = engine.max_positions - len(prompt)
         if room < 1:
             return Failure(413, "too_many_tokens", f"the prompt fills the model's {engine.max_positions} positions",
                            engine.max_positions)
-        max_new = min(max_new, room)
-        try:
-            options = generation_options(request, max_new)
-        except ValueError as e:
-            return Failure(422, "invalid_request", str(e))
-        n = request.get("num_return_sequences", GenerateRequest.model_fields["num_return_sequences"].default)
+        if options.max_length - 1 > room:   # the budget the server allows, capped by the model's room for it
+            options = replace(options, max_length=room + 1, min_length=min(options.min_length, room))
+        max_new, n = options.max_length - 1, request["num_return_sequences"]
         beam = options.strategy == "beam"
         rows = options.beam_size if beam else n
         cost = generation_cost(len(prompt) - 1, max_new, rows)
@@ -119,10 +116,10 @@ class GenerateAPI(ls.LitAPI):
                            f"max_new_tokens {max_new}) x {rows} {'beams' if beam else 'sequences'}); the limit is "
                            f"{s.max_request_cost} (send a shorter prompt, fewer max_new_tokens, beams or sequences)",
                            s.max_request_cost)
-        seed = request.get("seed")
+        seed = request["seed"]
         seeds = [None if seed is None else seed + k for k in range(n)]
         return GenJob(request.get("request_id", ""), request.get("number", -1), name, options, prompt, n, seeds,
-                      list(request.get("stop") or []), max_new, request.get("received", time.monotonic()),
+                      list(request["stop"]), max_new, request.get("received", time.monotonic()),
                       texts=[""] * n, emitted=[0] * n, tokens=[0] * n, finish=[None] * n)
 
     def encode_response(self, job: GenJob | Failure) -> dict | str:
