@@ -194,7 +194,7 @@ def scheduled(package: Path, sentences: list[str], clients: int = 16) -> float:
     from service.inference.engine import Engine
     from service.shared.options import SearchOptions
     from service.worker.cancel import CancelBoard
-    from service.worker.scheduler import Job, TranslationScheduler, request_cost
+    from service.worker.translate_scheduler import Job, TranslationScheduler, request_cost
 
     engine, options = Engine(package, intra_op_threads=1), SearchOptions(beam_size=4, max_length=32)
     ids = engine.source_ids(sentences * 4, "en")

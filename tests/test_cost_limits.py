@@ -11,7 +11,7 @@ import pytest
 from service.worker.cancel import CancelBoard
 from service.config import Settings, parse_settings
 from service.inference.engine import Engine
-from service.worker.scheduler import Job, request_cost
+from service.worker.translate_scheduler import Job, request_cost
 from service.worker.translate_api import TranslateAPI
 from service.http.gateway import translate_payload
 from service.shared.schemas import TranslateRequest

@@ -608,7 +608,8 @@ class SteppedBatch:
 def test_a_translation_hook_that_raises_fails_only_its_request():
     from service.worker.cancel import CancelBoard
     from service.config import Settings
-    from service.worker.scheduler import Failure, Job
+    from service.worker.scheduler import Failure
+    from service.worker.translate_scheduler import Job
     from service.worker.translate_api import TranslateAPI
     from service.http.gateway import translate_payload
     from service.shared.schemas import TranslateRequest

@@ -17,9 +17,10 @@ from service.worker.cancel import CancelBoard
 from service.config import Settings
 from service.inference import running_batch
 from service.inference.engine import Engine
-from service.worker import scheduler as scheduling
-from service.worker.scheduler import (Failure, GenerationScheduler, GenJob, Job, TranslationScheduler, cost_tier,
-                               request_cost)
+from service.worker import scheduler as scheduling, translate_scheduler
+from service.worker.generate_scheduler import GenerationScheduler, GenJob
+from service.worker.scheduler import Failure
+from service.worker.translate_scheduler import Job, TranslationScheduler, cost_tier, request_cost
 from service.shared.options import SearchOptions
 from service.shared.text import split_sentences
 
@@ -199,7 +200,7 @@ def test_a_small_request_admitted_after_a_large_one_is_first_in_turn(engine):
 
 def test_a_large_request_that_waited_long_enough_joins_before_later_small_ones(engine):
     big = large(engine, 4, 8, "a")
-    big.received -= cost_tier(big.cost) * scheduling.TIER_WAIT_S + 1
+    big.received -= cost_tier(big.cost) * translate_scheduler.TIER_WAIT_S + 1
     s = TranslationScheduler({engine.package.name: engine}, CancelBoard(), max_batch_tokens=4096)
     s.admit({"a": big, "s": small(engine, "s")})
     assert s.waiting[0][2] == "a" and s.waiting[-1][2] == "s"

@@ -6,7 +6,7 @@ worker process; a thin adapter over the worker's scheduler.
     encode_response per request and step: the new text, the final event
 
 The worker's loop (litserve_bridge.SchedulerLoop) admits each decoded request into `self.scheduler`
-(service/worker/scheduler.py), runs it one engine step at a time and, after each step, encodes every request
+(service/worker/generate_scheduler.py), runs it one engine step at a time and, after each step, encodes every request
 it holds: the scheduler has added each sequence's new text (and ended a sequence at a stop sequence, its
 eos, or its client's disconnect), this sends what of it may be sent.
 
@@ -29,7 +29,8 @@ from ..inference.engine import Engine
 from ..shared.options import SearchOptions
 from .litserve_bridge import SchedulerLoop
 from ..metrics import metrics
-from .scheduler import Failure, GenerationScheduler, GenJob, for_one_request, generation_cost
+from .scheduler import Failure, for_one_request
+from .generate_scheduler import GenerationScheduler, GenJob, generation_cost
 from ..stopping import Stopping
 from .process import start_worker
 

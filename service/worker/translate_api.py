@@ -6,7 +6,7 @@ queue): runs in each inference worker process, a thin adapter over the worker's 
     encode_response one JSON-ready dict per request
 
 The worker's loop (litserve_bridge.SchedulerLoop) admits each decoded request into `self.scheduler`
-(service/worker/scheduler.py: the plan, cost tiers, steps, fairness), runs it step by step and encodes each
+(service/worker/translate_scheduler.py: the plan, cost tiers, steps, fairness), runs it step by step and encodes each
 request as soon as the scheduler has finished it.
 
 No hook raises for a single request: LitServe would fail the whole batch. A request that cannot
@@ -30,7 +30,8 @@ from ..inference.engine import Engine
 from ..shared.package import load_package
 from .litserve_bridge import SchedulerLoop
 from ..metrics import metrics
-from .scheduler import Failure, Job, TranslationScheduler, for_one_request, request_cost
+from .scheduler import Failure, for_one_request
+from .translate_scheduler import Job, TranslationScheduler, request_cost
 from ..shared.options import SearchOptions
 from ..stopping import Stopping
 from .process import start_worker
