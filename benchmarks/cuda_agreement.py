@@ -5,9 +5,10 @@
 For each package: its encoder on the CPU and on CUDA over the same padded batch of 8 (largest difference of each
 output, and row 0 alone against batched on CUDA); then greedy and beam 4 searches of --sentences sentences, alone
 and in batches of 8, on the CPU and on CUDA (with TF32 on, onnxruntime's CUDA default, and off), each counted
-against the first package's searches alone on the CPU. On the CPU an fp16 package writes fp32's tokens; a CUDA
-row that does not, while the encoder agrees, puts the difference in the decoder's CUDA kernels or in how the
-engine feeds them (benchmarks/results/gpu-h200.md).
+against the first package's searches alone on the CPU, and on CUDA once more reading each step's whole distribution
+(`Engine.search_top_k = False`: the graph's TopK output not read, the search picks from its log_probs). On the
+CPU an fp16 package writes fp32's tokens; a CUDA row that does not, while the encoder agrees, puts the difference
+in the decoder's CUDA kernels or in how the engine feeds them (benchmarks/results/gpu-h200.md).
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def _session_with_tf32_choice(*args, **kwargs):
 device.ort.InferenceSession = _session_with_tf32_choice
 
 
+# (where, batch size, TF32, the graph's TopK read) of each row of searches
+RUNS = (("cpu", 1, True, True), ("cpu", 8, True, True), ("cuda", 1, True, True), ("cuda", 8, True, True),
+        ("cuda", 1, False, True), ("cuda", 8, False, True), ("cuda", 1, True, False), ("cuda", 8, True, False))
+
+
 def max_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a.astype(np.float32) - b.astype(np.float32)).max())
 
@@ -62,8 +68,10 @@ def encoder_lines(package: Path, texts: list[str], target: str) -> str:
             f"{max_diff(alone[0][0], gpu[0][0][:, :len(ids[0])]):.2g}")
 
 
-def searches(package: Path, where: str, beam: int, size: int, texts: list[str], target: str) -> list[list[int]]:
+def searches(package: Path, where: str, beam: int, size: int, texts: list[str], target: str,
+             top_k: bool = True) -> list[list[int]]:
     engine = Engine(package, device=where)
+    engine.search_top_k = top_k
     ids = engine.source_ids(texts, target)
     options = SearchOptions(beam_size=beam, max_length_a=0, max_length_b=32, max_length=32)
     return [h[0].tokens for s in range(0, len(ids), size) for h in engine.search(ids[s:s + size], options)]
@@ -85,13 +93,13 @@ def main() -> None:
     for beam in (1, 4):
         reference = searches(args.package[0], "cpu", beam, 1, texts, args.target)
         for package in args.package:
-            for where, size, tf32 in (("cpu", 1, True), ("cpu", 8, True), ("cuda", 1, True), ("cuda", 8, True),
-                                      ("cuda", 1, False), ("cuda", 8, False)):
+            for where, size, tf32, top_k in RUNS:
                 _tf32["on"] = tf32
                 t0 = time.perf_counter()
-                got = searches(package, where, beam, size, texts, args.target)
+                got = searches(package, where, beam, size, texts, args.target, top_k)
                 same = sum(a == b for a, b in zip(reference, got))
-                print(f"beam {beam} {package} {where:4} batch {size} tf32 {'on ' if tf32 else 'off'}: "
+                print(f"beam {beam} {package} {where:4} batch {size} tf32 {'on ' if tf32 else 'off'}"
+                      f"{'' if top_k else ', whole distribution'}: "
                       f"{same}/{len(texts)} as the reference ({time.perf_counter() - t0:.2f} s); first: {got[0][:12]}",
                       flush=True)
 
