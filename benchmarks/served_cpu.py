@@ -5,7 +5,9 @@ machine, alternating their order round by round:
     python benchmarks/served_cpu.py --tree /work/wt-before --tree . --rounds 4
 
 Each round starts `python -m service` from each tree (its own code) on the same package (int8 models/de-en by
-default, `--workers 2 --threads 1`), sends 32 sentences one at a time, then 256 at 32 concurrent clients (beam 4).
+default, `--workers 2 --threads 1`), sends 32 sentences one at a time, then 256 at 32 concurrent clients (beam 4),
+as requests of one sentence each, or of K with `--per-request K` (a list of K texts a request, 256 requests all
+the same; `1,8` runs both, as issue 50's bar asks: each figure is then per request of K).
 With --by-process it also says where the CPU of the loaded part went: each process of the server's tree (its
 inference workers, LitServe's manager process that carries its queues, the HTTP process) and the client's own
 (this process: a keep-alive socket per client thread, common.KeepAlive), in CPU ms per request. --data takes the
@@ -126,44 +128,53 @@ def ceiling(split: dict, tokens_per_request: float, offline_rate: float) -> str:
             f"as cheap as it, {engine_ms / (workers + rest):.2f}x as measured")
 
 
-def measure(tree: Path, args: argparse.Namespace, sentences: list[str]) -> tuple[str, dict, float]:
-    """The round's report, CPU ms a request by role (--by-process, else {}) and output tokens a request. Each
-    client thread sends over a keep-alive connection of its own (common.KeepAlive, as vs_ctranslate2.py's served
-    row): httpx cost the client about 1.5 CPU ms a request on cores the server shares."""
+def per_request(sentences: list[str], k: int) -> list[list[str]]:
+    """4 x len(sentences) requests of k sentences each, taken from the sentences in turn (so that with k > 1 the
+    32 clients still send 8 requests each, and both workers stay busy to the end)."""
+    n = len(sentences)
+    return [[sentences[(i * k + j) % n] for j in range(k)] for i in range(4 * n)]
+
+
+def measure(tree: Path, args: argparse.Namespace, sentences: list[str], k: int = 1) -> tuple[str, dict, float]:
+    """The round's report, CPU ms a request by role (--by-process, else {}) and output tokens a request, each
+    request k of the sentences (a list of k texts). Each client thread sends over a keep-alive connection of its
+    own (common.KeepAlive, as vs_ctranslate2.py's served row): httpx cost the client about 1.5 CPU ms a request on
+    cores the server shares."""
     proc, url = start(tree, args.package, args.workers, args.threads)
     port = int(url.rsplit(":", 1)[1])
     body = {"source_lang": "de", "target_lang": "en", "beam_size": 4, "max_length": 32}
     own, connections = threading.local(), []
 
-    def one(text: str) -> int:
+    def one(texts: list[str]) -> int:
         if not hasattr(own, "connection"):
             own.connection = KeepAlive("127.0.0.1", port)
             connections.append(own.connection)
-        status, out = own.connection.post_json("/translate", body | {"text": text})
+        status, out = own.connection.post_json("/translate", body | {"text": texts if k > 1 else texts[0]})
         if status != 200:
             raise RuntimeError(f"/translate answered {status}: {out}")
-        return out["translations"][0]["output_tokens"]
+        return sum(t["output_tokens"] for t in out["translations"])
+    requests = per_request(sentences, k)
     try:
-        [one(t) for t in sentences[:8]]                       # warm-up
+        [one(r) for r in requests[:8]]                        # warm-up
         c0 = cpu_seconds(proc.pid)
-        [one(t) for t in sentences[:32]]
+        [one(r) for r in requests[:32]]
         alone = (cpu_seconds(proc.pid) - c0) / 32 * 1000
         each = {pid: cpu_seconds_of(pid) for pid in process_tree(proc.pid)}
         c0, t0, me = cpu_seconds(proc.pid), time.perf_counter(), os.times()
         with cf.ThreadPoolExecutor(32) as pool:
-            tokens = sum(pool.map(one, sentences * 4))
+            tokens = sum(pool.map(one, requests))
         wall, used = time.perf_counter() - t0, cpu_seconds(proc.pid) - c0
         client = sum(os.times()[:2]) - sum(me[:2])
-        lines, split = by_process(each, wall, 4 * len(sentences), client) if args.by_process else ("", {})
+        lines, split = by_process(each, wall, len(requests), client) if args.by_process else ("", {})
     finally:
         for c in connections:
             c.close()
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
-    report = (f"{tree}: alone {alone:.1f} CPU ms/request; under load {used / (4 * len(sentences)) * 1000:.1f} CPU "
-              f"ms/request, {tokens / used:.0f} tokens per server CPU s, {tokens / wall:.0f} tok/s wall; "
-              f"load avg {os.getloadavg()[0]:.1f}" + (f"\n{lines}" if lines else ""))
-    return report, split, tokens / (4 * len(sentences))
+    report = (f"{tree}, {k} sentence{'s' if k > 1 else ''} a request: alone {alone:.1f} CPU ms/request; under load "
+              f"{used / len(requests) * 1000:.1f} CPU ms/request, {tokens / used:.0f} tokens per server CPU s, "
+              f"{tokens / wall:.0f} tok/s wall; load avg {os.getloadavg()[0]:.1f}" + (f"\n{lines}" if lines else ""))
+    return report, split, tokens / len(requests)
 
 
 def offline(package: Path, sentences: list[str], batch: int = 16) -> float:
@@ -184,10 +195,11 @@ def offline(package: Path, sentences: list[str], batch: int = 16) -> float:
     return best
 
 
-def scheduled(package: Path, sentences: list[str], clients: int = 16) -> float:
+def scheduled(package: Path, sentences: list[str], clients: int = 16, k: int = 1) -> float:
     """The same requests through one worker's scheduler in this process (service/worker/scheduler.py, as the
     worker loop drives it: no HTTP, no queues), `clients` requests in flight (32 clients over 2 workers: 16
-    each), each answered request replaced by the next at once: output tokens per CPU second, the best of 2.
+    each), each answered request replaced by the next at once, each request k sentences: output tokens per CPU
+    second, the best of 2.
     Against `offline`: what the running batch costs itself (encoding arrivals a few at a time, joining,
     the cache's relayout for rows at different positions)."""
     from service.config import Settings
@@ -197,11 +209,12 @@ def scheduled(package: Path, sentences: list[str], clients: int = 16) -> float:
     from service.worker.translate_scheduler import Job, TranslationScheduler, request_cost
 
     engine, options = Engine(package, intra_op_threads=1), SearchOptions(beam_size=4, max_length=32)
-    ids = engine.source_ids(sentences * 4, "en")
+    every = engine.source_ids(sentences, "en")
+    ids = [[every[sentences.index(s)] for s in texts] for texts in per_request(sentences, k)]
 
     def job(i: int) -> Job:
-        return Job(str(i), engine.package.name, "de", "en", options, [ids[i]], [(0, 1)], [[]], time.monotonic(),
-                   0, request_cost(len(ids[i]), 4))
+        return Job(str(i), engine.package.name, "de", "en", options, ids[i], [(j, j + 1) for j in range(len(ids[i]))],
+                   [[] for _ in ids[i]], time.monotonic(), 0, request_cost(sum(map(len, ids[i])), 4))
     best = 0.0
     for _ in range(2):
         scheduler = TranslationScheduler({engine.package.name: engine}, CancelBoard(), Settings().max_batch_tokens)
@@ -211,11 +224,11 @@ def scheduled(package: Path, sentences: list[str], clients: int = 16) -> float:
         while scheduler.busy:
             scheduler.step()
             answered = scheduler.take_finished()
-            tokens += sum(len(j.hyps[0][0].tokens) for _, j in answered)
+            tokens += sum(len(h[0].tokens) for _, j in answered for h in j.hyps)
             scheduler.admit({i: job(i) for i in (next(waiting, None) for _ in answered) if i is not None})
         best = max(best, tokens / (time.process_time() - c0))
-    print(f"scheduled (one worker's TranslationScheduler in this process, {clients} requests in flight, 1 thread): "
-          f"{best:.0f} tokens per CPU s", flush=True)
+    print(f"scheduled (one worker's TranslationScheduler in this process, {clients} requests of {k} in flight, "
+          f"1 thread): {best:.0f} tokens per CPU s", flush=True)
     return best
 
 
@@ -229,20 +242,28 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--by-process", action="store_true", help="where the loaded part's CPU went, process by process")
     p.add_argument("--data", type=Path, help="sentences: a TSV's first column, the first 64 (default: the tests' 64)")
+    p.add_argument("--per-request", default="1", help="sentences a request, comma-separated runs (default 1; "
+                   "issue 50's bar: 1,8)")
     args = p.parse_args(argv)
     trees = [t.resolve() for t in args.tree or [ROOT]]
     args.package = args.package.resolve()
     print(f"CPU: {cpu_name()}; package {args.package}", flush=True)
     sentences = ([line.split("\t")[0] for line in args.data.read_text(encoding="utf-8").splitlines()][:64]
                  if args.data else [de for de, _ in pairs64()])
+    sizes = [int(k) for k in args.per_request.split(",")]
+    splits = {}
     for r in range(args.rounds):
         for tree in trees if r % 2 == 0 else trees[::-1]:
-            report, split, tokens_per_request = measure(tree, args, sentences)
-            print(report, flush=True)
+            for k in sizes:
+                report, split, tokens_per_request = measure(tree, args, sentences, k)
+                splits[k] = split, tokens_per_request
+                print(report, flush=True)
     if args.by_process:
         rate = offline(args.package, sentences)
-        scheduled(args.package, sentences)
-        print(ceiling(split, tokens_per_request, rate), flush=True)
+        for k in sizes:
+            scheduled(args.package, sentences, k=k)
+            print(f"{k} sentence{'s' if k > 1 else ''} a request, the last round's {ceiling(*splits[k], rate)}",
+                  flush=True)
 
 
 if __name__ == "__main__":
