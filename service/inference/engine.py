@@ -88,6 +88,11 @@ class Engine:
                             open_session)
         self.layout.check_layout(self.package, [i.name for i in self.decoder.get_inputs()])
         self.float_dtype = np.float16 if meta["precision"] == "fp16" else np.float32
+        if self.device_type == "cuda" and self.task == "translation":
+            log.warning("%s runs on CUDA, where translations are known to differ from the CPU's: on an H200 with "
+                        "onnxruntime 1.31.1, fp16 wrote fp32's tokens on 0 of 64 sentences and fp32 went wrong too, "
+                        "the encoder agreeing (benchmarks/results/gpu-h200.md); serve translation with --device cpu "
+                        "until benchmarks/cuda_agreement.py agrees", self.package.path)
         if self.device_type == "cuda" and self.task == "translation" and self.float_dtype == np.float32:
             log.warning("%s is fp32: onnxruntime's GroupQueryAttention has CUDA kernels for fp16 only, so the "
                         "decoder's self-attention runs on the CPU and its cache crosses to the host every step; "
