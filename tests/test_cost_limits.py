@@ -1,6 +1,6 @@
 """A request's cost bound (--max-request-cost, issue 27): a large request is refused with the limit in its
 error, one just under it is served. Fairness between requests in a worker, which weighs the same cost, is
-tested in tests/test_scheduler.py."""
+tested in tests/test_translate_scheduler.py."""
 
 import sys
 from pathlib import Path

@@ -33,7 +33,7 @@ from service.shared.schemas import TranslateRequest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from fairness import large_texts  # noqa: E402
-from test_scheduler import EchoLM  # noqa: E402
+from test_generate_scheduler import EchoLM  # noqa: E402
 
 DE_EN = ROOT / "models" / "de-en"
 SMALL = translate_payload(TranslateRequest(text="Hallo", source_lang="de", target_lang="en"), ["Hallo"],
