@@ -61,7 +61,7 @@ setup() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
     || exit
   bash scripts/gpu-wheels.sh gpu || exit
-  PYTHONPATH=$ORT_SITE:$SITE python3 -c "import onnxruntime, litserve, fastapi, pydantic, service.__main__;
+  PYTHONPATH=$ORT_SITE:$SITE python3 -c "import onnxruntime, litserve, fastapi, pydantic, service.server;
 print('onnxruntime', onnxruntime.__version__, onnxruntime.get_available_providers());
 print('litserve', litserve.__version__, 'pydantic', pydantic.__version__)"
 }
