@@ -95,10 +95,10 @@ measure() {
   stage kernels 40 env ORT_ENABLE_ATTENTION_KERNEL_DEBUG_INFO=1 python3 benchmarks/cuda_agreement.py \
     --package /tmp/de-en-fp16 --sentences 2
   for off in ORT_DISABLE_FLASH_DECODE ORT_DISABLE_FLASH_ATTENTION ORT_DISABLE_MEMORY_EFFICIENT_ATTENTION; do
-    stage "agreement-$off" 40 env "$off=1" python3 benchmarks/cuda_agreement.py --package /tmp/de-en-fp16
+    stage "agreement-$off" 40 env "$off=1" python3 benchmarks/cuda_agreement.py --package /tmp/de-en-fp16 --sentences 8
   done
   stage serving 130 python3 benchmarks/serving.py --model /tmp/de-en-fp16 --model /tmp/lm-small-fp16 --layouts 1x0 \
-    --server-arg=--device --server-arg=cuda --concurrency 1,8,32,128 --rates 0.75 --seconds 5 --warmup-seconds 1 \
+    --server-arg=--device --server-arg=cuda --concurrency 1,8,32,128 --rates 0.75 --seconds 4 --warmup-seconds 1 \
     --title "H200, fp16, one worker" --out "$OUT/serving-gpu.md"
   # The recipe: the default's run going on from its package on the GPU, in the time left (its --minutes count
   # from its own start; 1.5 of them export, evaluate and cut the checkpoint into pieces: 37 s and the pieces on
