@@ -28,20 +28,12 @@ from service.inference import device  # noqa: E402
 from service.inference.engine import Engine  # noqa: E402
 from service.shared.options import SearchOptions  # noqa: E402
 
-_session = ort.InferenceSession
-_tf32 = {"on": True}
-
-
-def _session_with_tf32_choice(*args, **kwargs):
-    """onnxruntime.InferenceSession with the CUDA provider's use_tf32 as _tf32 says (the engine has no option)."""
-    providers = kwargs.get("providers")
-    if providers and not _tf32["on"]:
-        kwargs["providers"] = [("CUDAExecutionProvider", {"use_tf32": "0"}) if p == "CUDAExecutionProvider" else p
-                               for p in providers]
-    return _session(*args, **kwargs)
-
-
-device.ort.InferenceSession = _session_with_tf32_choice
+def session_without_tf32(path: str, options: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
+    """The engine's session factory (Engine(open_session=...)) with the CUDA provider's TF32 off, onnxruntime's
+    default on for fp32 MatMul; device.open_session disables no optimizer on CUDA either."""
+    if providers[0] != "CUDAExecutionProvider":
+        return device.open_session(path, options, providers)
+    return ort.InferenceSession(path, options, providers=[("CUDAExecutionProvider", {"use_tf32": "0"}), *providers[1:]])
 
 
 # (where, batch size, TF32, the graph's TopK read) of each row of searches
@@ -58,8 +50,8 @@ def encoder_lines(package: Path, texts: list[str], target: str) -> str:
     width = max(map(len, ids))
     src = np.array([i + [0] * (width - len(i)) for i in ids], dtype=np.int64)
     path = str(package / "encoder.onnx")
-    cpu = _session(path, providers=["CPUExecutionProvider"]).run(None, {"src_ids": src})
-    gpu_session = _session(path, providers=["CUDAExecutionProvider"])
+    cpu = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"src_ids": src})
+    gpu_session = ort.InferenceSession(path, providers=["CUDAExecutionProvider"])
     gpu = gpu_session.run(None, {"src_ids": src})
     alone = gpu_session.run(None, {"src_ids": src[:1, :len(ids[0])]})
     return (f"{package} encoder, CPU against CUDA, largest difference per output: "
@@ -69,8 +61,8 @@ def encoder_lines(package: Path, texts: list[str], target: str) -> str:
 
 
 def searches(package: Path, where: str, beam: int, size: int, texts: list[str], target: str,
-             top_k: bool = True) -> list[list[int]]:
-    engine = Engine(package, device=where)
+             tf32: bool = True, top_k: bool = True) -> list[list[int]]:
+    engine = Engine(package, device=where, open_session=device.open_session if tf32 else session_without_tf32)
     engine.search_top_k = top_k
     ids = engine.source_ids(texts, target)
     options = SearchOptions(beam_size=beam, max_length_a=0, max_length_b=32, max_length=32)
@@ -94,9 +86,8 @@ def main() -> None:
         reference = searches(args.package[0], "cpu", beam, 1, texts, args.target)
         for package in args.package:
             for where, size, tf32, top_k in RUNS:
-                _tf32["on"] = tf32
                 t0 = time.perf_counter()
-                got = searches(package, where, beam, size, texts, args.target, top_k)
+                got = searches(package, where, beam, size, texts, args.target, tf32, top_k)
                 same = sum(a == b for a, b in zip(reference, got))
                 print(f"beam {beam} {package} {where:4} batch {size} tf32 {'on ' if tf32 else 'off'}"
                       f"{'' if top_k else ', whole distribution'}: "

@@ -246,7 +246,8 @@ def speed(packages: dict, ct2: Path | None, ids: list[list[int]], pieces: list[l
     rows = []
     for size in SIZES:
         runs, settings = {}, {}
-        for engine, items in ((("ctranslate2", pieces),) if ct2 else ()) + (("ours", ids),):
+        contenders = [("ctranslate2", pieces), ("ours", ids)] if ct2 else [("ours", ids)]
+        for engine, items in contenders:
             groups = common.batches(items, size)
             if size == 1:
                 groups = groups[:16]                     # batch 1 is slow; a sample is enough
@@ -497,7 +498,11 @@ def summary_lines(setup: Setup, large: dict, http: dict | None) -> list[str]:
 def header_lines(args: argparse.Namespace, argv, setup: Setup, texts: list[str], took: dict[str, float]) -> list[str]:
     import onnxruntime
 
-    ct2_version = "not compared" if setup.ct2_skipped else __import__("ctranslate2").__version__
+    ct2_version = "not compared"
+    if not setup.ct2_skipped:
+        import ctranslate2
+
+        ct2_version = ctranslate2.__version__
     command = "python benchmarks/gpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
     return [f"- command: `{command.strip()}`", f"- date: {datetime.date.today()}",
             f"- machine: {common.describe_cpu(setup.facts)}; {platform.system()} {platform.release()}"

@@ -209,8 +209,8 @@ def scheduled(package: Path, sentences: list[str], clients: int = 16, k: int = 1
     from service.worker.translate_scheduler import Job, TranslationScheduler, request_cost
 
     engine, options = Engine(package, intra_op_threads=1), SearchOptions(beam_size=4, max_length=32)
-    every = engine.source_ids(sentences, "en")
-    ids = [[every[sentences.index(s)] for s in texts] for texts in per_request(sentences, k)]
+    ids_of = dict(zip(sentences, engine.source_ids(sentences, "en")))
+    ids = [[ids_of[s] for s in texts] for texts in per_request(sentences, k)]
 
     def job(i: int) -> Job:
         return Job(str(i), engine.package.name, "de", "en", options, ids[i], [(j, j + 1) for j in range(len(ids[i]))],

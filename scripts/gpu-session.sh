@@ -24,13 +24,18 @@ DATA=${DATA:-data/de-en-ding2}          # the corpus the default trains on (mode
 SITE=/tmp/site                          # the serve extra's wheels the machine lacks
 ORT_SITE=/tmp/ort-gpu/site              # onnxruntime-gpu, unpacked by scripts/gpu-wheels.sh gpu
 # What the device machine's image lacks of the gpu extra's lock (its python3 has torch, numpy, sentencepiece,
-# prometheus-client, pyyaml, lxml, httpx, uvloop): pinned as in deploy/docker/requirements-gpu.lock.
+# prometheus-client, pyyaml, lxml, httpx, uvloop), at the versions deploy/docker/requirements-gpu.lock pins.
 # fastapi 0.165 imports opentelemetry-api itself (its telemetry module); py3langid (4.6 MB, source=auto only) and
 # OpenTelemetry's SDK and exporter (off unless OTEL_* is set) stay behind.
-WHEELS="annotated-types==0.8.0 fastapi==0.165.0 fastapi-offline==1.7.7 litserve==0.2.19 pydantic==2.14.4
-  pydantic-core==2.50.5 typing-inspection==0.4.5 python-multipart==0.0.34 starlette==1.10.0 uvicorn==0.54.0
-  redis==8.1.0 polib==1.2.0 python-docx==1.2.0 python-pptx==1.0.2 xlsxwriter==3.3.1 pyzmq==27.3.0
-  python-dotenv==1.2.4 httptools==0.9.0 watchfiles==1.3.0 websockets==17.4 opentelemetry-api==1.45.2"
+WHEELS="annotated-types fastapi fastapi-offline litserve pydantic pydantic-core typing-inspection python-multipart
+  starlette uvicorn redis polib python-docx python-pptx xlsxwriter pyzmq python-dotenv httptools watchfiles
+  websockets opentelemetry-api"
+
+locked() {   # each of WHEELS as NAME==VERSION, the version the GPU lock pins
+  for name in $WHEELS; do
+    grep -o "^$name==[^ ]*" deploy/docker/requirements-gpu.lock || { echo "$name is not in the GPU lock" >&2; return 1; }
+  done
+}
 
 pack() {
   [ -f .gpu-wheels/SHA256SUMS ] || bash scripts/gpu-wheels.sh prepare
@@ -38,7 +43,7 @@ pack() {
   # shellcheck disable=SC2086
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .whl $WHEELS
+    --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .whl $(locked)
   rm -rf .gpu-data && mkdir -p .gpu-data
   cp "$DATA"/dev.tsv "$DATA"/test.tsv "$DATA"/meta.json .gpu-data/
   xz -T0 -6 -c "$DATA"/train.tsv > .gpu-data/train.tsv.xz

@@ -19,22 +19,22 @@ def test_the_strategy_and_its_rows(options, strategy, rows):
 
 
 def test_fields_left_out_take_the_request_models_defaults():
-    options = generation_options({}, max_new=10)
+    options = generation_options(GenerateRequest(prompt="x"), max_new=10)
     assert options.strategy == "sampling"          # GenerateRequest: temperature 1.0, beam_size 1
     assert (options.temperature, options.top_k, options.top_p, options.repetition_penalty) == (
         DEFAULTS.temperature, DEFAULTS.top_k, DEFAULTS.top_p, DEFAULTS.repetition_penalty)
     assert (options.max_length, options.min_length) == (11, 0)   # eos included; min_new_tokens 0 = off
-    body = GenerateRequest(prompt="x").model_dump()
-    assert generation_options(body, max_new=10) == options
+    assert GenerateRequest(prompt="x").to_search_options(max_output_tokens=10) == options    # 64 capped to 10
 
 
 def test_temperature_0_is_greedy_and_beams_return_the_n_best():
-    greedy = generation_options({"temperature": 0.0, "top_k": 5}, max_new=8)
+    greedy = generation_options(GenerateRequest(prompt="x", temperature=0.0, top_k=5), max_new=8)
     assert greedy.strategy == "greedy" and greedy.temperature == DEFAULTS.temperature
-    beam = generation_options({"beam_size": 3, "num_return_sequences": 2, "min_new_tokens": 20}, max_new=8)
+    beam = generation_options(GenerateRequest(prompt="x", beam_size=3, num_return_sequences=2, min_new_tokens=20),
+                              max_new=8)
     assert (beam.strategy, beam.num_hypotheses, beam.min_length) == ("beam", 2, 8)
     with pytest.raises(ValueError, match="num_return_sequences=2 needs sampling"):
-        generation_options({"temperature": 0, "num_return_sequences": 2}, max_new=8)
+        generation_options(GenerateRequest(prompt="x", temperature=0, num_return_sequences=2), max_new=8)
 
 
 def test_openai_nulls_take_the_same_defaults_as_left_out():

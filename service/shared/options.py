@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# A search's strategy, decided by SearchOptions.strategy and nowhere else.
-STRATEGIES = ("sampling", "greedy", "beam")
 # How a search ends at its length budget: transformers' generate() or CTranslate2's (service/shared/search.py
 # explains the difference). Written here, not in search.py, because the SDK imports this module without numpy.
 RULES = ("transformers", "ctranslate2")

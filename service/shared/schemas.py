@@ -245,7 +245,7 @@ class GenerateRequest(BaseModel):
         """This request's engine options, mapped once (generation_options()), in the Gateway: its budget is
         max_new_tokens capped by the server's max_output_tokens (the worker caps it again by the model's room for
         the prompt). ValueError where num_return_sequences asks more of greedy search than its one text."""
-        return generation_options(self.model_dump(), min(self.max_new_tokens, max_output_tokens))
+        return generation_options(self, min(self.max_new_tokens, max_output_tokens))
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -259,25 +259,21 @@ class GenerateRequest(BaseModel):
         return self
 
 
-def generation_options(request: dict, max_new: int) -> SearchOptions:
-    """POST /generate's fields (those given; the others take GenerateRequest's defaults, defined there once) ->
-    the engine's options: the one mapping, as search_options() is translation's, which /v1/completions reaches
-    through the GenerateRequest it builds. Temperature 0 is greedy search; beam_size > 1 is beam search returning
-    the num_return_sequences best; else sampling, one row a sequence. max_new: the request's budget after the
-    server's and the model's caps. ValueError where num_return_sequences asks more of greedy search than its one
-    text (GenerateRequest refused sampling options with beam search already)."""
-    def get(name: str):
-        return request.get(name, GenerateRequest.model_fields[name].default)
-
-    beam, n, temperature = get("beam_size"), get("num_return_sequences"), get("temperature")
-    sampling = beam == 1 and temperature > 0
+def generation_options(body: GenerateRequest, max_new: int) -> SearchOptions:
+    """POST /generate's request -> the engine's options: the one mapping, as search_options() is translation's,
+    which /v1/completions reaches through the GenerateRequest it builds. Temperature 0 is greedy search; beam_size
+    > 1 is beam search returning the num_return_sequences best; else sampling, one row a sequence. max_new: the
+    request's budget after the server's cap. ValueError where num_return_sequences asks more of greedy search than
+    its one text (GenerateRequest refused sampling options with beam search already)."""
+    beam, n = body.beam_size, body.num_return_sequences
+    sampling = beam == 1 and body.temperature > 0
     if n > 1 and not sampling and n > beam:
         raise ValueError(f"num_return_sequences={n} needs sampling (temperature > 0) or beam_size >= {n}; greedy "
                          "search returns one text")
     return SearchOptions(beam_size=beam, num_hypotheses=n if beam > 1 else 1, max_length=max_new + 1,
-                         min_length=min(get("min_new_tokens"), max_new), repetition_penalty=get("repetition_penalty"),
-                         sampling=sampling, temperature=temperature if sampling else DEFAULTS.temperature,
-                         top_k=get("top_k"), top_p=get("top_p"))
+                         min_length=min(body.min_new_tokens, max_new), repetition_penalty=body.repetition_penalty,
+                         sampling=sampling, temperature=body.temperature if sampling else DEFAULTS.temperature,
+                         top_k=body.top_k, top_p=body.top_p)
 
 
 class GenerationChoice(BaseModel):
