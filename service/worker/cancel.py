@@ -36,9 +36,9 @@ class CancelBoard:
         return dict(zip(self._endpoints, self._starts[:len(self._endpoints)]))
 
     def queued(self, endpoint: str, change: int = 0) -> int:
-        """Requests of `endpoint` on LitServe's queue, after adding `change` (the HTTP side +1 as it puts one,
-        the worker -1 as it takes one): a busy worker looks at the queue, a round trip to LitServe's manager
-        process, only when this says something is there. An endpoint this board does not know: 1."""
+        """Requests of `endpoint` sent to its workers and not taken yet, after adding `change` (the HTTP side +1 as
+        it sends one, the worker -1 as it takes one): a busy worker looks at its queue only when this says
+        something is there. An endpoint this board does not know: 1."""
         if endpoint not in self._endpoints:
             return 1
         i = self._endpoints.index(endpoint)

@@ -97,7 +97,7 @@ class GenerationScheduler:
 
     def wants_new_requests(self) -> bool:
         """Whether a request arriving now would join at the next step: nothing waits and the budget has room.
-        Otherwise it is better left on the queue, for a worker with room."""
+        Otherwise it waits in the worker's queue until there is room."""
         return not self.waiting and (self.budget is None or self.used < self.budget)
 
     def admit(self, jobs: dict[Hashable, GenJob | Failure]) -> None:

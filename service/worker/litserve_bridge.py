@@ -11,6 +11,11 @@ arrives, takes it with every request already queued behind it, and then waits fo
 that arrive while the worker runs a batch queue up and become the next batch. The window is worth
 setting only for bursts that arrive spread out by less than a batch's run time.
 
+The requests' way in: each HTTP process sends a request to one worker over a Unix socket the worker listens on
+(request_sender.py, request_inbox.py), and the worker reads its `RequestInbox` as it read LitServe's queue, which
+lived in LitServe's manager process: a blocking round trip there for every put on the HTTP process's event loop,
+and another for every look from a worker between steps.
+
 The HTTP side: LitServe's timeout only evicts requests still queued, and its monitor does not reach an
 HTTP process's requests when a worker dies: without the two bounds in `Workers.call` such a request
 would wait forever.
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -37,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections import deque
 from multiprocessing.connection import Client, Connection
 from queue import Empty, Queue, SimpleQueue
@@ -54,6 +61,8 @@ from litserve.utils import LitAPIStatus, LoopResponseType, ResponseBufferItem, W
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .cancel import CancelBoard
+from .request_inbox import RequestInbox
+from .request_sender import RequestSender
 from .traces import WorkerTraces, carry
 from ..errors import ApiError, queue_timeout, worker_failed
 from ..metrics import metrics
@@ -73,12 +82,14 @@ class SchedulerLoop(LitLoop):
     are decoded (`lit_api.decode_request`) and admitted; the scheduler then runs one step at a time, and
     after each step whatever it has ready goes out through `lit_api.encode_response`: a translation once,
     when done, a generation request (a streaming LitAPI) as every step brings it new text. Between steps
-    (every POLL_S at most, and only while the scheduler wants them: a look at the queue is a round trip to
-    LitServe's manager process) requests that arrived join the work under way, so a one-word request does
-    not wait for the large ones taken before it."""
+    (every POLL_S at most, so that what arrives meanwhile joins together, and only while the scheduler wants
+    them) requests that arrived join the work under way, so a one-word request does not wait for the large ones
+    taken before it."""
 
     def __call__(self, lit_api: LitAPI, device: str, worker_id: int, request_queue: Queue,
                  transport: MessageTransport, workers_setup_status: dict, callback_runner: CallbackRunner) -> None:
+        if isinstance(request_queue, RequestInbox):
+            request_queue.listen(worker_id)
         try:
             while True:
                 try:
@@ -263,8 +274,8 @@ def collect(loop: LitLoop, lit_api: LitAPI, request_queue: Queue,
     and `(response_queue_id, uid)` of those that waited longer than `request_timeout` (LitServe
     answers them 504). Both empty when nothing arrived within IDLE_WAKE_S (wait=False: only what is
     already queued, no window). `expect`: how many the board counts queued; having taken that many it does
-    not ask the queue again (each ask is a round trip to LitServe's manager process; what arrived since
-    waits for the next look)."""
+    not ask the queue again (what arrived since waits for the next look; on LitServe's queue each ask was a round
+    trip to its manager process)."""
     payloads: list = []
     timed_out: list = []
     check_age = lit_api.request_timeout not in (-1, False)
@@ -305,14 +316,30 @@ def collect(loop: LitLoop, lit_api: LitAPI, request_queue: Queue,
 
 # --- the HTTP side --------------------------------------------------------------------------------
 class Server(ls.LitServer):
-    """LitServer, its workers' answers reaching the HTTP processes over sockets of their own (`SocketAnswers`)."""
+    """LitServer, its requests reaching the workers and their answers the HTTP processes over sockets of their own
+    (`RequestSender` to `RequestInbox`; `SocketAnswers`), not through LitServe's manager
+    process."""
 
     def _init_manager(self, num_api_servers: int):
         manager = super()._init_manager(num_api_servers)
         # Not LitServe's ZeroMQ transport (fast_queue), and only where HTTP processes are forked over Unix sockets.
         if type(self._transport) is MPQueueTransport and sys.platform != "win32":
             self._transport = SocketAnswers(tempfile.mkdtemp(prefix="transerve-answers-"))
+            self.request_senders = {}
+            for api_path in list(self.litapi_request_queues):
+                folder = tempfile.mkdtemp(prefix="transerve-requests-")
+                self.litapi_request_queues[api_path] = RequestInbox(folder)
+                workers = len(self._inference_workers_config_for_api(api_path))
+                self.request_senders[api_path] = RequestSender(folder, workers)
         return manager
+
+    def _perform_graceful_shutdown(self, manager, uvicorn_workers, shutdown_reason: str = "normal"):
+        try:
+            super()._perform_graceful_shutdown(manager, uvicorn_workers, shutdown_reason)
+        finally:
+            for inbox in self.litapi_request_queues.values():
+                if isinstance(inbox, RequestInbox):
+                    shutil.rmtree(inbox.folder, ignore_errors=True)
 
 
 class SocketAnswers(MessageTransport):
@@ -337,7 +364,7 @@ class SocketAnswers(MessageTransport):
         self._closed = False
         self._out: dict[int, Connection] = {}                   # worker side: consumer id -> its connection
         self._dead_until: dict[int, float] = {}                 # worker side: consumer id -> when to try again
-        self._inboxes: dict[tuple[int, int], asyncio.Queue] = {}  # HTTP side: (pid, consumer id) -> answers
+        self._inboxes: dict[tuple[int, int], Mailbox] = {}  # HTTP side: (pid, consumer id) -> answers
         self._listeners: list[socket.socket] = []
 
     def __reduce__(self):
@@ -376,9 +403,10 @@ class SocketAnswers(MessageTransport):
         return connection
 
     # --- the HTTP side ---------------------------------------------------------------------------------
-    def _start(self, consumer_id: int) -> asyncio.Queue:
+    def _start(self, consumer_id: int) -> Mailbox:
         """Listens for this HTTP process's workers; each connection is read by a thread of its own."""
-        loop, inbox = asyncio.get_running_loop(), asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        inbox = Mailbox(loop)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.address(consumer_id))
         listener.listen(64)
@@ -409,13 +437,9 @@ class SocketAnswers(MessageTransport):
                         log.exception("an answer from a worker could not be read; it is dropped")
                         continue
                     try:
-                        loop.call_soon_threadsafe(put_all, unbundled(item))
+                        loop.call_soon_threadsafe(inbox.put_all, unbundled(item))
                     except RuntimeError:               # the event loop has closed: this process is stopping
                         return
-
-        def put_all(items: list) -> None:
-            for item in items:
-                inbox.put_nowait(item)
 
         threading.Thread(target=accept, name=f"answers-{consumer_id}-accept", daemon=True).start()
         self._inboxes[os.getpid(), consumer_id] = inbox
@@ -428,10 +452,8 @@ class SocketAnswers(MessageTransport):
         inbox = self._inboxes.get((os.getpid(), consumer_id))
         if inbox is None:
             inbox = self._start(consumer_id)
-        if not inbox.empty():
-            return inbox.get_nowait()
         try:
-            return await asyncio.wait_for(inbox.get(), timeout=1.0 if timeout is None else min(timeout, 1.0))
+            return await inbox.get(1.0 if timeout is None else min(timeout, 1.0))
         except asyncio.TimeoutError:
             if timeout is not None and timeout <= 1.0:
                 raise
@@ -449,6 +471,65 @@ class SocketAnswers(MessageTransport):
                 listener.shutdown(socket.SHUT_RDWR)      # wakes its accept()
             listener.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class Mailbox:
+    """An HTTP process's answers, handed over on its event loop by the reader threads and read one at a time by
+    LitServe's consumer: asyncio.Queue's get() under asyncio.wait_for cost a Task and a timer an answer."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.items, self.waiter = loop, deque(), None
+
+    def put_all(self, items: list) -> None:
+        self.items.extend(items)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def get(self, timeout: float):
+        """The next answer; asyncio.TimeoutError after `timeout` seconds without one."""
+        if not self.items:
+            self.waiter = waiter = self.loop.create_future()
+            timer = self.loop.call_later(timeout, lambda: waiter.done() or waiter.set_result(None))
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self.waiter = None
+        if not self.items:
+            raise asyncio.TimeoutError
+        return self.items.popleft()
+
+
+class Settles:
+    """What LitServe's consumer sets when an answer arrives (it calls `event.set()`): here a callback."""
+
+    def __init__(self, settle, what: str):
+        self.settle, self.what = settle, what
+
+    def set(self) -> None:
+        self.settle(self.what)
+
+
+class Alarm(asyncio.Event):
+    """An asyncio.Event that also calls back when set: a request waits for it without a Task of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self._callbacks: dict = {}                 # as a set, in the order added
+
+    def set(self) -> None:
+        super().set()
+        for callback in list(self._callbacks):
+            callback()
+
+    def on_set(self, callback) -> None:
+        if self.is_set():
+            callback()
+        else:
+            self._callbacks[callback] = None
+
+    def forget(self, callback) -> None:
+        self._callbacks.pop(callback, None)
 
 
 async def until_disconnected(request: Request) -> None:
@@ -483,27 +564,39 @@ class Workers:
         """The worker's answer to `payload`; None when the client went away first (its request is then
         dropped from the worker's queue and from the engine batches not yet run)."""
         uid = await self._enqueue(endpoint, payload)
-        answered = asyncio.Event()
-        self.server.response_buffer[uid] = item = ResponseBufferItem(answered)
-        waits = {asyncio.ensure_future(answered.wait()): "answered",
-                 asyncio.ensure_future(self.lost(endpoint).wait()): "worker lost"}
+        # One future settled by whichever comes first, each by a callback: a Task for each of the four waits,
+        # and asyncio.wait over them, cost the HTTP process a tenth of its CPU a request.
+        loop = asyncio.get_running_loop()
+        outcome = loop.create_future()
+
+        def settle(what: str) -> None:
+            if not outcome.done():
+                outcome.set_result(what)
+        self.server.response_buffer[uid] = item = ResponseBufferItem(Settles(settle, "answered"))
+        lost, on_lost = self.lost(endpoint), functools.partial(settle, "worker lost")
+        lost.on_set(on_lost)
+        gone = None
         if request is not None:
-            waits[asyncio.ensure_future(until_disconnected(request))] = "client gone"
+            gone = asyncio.ensure_future(until_disconnected(request))
+            gone.add_done_callback(lambda task: task.cancelled() or settle("client gone"))
         deadline = 2 * self.request_timeout_s
+        timer = loop.call_later(deadline, settle, "timeout")
         try:
-            done, _ = await asyncio.wait(waits, timeout=deadline, return_when=asyncio.FIRST_COMPLETED)
+            what = await outcome
         finally:
-            for task in waits:
-                task.cancel()
+            timer.cancel()
+            lost.forget(on_lost)
+            if gone is not None:
+                gone.cancel()
             self.server.response_buffer.pop(uid, None)  # a late answer then finds no one waiting
-        what = {waits[t] for t in done}
-        if "answered" in what:
+            self._done(endpoint, uid)
+        if what == "answered":
             return self._answer(endpoint, *item.response)
         self.board.cancel(payload["number"])  # the worker skips it, queued or between engine batches
-        if "client gone" in what:
+        if what == "client gone":
             metrics().cancelled.labels(endpoint).inc()
             return None
-        if "worker lost" in what:
+        if what == "worker lost":
             raise worker_failed("the inference worker stopped while running this request (it is being "
                                 "restarted); retry", retry_after_s=2)
         raise ApiError(504, "timeout", f"no answer within {deadline:g} s", headers={"Retry-After": "5"})
@@ -553,6 +646,7 @@ class Workers:
                 await asyncio.shield(asyncio.wait({step}))
             await stream.aclose()
             self.server.response_buffer.pop(uid, None)
+            self._done(endpoint, uid)
 
     def _stream_error(self, data) -> None:
         try:
@@ -563,35 +657,55 @@ class Workers:
             raise queue_timeout(self.request_timeout_s)
         raise worker_failed("the inference worker failed while running this request; retry")
 
-    async def _enqueue(self, endpoint: str, payload: dict) -> str:
-        """Puts a request on a worker queue; its uid. The queue-depth gauge goes up here and down only
-        where a worker takes the request off the queue (collect), whatever happens after.
+    def _sender(self, endpoint: str) -> RequestSender | None:
+        """The endpoint's RequestSender; None where the server kept LitServe's queues (not on Unix)."""
+        senders = getattr(self.server, "request_senders", None)
+        return senders.get(self.handlers[endpoint].lit_api.api_path) if senders else None
 
-        Held back for a moment after a worker of `endpoint` was lost: LitServe's queues live in a manager
-        process, and a get() the dead worker was waiting in goes on there until its timeout (IDLE_WAKE_S),
-        handing the next request put on the queue to no one. A request put before the loss was seen fails
-        with the others (lost); one put after must wait that get out."""
+    def _done(self, endpoint: str, uid: str) -> None:
+        if (sender := self._sender(endpoint)) is not None:
+            sender.done(uid)
+
+    async def _enqueue(self, endpoint: str, payload: dict) -> str:
+        """Sends a request to a worker (RequestSender); its uid. The queue-depth gauge goes up here and down only
+        where a worker takes the request off its queue (collect), whatever happens after. With no worker
+        listening for `--request-timeout-s`: 504, as a request LitServe's queue timed out.
+
+        On LitServe's queues (kept where Unix sockets are not), held back for a moment after a worker of
+        `endpoint` was lost: those queues live in a manager process, and a get() the dead worker was waiting in
+        goes on there until its timeout (IDLE_WAKE_S), handing the next request put on the queue to no one. A
+        request put before the loss was seen fails with the others (lost); one put after must wait that get out.
+        A dead worker's socket refuses at once, so a request sent there goes to another worker or waits."""
+        sender = self._sender(endpoint)
         lost_at = self._lost_at.get(endpoint)
-        if lost_at is not None and (wait := lost_at + LOST_HOLD_S - time.monotonic()) > 0:
+        if sender is None and lost_at is not None and (wait := lost_at + LOST_HOLD_S - time.monotonic()) > 0:
             await asyncio.sleep(wait)
         carry(payload)   # the worker's spans join the request's trace (worker/traces.py), when traces are on
         metrics().queue_depth.labels(endpoint).inc()   # before the put: the worker may take it at once
         self.board.queued(endpoint, +1)
         try:
-            return (await self.handlers[endpoint]._submit_request(payload))[0]
+            if sender is None:
+                return (await self.handlers[endpoint]._submit_request(payload))[0]
+            uid = str(uuid.uuid4())
+            try:
+                await sender.put((self.server.app.response_queue_id, uid, time.monotonic(), payload),
+                                 self.request_timeout_s)
+            except TimeoutError:
+                raise queue_timeout(self.request_timeout_s) from None
+            return uid
         except BaseException:
             metrics().queue_depth.labels(endpoint).dec()
             self.board.queued(endpoint, -1)
             raise
 
-    def lost(self, endpoint: str) -> asyncio.Event:
+    def lost(self, endpoint: str) -> Alarm:
         """An event set when a worker of `endpoint` stops being ready or a new one starts (it died;
         LitServe restarts it). One watcher per HTTP process polls the shared worker states and start
         counts twice a second, whatever the load: a small model's new worker can be ready again before
         the next poll, so its start is what shows the death."""
         if self._watcher is None or self._watcher.done():
             self._lost, self._watcher = {}, asyncio.ensure_future(self._watch())
-        return self._lost.setdefault(endpoint, asyncio.Event())
+        return self._lost.setdefault(endpoint, Alarm())
 
     async def _watch(self) -> None:
         status = getattr(self.server, "workers_setup_status", None)
@@ -616,12 +730,14 @@ class Workers:
             self._seen_starts = starts
 
     def ready(self) -> bool:
-        """Every worker loaded and warmed up, and no restart pending here: one this process's watcher has not
-        acted on yet (a request put now could still go to the dead worker's get() and fail with those in
-        flight) or whose new requests are still held back (_enqueue)."""
+        """Every worker loaded and warmed up, and, on LitServe's queues, no restart pending here: one this
+        process's watcher has not acted on yet (a request put now could still go to the dead worker's get() and
+        fail with those in flight) or whose new requests are still held back (_enqueue)."""
         status = getattr(self.server, "workers_setup_status", None) or {}
         if not status or any(v != WorkerSetupStatus.READY for v in status.values()):
             return False
+        if getattr(self.server, "request_senders", None):
+            return True
         if self._watcher is not None and not self._watcher.done() and self.board.worker_starts() != self._seen_starts:
             return False
         now = time.monotonic()

@@ -144,7 +144,7 @@ class TranslationScheduler:
     def wants_new_requests(self) -> bool:
         """Whether a request arriving now would join before the work held ends: while nothing waits and the
         running batch has room, or what waits is above tier 0 (a one-word request goes ahead of it). Otherwise
-        it is better left on the queue, for a worker with room."""
+        it waits in the worker's queue until one would."""
         if self.waiting:
             return cost_tier(self.jobs[self.waiting[0][2]].cost) > 0
         return self.used < self.max_batch_tokens
