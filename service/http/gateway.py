@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import AsyncExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
 import litserve as ls
@@ -53,14 +53,14 @@ def generate_payload(body: GenerateRequest, max_output_tokens: int) -> dict:
     except ValueError as e:
         raise ApiError(422, "invalid_request", str(e)) from None
     return body.model_dump(include={"prompt", "model", "num_return_sequences", "seed", "stop"}) | {
-        "options": asdict(options)}
+        "options": options}
 
 
 def translate_payload(body: TranslateRequest, texts: list[str], max_output_tokens: int) -> dict:
     """What the translate worker reads of a request: its texts, its pair and its engine options, mapped once,
     here (TranslateRequest.to_search_options); the worker applies no default of its own."""
     return {"texts": texts, "source_lang": body.source_lang, "target_lang": body.target_lang,
-            "options": asdict(body.to_search_options(max_output_tokens))}
+            "options": body.to_search_options(max_output_tokens)}
 
 
 class Gateway:

@@ -101,7 +101,7 @@ class GenerateAPI(ls.LitAPI):
         if len(prompt) - 1 > s.max_prompt_tokens:
             return Failure(413, "too_many_tokens", f"the prompt has {len(prompt) - 1} tokens; the limit is "
                            f"{s.max_prompt_tokens}", s.max_prompt_tokens)
-        options = SearchOptions(**request["options"])   # mapped once, in the Gateway: to_search_options()
+        options: SearchOptions = request["options"]   # mapped once, in the Gateway: to_search_options()
         room = engine.max_positions - len(prompt)
         if room < 1:
             return Failure(413, "too_many_tokens", f"the prompt fills the model's {engine.max_positions} positions",

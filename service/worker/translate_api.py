@@ -97,7 +97,7 @@ class TranslateAPI(ls.LitAPI):
             return Failure(400, "unsupported_language_pair",
                            f"no model translates {pair[0]}-{pair[1]}; available pairs: {valid}")
         engine = self.engines[name]
-        options = SearchOptions(**request["options"])   # mapped once, in the Gateway: to_search_options()
+        options: SearchOptions = request["options"]   # mapped once, in the Gateway: to_search_options()
         beam = options.beam_size
         texts = request["texts"]
         sentences, spans, seps = [], [], []
