@@ -127,3 +127,58 @@ def sample_one(logp: np.ndarray, rng: np.random.Generator, temperature: float, t
         p = np.where(mask, p, 0.0)
         p /= p.sum()
     return int(rng.choice(p.size, p=p))
+
+
+def beam_step_loop(beam_scores: np.ndarray, logp: np.ndarray, ids: np.ndarray | None, rows, active: np.ndarray,
+                   finished: list, top_ended: np.ndarray, last: np.ndarray, options, eos_id: int,
+                   early_exit: bool) -> tuple[list[tuple[int, int, float]], list[int]]:
+    """service/shared/search.py's beam_step as it was, a sentence and a candidate at a time: each active
+    sentence's next K beams as (row, token, score) and the positions in `active` of those that go on."""
+    from service.shared.search import _best_2k
+
+    K = options.beam_size
+    cand, cand_scores = _best_2k(beam_scores, logp, K)
+    picked: list[tuple[int, int, float]] = []
+    still_active: list[int] = []
+    for a, s in enumerate(active):
+        chosen, top_ended[s] = _next_beams(cand[a], cand_scores[a], a, logp.shape[1], K, ids, rows, eos_id,
+                                           finished[s], options.length_penalty, last[a * K], top_ended[s])
+        done = (top_ended[s] and len(finished[s]) >= options.num_hypotheses) if early_exit else len(finished[s]) >= K
+        if not done and len(chosen) == K:
+            picked += chosen
+            still_active.append(a)
+    return picked, still_active
+
+
+def _next_beams(cand: np.ndarray, scores: np.ndarray, a: int, W: int, K: int, ids: np.ndarray | None, rows,
+                eos_id: int, finished: list, length_penalty: float, last: bool,
+                top_ended: bool) -> tuple[list[tuple[int, int, float]], bool]:
+    """Sentence a's next beams as (row, token, score), at most K, from its candidates best first, and whether
+    its best candidate has ended at this step or before. A candidate among the first K that ends in eos, or
+    any of them at the last step its budget allows (`last`), becomes a finished hypothesis, length-normalised
+    once, here; every such one is kept, as both transformers and CTranslate2 keep them. Its length counts the eos,
+    as both count it (transformers: cur_len + 1 - prompt length; CTranslate2 scores hypotheses with their eos and
+    drops it afterwards), so an eos at the first step is "" of length 1: min_length=1 (the default) keeps it out."""
+    from service.shared.search import Hypothesis
+
+    chosen: list[tuple[int, int, float]] = []
+    for c in range(len(cand)):
+        score = scores[c]
+        if not np.isfinite(score):
+            break
+        beam, tok = divmod(int(cand[c]), W)
+        row = a * K + beam
+        if ids is not None:
+            tok = int(ids[row, tok])
+        if tok == eos_id or last:
+            # An eos outside the top K is not a hypothesis the beam would have kept.
+            if c < K:
+                top_ended |= c == 0
+                tokens = rows.history[row] + ([] if tok == eos_id else [tok])
+                norm = (len(rows.history[row]) + 1) ** length_penalty if length_penalty else 1.0
+                finished.append(Hypothesis(tokens, float(score) / norm, float(score), tok == eos_id))
+            continue
+        chosen.append((row, tok, score))
+        if len(chosen) == K:
+            break
+    return chosen, top_ended

@@ -228,10 +228,54 @@ def test_beam_step_keeps_k_beams_and_sets_finished_ones_aside():
     top_ended = np.zeros(2, dtype=bool)
     picked, going_on = beam_step(scores, logp, None, rows, np.array([0, 1]), finished, top_ended,
                                  np.zeros(4, dtype=bool), o, EOS, False)
-    assert going_on == [0, 1] and top_ended.tolist() == [True, False]
-    assert [(row, tok) for row, tok, _ in picked] == [(0, 1), (0, 2), (3, 3), (2, 1)]
+    assert going_on.tolist() == [0, 1] and top_ended.tolist() == [True, False]
+    assert list(zip(picked.rows.tolist(), picked.tokens.tolist())) == [(0, 1), (0, 2), (3, 3), (2, 1)]
     assert [(h.tokens, round(h.score, 4)) for h in finished[0]] == [([], round(float(np.log(.5)), 4))]
     assert finished[1] == []
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_beam_step_picks_and_finishes_as_the_loop_it_replaced(seed):
+    """The vectorised beam_step against tests/oracles.py's loop, a sentence and a candidate at a time, on random
+    steps: eos and budget ends among the candidates, banned (-inf) ones, beams not live yet, the whole
+    distribution or each row's top k, both stopping rules."""
+    from oracles import beam_step_loop
+
+    rng = np.random.default_rng(seed)
+    K, V = int(rng.integers(1, 5)), int(rng.integers(6, 12))
+    A = int(rng.integers(1, 6))
+    o = SearchOptions(beam_size=K, num_hypotheses=int(rng.integers(1, K + 1)),
+                      length_penalty=float(rng.choice([0.0, 0.6, 1.0])))
+    scores = np.log(rng.uniform(0.01, 1, (A, K)))
+    scores[rng.uniform(size=(A, K)) < 0.2] = -np.inf                     # beams not live (first step)
+    scores[:, 0] = np.log(rng.uniform(0.01, 1, A))
+    logp = np.log(rng.dirichlet(np.ones(V), A * K)).astype(np.float32)   # (A*K, V)
+    logp[rng.uniform(size=logp.shape) < 0.15] = -np.inf                  # banned by a processor
+    ids = None
+    if rng.uniform() < 0.5:                                              # each row's top k, as step_top gives
+        k = min(V, 2 * K + 1)
+        ids = np.argsort(-logp, axis=1, kind="stable")[:, :k]
+        logp = np.take_along_axis(logp, ids, axis=1)
+    history = [[int(t) for t in rng.integers(4, V, int(rng.integers(0, 5)))] for _ in range(A * K)]
+    rows = Rows(np.repeat(np.arange(A), K), history)
+    active = np.sort(rng.choice(A + 3, A, replace=False))                # sentences' numbers, in order
+    last = np.repeat(rng.uniform(size=A) < 0.2, K)
+    early_exit = bool(rng.uniform() < 0.5)
+    eos = int(rng.integers(0, V))
+
+    def run(step):
+        finished = [[Hypothesis([1], -0.5, -0.5)] * int(rng_copy.integers(0, K)) for _ in range(A + 3)]
+        top_ended = rng_copy.uniform(size=A + 3) < 0.2
+        out = step(scores, logp, ids, rows, active, finished, top_ended, last, o, eos, early_exit)
+        return out, finished, top_ended
+    rng_copy = np.random.default_rng(seed + 1000)
+    (picked, going_on), finished, top_ended = run(beam_step)
+    rng_copy = np.random.default_rng(seed + 1000)
+    (want_picked, want_going_on), want_finished, want_top_ended = run(beam_step_loop)
+    assert going_on.tolist() == want_going_on
+    assert list(zip(picked.rows.tolist(), picked.tokens.tolist(), picked.scores.reshape(-1).tolist())) == \
+        [(int(r), int(t), float(s)) for r, t, s in want_picked]
+    assert finished == want_finished and top_ended.tolist() == want_top_ended.tolist()
 
 
 # --- over PyTorch (moved from tests/test_transformer.py) ----------------------------------------------------

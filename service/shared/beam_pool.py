@@ -97,10 +97,10 @@ class BeamPool:
         gone = np.ones(len(self.live), dtype=bool)
         gone[still] = False
         self.ended, self.live = self.live[gone], self.live[still]
-        self.history = [self.history[row] + [tok] for row, tok, _ in picked]
-        self.scores = np.asarray([s for _, _, s in picked], dtype=np.float64).reshape(len(self.live), K)
-        self.tokens = np.asarray([tok for _, tok, _ in picked], dtype=np.int64)
-        return np.asarray([row for row, _, _ in picked], dtype=np.int64)
+        self.history = [self.history[r] + [t] for r, t in zip(picked.rows.tolist(), picked.tokens.tolist())]
+        self.scores = picked.scores.astype(np.float64)
+        self.tokens = picked.tokens.astype(np.int64)
+        return picked.rows.astype(np.int64)
 
     def done(self, number: int) -> list[Hypothesis]:
         """An input's hypotheses, best first, once it has left `live` (once: the pool forgets them)."""

@@ -54,7 +54,7 @@ num_hypotheses finished ones (CTranslate2's allow_early_exit), not at beam_size 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Generator, Protocol, Sequence
+from typing import Callable, Generator, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -269,38 +269,70 @@ def _beam(decoder: IncrementalDecoder, tokens: np.ndarray, options: SearchOption
         logp, ids = yield from candidates(tokens, 2 * K, rows, step)                # (A*K, W)
         picked, still_active = beam_step(beam_scores, logp, ids, rows, active, finished, top_ended,
                                          _at_budget(max_len, rows, step), options, eos_id, early_exit)
-        if not still_active:
+        if not len(still_active):
             break
-        decoder.select(np.asarray([row for row, _, _ in picked], dtype=np.int64))
+        decoder.select(picked.rows.astype(np.int64))
         active = active[still_active]
-        rows = Rows(sentence=np.repeat(active, K), history=[rows.history[row] + [tok] for row, tok, _ in picked])
-        beam_scores = np.asarray([score for _, _, score in picked], dtype=np.float64).reshape(len(active), K)
-        tokens = np.asarray([tok for _, tok, _ in picked], dtype=np.int64)
+        rows = Rows(sentence=np.repeat(active, K),
+                    history=[rows.history[r] + [t] for r, t in zip(picked.rows.tolist(), picked.tokens.tolist())])
+        beam_scores = picked.scores.astype(np.float64)
+        tokens = picked.tokens.astype(np.int64)
         step += 1
         yield None
     return [sorted(f, key=lambda h: -h.score)[:options.num_hypotheses] for f in finished]
 
 
+class Picked(NamedTuple):
+    """The beams a beam step keeps, each going-on sentence's K in order, sentences in order: the row each continues
+    (A'*K,), the token it appends (A'*K,) and its score (A', K)."""
+    rows: np.ndarray
+    tokens: np.ndarray
+    scores: np.ndarray
+
+
 def beam_step(beam_scores: np.ndarray, logp: np.ndarray, ids: np.ndarray | None, rows: Rows, active: np.ndarray,
               finished: list[list[Hypothesis]], top_ended: np.ndarray, last: np.ndarray, options: SearchOptions,
-              eos_id: int, early_exit: bool) -> tuple[list[tuple[int, int, float]], list[int]]:
+              eos_id: int, early_exit: bool) -> tuple[Picked, np.ndarray]:
     """One step of beam search, no decoder in it: from the beams' scores (A, K) and the step's candidates
-    (log-probs (A*K, W), ids or None), each active sentence's next K beams as (row, token, score) in `picked`,
-    and the positions in `active` of the sentences that go on. Hypotheses finished here are appended to
-    `finished[sentence]`; `top_ended[sentence]` records that a sentence's best candidate has ended;
-    `last` (A*K,) marks rows at the last step their budget allows."""
+    (log-probs (A*K, W), ids or None), each active sentence's next K beams (`Picked`), and the positions in
+    `active` of the sentences that go on. Hypotheses finished here are appended to `finished[sentence]`;
+    `top_ended[sentence]` records that a sentence's best candidate has ended; `last` (A*K,) marks rows at the
+    last step their budget allows.
+
+    Each sentence's candidates, best first (its best 2K over its K beams): a candidate among the first K that
+    ends in eos, or any of them at the last step its budget allows, becomes a finished hypothesis,
+    length-normalised once, here; every such one is kept, as both transformers and CTranslate2 keep them. Its
+    length counts the eos, as both count it (transformers: cur_len + 1 - prompt length; CTranslate2 scores
+    hypotheses with their eos and drops it afterwards), so an eos at the first step is "" of length 1:
+    min_length=1 (the default) keeps it out. The first K candidates that do not end are the next beams; a
+    sentence with fewer, or done (K finished, or with early_exit its best ended and num_hypotheses finished),
+    leaves. Vectorised over the sentences: only the finished hypotheses are made one by one
+    (tests/test_search.py holds it to the loop it replaced, tests/oracles.py's `beam_step_loop`)."""
     K = options.beam_size
-    cand, cand_scores = _best_2k(beam_scores, logp, K)                 # (A, 2K) each, best first
-    picked: list[tuple[int, int, float]] = []
-    still_active: list[int] = []
-    for a, s in enumerate(active):
-        chosen, top_ended[s] = _next_beams(cand[a], cand_scores[a], a, logp.shape[1], K, ids, rows, eos_id,
-                                           finished[s], options.length_penalty, last[a * K], top_ended[s])
-        done = (top_ended[s] and len(finished[s]) >= options.num_hypotheses) if early_exit else len(finished[s]) >= K
-        if not done and len(chosen) == K:   # else the sentence is done: its rows are dropped
-            picked += chosen
-            still_active.append(a)
-    return picked, still_active
+    cand, cand_scores = _best_2k(beam_scores, logp, K)                 # (A, C) each, best first; C = 2K
+    A, C = cand.shape
+    beam, column = np.divmod(cand, logp.shape[1])                      # (A, C)
+    row = np.arange(A)[:, None] * K + beam                             # (A, C) the row each extends
+    token = column if ids is None else ids[row, column]                # (A, C)
+    # Scores sorted best first: the finite ones are a prefix (an -inf candidate was banned or not a beam).
+    valid = np.isfinite(cand_scores)
+    ends = (token == eos_id) | last[np.arange(A) * K][:, None]         # (A, C)
+    hypothesis = ends & valid & (np.arange(C) < K)                     # (A, C) finished here
+    top_ended[active] |= hypothesis[:, 0]
+    goes_on = valid & ~ends
+    chosen = goes_on & (np.cumsum(goes_on, axis=1) <= K)               # (A, C) the first K that go on
+    lp = options.length_penalty
+    for a, c in zip(*np.nonzero(hypothesis)):
+        r, tok, score = int(row[a, c]), int(token[a, c]), float(cand_scores[a, c])
+        history = rows.history[r]
+        norm = (len(history) + 1) ** lp if lp else 1.0
+        finished[active[a]].append(Hypothesis(history + ([] if tok == eos_id else [tok]), score / norm, score,
+                                              tok == eos_id))
+    counts = np.fromiter((len(finished[s]) for s in active.tolist()), dtype=np.int64, count=A)
+    done = (top_ended[active] & (counts >= options.num_hypotheses)) if early_exit else counts >= K
+    still = np.flatnonzero(~done & (chosen.sum(axis=1) == K))
+    keep = chosen[still]                                               # K each, in candidate order
+    return Picked(row[still][keep], token[still][keep], cand_scores[still][keep].reshape(len(still), K)), still
 
 
 def _best_2k(beam_scores: np.ndarray, logp: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:
@@ -316,38 +348,6 @@ def _best_2k(beam_scores: np.ndarray, logp: np.ndarray, K: int) -> tuple[np.ndar
     else:                                # each row's best few (step_top): one sort costs less
         cand = np.argsort(-total, axis=1, kind="stable")[:, :n]           # (A, 2K)
     return cand, total[np.arange(A)[:, None], cand]
-
-
-def _next_beams(cand: np.ndarray, scores: np.ndarray, a: int, W: int, K: int, ids: np.ndarray | None, rows: Rows,
-                eos_id: int, finished: list[Hypothesis], length_penalty: float, last: bool,
-                top_ended: bool) -> tuple[list[tuple[int, int, float]], bool]:
-    """Sentence a's next beams as (row, token, score), at most K, from its candidates best first, and whether
-    its best candidate has ended at this step or before. A candidate among the first K that ends in eos, or
-    any of them at the last step its budget allows (`last`), becomes a finished hypothesis, length-normalised
-    once, here; every such one is kept, as both transformers and CTranslate2 keep them. Its length counts the eos,
-    as both count it (transformers: cur_len + 1 - prompt length; CTranslate2 scores hypotheses with their eos and
-    drops it afterwards), so an eos at the first step is "" of length 1: min_length=1 (the default) keeps it out."""
-    chosen: list[tuple[int, int, float]] = []
-    for c in range(len(cand)):
-        score = scores[c]
-        if not np.isfinite(score):
-            break
-        beam, tok = divmod(int(cand[c]), W)
-        row = a * K + beam
-        if ids is not None:
-            tok = int(ids[row, tok])
-        if tok == eos_id or last:
-            # An eos outside the top K is not a hypothesis the beam would have kept.
-            if c < K:
-                top_ended |= c == 0
-                tokens = rows.history[row] + ([] if tok == eos_id else [tok])
-                norm = (len(rows.history[row]) + 1) ** length_penalty if length_penalty else 1.0
-                finished.append(Hypothesis(tokens, float(score) / norm, float(score), tok == eos_id))
-            continue
-        chosen.append((row, tok, score))
-        if len(chosen) == K:
-            break
-    return chosen, top_ended
 
 
 def _sampler(options: SearchOptions, seeds: Sequence[int | None]) -> Callable:

@@ -95,10 +95,14 @@ class Running:
         dropped its rows), and its budget with it."""
         if self.member is None or self.member.want is None:
             return 0, 0
-        if self._seen != self.member.live_count:          # a sentence ended since
-            live = self.member.sentences_left()
-            self._seen, self._held = self.member.live_count, (int(np.take(self.tokens, live).sum()),
-                                                              int(np.take(self.rows, live).sum()))
+        live_count = self.member.live_count
+        if self._seen != live_count:                      # it joined, or a sentence ended since
+            if live_count == len(self.sentences):        # all still searched (a Ticket counts its sentences, a
+                self._held = (sum(self.tokens), sum(self.rows))    # Member its rows: one each, never beams)
+            else:
+                live = self.member.sentences_left()
+                self._held = (int(np.take(self.tokens, live).sum()), int(np.take(self.rows, live).sum()))
+            self._seen = live_count
         return self._held
 
 
