@@ -9,14 +9,15 @@ default, `--workers 2 --threads 1`), sends 32 sentences one at a time, then 256 
 as requests of one sentence each, or of K with `--per-request K` (a list of K texts a request, 256 requests all
 the same; `1,8` runs both, as issue 50's bar asks: each figure is then per request of K).
 With --by-process it also says where the CPU of the loaded part went: each process of the server's tree (its
-inference workers, LitServe's manager process that carries its queues, the HTTP process) and the client's own
-(this process: a keep-alive socket per client thread, common.KeepAlive), in CPU ms per request. --data takes the
-sentences from a TSV's first column (default: the tests' 64 Ding sentences). Then the same requests' sentences
-in this process, in tokens per CPU second: through the engine offline (sorted batches of 16, one thread), and
-through one worker's scheduler driven as the worker loop drives it (16 requests in flight, no HTTP, no queues:
-what the running batch costs itself). The last line is the ceiling these cores leave served: the engine's CPU
-per request offline over that plus what the rest of the served path (HTTP process, manager, client) took, the
-most served can reach against the offline engine on cores they share even with workers as cheap as it.
+inference workers, LitServe's manager process, which no request crosses since 2026-12-01, the HTTP process) and the
+client's own (this process: a keep-alive socket per client thread, common.KeepAlive), in CPU ms per request. --data
+takes the sentences from a TSV's first column (default: the tests' 64 Ding sentences). Then the same requests'
+sentences in tokens per CPU second: through the engine offline (sorted batches of 16, one thread; alone, then in as
+many processes at once as the server has workers, the figure the ratios use, as the workers share the cores), and
+through one worker's scheduler driven as the worker loop drives it (16 requests in flight, no HTTP, no queues: what
+the running batch costs itself). The last lines are the ceiling these cores leave served: the engine's CPU per
+request offline over that plus what the rest of the served path (HTTP process, manager, client) took, the most
+served can reach against the offline engine on cores they share even with workers as cheap as it.
 """
 
 from __future__ import annotations
@@ -177,9 +178,27 @@ def measure(tree: Path, args: argparse.Namespace, sentences: list[str], k: int =
     return report, split, tokens / len(requests)
 
 
-def offline(package: Path, sentences: list[str], batch: int = 16) -> float:
-    """The same requests' sentences through the engine in this process, sorted by length, in batches of `batch`
-    (32 clients over 2 workers: 16 each), one onnxruntime thread: output tokens per CPU second, the best of 2."""
+def offline(package: Path, sentences: list[str], batch: int = 16, processes: int = 1) -> float:
+    """The same requests' sentences through the engine offline, sorted by length, in batches of `batch` (32 clients
+    over 2 workers: 16 each), one onnxruntime thread, in `processes` processes at once (the served workers' count:
+    one a core, as they run, since two busy processes on two cores each take more CPU for the same work than one
+    alone; issue 50's bar measures the engine so): output tokens per CPU second, their mean. Alone too, first."""
+    alone = offline_rate(package, sentences, batch)
+    print(f"offline (Engine.search, batch {batch}, 1 thread, sorted), alone: {alone:.0f} tokens per CPU s", flush=True)
+    if processes == 1:
+        return alone
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        rates = pool.starmap(offline_rate, [(package, sentences, batch)] * processes)
+    rate = sum(rates) / len(rates)
+    print(f"offline, {processes} processes at once (one a core, as the workers run): {rate:.0f} tokens per CPU s "
+          f"({', '.join(f'{r:.0f}' for r in rates)})", flush=True)
+    return rate
+
+
+def offline_rate(package: Path, sentences: list[str], batch: int) -> float:
+    """One process's output tokens per CPU second through Engine.search, the best of 2."""
     from service.inference.engine import Engine
     from service.shared.options import SearchOptions
 
@@ -191,7 +210,6 @@ def offline(package: Path, sentences: list[str], batch: int = 16) -> float:
         for i in range(0, len(ids), batch):
             tokens += sum(len(h[0].tokens) for h in engine.search(ids[i:i + batch], options))
         best = max(best, tokens / (time.process_time() - c0))
-    print(f"offline (Engine.search, batch {batch}, 1 thread, sorted): {best:.0f} tokens per CPU s", flush=True)
     return best
 
 
@@ -256,14 +274,15 @@ def main(argv=None) -> None:
         for tree in trees if r % 2 == 0 else trees[::-1]:
             for k in sizes:
                 report, split, tokens_per_request = measure(tree, args, sentences, k)
-                splits[k] = split, tokens_per_request
+                splits[tree, k] = split, tokens_per_request
                 print(report, flush=True)
     if args.by_process:
-        rate = offline(args.package, sentences)
+        rate = offline(args.package, sentences, processes=args.workers)
         for k in sizes:
             scheduled(args.package, sentences, k=k)
-            print(f"{k} sentence{'s' if k > 1 else ''} a request, the last round's {ceiling(*splits[k], rate)}",
-                  flush=True)
+            for tree in trees:
+                print(f"{k} sentence{'s' if k > 1 else ''} a request, {tree}'s last round's "
+                      f"{ceiling(*splits[tree, k], rate)}", flush=True)
 
 
 if __name__ == "__main__":
