@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     from .inference.device import DeviceError
     from .keyfile import KeysFileError
     from .shared.package import PackageError
-    from .worker.litserve_bridge import serving
+    from .http.litserve_workers import serving
     from .http.uvicorn_bridge import uvicorn_options
 
     try:

@@ -10,7 +10,7 @@ operations routes, and the API flavours, each installing its own routes:
     GET /usage      the calling key's limits and what it has used (http/quota.py)
 
 LitServe's own POST routes would accept any JSON into an unbounded queue: they are removed, and the flavours'
-routes submit through LitServe's request handler (litserve_bridge.Workers), so batching is untouched. A new
+routes submit through http/litserve_workers.Workers, so batching is untouched. A new
 flavour is a module with a FLAVOUR (service/api/flavour.py) and its line in FLAVOURS.
 """
 

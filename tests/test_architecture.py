@@ -12,7 +12,9 @@ import pytest
 from conftest import ROOT
 
 PARTS = ("model", "service")
-BRIDGES = {"service.worker.litserve_bridge": "litserve", "service.inference.onnxruntime_bridge": "onnxruntime"}
+# LitServe's boundary between HTTP processes and workers has two sides, a bridge each
+BRIDGES = {"service.worker.litserve_bridge": "litserve", "service.http.litserve_workers": "litserve",
+           "service.inference.onnxruntime_bridge": "onnxruntime"}
 # What each part may import (first-party modules by prefix, third-party by top-level name); stdlib is free.
 # service/'s folders are layers, each importing only those below it: inference (onnxruntime, no HTTP, no LitServe)
 # < worker (LitServe's workers and the scheduler) < http (the core, no routes) < api (the flavours); server.py
@@ -32,9 +34,8 @@ ALLOWED = {
     "service.config": {"service.shared", "service.keyfile", "prometheus_client", "fastapi", "starlette", "pydantic"},
     "service.inference": {"service.inference", "service.shared", "numpy", "onnxruntime", "sentencepiece"},
     "service.worker": {"service.worker", "service.inference", "service.shared", *COMMON, "numpy", "litserve"},
-    # the bridge is both sides of LitServe's queue: the HTTP process's Workers client and the worker loop
-    "service.worker.litserve_bridge": {"service.worker", "service.shared", *COMMON, "numpy", "litserve", "fastapi",
-                                       "starlette"},
+    # the worker loop answers a request that waited too long with LitServe's HTTPException (fastapi's)
+    "service.worker.litserve_bridge": {"service.worker", "service.shared", *COMMON, "numpy", "litserve", "fastapi"},
     # litserve and onnxruntime: their versions in GET /info
     "service.http": {"service.__init__", "service.http", "service.worker", "service.inference", "service.shared",
                      *COMMON, "numpy", "fastapi", "starlette", "pydantic", "uvicorn", "py3langid", "litserve",

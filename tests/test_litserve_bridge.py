@@ -3,12 +3,9 @@ batch collector (what it takes, when it stops waiting, what it tells the HTTP pr
 runs a LitAPI's scheduler (each request answered when done, the requests that arrive meanwhile joining;
 a generation request's events streamed; a scheduler that raises failing its requests, not the loop)."""
 
-import asyncio
 import json
-import multiprocessing
 import pickle
 import queue
-import socket
 import sys
 import threading
 import time
@@ -24,7 +21,8 @@ from service.worker.cancel import CancelBoard
 from service.config import Settings
 from service.inference.engine import Engine
 from service.worker.generate_api import GenerateAPI
-from service.worker.litserve_bridge import SchedulerLoop, collect, unbundled
+from service.worker.answers import unbundled
+from service.worker.litserve_bridge import SchedulerLoop, collect
 from service.worker.translate_api import TranslateAPI
 from service.http.gateway import generate_payload, translate_payload
 from service.shared.schemas import GenerateRequest
@@ -264,135 +262,3 @@ def test_what_one_step_answers_goes_out_as_one_message():
         events = [body for u, (body, status, *_) in sent if u == uid and status == LitAPIStatus.OK]
         assert "".join(p["text"] for e in events for p in json.loads(e)["pieces"]) == prompt
         assert [status for u, (_, status, *_) in sent if u == uid][-1] == LitAPIStatus.FINISH_STREAMING
-
-
-async def listening(answers) -> None:
-    """The HTTP side's first read starts its listener; nothing has come yet."""
-    with pytest.raises(asyncio.TimeoutError):
-        await answers.areceive(0, timeout=0.01)
-
-
-def worker_side(answers):
-    """A worker's copy, pickled as LitServe hands the transport to a spawned worker."""
-    return pickle.loads(pickle.dumps(answers))
-
-
-def test_the_http_side_reads_a_bundle_as_the_messages_it_holds_in_order(tmp_path):
-    """Over SocketAnswers' real Unix socket: a worker's copy (pickled, as LitServe hands it to a spawned worker)
-    connects and sends; the HTTP side unbundles, in order."""
-    answers = litserve_bridge.SocketAnswers(str(tmp_path))
-    worker = worker_side(answers)
-    first = ("u1", ("a", LitAPIStatus.OK, LoopResponseType.STREAMING, 0))
-    second = ("u2", ("b", LitAPIStatus.OK, LoopResponseType.STREAMING, 0))
-    third = ("u1", ("", LitAPIStatus.FINISH_STREAMING, LoopResponseType.STREAMING, 0))
-
-    async def read() -> list:
-        await listening(answers)
-        sender = threading.Thread(target=lambda: [worker.send(litserve_bridge.bundle(m), 0)
-                                                  for m in ([first, second], [third])])
-        sender.start()
-        got = [await answers.areceive(0) for _ in range(3)]
-        sender.join()
-        return got
-    try:
-        assert asyncio.run(read()) == [first, second, third]
-    finally:
-        answers.close(send_sentinel=False)
-    assert not tmp_path.exists()
-
-
-def test_no_peer_stops_the_others_answers(tmp_path):
-    """A connection that never writes, a worker killed half-way through a message and a message that cannot be
-    unpickled: each ends or skips only its own; the answers of a worker connected all along, and a new one's,
-    still arrive (one reader thread per connection, a frame read whole before it is unpickled)."""
-    answers = litserve_bridge.SocketAnswers(str(tmp_path))
-    message = ("u1", ("a", LitAPIStatus.OK, LoopResponseType.REGULAR, 0))
-    later = ("u2", ("b", LitAPIStatus.OK, LoopResponseType.REGULAR, 0))
-
-    async def read() -> list:
-        await listening(answers)
-        silent = socket.socket(socket.AF_UNIX)
-        silent.connect(answers.address(0))
-        steady = worker_side(answers)
-        steady.send(message, 0)
-        got = [await answers.areceive(0, timeout=5)]
-        dying = worker_side(answers)._connect(0)
-        frame = pickle.dumps(message)
-        dying._send(len(frame).to_bytes(4, "big") + frame[:len(frame) // 2])   # the header, half the body
-        dying.close()
-        steady._out[0].send_bytes(b"not a pickle")             # skipped; the connection reads on
-        steady.send(later, 0)
-        got.append(await answers.areceive(0, timeout=5))
-        worker_side(answers).send(message, 0)
-        got.append(await answers.areceive(0, timeout=5))
-        silent.close()
-        return got
-    try:
-        assert asyncio.run(read()) == [message, later, message]
-    finally:
-        answers.close(send_sentinel=False)
-
-
-def http_process(answers, received) -> None:
-    """A spawned stand-in for an HTTP process: listens, reads one answer, says so, and exits."""
-    async def read() -> None:
-        answer = None                       # not listening(): the answer may come within its 10 ms
-        while answer is None:               # None: a second without one, as LitServe's loop sees it
-            answer = await answers.areceive(0, timeout=60)
-        received.put(answer)
-    asyncio.run(read())
-
-
-def test_a_worker_drops_the_answers_of_an_http_process_that_has_gone(tmp_path):
-    """Once connected, a worker whose HTTP process has exited fails that send and the next ones at once, not after
-    CONNECT_S: a dead HTTP process must not hold the answers bound for the others."""
-    answers = litserve_bridge.SocketAnswers(str(tmp_path))
-    worker = worker_side(answers)
-    message = ("u1", ("a", LitAPIStatus.OK, LoopResponseType.REGULAR, 0))
-    # spawned, not forked: a fork of the suite's process would inherit whatever lock another thread held then.
-    spawn = multiprocessing.get_context("spawn")
-    received = spawn.Queue()
-    http = spawn.Process(target=http_process, args=(answers, received))
-    http.start()
-    worker.send(message, 0)                 # waits for the listener, as a worker does at start-up
-    assert received.get(timeout=60) == message
-    http.join(timeout=60)
-    assert http.exitcode == 0
-    started = time.monotonic()
-    for _ in range(3):
-        with pytest.raises(OSError):
-            for _ in range(100):            # a first write may still land in the closed socket's buffer
-                worker.send(message, 0)
-    # Three waits for a listener would take 3 x CONNECT_S (60 s each); a loaded CI machine takes well under 1 s.
-    assert time.monotonic() - started < litserve_bridge.SocketAnswers.CONNECT_S / 10
-
-
-def test_ready_waits_until_a_restarted_worker_is_acted_on_and_its_hold_back_has_passed():
-    """A worker restarted between two polls of the watcher: until the watcher has failed the requests that may
-    have gone with it, and the dead worker's get() on LitServe's queue has timed out, a request put now could
-    be lost, so the HTTP process says it is not ready (a probe, a client waiting for /ready)."""
-    from types import SimpleNamespace
-
-    from litserve.utils import WorkerSetupStatus
-
-    board = CancelBoard(("generate",))
-    server = SimpleNamespace(workers_setup_status={"generate_0": WorkerSetupStatus.READY})
-    workers = litserve_bridge.Workers(server, {}, board, request_timeout_s=10)
-
-    async def run():
-        assert workers.ready()
-        lost = workers.lost("generate")              # a request waits: the watcher runs
-        await asyncio.sleep(0.1)
-        board.worker_started("generate")             # died and started again, ready before any poll saw it
-        assert not workers.ready()
-        await asyncio.wait_for(lost.wait(), 5)       # the watcher's next poll fails the waiting requests
-        assert not workers.ready()
-
-        async def until_ready():
-            while not workers.ready():
-                await asyncio.sleep(0.05)
-        await asyncio.wait_for(until_ready(), 10)
-        return time.monotonic()
-
-    ready_at = asyncio.run(run())
-    assert ready_at >= workers._lost_at["generate"] + litserve_bridge.LOST_HOLD_S

@@ -1,6 +1,6 @@
 """The service as every API flavour sees it, with no route and no wire format of its own: `Gateway` checks a
 request (limits, language pair, generation model), takes a place for it (Admission: 503 when the queue is
-full), hands it to the workers (litserve_bridge.Workers) and gives back typed results:
+full), hands it to the workers (litserve_workers.Workers) and gives back typed results:
 
     translate(body, request)      -> a TranslateResponse-shaped dict, or None when the client went away
     detect(texts)                 -> each text's served languages with their confidence, best first
@@ -33,7 +33,7 @@ from ..config import Settings
 from ..errors import ERROR_KIND, ApiError, raise_worker_error
 from ..keyfile import Tenant
 from ..worker.generate_api import ENDPOINT as GENERATE, GenerateAPI
-from ..worker.litserve_bridge import Workers, until_disconnected
+from .litserve_workers import Workers, until_disconnected
 from ..metrics import metrics
 from ..shared.schemas import AUTO, GenerateRequest, TranslateRequest
 from ..stopping import Stopping

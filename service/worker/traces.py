@@ -1,5 +1,5 @@
 """A worker's part of each request's trace (service/tracing.py; nothing here when traces are off). The HTTP
-process puts its request span's context in the payload (`carry`, in litserve_bridge.Workers); the worker
+process puts its request span's context in the payload (`carry`, in http/litserve_workers.Workers); the worker
 loop (litserve_bridge.SchedulerLoop) tells `WorkerTraces` what happens to the requests it takes:
 
     transerve.queue         the wait: from the put on LitServe's queue in the HTTP process to the admission

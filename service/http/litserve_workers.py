@@ -1,0 +1,287 @@
+"""The HTTP process's way to the inference workers (`Workers`): a request sent (worker/request_sender.py), its
+answer or its stream's events awaited, the worker's death, the client's going and the deadline raced; `ready` and
+`stop` for the server's life. One side of the boundary LitServe draws between HTTP processes and workers; the other
+is worker/litserve_bridge.py's loop. Both touch LitServe's internals (litserve==0.2.19 is pinned for them).
+
+LitServe's timeout only evicts requests still queued, and its monitor does not reach an HTTP process's requests when
+a worker dies: without the two bounds in `Workers.call` such a request would wait forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import pickle
+import time
+import uuid
+from collections import deque
+from typing import AsyncIterator
+
+import litserve as ls
+from fastapi import Request
+from litserve import LitAPI
+from litserve.server import RegularRequestHandler, StreamingRequestHandler
+from litserve.utils import LitAPIStatus, ResponseBufferItem, WorkerSetupStatus
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import ApiError, queue_timeout, worker_failed
+from ..metrics import metrics
+from ..worker.cancel import CancelBoard
+from ..worker.litserve_bridge import IDLE_WAKE_S
+from ..worker.request_sender import RequestSender
+from ..worker.traces import carry
+
+LOST_HOLD_S = IDLE_WAKE_S + 0.5   # new requests wait this long after a worker's loss is seen (Workers._enqueue)
+
+
+class Settles:
+    """What LitServe's consumer sets when an answer arrives (it calls `event.set()`): here a callback."""
+
+    def __init__(self, settle, what: str):
+        self.settle, self.what = settle, what
+
+    def set(self) -> None:
+        self.settle(self.what)
+
+
+class Alarm(asyncio.Event):
+    """An asyncio.Event that also calls back when set: a request waits for it without a Task of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self._callbacks: dict = {}                 # as a set, in the order added
+
+    def set(self) -> None:
+        super().set()
+        for callback in list(self._callbacks):
+            callback()
+
+    def on_set(self, callback) -> None:
+        if self.is_set():
+            callback()
+        else:
+            self._callbacks[callback] = None
+
+    def forget(self, callback) -> None:
+        self._callbacks.pop(callback, None)
+
+
+async def until_disconnected(request: Request) -> None:
+    """Returns when the client goes away. A blocking receive, not polling is_disconnected(): under
+    Starlette's BaseHTTPMiddleware the latter never sees the disconnect (its zero-timeout receive
+    is cancelled inside the middleware's task group)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class Workers:
+    """The inference workers of a LitServer as an HTTP process sees them: `call` for a request with one
+    answer, `events` for a request answered step by step, `ready` and `stop` for the server's life.
+
+    A worker that stops being ready fails the requests in flight at once (503, retry); twice the queue
+    timeout bounds queue wait plus the longest computation (504)."""
+
+    def __init__(self, server: ls.LitServer, apis: dict[str, LitAPI | None], board: CancelBoard,
+                 request_timeout_s: float):
+        self.server, self.board, self.request_timeout_s = server, board, request_timeout_s
+        self.handlers = {endpoint: (StreamingRequestHandler if api.stream else RegularRequestHandler)(api, server)
+                         for endpoint, api in apis.items() if api is not None}
+        self._watcher: asyncio.Future | None = None      # see lost(); one per HTTP process
+        self._lost: dict[str, asyncio.Event] = {}
+        self._lost_at: dict[str, float] = {}              # when the watcher last saw a worker stop (monotonic)
+        self._seen_starts: dict[str, int] | None = None   # the workers' start counts the watcher has acted on
+
+    def serves(self, endpoint: str) -> bool:
+        return endpoint in self.handlers
+
+    async def call(self, endpoint: str, payload: dict, request: Request | None) -> dict | None:
+        """The worker's answer to `payload`; None when the client went away first (its request is then
+        dropped from the worker's queue and from the engine batches not yet run)."""
+        uid = await self._enqueue(endpoint, payload)
+        # One future settled by whichever comes first, each by a callback: a Task for each of the four waits,
+        # and asyncio.wait over them, cost the HTTP process a tenth of its CPU a request.
+        loop = asyncio.get_running_loop()
+        outcome = loop.create_future()
+
+        def settle(what: str) -> None:
+            if not outcome.done():
+                outcome.set_result(what)
+        self.server.response_buffer[uid] = item = ResponseBufferItem(Settles(settle, "answered"))
+        lost, on_lost = self.lost(endpoint), functools.partial(settle, "worker lost")
+        lost.on_set(on_lost)
+        gone = None
+        if request is not None:
+            gone = asyncio.ensure_future(until_disconnected(request))
+            gone.add_done_callback(lambda task: task.cancelled() or settle("client gone"))
+        deadline = 2 * self.request_timeout_s
+        timer = loop.call_later(deadline, settle, "timeout")
+        try:
+            what = await outcome
+        finally:
+            timer.cancel()
+            lost.forget(on_lost)
+            if gone is not None:
+                gone.cancel()
+            self.server.response_buffer.pop(uid, None)  # a late answer then finds no one waiting
+            self._done(endpoint, uid)
+        if what == "answered":
+            return self._answer(endpoint, *item.response)
+        self.board.cancel(payload["number"])  # the worker skips it, queued or between engine batches
+        if what == "client gone":
+            metrics().cancelled.labels(endpoint).inc()
+            return None
+        if what == "worker lost":
+            raise worker_failed("the inference worker stopped while running this request (it is being "
+                                "restarted); retry", retry_after_s=2)
+        raise ApiError(504, "timeout", f"no answer within {deadline:g} s", headers={"Retry-After": "5"})
+
+    def _answer(self, endpoint: str, response, status) -> dict:
+        if status != LitAPIStatus.ERROR:
+            return response
+        try:
+            self.handlers[endpoint]._handle_error_response(response)   # raises LitServe's HTTPException
+        except StarletteHTTPException as e:
+            if e.status_code == 504:  # LitServe evicted it from the queue before a worker took it
+                raise queue_timeout(self.request_timeout_s) from None
+        raise worker_failed("the inference worker failed while running this request; retry")
+
+    async def events(self, endpoint: str, payload: dict) -> AsyncIterator[dict]:
+        """Submits to a streaming endpoint's workers and yields their per-step events for this request."""
+        uid = await self._enqueue(endpoint, payload)
+        available, queue = asyncio.Event(), deque()
+        self.server.response_buffer[uid] = ResponseBufferItem(event=available, response_queue=queue)
+        stream = self.server.data_streamer(queue, data_available=available, send_status=True)
+        # As in call(): a worker that dies sends nothing more, so each wait races the worker watcher.
+        lost = asyncio.ensure_future(self.lost(endpoint).wait())
+        step = None
+        try:
+            while True:
+                step = asyncio.ensure_future(anext(stream))
+                await asyncio.wait({step, lost}, return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():
+                    raise worker_failed("the generation worker stopped while running this request (it is being "
+                                        "restarted); retry", retry_after_s=2)
+                try:
+                    data, status = step.result()
+                except StopAsyncIteration:
+                    return
+                if status == LitAPIStatus.ERROR:
+                    self._stream_error(data)
+                if data:
+                    yield json.loads(data) if isinstance(data, (str, bytes)) else data
+        finally:
+            lost.cancel()
+            if step is not None and not step.done():
+                # Worker lost, or this request cancelled (its client went away) while waiting: the
+                # streamer must stop running before aclose(), and the cancellation must not stop that wait.
+                # A payload still in the queue is skipped by whichever worker takes it (a restarted one).
+                self.board.cancel(payload["number"])
+                step.cancel()
+                await asyncio.shield(asyncio.wait({step}))
+            await stream.aclose()
+            self.server.response_buffer.pop(uid, None)
+            self._done(endpoint, uid)
+
+    def _stream_error(self, data) -> None:
+        try:
+            err = pickle.loads(data) if isinstance(data, bytes) else data
+        except Exception:
+            err = None
+        if getattr(err, "status_code", None) == 504:
+            raise queue_timeout(self.request_timeout_s)
+        raise worker_failed("the inference worker failed while running this request; retry")
+
+    def _sender(self, endpoint: str) -> RequestSender | None:
+        """The endpoint's RequestSender; None where the server kept LitServe's queues (not on Unix)."""
+        senders = getattr(self.server, "request_senders", None)
+        return senders.get(self.handlers[endpoint].lit_api.api_path) if senders else None
+
+    def _done(self, endpoint: str, uid: str) -> None:
+        if (sender := self._sender(endpoint)) is not None:
+            sender.done(uid)
+
+    async def _enqueue(self, endpoint: str, payload: dict) -> str:
+        """Sends a request to a worker (RequestSender); its uid. The queue-depth gauge goes up here and down only
+        where a worker takes the request off its queue (collect), whatever happens after. With no worker
+        listening for `--request-timeout-s`: 504, as a request LitServe's queue timed out.
+
+        On LitServe's queues (kept where Unix sockets are not), held back for a moment after a worker of
+        `endpoint` was lost: those queues live in a manager process, and a get() the dead worker was waiting in
+        goes on there until its timeout (IDLE_WAKE_S), handing the next request put on the queue to no one. A
+        request put before the loss was seen fails with the others (lost); one put after must wait that get out.
+        A dead worker's socket refuses at once, so a request sent there goes to another worker or waits."""
+        sender = self._sender(endpoint)
+        lost_at = self._lost_at.get(endpoint)
+        if sender is None and lost_at is not None and (wait := lost_at + LOST_HOLD_S - time.monotonic()) > 0:
+            await asyncio.sleep(wait)
+        carry(payload)   # the worker's spans join the request's trace (worker/traces.py), when traces are on
+        metrics().queue_depth.labels(endpoint).inc()   # before the put: the worker may take it at once
+        self.board.queued(endpoint, +1)
+        try:
+            if sender is None:
+                return (await self.handlers[endpoint]._submit_request(payload))[0]
+            uid = str(uuid.uuid4())
+            try:
+                await sender.put((self.server.app.response_queue_id, uid, time.monotonic(), payload),
+                                 self.request_timeout_s)
+            except TimeoutError:
+                raise queue_timeout(self.request_timeout_s) from None
+            return uid
+        except BaseException:
+            metrics().queue_depth.labels(endpoint).dec()
+            self.board.queued(endpoint, -1)
+            raise
+
+    def lost(self, endpoint: str) -> Alarm:
+        """An event set when a worker of `endpoint` stops being ready or a new one starts (it died;
+        LitServe restarts it). One watcher per HTTP process polls the shared worker states and start
+        counts twice a second, whatever the load: a small model's new worker can be ready again before
+        the next poll, so its start is what shows the death."""
+        if self._watcher is None or self._watcher.done():
+            self._lost, self._watcher = {}, asyncio.ensure_future(self._watch())
+        return self._lost.setdefault(endpoint, Alarm())
+
+    async def _watch(self) -> None:
+        status = getattr(self.server, "workers_setup_status", None)
+        seen: dict[str, str] = {}
+        starts = self._seen_starts = self.board.worker_starts()
+        while status is not None:
+            await asyncio.sleep(0.5)
+            try:
+                now = status.copy()  # one round trip to the manager process
+            except Exception:  # the manager is gone: shutting down
+                return
+            lost = {key.rsplit("_", 1)[0] for key, state in now.items()
+                    if seen.get(key) == WorkerSetupStatus.READY and state != WorkerSetupStatus.READY}
+            seen, now_starts = now, self.board.worker_starts()
+            lost |= {e for e, n in now_starts.items() if n != starts.get(e, n)}
+            starts = now_starts
+            for endpoint in lost:
+                self._lost_at[endpoint] = time.monotonic()
+                event = self._lost.pop(endpoint, None)
+                if event is not None:
+                    event.set()  # requests waiting now fail; later ones get a new event
+            self._seen_starts = starts
+
+    def ready(self) -> bool:
+        """Every worker loaded and warmed up, and, on LitServe's queues, no restart pending here: one this
+        process's watcher has not acted on yet (a request put now could still go to the dead worker's get() and
+        fail with those in flight) or whose new requests are still held back (_enqueue)."""
+        status = getattr(self.server, "workers_setup_status", None) or {}
+        if not status or any(v != WorkerSetupStatus.READY for v in status.values()):
+            return False
+        if getattr(self.server, "request_senders", None):
+            return True
+        if self._watcher is not None and not self._watcher.done() and self.board.worker_starts() != self._seen_starts:
+            return False
+        now = time.monotonic()
+        return all(now >= lost_at + LOST_HOLD_S for lost_at in self._lost_at.values())
+
+    def stop(self) -> None:
+        self.server._shutdown_event.set()
+
+
+def serving(server: ls.LitServer) -> bool:
+    """Whether server.run() got as far as serving (before, a SIGTERM has nothing to drain)."""
+    return getattr(server, "_shutdown_event", None) is not None

@@ -1,0 +1,40 @@
+"""The HTTP process's way to the workers (service/http/litserve_workers.py): when it says the workers are ready."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from service.http.litserve_workers import LOST_HOLD_S, Workers
+from service.worker.cancel import CancelBoard
+
+
+def test_ready_waits_until_a_restarted_worker_is_acted_on_and_its_hold_back_has_passed():
+    """A worker restarted between two polls of the watcher: until the watcher has failed the requests that may
+    have gone with it, and the dead worker's get() on LitServe's queue has timed out, a request put now could
+    be lost, so the HTTP process says it is not ready (a probe, a client waiting for /ready)."""
+    from types import SimpleNamespace
+
+    from litserve.utils import WorkerSetupStatus
+
+    board = CancelBoard(("generate",))
+    server = SimpleNamespace(workers_setup_status={"generate_0": WorkerSetupStatus.READY})
+    workers = Workers(server, {}, board, request_timeout_s=10)
+
+    async def run():
+        assert workers.ready()
+        lost = workers.lost("generate")              # a request waits: the watcher runs
+        await asyncio.sleep(0.1)
+        board.worker_started("generate")             # died and started again, ready before any poll saw it
+        assert not workers.ready()
+        await asyncio.wait_for(lost.wait(), 5)       # the watcher's next poll fails the waiting requests
+        assert not workers.ready()
+
+        async def until_ready():
+            while not workers.ready():
+                await asyncio.sleep(0.05)
+        await asyncio.wait_for(until_ready(), 10)
+        return time.monotonic()
+
+    ready_at = asyncio.run(run())
+    assert ready_at >= workers._lost_at["generate"] + LOST_HOLD_S
