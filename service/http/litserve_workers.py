@@ -88,7 +88,7 @@ class Workers:
         self.handlers = {endpoint: (StreamingRequestHandler if api.stream else RegularRequestHandler)(api, server)
                          for endpoint, api in apis.items() if api is not None}
         self._watcher: asyncio.Future | None = None      # see lost(); one per HTTP process
-        self._lost: dict[str, asyncio.Event] = {}
+        self._lost: dict[str, Alarm] = {}
         self._lost_at: dict[str, float] = {}              # when the watcher last saw a worker stop (monotonic)
         self._seen_starts: dict[str, int] | None = None   # the workers' start counts the watcher has acted on
 
@@ -99,30 +99,9 @@ class Workers:
         """The worker's answer to `payload`; None when the client went away first (its request is then
         dropped from the worker's queue and from the engine batches not yet run)."""
         uid = await self._enqueue(endpoint, payload)
-        # One future settled by whichever comes first, each by a callback: a Task for each of the four waits,
-        # and asyncio.wait over them, cost the HTTP process a tenth of its CPU a request.
-        loop = asyncio.get_running_loop()
-        outcome = loop.create_future()
-
-        def settle(what: str) -> None:
-            if not outcome.done():
-                outcome.set_result(what)
-        self.server.response_buffer[uid] = item = ResponseBufferItem(Settles(settle, "answered"))
-        lost, on_lost = self.lost(endpoint), functools.partial(settle, "worker lost")
-        lost.on_set(on_lost)
-        gone = None
-        if request is not None:
-            gone = asyncio.ensure_future(until_disconnected(request))
-            gone.add_done_callback(lambda task: task.cancelled() or settle("client gone"))
-        deadline = 2 * self.request_timeout_s
-        timer = loop.call_later(deadline, settle, "timeout")
         try:
-            what = await outcome
+            what, item = await self._outcome(endpoint, uid, request)
         finally:
-            timer.cancel()
-            lost.forget(on_lost)
-            if gone is not None:
-                gone.cancel()
             self.server.response_buffer.pop(uid, None)  # a late answer then finds no one waiting
             self._done(endpoint, uid)
         if what == "answered":
@@ -134,7 +113,40 @@ class Workers:
         if what == "worker lost":
             raise worker_failed("the inference worker stopped while running this request (it is being "
                                 "restarted); retry", retry_after_s=2)
-        raise ApiError(504, "timeout", f"no answer within {deadline:g} s", headers={"Retry-After": "5"})
+        raise ApiError(504, "timeout", f"no answer within {2 * self.request_timeout_s:g} s",
+                       headers={"Retry-After": "5"})
+
+    async def _outcome(self, endpoint: str, uid: str, request: Request | None) -> tuple[str, ResponseBufferItem]:
+        """What came first for request `uid`: "answered" (its answer in the item), "worker lost", "client gone" or
+        "timeout" (twice the request timeout). One future, settled by a callback each: a Task for each of three
+        waits and asyncio.wait over them took about 8% of the HTTP process's samples under load; only the
+        client's needs a Task (it awaits receive())."""
+        loop = asyncio.get_running_loop()
+        outcome = loop.create_future()
+
+        def settle(what: str) -> None:
+            if not outcome.done():
+                outcome.set_result(what)
+
+        def on_gone(task: asyncio.Task) -> None:
+            if not task.cancelled():
+                task.exception()          # retrieved: a receive() that raised has lost the client too
+                settle("client gone")
+        self.server.response_buffer[uid] = item = ResponseBufferItem(Settles(settle, "answered"))
+        lost, on_lost = self.lost(endpoint), functools.partial(settle, "worker lost")
+        lost.on_set(on_lost)
+        gone = None
+        if request is not None:
+            gone = asyncio.ensure_future(until_disconnected(request))
+            gone.add_done_callback(on_gone)
+        timer = loop.call_later(2 * self.request_timeout_s, settle, "timeout")
+        try:
+            return await outcome, item
+        finally:
+            timer.cancel()
+            lost.forget(on_lost)
+            if gone is not None:
+                gone.cancel()
 
     def _answer(self, endpoint: str, response, status) -> dict:
         if status != LitAPIStatus.ERROR:
