@@ -7,7 +7,7 @@ import asyncio
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from service.http.uvicorn_bridge import GRACE_S, GuardedHTTPProtocol
+from service.http.uvicorn_bridge import GRACE_S, CoalescedWrites, GuardedHTTPProtocol
 
 
 async def app(scope, receive, send):   # never reached: the clients send nothing
@@ -72,3 +72,47 @@ def test_the_oldest_waiting_are_the_ones_closed():
         assert [await closed_count([c]) for c in clients] == [1, 1, 0, 0, 0]
         shut(server, clients)
     asyncio.run(run())
+
+
+class Recording:
+    """A transport that records each write it is given."""
+
+    def __init__(self):
+        self.writes, self.closed = [], False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str):
+        return f"extra {name}"
+
+
+def test_writes_of_one_turn_leave_as_one_and_none_waits_past_its_turn():
+    """A response's head and body, written in one turn of the loop, reach the transport as one write; a stream's
+    event written in a later turn is not held for the next; close() sends what is held first."""
+    async def run() -> tuple:
+        transport = Recording()
+        writes = CoalescedWrites(transport, asyncio.get_running_loop())
+        writes.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        writes.write(b"body")
+        assert transport.writes == []                 # held until the turn ends
+        await asyncio.sleep(0)
+        first = list(transport.writes)
+        writes.write(b"event")                         # a stream's next event, a turn later
+        await asyncio.sleep(0)
+        second = list(transport.writes)
+        writes.write(b"last")
+        writes.close()
+        return first, second, transport, writes.get_extra_info("peername")
+    first, second, transport, extra = asyncio.run(run())
+    assert first == [b"HTTP/1.1 200 OK\r\n\r\nbody"]
+    assert second == first + [b"event"]
+    assert transport.writes == second + [b"last"] and transport.closed
+    assert extra == "extra peername"                   # everything else is the transport's
+
