@@ -70,10 +70,12 @@ fi
 # The whole suite runs in two pytest processes (pytest-xdist), a test file each at a time: most of its wall time is
 # servers starting, timers running out and clients waiting, so on 2 cores two files at once took 589 s where one
 # took 956 (both beside a nice-19 training job). TRANSERVE_TEST_PROCESSES=0 runs it in one process; with
-# arguments (some tests) it runs in one unless they say -n.
+# arguments (some tests) it runs in one unless they say -n. A test process that dies (a native crash) fails the run
+# at once, named in the summary: xdist's default restarts it and sends it the same file again, and once (CI,
+# 2026-12-01, an abort in tests/test_row_gather.py) the run then hung with both processes idle.
 PARALLEL=()
 if [[ $# == 0 && ${TRANSERVE_TEST_PROCESSES:-2} != 0 ]]; then
-  PARALLEL=(-n "${TRANSERVE_TEST_PROCESSES:-2}" --dist loadfile)
+  PARALLEL=(-n "${TRANSERVE_TEST_PROCESSES:-2}" --dist loadfile --max-worker-restart 0)
 fi
 if [[ $IMAGE == auto && $# == 0 ]]; then
   IMAGE_TEST=tests/test_deploy.py::test_cpu_image_builds_runs_and_translates
