@@ -72,7 +72,7 @@ fi
 # took 956 (both beside a nice-19 training job). TRANSERVE_TEST_PROCESSES=0 runs it in one process; with
 # arguments (some tests) it runs in one unless they say -n. A test process that dies (a native crash) fails the run
 # at once, named in the summary: xdist's default restarts it and sends it the same file again, and once (CI,
-# 2026-12-01, an abort in tests/test_row_gather.py) the run then hung with both processes idle.
+# 2026-12-01, an abort from a heap corrupted by lm_batch.py's prompts' read) the run then hung with both idle.
 PARALLEL=()
 if [[ $# == 0 && ${TRANSERVE_TEST_PROCESSES:-2} != 0 ]]; then
   PARALLEL=(-n "${TRANSERVE_TEST_PROCESSES:-2}" --dist loadfile --max-worker-restart 0)

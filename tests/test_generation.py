@@ -333,3 +333,40 @@ def test_perplexity_of_package_equals_checkpoint(tiny_lm_run, tiny_lm_package, m
     assert a["all"]["tokens"] == b["all"]["tokens"] > 1000
     assert math.isclose(a["all"]["perplexity"], b["all"]["perplexity"], rel_tol=1e-3)
     assert 1.0 <= a["all"]["perplexity"] < 3 and set(a) >= {"de", "en"}
+
+
+def test_every_array_bound_as_an_output_is_alive_when_the_graph_runs(monkeypatch):
+    """The generation batch's calls (its prompts' read, first tokens, steps) bind host arrays as outputs by
+    address; one dropped before the run is written after it was freed. The prompts' read once dropped its
+    outputs so: a corrupted heap that aborted the test suite later, in whichever test allocated next."""
+    import weakref
+
+    from service.inference.decoders import DecoderGraph
+
+    lm = Engine(ROOT / "models" / "lm-small", device="cpu", intra_op_threads=1)
+    bound: list[weakref.ref] = []
+    outputs = DecoderGraph.outputs
+
+    def tracked(self, io, rows, top_k):
+        arrays = outputs(self, io, rows, top_k)
+        bound.extend(weakref.ref(a) for a in arrays)
+        return arrays
+    monkeypatch.setattr(DecoderGraph, "outputs", tracked)
+    session, calls = lm.graph.session, []
+
+    class Checked:
+        def __getattr__(self, name):
+            return getattr(session, name)
+
+        def run_with_iobinding(self, io, *args):
+            calls.append(sum(ref() is None for ref in bound))
+            session.run_with_iobinding(io, *args)
+            bound.clear()
+    lm.graph.session = Checked()
+    batch = lm.generation_batch()
+    prompts = lm.prompt_ids(["Das geht zu weit", "Wo ist der Bahnhof heute"])   # several tokens: a prompts' read
+    lm.join_generation(batch, prompts, SearchOptions(beam_size=1, max_length=4))
+    while batch.members:
+        batch.step()
+    batch.close()
+    assert len(calls) >= 3 and calls == [0] * len(calls), calls

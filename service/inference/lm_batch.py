@@ -236,12 +236,14 @@ class LmBatch:
         for i, name in enumerate(g.present_names):
             g.pool.bind.output(io, name, g.pool.dtype, [n, g.h, width, g.d_k],
                                self.read.at(i * stride + offset * g.h * width * g.d_k))
-        g.outputs(io, n, 1)                          # read by no one: the first token is the next step's
+        # Read by no one (the first token is the next step's), but bound by address: alive until the run ends, or
+        # onnxruntime writes into freed memory (a heap corrupted this way aborted the test suite later, at random).
+        outputs = g.outputs(io, n, 1)
         if g.on_call is not None:
             g.on_call(n)
         g.session.run_with_iobinding(io)
         self.call_rows.append(n)
-        del arrays
+        del arrays, outputs
 
     def _decode(self, live: list[LmMember]) -> None:
         """One call for every row of the members at a Want; each member's search is sent its rows' outputs."""
