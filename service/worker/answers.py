@@ -14,19 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
-import pickle
 import shutil
 import socket
-import threading
 import time
 from collections import deque
 from multiprocessing.connection import Client, Connection
 
 from litserve.transport.base import MessageTransport
 
-log = logging.getLogger("transerve")
+from .unix_listener import listen
 
 
 BUNDLE = "transerve-bundle"   # a message that holds several (LitServe's uids are uuid4 strings)
@@ -104,44 +101,17 @@ class SocketAnswers(MessageTransport):
 
     # --- the HTTP side ---------------------------------------------------------------------------------
     def _start(self, consumer_id: int) -> Mailbox:
-        """Listens for this HTTP process's workers; each connection is read by a thread of its own."""
+        """Listens for this HTTP process's workers (unix_listener.py: each connection read by a thread of its own)."""
         loop = asyncio.get_running_loop()
         inbox = Mailbox(loop)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(self.address(consumer_id))
-        listener.listen(64)
-        self._listeners.append(listener)
 
-        def accept() -> None:
-            while True:
-                try:
-                    peer, _ = listener.accept()
-                except OSError:
-                    if self._closed or listener.fileno() < 0:
-                        return
-                    time.sleep(0.1)       # out of file descriptors, say: the workers already connected go on
-                    continue
-                threading.Thread(target=read, args=(Connection(peer.detach()),), name=f"answers-{consumer_id}",
-                                 daemon=True).start()
-
-        def read(connection: Connection) -> None:
-            with connection:
-                while True:
-                    try:
-                        frame = connection.recv_bytes()
-                    except (EOFError, OSError):      # that worker stopped, perhaps mid-write
-                        return
-                    try:
-                        item = pickle.loads(frame)
-                    except Exception:                  # the frame is whole: the next one can still be read
-                        log.exception("an answer from a worker could not be read; it is dropped")
-                        continue
-                    try:
-                        loop.call_soon_threadsafe(inbox.put_all, unbundled(item))
-                    except RuntimeError:               # the event loop has closed: this process is stopping
-                        return
-
-        threading.Thread(target=accept, name=f"answers-{consumer_id}-accept", daemon=True).start()
+        def deliver(message) -> bool:
+            try:
+                loop.call_soon_threadsafe(inbox.put_all, unbundled(message))
+            except RuntimeError:               # the event loop has closed: this process is stopping
+                return False
+            return True
+        self._listeners.append(listen(self.address(consumer_id), deliver, f"answers-{consumer_id}"))
         self._inboxes[os.getpid(), consumer_id] = inbox
         return inbox
 

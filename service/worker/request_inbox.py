@@ -16,15 +16,11 @@ or a request that cannot be read, ends or skips only its own.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-import pickle
 import socket
-import threading
-from multiprocessing.connection import Connection
 from queue import SimpleQueue
 
-log = logging.getLogger("transerve")
+from .unix_listener import listen
 
 
 def request_address(folder: str, worker_id: int) -> str:
@@ -47,38 +43,16 @@ class RequestInbox:
 
     def listen(self, worker_id: int) -> None:
         """Listens at this worker's address (a dead predecessor's socket file taken over); each HTTP process that
-        connects is read by a thread of its own."""
+        connects is read by a thread of its own (unix_listener.py)."""
         address = request_address(self.folder, worker_id)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(address)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(address)
-        listener.listen(64)
-        self._items, self._listener = SimpleQueue(), listener
-        threading.Thread(target=self._accept, args=(listener,), name="requests-accept", daemon=True).start()
+        self._items = items = SimpleQueue()
 
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                peer, _ = listener.accept()
-            except OSError:
-                if listener.fileno() < 0:
-                    return
-                continue
-            threading.Thread(target=self._read, args=(Connection(peer.detach()),), name="requests",
-                             daemon=True).start()
-
-    def _read(self, connection: Connection) -> None:
-        with connection:
-            while True:
-                try:
-                    frame = connection.recv_bytes()
-                except (EOFError, OSError):      # that HTTP process stopped, perhaps mid-write
-                    return
-                try:
-                    self._items.put(pickle.loads(frame))
-                except Exception:                  # the frame is whole: the next one can still be read
-                    log.exception("a request from an HTTP process could not be read; it is dropped")
+        def deliver(request) -> bool:
+            items.put(request)
+            return True
+        self._listener = listen(address, deliver, "requests")
 
     def get(self, timeout: float | None = None):
         """The next request; queue.Empty when none came within `timeout` seconds (0: only one already here)."""
