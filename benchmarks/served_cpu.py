@@ -129,11 +129,11 @@ def ceiling(split: dict, tokens_per_request: float, offline_rate: float) -> str:
             f"as cheap as it, {engine_ms / (workers + rest):.2f}x as measured")
 
 
-def per_request(sentences: list[str], k: int) -> list[list[str]]:
-    """4 x len(sentences) requests of k sentences each, taken from the sentences in turn (so that with k > 1 the
-    32 clients still send 8 requests each, and both workers stay busy to the end)."""
+def per_request(sentences: list[str], k: int, requests: int = 256) -> list[list[str]]:
+    """`requests` requests of k sentences each, taken from the sentences in turn (so that with k > 1 the 32
+    clients still send 8 requests each, and both workers stay busy to the end)."""
     n = len(sentences)
-    return [[sentences[(i * k + j) % n] for j in range(k)] for i in range(4 * n)]
+    return [[sentences[(i * k + j) % n] for j in range(k)] for i in range(requests)]
 
 
 def measure(tree: Path, args: argparse.Namespace, sentences: list[str], k: int = 1) -> tuple[str, dict, float]:
@@ -154,7 +154,7 @@ def measure(tree: Path, args: argparse.Namespace, sentences: list[str], k: int =
         if status != 200:
             raise RuntimeError(f"/translate answered {status}: {out}")
         return sum(t["output_tokens"] for t in out["translations"])
-    requests = per_request(sentences, k)
+    requests = per_request(sentences, k, args.requests)
     try:
         [one(r) for r in requests[:8]]                        # warm-up
         c0 = cpu_seconds(proc.pid)
@@ -260,6 +260,8 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--by-process", action="store_true", help="where the loaded part's CPU went, process by process")
     p.add_argument("--data", type=Path, help="sentences: a TSV's first column, the first 64 (default: the tests' 64)")
+    p.add_argument("--requests", type=int, default=256, help="requests under load a round (default 256: about a "
+                   "second of load on 2 cores; more for steadier per-process figures)")
     p.add_argument("--per-request", default="1", help="sentences a request, comma-separated runs (default 1; "
                    "issue 50's bar: 1,8)")
     args = p.parse_args(argv)
