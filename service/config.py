@@ -93,6 +93,7 @@ class Settings:
     # text: lines for a person at a terminal; json: one object per line for a log pipeline, with an access line
     # per request (service/logs.py). Never a key, never a request's text, in either.
     log_format: str = "text"
+    access_log: bool = True             # an access line per request, in either format (logs.access)
 
     @property
     def model_paths(self) -> list[Path]:
@@ -159,8 +160,9 @@ _HELP = {
     "redis_timeout_ms": "the longest a request waits on Redis for its limits (then --redis-down applies)",
     "redis_down": "while Redis cannot answer: admit (limits off until it is back) or refuse (429 with Retry-After)",
     "log_level": "critical, error, warning, info or debug",
-    "log_format": "text (lines for a terminal) or json (one object per line, and an access line per request with "
-                  "its id, key name, route, status, characters, tokens and timings; never a key or a text)",
+    "log_format": "text (lines for a terminal) or json (one object per line)",
+    "access_log": "an access line per request: its id, key name, method, route (the route's template, never the "
+                  "path or query sent), status, characters, tokens and timings; never a key or a text",
     "batch_timeout_ms": "after an inference worker takes a request, how long it waits for more to join the batch "
                         "(0: it takes only those already queued; under load they queue while it is busy)",
     "max_request_cost": "a request's cost at most: source tokens x beam_size for /translate, (prompt tokens + "

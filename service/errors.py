@@ -57,7 +57,8 @@ def raise_worker_error(event: dict) -> dict:
 
 
 # What a body must be on our routes and OpenAI's (one rule per API flavour; LibreTranslate's also takes forms,
-# service/api/libretranslate.py). FastAPI holds /translate and /generate to it; openai_api.read_request the rest.
+# service/api/libretranslate.py). FastAPI holds /generate to it, http/json_body.read_model /translate (as FastAPI
+# would), openai_api.read_request the rest.
 NOT_JSON = "the body must be a JSON object sent with Content-Type: application/json"
 
 
@@ -86,6 +87,23 @@ def first_error(e: ValidationError | RequestValidationError) -> str:
     return "; ".join(parts)
 
 
+def invalid_body(e: ValidationError | RequestValidationError, in_body: bool = True) -> ApiError:
+    """The 400 or 422 of a body that did not validate: FastAPI's RequestValidationError (its locations start
+    with "body"), or pydantic's own from a route that reads its body itself (json_body.read_model,
+    `in_body=False`: its locations start at the body)."""
+    errs = e.errors() if in_body else [err | {"loc": ("body", *err.get("loc", ()))} for err in e.errors()]
+    if any(err.get("type") == "json_invalid" for err in errs):
+        return ApiError(400, "invalid_json", "the body is not valid JSON")
+    if bad := next((err for err in errs if err.get("type") == "string_unicode"), None):
+        # pydantic's error for a lone surrogate in a key (the values' are the schemas' own 422s)
+        return ApiError(422, "invalid_request", f"a field name has a lone UTF-16 surrogate "
+                        f"({repr(bad.get('input'))[:40]}), which is not Unicode text; send its pair or drop it")
+    if any(tuple(err.get("loc", ())) == ("body",) and err.get("type") != "value_error" for err in errs):
+        # (a value_error at the body itself is a model validator's: a 422 like any field's)
+        return ApiError(400, "invalid_json", NOT_JSON)
+    return ApiError(422, "invalid_request", first_error(e))
+
+
 def too_large(max_payload_bytes: int, document: bool = False) -> ApiError:
     """A body over its limit: --max-payload-bytes, or a document's (--max-file-bytes and its form's fields)."""
     flag = "--max-file-bytes" if document else "--max-payload-bytes"
@@ -109,6 +127,24 @@ def responder(shapes: dict[str, Callable[[ApiError, str | None], dict]]) -> Resp
     return respond
 
 
+def http_api_error(e: StarletteHTTPException, max_payload_bytes: int) -> ApiError:
+    """Starlette's own errors (404, 405 with its Allow header, a body FastAPI could not parse, a body over the
+    limit or cut short: middleware.limited_receive's) as ours."""
+    kinds = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
+             408: "timeout", 499: "client_closed", 504: "timeout"}
+    kind, limit = kinds.get(e.status_code, "error"), None
+    message = str(e.detail) if e.status_code < 500 else "internal error"
+    if e.status_code == 400 and e.__cause__ is not None:  # FastAPI's "There was an error parsing the body"
+        kind, message = "invalid_json", parse_error(e.__cause__)
+    elif e.status_code == 413:
+        limited = too_large(max_payload_bytes)
+        message, limit = limited.message, limited.limit
+    headers = dict(e.headers or {})
+    if "GET" in headers.get("Allow", "").split(", "):
+        headers["Allow"] += ", HEAD"   # answered by every GET route (middleware.request_context)
+    return ApiError(e.status_code, kind, message, limit, headers)
+
+
 def install_handlers(app, max_payload_bytes: int, respond: Responder) -> None:
     """Our errors, FastAPI's validation errors and Starlette's own (404, 405 with its Allow header, a body
     FastAPI could not parse, a body over the limit) all answered by `respond` (see responder)."""
@@ -118,34 +154,10 @@ def install_handlers(app, max_payload_bytes: int, respond: Responder) -> None:
         return respond(request.url.path, getattr(request.state, "request_id", None), e)
 
     async def validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
-        errs = e.errors()
-        if any(err.get("type") == "json_invalid" for err in errs):
-            err = ApiError(400, "invalid_json", "the body is not valid JSON")
-        elif bad := next((err for err in errs if err.get("type") == "string_unicode"), None):
-            # pydantic's error for a lone surrogate in a key (the values' are the schemas' own 422s)
-            err = ApiError(422, "invalid_request", f"a field name has a lone UTF-16 surrogate "
-                           f"({repr(bad.get('input'))[:40]}), which is not Unicode text; send its pair or drop it")
-        elif any(tuple(err.get("loc", ())) == ("body",) and err.get("type") != "value_error" for err in errs):
-            # (a value_error at the body itself is a model validator's: a 422 like any field's)
-            err = ApiError(400, "invalid_json", NOT_JSON)
-        else:
-            err = ApiError(422, "invalid_request", first_error(e))
-        return await api_error(request, err)
+        return await api_error(request, invalid_body(e))
 
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
-        kinds = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
-                 408: "timeout", 499: "client_closed", 504: "timeout"}
-        kind, limit = kinds.get(e.status_code, "error"), None
-        message = str(e.detail) if e.status_code < 500 else "internal error"
-        if e.status_code == 400 and e.__cause__ is not None:  # FastAPI's "There was an error parsing the body"
-            kind, message = "invalid_json", parse_error(e.__cause__)
-        elif e.status_code == 413:
-            limited = too_large(max_payload_bytes)
-            message, limit = limited.message, limited.limit
-        headers = dict(e.headers or {})
-        if "GET" in headers.get("Allow", "").split(", "):
-            headers["Allow"] += ", HEAD"   # answered by every GET route (middleware.request_context)
-        return await api_error(request, ApiError(e.status_code, kind, message, limit, headers))
+        return await api_error(request, http_api_error(e, max_payload_bytes))
 
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(RequestValidationError, validation_error)

@@ -62,12 +62,27 @@ def uvicorn_log_config(log_format: str) -> dict | None:
 
 
 def access(state: dict, method: str, route: str, status: int, total_ms: float) -> None:
-    """The access line of one request (JSON logs only): what the Gateway noted in `state["access"]`, with
-    the request's id, key name, route, status and duration."""
+    """The access line of one request (--access-log): what the Gateway noted in `state["access"]`, with the
+    request's id, key name, route (its template: middleware.route_of), status and duration. JSON: those fields;
+    text: the method, route, status and duration, then the rest as name=value."""
+    log = logging.getLogger(ACCESS)
+    if not log.isEnabledFor(logging.INFO):
+        return
     fields = dict(state.get("access", {}))
     tenant = state.get("tenant")
     fields |= {"request_id": state.get("request_id"), "trace_id": state.get("trace_id"),
                "key": tenant.name if tenant is not None else None,
                "method": method, "route": route, "status": status, "total_ms": round(total_ms, 2),
                "error_type": state.get("error_type")}
-    logging.getLogger(ACCESS).info("access", extra={"access": fields})
+    log.info("%s %s %s %.1f ms %s", method, route, status, total_ms, Named(fields), extra={"access": fields})
+
+
+class Named:
+    """An access line's other fields as name=value, for the text format (formatted only if the line is written)."""
+
+    def __init__(self, fields: dict):
+        self.fields = fields
+
+    def __str__(self) -> str:
+        return " ".join(f"{k}={self.fields[k]}" for k in ACCESS_FIELDS
+                        if k not in ("method", "route", "status", "total_ms") and self.fields.get(k) is not None)

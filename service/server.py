@@ -19,6 +19,8 @@ from __future__ import annotations
 import litserve as ls
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
+from fastapi.routing import APIRoute
+from starlette.middleware.gzip import GZipMiddleware
 
 from . import __version__
 from .api import libretranslate, native, openai_api, ui
@@ -97,13 +99,17 @@ def install(app: FastAPI, gateway: Gateway, flavours: tuple[Flavour, ...]) -> No
     respond = responder({f.prefix: f.error_body for f in flavours if f.error_body})
     install_handlers(app, settings.max_payload_bytes, respond)
     body_limits = {path: settings.max_file_bytes + FORM_SLACK for f in flavours for path in f.file_paths}
+    direct_paths = frozenset().union(*(f.direct_paths for f in flavours))
+    direct = {r.path: r.endpoint for r in app.router.routes
+              if isinstance(r, APIRoute) and r.path in direct_paths and "POST" in r.methods}
     app.add_middleware(request_context, respond=respond, endpoints=endpoints,
                        max_payload_bytes=settings.max_payload_bytes, body_limits=body_limits,
                        keys=gateway.keys, quota=gateway.quota,
                        open_paths=open_paths(frozenset().union(*(f.open_paths for f in flavours)),
                                              public_docs=settings.public_docs),
                        key_in_body=frozenset().union(*(f.key_in_body for f in flavours)),
-                       body_timeout_s=settings.body_timeout_s, access_log=settings.log_format == "json")
+                       body_timeout_s=settings.body_timeout_s, access_log=settings.access_log,
+                       direct=direct, gzip=any(m.cls is GZipMiddleware for m in app.user_middleware))
 
 
 def install_operations(app: FastAPI, gateway: Gateway) -> None:

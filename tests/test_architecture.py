@@ -43,7 +43,9 @@ ALLOWED = {
     # the one module that knows the redis client (the limits' counters shared by the replicas)
     "service.http.redis_bridge": {"redis"},
     # the workers' ENDPOINT names: the metrics' endpoint label
-    "service.api": {"service.__init__", "service.api", "service.http.gateway", "service.shared", "service.documents",
+    # (service.http.json_body: a body read as FastAPI's body parameter would, by the flavours that read their own)
+    "service.api": {"service.__init__", "service.api", "service.http.gateway", "service.http.json_body",
+                    "service.shared", "service.documents",
                     *COMMON,
                     "service.worker.translate_api", "service.worker.generate_api", "fastapi", "starlette", "pydantic"},
     # the bulk command (transerve translate): the engine in-process, or a service through the SDK; no HTTP layer.

@@ -109,6 +109,19 @@ def test_translate_many_texts_keeps_order(server):
     assert [t["text"] for t in r.json()["translations"]] == expected
 
 
+def test_a_large_answer_is_gzipped_for_a_client_that_accepts_it(server):
+    """/translate is served past FastAPI's routing (middleware.direct_route), which compresses as the app's
+    GZipMiddleware would: an answer of 1,000 bytes or more, to a client that accepts gzip."""
+    body = {"text": list(PAIRS)[:20], "source_lang": "de", "target_lang": "en", "beam_size": 1}
+    plain = httpx.post(server + "/translate", json=body, headers={"accept-encoding": "identity"}, timeout=60)
+    packed = httpx.post(server + "/translate", json=body, headers={"accept-encoding": "gzip"}, timeout=60)
+    assert "content-encoding" not in plain.headers and len(plain.content) >= 1000
+    assert packed.headers["content-encoding"] == "gzip" and int(packed.headers["content-length"]) < len(plain.content)
+    assert packed.json()["translations"] == plain.json()["translations"]    # httpx decodes it
+    small = httpx.post(server + "/translate", json=body | {"text": "Ja."}, headers={"accept-encoding": "gzip"})
+    assert small.status_code == 200 and "content-encoding" not in small.headers
+
+
 def test_long_text_is_split_into_sentences_and_joined_back(server):
     src = list(PAIRS)[:3]
     a, b, c = alone(server, src)

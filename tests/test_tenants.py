@@ -396,9 +396,9 @@ def test_json_logs_one_line_per_request_with_its_id_and_no_key_or_text(tmp_path)
     sent = {}
     try:
         with httpx.Client(base_url=url, timeout=60) as http:
-            def send(rid, method, path, key="steady", **kwargs):
+            def send(rid, method, path, key="steady", route=None, **kwargs):
                 headers = {"X-Request-ID": rid} | (bearer(key) if key else {})
-                sent[rid] = (path, http.request(method, path, headers=headers, **kwargs).status_code)
+                sent[rid] = (route or path, http.request(method, path, headers=headers, **kwargs).status_code)
             send("log-1", "POST", "/translate", json={"text": TEXT, "source_lang": "de", "target_lang": "en"})
             send("log-2", "POST", "/translate", json={"text": "", "source_lang": "de", "target_lang": "en"})
             send("log-3", "POST", "/translate", key=None, json={"text": TEXT, "source_lang": "de", "target_lang": "en"})
@@ -406,6 +406,10 @@ def test_json_logs_one_line_per_request_with_its_id_and_no_key_or_text(tmp_path)
             send("log-5", "GET", "/usage", key="capped")
             send("log-6", "POST", "/libretranslate/translate", key=None,
                  json={"q": TEXT, "source": "de", "target": "en", "api_key": KEYS["capped"]})
+            # Paths and queries a client chose are logged as the route's template, or as "(unmatched)"
+            send("log-7", "GET", "/v1/models/GeheimModell?token=Geheimnis", route="/v1/models/{model}")
+            send("log-8", "GET", "/NoKeyPfad-uuuu?token=Geheimnis", key=None, route="(unmatched)")
+            send("log-9", "GET", "/Pfad-Geheim", route="(unmatched)")
     finally:
         stop_server(proc)
     log = server_log(proc)
@@ -428,3 +432,4 @@ def test_json_logs_one_line_per_request_with_its_id_and_no_key_or_text(tmp_path)
     assert len(workers) == 2 and len({rec["pid"] for rec in workers} - http_pids) == 2, workers
     assert all(rec["level"] == "info" and rec["logger"] == "transerve" for rec in workers)
     assert not any(k in log for k in KEYS.values()) and TEXT[:20] not in log and "Das ist" not in log
+    assert not any(secret in log for secret in ("Geheim", "NoKeyPfad", "token="))

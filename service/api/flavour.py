@@ -31,6 +31,8 @@ class Flavour:
     open_paths: frozenset[str] = frozenset()              # served without a key (e.g. language lists)
     key_in_body: frozenset[str] = frozenset()             # POST paths whose clients may send the key in the body
     file_paths: frozenset[str] = frozenset()              # POST paths that take a document: --max-file-bytes bodies
+    direct_paths: frozenset[str] = frozenset()            # POST routes taking (request) -> Response that the
+    #                                                       middleware calls itself (middleware.direct_route)
     describe: Callable[[dict, Gateway], None] | None = None   # names what is served in /openapi.json
 
 

@@ -20,6 +20,7 @@ from . import sse
 from ..errors import ApiError
 from .flavour import Flavour, describe_pairs
 from ..http.gateway import Finished, Gateway, GenerationStream
+from ..http.json_body import add_schema, model_response, read_model, request_body
 from ..worker.generate_api import ENDPOINT as GENERATE
 from ..shared.schemas import (ErrorResponse, GenerateRequest, GenerateResponse, Language, TranslateRequest,
                              TranslateResponse)
@@ -29,11 +30,11 @@ ERRORS = {c: {"model": ErrorResponse} for c in (400, 401, 403, 413, 422, 503, 50
 
 
 def install(app: FastAPI, gateway: Gateway) -> None:
-    async def translate(body: TranslateRequest, request: Request) -> TranslateResponse:
-        out = await gateway.translate(body, request)
+    async def translate(request: Request) -> Response:   # the body read by the route: http/json_body.py says why
+        out = await gateway.translate(await read_model(request, TranslateRequest), request)
         if out is None:
-            return Response(status_code=499)  # type: ignore[return-value]  # nginx's "client closed request"
-        return out  # type: ignore[return-value]
+            return Response(status_code=499)   # nginx's "client closed request"
+        return model_response(TranslateResponse, out, exclude_none=True)   # detected_lang only with "auto"
 
     async def generate(body: GenerateRequest, request: Request):
         stream = await gateway.generate(body, request)
@@ -45,8 +46,8 @@ def install(app: FastAPI, gateway: Gateway) -> None:
         return {"model": done.model, "usage": done.usage, "timings": done.timings, "choices": done.choices}
 
     app.add_api_route("/translate", translate, methods=["POST"], response_model=TranslateResponse,
-                      response_model_exclude_none=True,   # detected_lang only with source_lang "auto"
-                      responses=ERRORS, summary="Translate one text or a list of texts", tags=["translation"])
+                      responses=ERRORS, openapi_extra=request_body(TranslateRequest),
+                      summary="Translate one text or a list of texts", tags=["translation"])
     app.add_api_route("/generate", generate, methods=["POST"], response_model=GenerateResponse,
                       responses=ERRORS | {200: {"content": {"text/event-stream": {}},
                                                 "description": "JSON, or server-sent events with stream=true"}},
@@ -78,7 +79,7 @@ def describe(schema: dict, gateway: Gateway) -> None:
     400 listing the right ones; the schema says which ones will be served."""
     models, s = schema["components"]["schemas"], gateway.settings
     text = {"maxLength": s.max_text_chars, "pattern": r"\S"}        # not blank: TranslateRequest refuses that
-    describe_pairs(models["TranslateRequest"], ("source_lang", "target_lang"), gateway, text,
+    describe_pairs(add_schema(schema, TranslateRequest), ("source_lang", "target_lang"), gateway, text,
                    {"minItems": 1, "maxItems": s.max_texts, "items": {"type": "string"} | text})
     gen = models["GenerateRequest"]["properties"]
     gen["prompt"]["maxLength"] = s.max_text_chars
@@ -87,4 +88,4 @@ def describe(schema: dict, gateway: Gateway) -> None:
 
 
 FLAVOUR = Flavour(install, endpoints={"/translate": TRANSLATE, "/generate": GENERATE},
-                  open_paths=frozenset({"/languages"}), describe=describe)
+                  open_paths=frozenset({"/languages"}), direct_paths=frozenset({"/translate"}), describe=describe)

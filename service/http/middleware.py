@@ -16,12 +16,17 @@ import re
 import time
 import uuid
 
+from typing import Awaitable, Callable
+
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.gzip import GZipMiddleware
+from starlette.requests import Request
+from starlette.types import ASGIApp
 
 from .auth import admit, given_key
 from .keys import ANONYMOUS, KeyRing
 from .quota import Quota
-from ..errors import ERROR_KIND, ApiError, Responder, too_large
+from ..errors import ERROR_KIND, ApiError, Responder, http_api_error, too_large
 from ..logs import access
 from ..metrics import metrics
 from ..tracing import NOOP, Span, enabled, start_span, use_span
@@ -36,16 +41,26 @@ REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")   # an X-Request-ID taken from t
 # at once, unread, as is one whose client waits for "100 Continue".
 DRAIN_BYTES = 16 * 2**20
 
+UNMATCHED = "(unmatched)"   # the route of a request no route took (404, or refused before routing)
+GZIP_MIN_BYTES = 1000   # the smallest answer compressed: LitServe's GZipMiddleware's minimum_size
+
+Endpoint = Callable[[Request], Awaitable[ASGIApp]]   # a route that reads its Request and returns its Response
+
 
 def request_context(app, respond: Responder, endpoints: dict[str, str], max_payload_bytes: int, keys: KeyRing,
                     quota: Quota, open_paths: frozenset = frozenset(), key_in_body: frozenset = frozenset(),
-                    body_timeout_s: float = 30.0, access_log: bool = False, body_limits: dict[str, int] = {}):
+                    body_timeout_s: float = 30.0, access_log: bool = False, body_limits: dict[str, int] = {},
+                    direct: dict[str, Endpoint] = {}, gzip: bool = False):
     """`app` wrapped; `respond` answers an error in its path's flavour's shape (errors.responder); `endpoints`
     maps the paths whose requests are counted to their metrics label; the paths but `open_paths` (probes,
     language lists: auth.open_paths) need one of the `keys`, checked with its route and requests per minute
     (`quota`) before the body is read (key_refusal), but for a POST to `key_in_body` without one in its headers.
     A body must arrive within `body_timeout_s` of the headers (408, closed), and be `body_limits[path]` bytes at
-    most (documents'), else `max_payload_bytes`. `access_log`: an access line per request (service/logs.py)."""
+    most (documents'), else `max_payload_bytes`. `access_log`: an access line per request (service/logs.py).
+    `direct` maps the POST paths whose routes this calls itself, past the app's routing (direct_route), `gzip`
+    whether the app compresses answers (LitServe's GZipMiddleware, there when no endpoint streams)."""
+
+    fixed = frozenset(endpoints) | frozenset(direct)
 
     async def wrapped(scope, receive, send):
         if scope["type"] != "http":
@@ -59,44 +74,102 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
         traced = request_span(scope, rid, endpoints)
         state["trace_id"] = traced.trace_id   # None when traces are off
 
-        async def send_with_id(message):
-            if message["type"] == "http.response.start":
-                message = message | {"headers": response_headers(message, state)}
-                started["status"] = message["status"]
-                started["stream"] = any(k == b"content-type" and v.startswith(b"text/event-stream")
-                                        for k, v in message["headers"])
-            await send(message)
-
-        limited = limited_receive(scope, receive, limit := body_limits.get(path, max_payload_bytes), body_timeout_s)
+        send_with_id = noting_send(send, state, started)
         if scope["method"] == "HEAD":   # a GET route's answer without its body (uvicorn drops it, by its own scope)
             scope = scope | {"method": "GET"}
         with use_span(traced):
             try:
-                if scope["path"] not in open_paths and (refused := await key_refusal(keys, quota, scope, key_in_body)):
-                    state["error_type"] = refused.type
-                    await respond(scope["path"], rid, refused)(scope, receive, send_with_id)
-                elif limited is None:
-                    await drain_declared(scope, receive, body_timeout_s)
-                    state["error_type"] = "payload_too_large"
-                    await respond(path, rid, too_large(limit, path in body_limits))(scope, receive, send_with_id)
-                else:
-                    await app(scope, limited, send_with_id)
+                await serve(scope, receive, send_with_id)
             except Exception:  # never a stack trace to the client
-                log.exception("unhandled error on %s", scope["path"])
+                log.exception("unhandled error on %s", route_of(scope, fixed))
                 if started:
                     raise
-                state["error_type"] = "internal_error"
-                await respond(scope["path"], rid, ApiError(500, "internal_error", "internal error"))(
-                    scope, receive, send_with_id)
+                await failed(path, rid, state, respond)(scope, receive, send_with_id)
             finally:
                 end_request_span(traced, state, started.get("status"))
-        if access_log and started:
-            access(state, method, path, started["status"], (time.perf_counter() - t0) * 1000)
-        if (endpoint := endpoints.get(scope["path"])) and started:
-            count(endpoint, started["status"], None if started["stream"] else time.perf_counter() - t0,
-                  state.get("tenant", ANONYMOUS).name)
+        if started:
+            noted(state, method, route_of(scope, fixed), endpoints.get(path), started, t0, access_log)
+
+    async def serve(scope, receive, send):
+        """The request's key checked, its body bounded, then the route: the app's, or a direct one."""
+        path, state = scope["path"], scope["state"]
+        limited = limited_receive(scope, receive, limit := body_limits.get(path, max_payload_bytes), body_timeout_s)
+        if path not in open_paths and (refused := await key_refusal(keys, quota, scope, key_in_body)):
+            state["error_type"] = refused.type
+            await respond(path, state["request_id"], refused)(scope, receive, send)
+        elif limited is None:
+            await drain_declared(scope, receive, body_timeout_s)
+            state["error_type"] = "payload_too_large"
+            await respond(path, state["request_id"], too_large(limit, path in body_limits))(scope, receive, send)
+        elif (endpoint := direct.get(path)) is not None and scope["method"] == "POST":
+            await direct_route(endpoint, respond, max_payload_bytes, gzip)(scope, limited, send)
+        else:
+            await app(scope, limited, send)
 
     return wrapped
+
+
+def failed(path: str, rid: str, state: dict, respond: Responder):
+    """The 500 of a request whose route raised before answering: our error, never a stack trace."""
+    state["error_type"] = "internal_error"
+    return respond(path, rid, ApiError(500, "internal_error", "internal error"))
+
+
+def noting_send(send, state: dict, started: dict):
+    """`send` adding the request's headers (response_headers) to its answer, and noting its status in `started`
+    (and whether it streams)."""
+    async def send_with_id(message):
+        if message["type"] == "http.response.start":
+            message = message | {"headers": response_headers(message, state)}
+            started["status"] = message["status"]
+            started["stream"] = any(k == b"content-type" and v.startswith(b"text/event-stream")
+                                    for k, v in message["headers"])
+        await send(message)
+
+    return send_with_id
+
+
+def noted(state: dict, method: str, route: str, endpoint: str | None, started: dict, t0: float, access_log: bool):
+    """An answered request's access line (when `access_log`) and, for a counted `endpoint`, its metrics."""
+    if access_log:
+        access(state, method, route, started["status"], (time.perf_counter() - t0) * 1000)
+    if endpoint:
+        count(endpoint, started["status"], None if started["stream"] else time.perf_counter() - t0,
+              state.get("tenant", ANONYMOUS).name)
+
+
+def route_of(scope, fixed: frozenset[str] | dict) -> str:
+    """The route a request took, as its template (`/libretranslate/download_file/{filename}`), never the path a
+    client sent (a download's token, a file's name, whatever it probed): its path if it is one of the `fixed`
+    paths (the counted endpoints, the direct routes: taken or refused before routing), else the template of the
+    route the app's router matched, else UNMATCHED."""
+    if scope["path"] in fixed:
+        return scope["path"]
+    route = scope.get("route")   # set by the app's router on the scope it was given
+    return getattr(route, "path", UNMATCHED)
+
+
+def direct_route(endpoint: Endpoint, respond: Responder, max_payload_bytes: int, gzip: bool):
+    """A route called as the app would call it, without the app's routing, exception middleware and FastAPI's
+    request handler, which cost more than the route itself on a one-sentence /translate (json_body.py). Its
+    errors are answered as the app's handlers answer them (errors.install_handlers), its answer compressed as the
+    app's GZipMiddleware would (an answer of 1,000 bytes or more, to a client that accepts gzip)."""
+
+    async def run(scope, receive, send):
+        try:
+            response: ASGIApp = await endpoint(Request(scope, receive))
+        except ApiError as e:
+            error = e
+        except StarletteHTTPException as e:   # limited_receive's 408, 413 and 499
+            error = http_api_error(e, max_payload_bytes)
+        else:
+            if gzip and any(k == b"accept-encoding" and b"gzip" in v for k, v in scope["headers"]):
+                response = GZipMiddleware(response, minimum_size=GZIP_MIN_BYTES)
+            return await response(scope, receive, send)
+        scope["state"]["error_type"] = error.type
+        await respond(scope["path"], scope["state"]["request_id"], error)(scope, receive, send)
+
+    return run
 
 
 def response_headers(message: dict, state: dict) -> list[tuple[bytes, bytes]]:

@@ -300,8 +300,11 @@ def uvicorn_options(settings: Settings) -> dict:
     # which count_head enforces first, with its 431.
     options = {"http": protocol, "timeout_keep_alive": settings.keep_alive_timeout_s,
                "h11_max_incomplete_event_size": settings.max_header_bytes}
-    if settings.log_format == "json":   # uvicorn's and LitServe's lines as JSON; the middleware's access lines
-        options |= {"log_config": uvicorn_log_config("json"), "access_log": False}
+    # uvicorn's access line is never written: it holds the path and query a client sent (a download's token, a
+    # file's name). The middleware writes ours (logs.access), with the route's template, or none (--no-access-log).
+    options["access_log"] = False
+    if settings.log_format == "json":   # uvicorn's and LitServe's lines as JSON
+        options["log_config"] = uvicorn_log_config("json")
     return options
 
 

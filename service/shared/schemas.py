@@ -7,6 +7,7 @@ request is queued; checks that need the loaded models (language pair, token coun
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Annotated, Literal, Optional, Union, get_args
 
@@ -29,11 +30,14 @@ def _json_types(model: type[BaseModel], data):
     counts as an integer); and no string holds a lone UTF-16 surrogate (JSON "\\ud800" without its pair),
     which is not Unicode text and would fail the tokenizer for the whole batch it joined."""
     if isinstance(data, dict):
-        for name, field in model.model_fields.items():
-            value, kinds = data.get(name), {field.annotation, *get_args(field.annotation)}
-            if isinstance(value, (bool, str)) and kinds & {int, float}:
+        kinds = _kinds(model)
+        for name, value in data.items():
+            if name not in kinds:   # not a field: refused by the model itself (extra="forbid")
+                continue
+            number, boolean = kinds[name]
+            if isinstance(value, (bool, str)) and number:
                 raise ValueError(f"{name} must be a JSON number, got {json.dumps(value)}")
-            if bool in kinds and value is not None and not isinstance(value, bool):
+            if boolean and value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name} must be true or false, got {json.dumps(value)}")
             for where, text in ([(name, value)] if isinstance(value, str) else
                                 [(f"{name}[{i}]", v) for i, v in enumerate(value) if isinstance(v, str)]
@@ -44,6 +48,16 @@ def _json_types(model: type[BaseModel], data):
                     raise ValueError(f"{where} has a lone UTF-16 surrogate ({text[e.start]!r} at character "
                                      f"{e.start}), which is not Unicode text; send its pair or drop it") from None
     return data
+
+
+@functools.cache
+def _kinds(model: type[BaseModel]) -> dict[str, tuple[bool, bool]]:
+    """Each field of `model`: (whether it takes a number, whether a boolean), for _json_types."""
+    out = {}
+    for name, field in model.model_fields.items():
+        kinds = {field.annotation, *get_args(field.annotation)}
+        out[name] = (bool(kinds & {int, float}), bool in kinds)
+    return out
 
 
 class TranslateRequest(BaseModel):

@@ -1,0 +1,60 @@
+"""The access line (service/logs.py, written by http/middleware.py): its route is a template or "(unmatched)", never a
+path a client sent; in the text format the line carries the same fields as the JSON one. The whole path, through a
+server with JSON logs: test_tenants.py's test_json_logs_one_line_per_request_with_its_id_and_no_key_or_text."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+from starlette.routing import Route
+
+from service.http.middleware import UNMATCHED, route_of
+from service.logs import ACCESS, JsonFormatter, TEXT_FORMAT, access
+
+
+@pytest.fixture
+def written():
+    """What the access logger writes, in either format: (set_format(name), the stream)."""
+    stream, log = io.StringIO(), logging.getLogger(ACCESS)
+    handler = logging.StreamHandler(stream)
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    yield lambda fmt: handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT)), stream
+    log.removeHandler(handler)
+    log.setLevel(logging.NOTSET)
+
+
+STATE = {"request_id": "r-1", "access": {"chars_in": 12, "tokens_out": 5, "model": "de-en", "queue_ms": 0.4}}
+
+
+def test_the_text_line_has_the_json_lines_fields(written):
+    set_format, stream = written
+    set_format("text")
+    access(STATE, "POST", "/translate", 200, 12.345)
+    set_format("json")
+    access(STATE, "POST", "/translate", 200, 12.345)
+    text, line = stream.getvalue().splitlines()
+    assert text.endswith("transerve.access: POST /translate 200 12.3 ms request_id=r-1 chars_in=12 tokens_out=5 "
+                         "queue_ms=0.4 model=de-en"), text
+    assert json.loads(line) | {"ts": None} == {"ts": None, "level": "info", "logger": ACCESS, "pid": json.loads(line)[
+        "pid"], "request_id": "r-1", "method": "POST", "route": "/translate", "status": 200, "total_ms": 12.35,
+        "chars_in": 12, "tokens_out": 5, "queue_ms": 0.4, "model": "de-en"}
+
+
+def test_no_line_is_made_when_the_logger_is_off(written):
+    set_format, stream = written
+    logging.getLogger(ACCESS).setLevel(logging.WARNING)
+    access(STATE, "POST", "/translate", 200, 1.0)
+    assert stream.getvalue() == ""
+
+
+def test_the_route_is_a_template_or_unmatched_never_the_path_sent():
+    download = Route("/libretranslate/download_file/{filename}", lambda request: None)
+    fixed = frozenset({"/translate"})
+    sent = {"path": "/libretranslate/download_file/tok3n.Kuendigung_Max_Mustermann.srt", "route": download}
+    assert route_of(sent, fixed) == "/libretranslate/download_file/{filename}"
+    assert route_of({"path": "/translate"}, fixed) == "/translate"        # refused before routing: a fixed path
+    assert route_of({"path": "/NoKeyPfad-uuuu"}, fixed) == UNMATCHED
