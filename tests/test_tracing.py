@@ -133,6 +133,7 @@ def test_one_trace_per_request_across_the_http_process_and_the_worker_under_the_
         http = by_name["POST /translate"]
         assert http["parent"] == client_span and http["service"] == "transerve-test"
         assert http["attributes"]["http.response.status_code"] == 200 and http["attributes"]["transerve.key"]
+        assert http["attributes"]["http.route"] == "/translate" and "url.path" not in http["attributes"]
         for name in ("transerve.admission", "transerve.queue", "transerve.batch"):
             assert by_name[name]["parent"] == http["span_id"], name
         search, encode = by_name["transerve.engine.search"], by_name["transerve.engine.encode"]

@@ -86,7 +86,7 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
                     raise
                 await failed(path, rid, state, respond)(scope, receive, send_with_id)
             finally:
-                end_request_span(traced, state, started.get("status"))
+                end_request_span(traced, state, started.get("status"), route_of(scope, fixed))
         if started:
             noted(state, method, route_of(scope, fixed), endpoints.get(path), started, t0, access_log)
 
@@ -194,16 +194,17 @@ def request_span(scope, rid: str, endpoints: dict[str, str]) -> Span:
                if k in (b"traceparent", b"tracestate")}
     method, path = scope["method"], scope["path"]
     return start_span(f"{method} {path}" if path in endpoints else method, parent=carrier, server=True,
-                      request_id=rid, **{"http.request.method": method, "url.path": path})
+                      request_id=rid, **{"http.request.method": method})
 
 
-def end_request_span(span: Span, state: dict, status: int | None) -> None:
-    """Its status, key name and error type: a 5xx marks it failed (a 4xx is the client's, as OpenTelemetry's
-    HTTP conventions have it for a server)."""
+def end_request_span(span: Span, state: dict, status: int | None, route: str) -> None:
+    """Its status, route (the template: route_of; never the path sent), key name and error type: a 5xx marks it
+    failed (a 4xx is the client's, as OpenTelemetry's HTTP conventions have it for a server)."""
     if span is NOOP:
         return
     tenant = state.get("tenant")
-    span.set(key=tenant.name if tenant is not None else None, **{"http.response.status_code": status})
+    span.set(key=tenant.name if tenant is not None else None,
+             **{"http.response.status_code": status, "http.route": route})
     if state.get("error_type") is not None:
         span.set(**{"error.type": state["error_type"]})
     if status is None or status >= 500:
