@@ -10,11 +10,12 @@ import pickle
 import socket
 import threading
 import time
+from multiprocessing.connection import Connection
 
 import pytest
 from litserve.utils import LitAPIStatus, LoopResponseType
 
-from service.worker.answers import SocketAnswers, bundle
+from service.worker.answers import SocketAnswers, bundle, take_frame
 
 
 async def listening(answers) -> None:
@@ -55,7 +56,7 @@ def test_the_http_side_reads_a_bundle_as_the_messages_it_holds_in_order(tmp_path
 def test_no_peer_stops_the_others_answers(tmp_path):
     """A connection that never writes, a worker killed half-way through a message and a message that cannot be
     unpickled: each ends or skips only its own; the answers of a worker connected all along, and a new one's,
-    still arrive (one reader thread per connection, a frame read whole before it is unpickled)."""
+    still arrive (each connection read on its own, a frame read whole before it is unpickled)."""
     answers = SocketAnswers(str(tmp_path))
     message = ("u1", ("a", LitAPIStatus.OK, LoopResponseType.REGULAR, 0))
     later = ("u2", ("b", LitAPIStatus.OK, LoopResponseType.REGULAR, 0))
@@ -116,3 +117,26 @@ def test_a_worker_drops_the_answers_of_an_http_process_that_has_gone(tmp_path):
                 worker.send(message, 0)
     # Three waits for a listener would take 3 x CONNECT_S (60 s each); a loaded CI machine takes well under 1 s.
     assert time.monotonic() - started < SocketAnswers.CONNECT_S / 10
+
+
+def test_frames_are_taken_whole_however_the_bytes_arrive():
+    """multiprocessing.connection's framing, read by the HTTP process on its event loop (answers.Frames): a frame
+    split anywhere waits for its rest; several in one read come out in order; the long form (-1, an 8-byte length)
+    is read too. Held to what Connection.send_bytes writes."""
+    writer, reader = socket.socketpair()
+    payloads = [pickle.dumps(("u1", "x" * 300)), b"", pickle.dumps(("u2", "y"))]
+    with Connection(writer.detach()) as connection, reader:
+        for p in payloads:
+            connection.send_bytes(p)
+        wire = b""
+        while len(wire) < sum(4 + len(p) for p in payloads):   # the bytes as sent
+            wire += reader.recv(65536)
+    long_form = (-1).to_bytes(4, "big", signed=True) + len(payloads[2]).to_bytes(8, "big") + payloads[2]
+    for stream in (wire, long_form + wire):
+        for cut in range(len(stream) + 1):        # every split of the stream into two reads
+            buffer, got = bytearray(), []
+            for part in (stream[:cut], stream[cut:]):
+                buffer += part
+                while (frame := take_frame(buffer)) is not None:
+                    got.append(frame)
+            assert got == ([payloads[2]] if stream is not wire else []) + payloads and not buffer, cut

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 import time
 from multiprocessing.connection import Client, Connection
 
@@ -61,7 +62,7 @@ class RequestSender:
         for worker in sorted(range(n), key=lambda w: (self._held[w], (w - self._turn) % n)):
             try:
                 connection = self._out.get(worker) or self._connect(worker)
-                connection.send(item)
+                connection.send_bytes(pickle.dumps(item, pickle.HIGHEST_PROTOCOL))   # read by unix_listener
             except OSError:                        # not listening (yet), or gone since the last send
                 dropped = self._out.pop(worker, None)
                 if dropped is not None:

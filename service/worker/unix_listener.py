@@ -1,5 +1,6 @@
 """A Unix socket's listener whose connections each bring pickled messages (`multiprocessing.connection`'s framing):
-what the workers' request inboxes (request_inbox.py) and the HTTP processes' answers (answers.py) both listen with.
+what the workers' request inboxes (request_inbox.py) listen with. (The HTTP processes read their answers on their
+event loops instead: answers.Frames.)
 
 Nothing a peer does stops the others: each connection is read by a thread of its own, a peer that dies mid-write
 ends only its own connection, and a message that cannot be unpickled is skipped (its frame was read whole).
