@@ -17,7 +17,10 @@ many processes at once as the server has workers, the figure the ratios use, as 
 through one worker's scheduler driven as the worker loop drives it (16 requests in flight, no HTTP, no queues: what
 the running batch costs itself). The last lines are the ceiling these cores leave served: the engine's CPU per
 request offline over that plus what the rest of the served path (HTTP process, manager, client) took, the most
-served can reach against the offline engine on cores they share even with workers as cheap as it.
+served can reach against the offline engine on cores they share even with workers as cheap as it. With --by-process
+each round is followed by the engine offline measured again (as many processes at once as workers), and the round's
+own ratios use that figure: these machines' speed drifts by 30% within a run, and a ratio whose two sides were
+measured minutes apart measured the drift as much as the server.
 """
 
 from __future__ import annotations
@@ -187,14 +190,19 @@ def offline(package: Path, sentences: list[str], batch: int = 16, processes: int
     print(f"offline (Engine.search, batch {batch}, 1 thread, sorted), alone: {alone:.0f} tokens per CPU s", flush=True)
     if processes == 1:
         return alone
-    import multiprocessing
-
-    with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        rates = pool.starmap(offline_rate, [(package, sentences, batch)] * processes)
+    rates = side_by_side(package, sentences, processes, batch)
     rate = sum(rates) / len(rates)
     print(f"offline, {processes} processes at once (one a core, as the workers run): {rate:.0f} tokens per CPU s "
           f"({', '.join(f'{r:.0f}' for r in rates)})", flush=True)
     return rate
+
+
+def side_by_side(package: Path, sentences: list[str], processes: int, batch: int = 16) -> list[float]:
+    """Each process's rate (offline_rate) with `processes` of them running at once."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        return pool.starmap(offline_rate, [(package, sentences, batch)] * processes)
 
 
 def offline_rate(package: Path, sentences: list[str], batch: int) -> float:
@@ -278,6 +286,11 @@ def main(argv=None) -> None:
                 report, split, tokens_per_request = measure(tree, args, sentences, k)
                 splits[tree, k] = split, tokens_per_request
                 print(report, flush=True)
+                if args.by_process:   # the machine's speed drifts within a run: the engine measured beside each round
+                    rates = side_by_side(args.package, sentences, args.workers)
+                    now = sum(rates) / len(rates)
+                    print(f"  this round: engine offline just after, {now:.0f} tokens per CPU s; "
+                          f"{ceiling(split, tokens_per_request, now)}", flush=True)
     if args.by_process:
         rate = offline(args.package, sentences, processes=args.workers)
         for k in sizes:
