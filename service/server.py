@@ -39,6 +39,7 @@ from .metrics import metrics, render
 from .http.middleware import request_context
 from .stopping import Stopping
 from .worker.translate_api import ENDPOINT, TranslateAPI, check_packages
+from .http.fastapi_bridge import without_native_telemetry
 from .http.uvicorn_bridge import hold_signals
 
 FLAVOURS: tuple[Flavour, ...] = (native.FLAVOUR, openai_api.FLAVOUR, libretranslate.FLAVOUR, ui.FLAVOUR)
@@ -92,6 +93,7 @@ def install(app: FastAPI, gateway: Gateway, flavours: tuple[Flavour, ...]) -> No
     app.router.routes = [r for r in app.router.routes if getattr(r, "path", None)
                          not in ("/", "/translate", "/generate", "/ready", LITSERVE_INFO)]
     app.title, app.version = "transerve", __version__
+    without_native_telemetry(app)   # ours is service/tracing.py
     install_operations(app, gateway)
     for flavour in flavours:
         flavour.install(app, gateway)

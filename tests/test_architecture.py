@@ -14,7 +14,7 @@ from conftest import ROOT
 PARTS = ("model", "service")
 # LitServe's boundary between HTTP processes and workers has two sides, a bridge each
 BRIDGES = {"service.worker.litserve_bridge": "litserve", "service.http.litserve_workers": "litserve",
-           "service.inference.onnxruntime_bridge": "onnxruntime"}
+           "service.inference.onnxruntime_bridge": "onnxruntime", "service.http.fastapi_bridge": "fastapi"}
 # What each part may import (first-party modules by prefix, third-party by top-level name); stdlib is free.
 # service/'s folders are layers, each importing only those below it: inference (onnxruntime, no HTTP, no LitServe)
 # < worker (LitServe's workers and the scheduler) < http (the core, no routes) < api (the flavours); server.py
