@@ -41,6 +41,14 @@ def configure(directory: str | None = None) -> str:
 
 
 @lru_cache(maxsize=None)
+def labelled(metric, *values: str):
+    """metric.labels(*values), made once per label set: prometheus_client's labels() takes a lock and checks its
+    arguments at every call, nine times a /translate request on the HTTP process's path. The label sets are few
+    (endpoints, statuses, key names), so they are all kept."""
+    return metric.labels(*values)
+
+
+@lru_cache(maxsize=None)
 def metrics() -> SimpleNamespace:
     """The metric objects of this process."""
     from prometheus_client import Counter, Gauge, Histogram

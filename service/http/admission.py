@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 from ..tracing import Span, child_span
 from ..errors import ApiError
-from ..metrics import metrics
+from ..metrics import labelled, metrics
 
 log = logging.getLogger("transerve")
 
@@ -34,13 +34,13 @@ class Admission:
         request's admission span (its 503 by type)."""
         with child_span("transerve.admission", endpoint=endpoint) as span:
             self._take(endpoint, span)
-        metrics().in_flight.labels(endpoint).inc()
+        labelled(metrics().in_flight, endpoint).inc()
         try:
             yield
         finally:
             with self.active.get_lock():
                 self.active.value -= 1
-            metrics().in_flight.labels(endpoint).dec()
+            labelled(metrics().in_flight, endpoint).dec()
 
     def _take(self, endpoint: str, span: Span) -> None:
         if self.draining.is_set():

@@ -34,7 +34,7 @@ from ..errors import ERROR_KIND, ApiError, raise_worker_error
 from ..keyfile import Tenant
 from ..worker.generate_api import ENDPOINT as GENERATE, GenerateAPI
 from .litserve_workers import Workers, until_disconnected
-from ..metrics import metrics
+from ..metrics import labelled, metrics
 from ..shared.schemas import AUTO, GenerateRequest, TranslateRequest
 from ..stopping import Stopping
 from ..worker.translate_api import ENDPOINT, TranslateAPI
@@ -94,7 +94,7 @@ class Gateway:
         """A translation's characters against its key's limits, before it is queued (429 over one)."""
         tenant, n = self.tenant(request), sum(len(t) for t in texts)
         add_fields(request.scope["state"], await self.quota.take(tenant, charges(tenant, characters=n)))
-        metrics().key_characters.labels(tenant.name).inc(n)
+        labelled(metrics().key_characters, tenant.name).inc(n)
 
     def allow_pair(self, request: Request, source: str, target: str) -> None:
         """403 when the request's key may not use the package that translates source-target."""
@@ -174,7 +174,7 @@ class Gateway:
             out = raise_worker_error(await self.workers.call(ENDPOINT, payload, request) or {})
         if not out:
             return None
-        metrics().queue_wait.labels(endpoint).observe(out["timings"]["queue_ms"] / 1000)
+        labelled(metrics().queue_wait, endpoint).observe(out["timings"]["queue_ms"] / 1000)
         out["timings"]["total_ms"] = round((time.monotonic() - received) * 1000, 2)
         return self.noted(request, texts, out)
 

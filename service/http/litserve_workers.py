@@ -26,7 +26,7 @@ from litserve.utils import LitAPIStatus, ResponseBufferItem, WorkerSetupStatus
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import ApiError, queue_timeout, worker_failed
-from ..metrics import metrics
+from ..metrics import labelled, metrics
 from ..worker.cancel import CancelBoard
 from ..worker.litserve_bridge import IDLE_WAKE_S
 from ..worker.request_sender import RequestSender
@@ -228,7 +228,7 @@ class Workers:
         if sender is None and lost_at is not None and (wait := lost_at + LOST_HOLD_S - time.monotonic()) > 0:
             await asyncio.sleep(wait)
         carry(payload)   # the worker's spans join the request's trace (worker/traces.py), when traces are on
-        metrics().queue_depth.labels(endpoint).inc()   # before the put: the worker may take it at once
+        labelled(metrics().queue_depth, endpoint).inc()   # before the put: the worker may take it at once
         self.board.queued(endpoint, +1)
         try:
             if sender is None:
@@ -241,7 +241,7 @@ class Workers:
                 raise queue_timeout(self.request_timeout_s) from None
             return uid
         except BaseException:
-            metrics().queue_depth.labels(endpoint).dec()
+            labelled(metrics().queue_depth, endpoint).dec()
             self.board.queued(endpoint, -1)
             raise
 

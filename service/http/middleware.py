@@ -28,7 +28,7 @@ from .keys import ANONYMOUS, KeyRing
 from .quota import Quota
 from ..errors import ERROR_KIND, ApiError, Responder, http_api_error, too_large
 from ..logs import access
-from ..metrics import metrics
+from ..metrics import labelled, metrics
 from ..tracing import NOOP, Span, enabled, start_span, use_span
 
 log = logging.getLogger("transerve")
@@ -237,12 +237,12 @@ async def key_refusal(keys: KeyRing, quota: Quota, scope, key_in_body: frozenset
 
 
 def count(endpoint: str, status: int, seconds: float | None, key: str = ANONYMOUS.name) -> None:
-    metrics().requests.labels(endpoint, str(status)).inc()
-    metrics().key_requests.labels(key, endpoint, str(status)).inc()
+    labelled(metrics().requests, endpoint, str(status)).inc()
+    labelled(metrics().key_requests, key, endpoint, str(status)).inc()
     if seconds is not None:  # a stream's duration is observed when it ends (gateway.GenerationStream), not here
-        metrics().request_duration.labels(endpoint).observe(seconds)
+        labelled(metrics().request_duration, endpoint).observe(seconds)
     if status >= 400:
-        metrics().errors.labels(endpoint, ERROR_KIND.get(status, "internal")).inc()
+        labelled(metrics().errors, endpoint, ERROR_KIND.get(status, "internal")).inc()
 
 
 def limited_receive(scope, receive, limit: int, timeout_s: float = 30.0):
