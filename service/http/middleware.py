@@ -59,8 +59,8 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
     most (documents'), else `max_payload_bytes`. `access_log`: an access line per request (service/logs.py).
     `direct` maps the POST paths whose routes this calls itself, past the app's routing (direct_route), `gzip`
     whether the app compresses answers (LitServe's GZipMiddleware, there when no endpoint streams)."""
-
     fixed = frozenset(endpoints) | frozenset(direct)
+    direct_apps = {path: direct_route(endpoint, respond, max_payload_bytes, gzip) for path, endpoint in direct.items()}
 
     async def wrapped(scope, receive, send):
         if scope["type"] != "http":
@@ -86,9 +86,9 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
                     raise
                 await failed(path, rid, state, respond)(scope, receive, send_with_id)
             finally:
-                end_request_span(traced, state, started.get("status"), route_of(scope, fixed))
+                end_request_span(traced, state, started.get("status"), route := route_of(scope, fixed))
         if started:
-            noted(state, method, route_of(scope, fixed), endpoints.get(path), started, t0, access_log)
+            noted(state, method, route, endpoints.get(path), started, t0, access_log)
 
     async def serve(scope, receive, send):
         """The request's key checked, its body bounded, then the route: the app's, or a direct one."""
@@ -101,8 +101,8 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
             await drain_declared(scope, receive, body_timeout_s)
             state["error_type"] = "payload_too_large"
             await respond(path, state["request_id"], too_large(limit, path in body_limits))(scope, receive, send)
-        elif (endpoint := direct.get(path)) is not None and scope["method"] == "POST":
-            await direct_route(endpoint, respond, max_payload_bytes, gzip)(scope, limited, send)
+        elif (direct_app := direct_apps.get(path)) is not None and scope["method"] == "POST":
+            await direct_app(scope, limited, send)
         else:
             await app(scope, limited, send)
 
@@ -138,7 +138,7 @@ def noted(state: dict, method: str, route: str, endpoint: str | None, started: d
               state.get("tenant", ANONYMOUS).name)
 
 
-def route_of(scope, fixed: frozenset[str] | dict) -> str:
+def route_of(scope, fixed: frozenset[str]) -> str:
     """The route a request took, as its template (`/libretranslate/download_file/{filename}`), never the path a
     client sent (a download's token, a file's name, whatever it probed): its path if it is one of the `fixed`
     paths (the counted endpoints, the direct routes: taken or refused before routing), else the template of the
@@ -150,10 +150,10 @@ def route_of(scope, fixed: frozenset[str] | dict) -> str:
 
 
 def direct_route(endpoint: Endpoint, respond: Responder, max_payload_bytes: int, gzip: bool):
-    """A route called as the app would call it, without the app's routing, exception middleware and FastAPI's
-    request handler, which cost more than the route itself on a one-sentence /translate (json_body.py). Its
-    errors are answered as the app's handlers answer them (errors.install_handlers), its answer compressed as the
-    app's GZipMiddleware would (an answer of 1,000 bytes or more, to a client that accepts gzip)."""
+    """A route called as the app would call it (made once a path), without the app's routing, exception middleware
+    and FastAPI's request handler, which cost more than the route itself on a one-sentence /translate
+    (json_body.py). Its errors are answered as the app's handlers answer them (errors.install_handlers), its
+    answer compressed as the app's GZipMiddleware would (1,000 bytes or more, to a client that accepts gzip)."""
 
     async def run(scope, receive, send):
         try:
