@@ -32,14 +32,14 @@ def family(source: str) -> str:
 
 
 def versions(meta: dict) -> dict[str, str]:
-    """Each package's version from the source descriptions (``deb:NAME=VERSION (...)``, ``debref: ...``)."""
+    """Each package's version from the source descriptions (``deb:NAME=VERSION (...)``, ``debref: PKG=VERSION, ...``, ``hedgewars: PKG=VERSION (...)``)."""
     found = {}
     for described in meta["sources"]:
         m = re.match(r"(deb|wheel):([^=\s]+)=(\S+)", described)
         if m:
             found.setdefault(family(f"{m[1]}:{m[2]}"), m[3])
-        elif described.startswith(("debref:", "lohelp:")):
-            found[described.split(":")[0]] = described.split("=", 1)[1].split(",")[0]
+        elif re.match(r"[\w-]+: \S+=", described):      # "debref: PKG=VERSION, ...", "hedgewars: PKG=VERSION ..."
+            found[described.split(":")[0]] = described.split("=", 1)[1].split(",")[0].split()[0]
     return found
 
 

