@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from model.corpus.firefox import (
-    ENGLISH_PACKAGE, GERMAN_PACKAGE, LICENSE, PACKAGES, locale_path, parse_fluent, printf_signature, read)
+    ENGLISH_PACKAGE, GERMAN_PACKAGE, locale_path, parse_fluent, printf_signature, read)
 
 EN_BRAND = """\
 -brand-short-name = Firefox
@@ -207,10 +207,6 @@ def test_read_pairs_by_file_and_key(tmp_path: Path, monkeypatch) -> None:
     sentences = {p.en for p in pairs if p.sentence}
     assert "Firefox has downloaded an update and will restart when you are ready." in sentences
     assert "Close tabs" not in sentences
-
-
-def test_package_names_and_licence() -> None:
-    assert PACKAGES == ("firefox-esr-l10n-de", "firefox-esr") and LICENSE == "MPL-2.0"
 
 
 if __name__ == "__main__":

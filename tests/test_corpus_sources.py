@@ -13,15 +13,20 @@ from pathlib import Path
 import polib
 import pytest
 
-from model.corpus.catalogs import german_members, package_catalogs
+from model.corpus.catalogs import find_catalogs, german_members, package_catalogs, read_gettext
 from model.corpus.debian import deb_licence
-from model.corpus.debref import align_blocks, read_blocks, read_debian_reference
+from model.corpus.debref import BlockParser, align_blocks, read_blocks, read_debian_reference
 from model.corpus.split import split_corpus
 from model.corpus.text import Pair
 from model.corpus.tsv import read_pairs
 from model.corpus.wheels import fetch_wheel, find_wheel, read_wheel, wheel_licence, wheel_version
 from model.data import main
-from test_corpus_games import hedgewars_tree
+from model.corpus.sources import STRUCTURED_DEBS
+from model.corpus.text import CorpusError
+from test_corpus_documentation import (DOCBOOK_XSL, GNUCASH_DE, GNUCASH_EN, MALLARD_DE, MALLARD_EN, PUBLICAN_DE,
+                                       PUBLICAN_EN, write_handbook, write_mallard)
+from test_corpus_firefox import make_packages
+from test_corpus_games import freeorion_tree, hedgewars_tree
 
 FIXTURE = Path(__file__).parent / "fixtures" / "ding_sample.txt"
 
@@ -215,6 +220,81 @@ def test_djangos_own_catalogs_are_refused(tmp_path: Path, monkeypatch, capsys) -
     with pytest.raises(SystemExit) as stop:
         main(["--ding", str(FIXTURE), "--no-locale", "--out", str(tmp_path), "--fetch-wheel", "Django==5.2.19"])
     assert stop.value.code == 2 and "held out for evaluation" in capsys.readouterr().err
+
+
+def structured_fixture(name: str, tmp: Path) -> dict[str, Path]:
+    """Each structured package's test fixture, unpacked under tmp: its reader's roots."""
+    if name == "firefox-esr-l10n-de":
+        return make_packages(tmp)
+    root = tmp / name
+    if name == "hedgewars-data":
+        hedgewars_tree(root)
+    elif name == "freeorion-data":
+        freeorion_tree(root)
+    elif name == "gnome-user-docs":
+        write_mallard(root, "a.page", MALLARD_EN, MALLARD_DE)
+    elif name == "debian-handbook":
+        write_handbook(root, "apt.html", PUBLICAN_EN, PUBLICAN_DE)
+    else:
+        for lang, fields in (("en", GNUCASH_EN), ("de", GNUCASH_DE)):
+            (root / f"usr/share/doc/gnucash-docs/gnucash-guide-{lang}").mkdir(parents=True)
+            (root / f"usr/share/doc/gnucash-docs/gnucash-guide-{lang}/a.html").write_text(
+                DOCBOOK_XSL.format(**fields), encoding="utf-8")
+            (root / f"usr/share/doc/gnucash-docs/gnucash-help-{lang}").mkdir(parents=True)
+    return {name: root}
+
+
+@pytest.mark.parametrize("name", list(STRUCTURED_DEBS))
+def test_each_structured_reader_names_its_pairs_by_its_kind(name: str, tmp_path: Path) -> None:
+    """meta.json's source, its licence and --upsample's name are the reader's origin kind: a reader whose
+    origins said otherwise would count as a source of no licence."""
+    kind, _, _, read = STRUCTURED_DEBS[name]
+    pairs = list(read(structured_fixture(name, tmp_path)))
+    assert pairs and {p.origin.split(":")[0] for p in pairs} == {kind}
+
+
+@pytest.mark.parametrize("name", list(STRUCTURED_DEBS))
+def test_a_package_of_another_layout_is_an_error_not_an_empty_source(name: str, tmp_path: Path) -> None:
+    _, packages, _, read = STRUCTURED_DEBS[name]
+    with pytest.raises(CorpusError):
+        list(read({pkg: tmp_path / pkg for pkg in packages}))
+
+
+def test_corrupt_archives_are_corpus_errors(tmp_path: Path) -> None:
+    roots = make_packages(tmp_path)
+    xpi = next((roots["firefox-esr-l10n-de"] / "usr/lib/firefox-esr/browser/extensions").glob("*.xpi"))
+    xpi.write_bytes(b"PK\x03\x04 cut short")
+    with pytest.raises(CorpusError, match="zip"):
+        list(STRUCTURED_DEBS["firefox-esr-l10n-de"][3](roots))
+    root = hedgewars_tree(tmp_path / "hw")
+    qm = root / "usr/share/games/hedgewars/Data/Locale/hedgewars_de.qm"
+    qm.write_bytes(qm.read_bytes()[:-3])
+    with pytest.raises(CorpusError, match="truncated"):
+        list(STRUCTURED_DEBS["hedgewars-data"][3]({"hedgewars-data": root}))
+
+
+def test_djangos_own_catalogs_are_held_out_whatever_the_route(tmp_path: Path, capsys) -> None:
+    """--fetch-deb python3-django or --gettext on a site-packages tree reach Django's catalogs through
+    read_gettext: they are skipped there, another project's django.mo domain is not."""
+    site = tmp_path / "site-packages"
+    for where in ("django/conf/locale/de/LC_MESSAGES", "django/contrib/admin/locale/de/LC_MESSAGES",
+                  "pretix/locale/de/LC_MESSAGES"):
+        (site / where).mkdir(parents=True)
+        (site / where / "django.mo").write_bytes(mo_bytes(CATALOG, tmp_path / "x.mo"))
+    pairs = [p for cat in find_catalogs(site) for p in read_gettext(cat, "gettext:django")]
+    assert len(pairs) == len(CATALOG)           # pretix's alone
+    assert capsys.readouterr().err.count("held out for evaluation") == 2
+
+
+def test_a_self_closed_skipped_element_and_a_table_of_contents_open_no_blocks(tmp_path: Path) -> None:
+    page = tmp_path / "p.html"
+    page.write_text('<div class="toc"><dl><dt>1. Intro</dt></dl></div><pre/><p>Text one.</p><p>Text two.</p>',
+                    encoding="utf-8")
+
+    class WithToc(BlockParser):
+        def skips(self, tag, attrs):
+            return super().skips(tag, attrs) or "toc" in (attrs.get("class") or "")
+    assert [b[1:] for b in read_blocks(page, WithToc)] == [("p", "Text one."), ("p", "Text two.")]
 
 
 if __name__ == "__main__":

@@ -21,6 +21,9 @@ DEB_LOCALE_DIR = Path("usr/share/locale/de/LC_MESSAGES")
 # regional variants (de_AT, de_CH), which repeat de's strings with a few local words.
 GERMAN_LOCALES = ("de", "de_DE")
 MAX_GETTEXT_WORDS = 60
+# Catalogs never trained on, whichever route reaches them (--fetch-deb python3-django, --gettext on a
+# site-packages tree, a wheel that vendors Django): Django's own, where a held-out evaluation set comes from.
+HELD_OUT_CATALOG = re.compile(r"(?:^|/)django/(?:conf|contrib/[^/]+)/locale/")
 
 _MARKUP_RE = re.compile(r"</?[A-Za-z][A-Za-z0-9:-]*(?:\s[^<>]*)?/?>")
 _FORMAT_RE = re.compile(
@@ -112,6 +115,9 @@ def read_gettext(path: Path, origin: str | None = None) -> Iterator[Pair]:
     """
     import polib  # local import: only this reader needs it
 
+    if HELD_OUT_CATALOG.search(path.absolute().as_posix()):
+        print(f"warning: {path} is one of Django's own catalogs, held out for evaluation: not read", file=sys.stderr)
+        return
     origin = origin or f"gettext:{path.stem}"
     try:
         catalog = polib.mofile(str(path)) if path.suffix == ".mo" else polib.pofile(str(path))

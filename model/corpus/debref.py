@@ -64,7 +64,7 @@ class BlockParser(HTMLParser):
         self._nesting[tag] = level + 1
         if self.skips(tag, attrs):
             self._skipped.append((tag, level))
-        elif self.opens_block(tag, attrs):
+        elif not self._skipped and self.opens_block(tag, attrs):     # a table of contents' items are no blocks
             self._open.append((tag, level, []))
 
     def handle_startendtag(self, tag, attrs):

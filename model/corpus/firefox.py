@@ -49,7 +49,7 @@ from typing import Iterator
 
 from .catalogs import strip_accelerators
 from .ding import is_sentence
-from .text import Pair, normalize_text
+from .text import CorpusError, Pair, normalize_text
 
 PACKAGES = ("firefox-esr-l10n-de", "firefox-esr")
 GERMAN_PACKAGE, ENGLISH_PACKAGE = PACKAGES
@@ -104,11 +104,14 @@ def locale_path(member: str, locale: str) -> str | None:
 def archive_files(archive: Path, locale: str, prefix: str = "") -> dict[str, str]:
     """The localisation files of one zip archive (``.xpi``, ``omni.ja``) by their locale-free path."""
     files = {}
-    with zipfile.ZipFile(archive) as zf:
-        for member in zf.namelist():
-            path = locale_path(prefix + member, locale)
-            if path is not None:
-                files[path] = zf.read(member).decode("utf-8", errors="replace")
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            for member in zf.namelist():
+                path = locale_path(prefix + member, locale)
+                if path is not None:
+                    files[path] = zf.read(member).decode("utf-8", errors="replace")
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise CorpusError(f"{archive}: not a readable zip archive ({exc})") from exc
     return files
 
 
@@ -316,8 +319,12 @@ def value_pairs(de: tuple[str, frozenset[str]], en: tuple[str, frozenset[str]]) 
 def read(roots: dict[str, Path]) -> Iterator[Pair]:
     """Pairs of every file and key both sides hold; ``roots`` maps ``PACKAGES`` to unpacked packages.
     Origin ``firefox:<file path>``, e.g. ``firefox:browser/localization/browser/panelUI.ftl``."""
-    german = parse_side(german_files(roots[GERMAN_PACKAGE]))
-    english = parse_side(english_files(roots[ENGLISH_PACKAGE]))
+    german_text, english_text = german_files(roots[GERMAN_PACKAGE]), english_files(roots[ENGLISH_PACKAGE])
+    for text, package, where in ((german_text, GERMAN_PACKAGE, LANGPACK_GLOB), (english_text, ENGLISH_PACKAGE,
+                                                                            " or ".join(OMNI_ARCHIVES))):
+        if not text:      # a package of another layout: say so rather than add a source of no pairs
+            raise CorpusError(f"{roots[package]} ({package}) has no localisation files in {APP_DIR}/{where}")
+    german, english = parse_side(german_text), parse_side(english_text)
     for path in sorted(german.keys() & english.keys()):
         for key, en in english[path].items():
             de = german[path].get(key)

@@ -30,7 +30,7 @@ from typing import Iterator
 
 from .debref import BlockParser, read_blocks, sentence_pairs, translated
 from .ding import is_sentence
-from .text import Pair
+from .text import Pair, require_dirs
 
 HANDBOOK_PACKAGES = ("debian-handbook",)
 HANDBOOK_LICENSE = "GPL-2+ or CC-BY-SA-3.0"
@@ -94,11 +94,13 @@ def _both_languages(de_dir: Path, en_dir: Path, origin_prefix: str) -> Iterator[
 def read_handbook(roots: dict[str, Path]) -> Iterator[Pair]:
     """Sentence pairs of the Debian Administrator's Handbook, origin ``debian-handbook:<file>``."""
     root = roots[HANDBOOK_PACKAGES[0]]
+    require_dirs(root / HANDBOOK_DIRS["de"], root / HANDBOOK_DIRS["en"])
     yield from _both_languages(root / HANDBOOK_DIRS["de"], root / HANDBOOK_DIRS["en"], "debian-handbook:")
 
 
 def read_gnucash(roots: dict[str, Path]) -> Iterator[Pair]:
     """Sentence pairs of GnuCash's Guide and Help, origin ``gnucash:<guide|help>/<file>``."""
     docs = roots[GNUCASH_PACKAGES[0]] / GNUCASH_DIR
+    require_dirs(docs / "gnucash-guide-de", docs / "gnucash-guide-en")
     for book in GNUCASH_BOOKS:
         yield from _both_languages(docs / f"gnucash-{book}-de", docs / f"gnucash-{book}-en", f"gnucash:{book}/")

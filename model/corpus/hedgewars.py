@@ -123,6 +123,8 @@ def _qm_messages(data: bytes, path: Path) -> bytes:
     while pos + 5 <= len(data):
         tag, length = data[pos], struct.unpack_from(">I", data, pos + 1)[0]
         if tag == _QM_MESSAGES:
+            if pos + 5 + length > len(data):
+                raise CorpusError(f"{path}: a truncated Qt .qm catalog (its messages end past the file)")
             return data[pos + 5:pos + 5 + length]
         pos += 5 + length
     return b""
@@ -131,7 +133,14 @@ def _qm_messages(data: bytes, path: Path) -> bytes:
 def read_qm(path: Path) -> list[tuple[str, str]]:
     """(source text, translation) of a compiled Qt catalog, for messages with one translation (plural
     forms, several translations of one source, have no single counterpart) and their source text kept."""
-    messages, pos, pairs = _qm_messages(path.read_bytes(), path), 0, []
+    try:
+        return _qm_pairs(_qm_messages(path.read_bytes(), path), path)
+    except (struct.error, IndexError) as exc:      # cut short: a length or tag past the end
+        raise CorpusError(f"{path}: a truncated Qt .qm catalog ({exc})") from exc
+
+
+def _qm_pairs(messages: bytes, path: Path) -> list[tuple[str, str]]:
+    pos, pairs = 0, []
     source, translations = None, []
     while pos < len(messages):
         tag, pos = messages[pos], pos + 1
@@ -145,6 +154,8 @@ def read_qm(path: Path) -> list[tuple[str, str]]:
             length, pos = struct.unpack_from(">I", messages, pos)[0], pos + 4
             if length == 0xFFFFFFFF:                 # a null string
                 continue
+            if pos + length > len(messages):
+                raise CorpusError(f"{path}: a truncated Qt .qm catalog (a string ends past its messages)")
             value, pos = messages[pos:pos + length], pos + length
             if tag == _QM_TRANSLATION:
                 translations.append(value.decode("utf-16-be", errors="replace"))

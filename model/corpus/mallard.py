@@ -23,7 +23,7 @@ from typing import Iterator
 
 from .debref import sentence_pairs, translated
 from .ding import is_sentence
-from .text import Pair, normalize_text
+from .text import Pair, normalize_text, require_dirs
 
 PACKAGES = ("gnome-user-docs",)
 LICENSE = "CC-BY-SA-3.0"
@@ -103,6 +103,7 @@ def read(roots: dict[str, Path]) -> Iterator[Pair]:
     """Sentence pairs of every page both languages hold, origin ``gnome-user-docs:<doc>/<page>``."""
     root = roots[PACKAGES[0]]
     de_dir, en_dir = root / HELP_DIRS["de"], root / HELP_DIRS["en"]
+    require_dirs(de_dir, en_dir)
     for de_page in sorted(de_dir.glob("*/*.page")):
         rel = de_page.relative_to(de_dir)
         en_page = en_dir / rel

@@ -18,6 +18,13 @@ class CorpusError(ValueError):
     """A problem with an input corpus that the user has to fix (reported without traceback)."""
 
 
+def require_dirs(*dirs) -> None:
+    """A reader of a package's two languages stops here when one is missing (a package of another layout),
+    rather than adding a source of no pairs."""
+    if missing := [str(d) for d in dirs if not d.is_dir()]:
+        raise CorpusError(f"not a directory: {', '.join(missing)}")
+
+
 @dataclass(frozen=True)
 class Pair:
     """One aligned segment pair.
