@@ -20,7 +20,7 @@
 # tables), logs.tar.xz (every stage's output) and pieces/ (the recipe's checkpoint, JOIN.sh joins it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-DATA=${DATA:-data/de-en-ding2}          # the corpus the default trains on (models/de-en/MODEL_CARD.md)
+DATA=${DATA:-data/de-en-everyday}       # the corpus the default trains on (models/de-en/MODEL_CARD.md, docs/training.md)
 SITE=/tmp/site                          # the serve extra's wheels the machine lacks
 ORT_SITE=/tmp/ort-gpu/site              # onnxruntime-gpu, unpacked by scripts/gpu-wheels.sh gpu
 # What the device machine's image lacks of the gpu extra's lock (its python3 has torch, numpy, sentencepiece,
