@@ -32,7 +32,8 @@ def family(source: str) -> str:
 
 
 def versions(meta: dict) -> dict[str, str]:
-    """Each package's version from the source descriptions (``deb:NAME=VERSION (...)``, ``debref: PKG=VERSION, ...``, ``hedgewars: PKG=VERSION (...)``)."""
+    """Each package's version from the source descriptions (``deb:NAME=VERSION (...)``, ``debref: PKG=VERSION,
+    ...``, ``hedgewars: PKG=VERSION (...)``)."""
     found = {}
     for described in meta["sources"]:
         m = re.match(r"(deb|wheel):([^=\s]+)=(\S+)", described)

@@ -56,9 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--fetch-deb", action="append", default=[], metavar="NAME",
-        help="download (not install) a Debian package and use its German catalogs (repeatable); these are "
-        "read by their own format instead: " + ", ".join(STRUCTURED_DEBS) + " (games' dialogue, Firefox's "
-        "messages, manuals aligned block by block; issue 55's sources, docs/training.md)",
+        help="download (not install) a Debian package and use its German catalogs (repeatable); these are read "
+        "by their own format instead (docs/training.md): " + ", ".join(STRUCTURED_DEBS),
     )
     p.add_argument("--libreoffice-help", action="store_true",
                    help="download (not install) libreoffice-help-de and -en-us and use their aligned help "
