@@ -128,7 +128,7 @@ def joining(engine, requests: list[list[list[int]]], options: list[SearchOptions
         while len(members) < len(requests) and len(members) * every <= step:
             i, group = len(members), options[len(members)].rows_per_input
             batch = batches.get(group) or batches.setdefault(group, engine.running_batch(group))
-            members[i] = engine.join(batch, requests[i], options[i])
+            (members[i],) = batch.join(engine.encode_sources(requests[i], options[i]), options[i], [len(requests[i])])
         for batch in batches.values():
             if batch.members:
                 assert not [m.error for m in batch.step() if m.error is not None]
@@ -154,9 +154,9 @@ def assert_joining_is_invariant(engine, ids: list[list[int]], search: str) -> No
 
 
 def test_requests_encoded_together_as_they_join_a_pool_translate_as_alone(de_en):
-    """Beam searches of one set of options that join at one step are encoded in one call
-    (Engine.join_together, sources padded to the widest): three join at the first step, three at the third,
-    into the pool where the first still run; each sentence's hypotheses as alone."""
+    """Beam searches of one set of options that join at one step are encoded in one call (Engine.encode_sources,
+    sources padded to the widest, then RunningBatch.join): three join at the first step, three at the third, into
+    the pool where the first still run; each sentence's hypotheses as alone."""
     ids = de_en.source_ids(TEXTS["de"], "en")
     options = SEARCHES["beam 4"]
     groups = [[[ids[0], ids[5]], [ids[1]], [ids[2]]], [[ids[3]], [ids[4], ids[6]], [ids[7]]]]
@@ -164,7 +164,8 @@ def test_requests_encoded_together_as_they_join_a_pool_translate_as_alone(de_en)
     while groups or batch.members:
         if groups and step % 2 == 0:
             requests = groups.pop(0)
-            tickets += zip(requests, de_en.join_together(batch, requests, options))
+            encoded = de_en.encode_sources([s for r in requests for s in r], options)
+            tickets += zip(requests, batch.join(encoded, options, [len(r) for r in requests]))
         if batch.members:
             assert not [m.error for m in batch.step() if m.error is not None]
         step += 1

@@ -525,11 +525,8 @@ class Exploding:
     def running_batch(self, group):
         return OneStepBatch()
 
-    def join(self, batch, src_ids, options):
-        member = SimpleNamespace(want="a step", row_source=list(range(len(src_ids))), error=None, result=None,
-                                 answer=self.search(src_ids, options))
-        batch.members.append(member)
-        return member
+    def encode_sources(self, src_ids, options):
+        return SimpleNamespace(src_ids=src_ids, answer=self.search(src_ids, options))
 
     def detokenize(self, ids):
         return self.piece_text(ids)
@@ -566,6 +563,16 @@ class OneStepBatch:
             m.want, m.result = None, m.answer
         ended, self.members = self.members, []
         return ended
+
+    def join(self, encoded, options, sizes):
+        """A member a request: `sizes` requests' sources in turn."""
+        members, row = [], 0
+        for n in sizes:
+            members.append(SimpleNamespace(want="a step", row_source=list(range(n)), error=None, result=None,
+                                           answer=encoded.answer[row:row + n]))
+            row += n
+        self.members += members
+        return members
 
     def leave(self, member):
         self.members.remove(member)

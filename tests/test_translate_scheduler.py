@@ -277,6 +277,14 @@ class EchoTranslationBatch:
                 m.want, m.result = None, [[SimpleNamespace(tokens=list(s), score=-1.0)] for s in m.src]
         self.members = [m for m in self.members if m.want is not None]
 
+    def join(self, encoded, options, sizes):
+        """An EchoSearch a request: `sizes` requests' sources in turn."""
+        if any(99 in s for s in encoded):
+            raise RuntimeError("engine failure")
+        searches = [EchoSearch(encoded[sum(sizes[:i]):sum(sizes[:i + 1])]) for i in range(len(sizes))]
+        self.members += searches
+        return searches
+
     def leave(self, m):
         self.members.remove(m)
 
@@ -295,12 +303,9 @@ class EchoTranslator:
     def running_batch(self, group):
         return EchoTranslationBatch(self.rows_per_step)
 
-    def join(self, batch, src_ids, options):
+    def encode_sources(self, src_ids, options):
         self.searches += 1
-        if any(99 in s for s in src_ids):
-            raise RuntimeError("engine failure")
-        batch.members.append(m := EchoSearch(src_ids))
-        return m
+        return src_ids
 
     def search(self, src_ids, options):
         if any(99 in s for s in src_ids):

@@ -33,7 +33,7 @@ class Sources:
     """What a member's rows read of the cross tensors, by the member's own source numbers: the encoder
     outputs not yet placed in the batch's tensors (`pending`: a block, the number of the first of our sources
     in it, its row there, how many), each source's width in its block and length, and its slot in the batch's
-    tensors once placed. A block may hold other members' sources too (Engine.join_together: requests that
+    tensors once placed. A block may hold other members' sources too (RunningBatch.join: requests that
     join one pool at one step are encoded together); they are all placed at the batch's next step."""
     pending: list[tuple[Tensors, int, int, int]] = field(default_factory=list)
     widths: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))

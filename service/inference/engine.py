@@ -37,11 +37,10 @@ from .device import session_options
 from .device_memory import BlockPool, Tensors
 from .lm_batch import LmBatch, LmMember
 from .onnxruntime_bridge import Binder
-from .running_batch import Member, RunningBatch, Ticket, pooled
-from ..shared.beam_pool import BeamPool
+from .running_batch import Encoded, RunningBatch, SearchIds
 from ..shared.options import SearchOptions
 from ..shared.package import ModelPackage, PackageError, load_package
-from ..shared.search import Hypothesis, Search, Step, decode, finish, max_lengths, searcher
+from ..shared.search import Hypothesis, Search, Step, decode, finish, max_lengths
 
 log = logging.getLogger(__name__)
 # Engine.generate_steps: a Step per decoder call, then one Hypothesis per prompt (or a list: beam search).
@@ -217,62 +216,22 @@ class Engine:
             decoder.close()
 
     def running_batch(self, group: int) -> RunningBatch:
-        """An empty batch for searches that share each decoder call (`join`), each with `group` rows per source
-        (SearchOptions.rows_per_input: its beams): the translate worker's."""
-        return RunningBatch(self.graph, group)
+        """An empty batch for searches that share each decoder call (RunningBatch.join of encode_sources()' output),
+        each with `group` rows per source (SearchOptions.rows_per_input: its beams): the translate worker's."""
+        return RunningBatch(self.graph, group, SearchIds(self.bos_id, self.eos_id, tuple(self.banned_ids),
+                                                         self.search_top_k))
 
-    def join(self, batch: RunningBatch, src_ids: Sequence[Sequence[int]], options: SearchOptions,
-             seeds: Sequence[int | None] | None = None) -> Member | Ticket:
-        """Encodes `src_ids` and starts their search in `batch`, whose rows step with every other search's from
-        the batch's next step on; once it ends (batch.step() returns it) its `result` is search()'s (or its
-        `error`). A beam search joins the batch's pool of its options (running_batch.PooledBeams), any other
-        search is a Member of its own. The same hypotheses as search() of these sources alone."""
-        if pooled(options):
-            return self.join_together(batch, [src_ids], options)[0]
-        cross, lengths, limits = self._encoded(batch, src_ids, options)
-        member = Member(None, cross, lengths)
-        try:
-            member.search = searcher(member, len(src_ids), options, bos_id=self.bos_id, eos_id=self.eos_id,
-                                     max_length=limits, banned_ids=self.banned_ids, seeds=seeds,
-                                     top_k=self.search_top_k)
-        except BaseException:
-            member.close()
-            raise
-        batch.join(member)
-        return member
-
-    def join_together(self, batch: RunningBatch, requests: Sequence[Sequence[Sequence[int]]],
-                      options: SearchOptions) -> list[Ticket]:
-        """join() for the beam searches of several requests with these options: their sentences encoded in one
-        call (each sentence's encoder outputs are its own, batched or not), a Ticket each in the pool."""
-        cross, lengths, limits = self._encoded(batch, [s for r in requests for s in r], options)
-        try:
-            pool = batch.pool(options.batch_key(), lambda: BeamPool(
-                options, eos_id=self.eos_id, banned_ids=self.banned_ids, top_k=self.search_top_k))
-            tickets, row = [], 0
-            for r in requests:
-                n = len(r)
-                tickets.append(pool.add(cross, lengths[row:row + n], np.full(n, self.bos_id, dtype=np.int64),
-                                        limits[row:row + n], row))
-                row += n
-            return tickets
-        except BaseException:
-            cross.close()
-            raise
-
-    def _encoded(self, batch: RunningBatch, src_ids: Sequence[Sequence[int]],
-                 options: SearchOptions) -> tuple[Tensors, np.ndarray, np.ndarray]:
-        """The encoder outputs of `src_ids` (padded to a multiple of COLUMNS_STEP), their lengths and budgets."""
-        if options.rows_per_input != batch.group:
-            raise ValueError(f"a batch of {batch.group} rows per source takes no search of "
-                             f"{options.rows_per_input} (see RunningBatch)")
+    def encode_sources(self, src_ids: Sequence[Sequence[int]], options: SearchOptions) -> Encoded:
+        """`src_ids` encoded in one call (padded to a multiple of COLUMNS_STEP: each source's encoder outputs are
+        its own, batched or not), with their lengths and output budgets under `options`: what a RunningBatch
+        joins."""
         lengths = np.array([len(s) for s in src_ids], dtype=np.int64)
         src = np.full((len(src_ids), columns_for(int(lengths.max()))), self.pad_id, dtype=np.int64)   # (B, S)
         for i, s in enumerate(src_ids):
             src[i, :len(s)] = s
         limits = max_lengths(lengths, a=options.max_length_a, b=options.max_length_b,
                              cap=min(options.max_length, self.max_positions))
-        return self.encode(src), lengths, limits
+        return Encoded(self.encode(src), lengths, limits)
 
     # --- generation (decoder-only packages) -------------------------------------------------------------
     def prompt_ids(self, texts: Sequence[str]) -> list[list[int]]:

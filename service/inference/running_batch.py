@@ -14,7 +14,8 @@ The scheduler holds a Ticket or a Member per request; both say `want` (None once
 
 from __future__ import annotations
 
-from typing import Generator
+from dataclasses import dataclass
+from typing import Generator, Sequence
 
 import numpy as np
 
@@ -23,13 +24,32 @@ from .decoders import DecoderGraph, columns_for
 from .device_memory import InPlaceCache, Tensors
 from ..shared.beam_pool import BeamPool
 from ..shared.options import SearchOptions
-from ..shared.search import Want
+from ..shared.search import Want, searcher
 
 
 # A pool takes at most this many sentences, then the next request of its options starts another (the old one
 # goes on until its own end): a pool under steady load never empties, and what it keeps per sentence (budgets,
 # steps, each source's width and slot: small arrays that grow by concatenation) must not grow for ever.
 POOL_INPUTS = 4096
+
+
+@dataclass
+class Encoded:
+    """Sources as the encoder left them (Engine.encode_sources), for RunningBatch.join: the decoder's cross_*
+    inputs (B rows), each source's length (pieces, eos included) and its output budget."""
+    cross: Tensors
+    lengths: np.ndarray                   # (B,)
+    limits: np.ndarray                    # (B,)
+
+
+@dataclass(frozen=True)
+class SearchIds:
+    """What every search of one package needs of it: its special ids, and whether a search reads the k best of
+    each step (the graph's top_k outputs) rather than the whole distribution."""
+    bos_id: int
+    eos_id: int
+    banned_ids: tuple[int, ...]
+    top_k: bool = True
 
 
 def pooled(options: SearchOptions) -> bool:
@@ -244,8 +264,8 @@ class RunningBatch:
     bit's difference the other way), so every member of a batch has `group` rows per source (its beams:
     search.rows_per_input), as alone."""
 
-    def __init__(self, graph: DecoderGraph, group: int):
-        self.graph, self.group = graph, group
+    def __init__(self, graph: DecoderGraph, group: int, ids: SearchIds):
+        self.graph, self.group, self.ids = graph, group, ids
         self.members: list[Member | PooledBeams] = []
         self.pools: dict[tuple, PooledBeams] = {}           # options.batch_key() -> its beam searches
         self.cache = InPlaceCache(graph.pool, graph.past_names, graph.present_names, 0, graph.h, graph.d_k,
@@ -257,7 +277,48 @@ class RunningBatch:
         self.io = graph.session.io_binding()
         self._outputs: tuple | None = None                # ((rows, k, whole distribution), arrays bound)
 
-    def join(self, member: Member) -> None:
+    def join(self, encoded: Encoded, options: SearchOptions, sizes: Sequence[int],
+             seeds: Sequence[int | None] | None = None) -> list[Member | Ticket]:
+        """The searches of requests whose sources `encoded` holds in order, `sizes[i]` of them request i's: their
+        rows step with every other search's from the next step on, and once one ends (step() returns it) its
+        `result` is Engine.search()'s of its sources alone (or its `error`). A beam search joins the pool of its
+        options (PooledBeams: a Ticket a request), any other search is a Member of its own (one request). The
+        batch owns `encoded` from here, also when this raises."""
+        try:
+            if options.rows_per_input != self.group:
+                raise ValueError(f"a batch of {self.group} rows per source takes no search of "
+                                 f"{options.rows_per_input} (see RunningBatch)")
+            if pooled(options):
+                return self._join_pool(encoded, options, sizes)
+            if len(sizes) != 1:
+                raise ValueError(f"a search of strategy {options.strategy!r} joins one request at a time")
+            member = Member(None, encoded.cross, encoded.lengths)
+        except BaseException:
+            encoded.cross.close()
+            raise
+        try:
+            ids = self.ids
+            member.search = searcher(member, len(encoded.lengths), options, bos_id=ids.bos_id, eos_id=ids.eos_id,
+                                     max_length=encoded.limits, banned_ids=ids.banned_ids, seeds=seeds,
+                                     top_k=ids.top_k)
+        except BaseException:
+            member.close()
+            raise
+        self._start(member)
+        return [member]
+
+    def _join_pool(self, encoded: Encoded, options: SearchOptions, sizes: Sequence[int]) -> list[Ticket]:
+        ids = self.ids
+        pool = self.pool(options.batch_key(), lambda: BeamPool(options, eos_id=ids.eos_id,
+                                                               banned_ids=list(ids.banned_ids), top_k=ids.top_k))
+        tickets, row = [], 0
+        for n in sizes:
+            tickets.append(pool.add(encoded.cross, encoded.lengths[row:row + n],
+                                    np.full(n, ids.bos_id, dtype=np.int64), encoded.limits[row:row + n], row))
+            row += n
+        return tickets
+
+    def _start(self, member: Member) -> None:
         """Adds a member whose search has not started: it runs to its first Want now, its rows step from the
         next step on."""
         self._add(member)

@@ -85,7 +85,7 @@ class Running:
     sentences: list[int] = field(default_factory=list)   # their indices in the request
     tokens: list[int] = field(default_factory=list)      # what each holds of --max-batch-tokens (sentence_cost)
     rows: list[int] = field(default_factory=list)        # the most rows each holds at once
-    member: Member | Ticket | None = None   # their search in the batch (Engine.join)
+    member: Member | Ticket | None = None   # their search in the batch (RunningBatch.join)
     t0: float = 0.0                       # when they joined (perf_counter)
     _seen: int = -1                       # the member's live_count that _held was counted from
     _held: tuple[int, int] = (0, 0)
@@ -254,10 +254,9 @@ class TranslationScheduler:
 
     def _join_together(self, runs: list[Running]) -> None:
         jobs = [self.jobs[run.key] for run in runs]
+        sources = [[job.sentences[k] for k in run.sentences] for job, run in zip(jobs, runs)]
         try:
-            tickets = self.engines[jobs[0].model].join_together(
-                self._batch(runs[0]), [[job.sentences[k] for k in run.sentences] for job, run in zip(jobs, runs)],
-                jobs[0].options)
+            tickets = self._joined(runs[0], [s for r in sources for s in r], jobs[0].options, [len(r) for r in sources])
         except Exception:  # each tries alone (and its sentences one by one if that fails too)
             log.exception("starting the search of %d requests together failed; each starts alone", len(runs))
             for run in runs:
@@ -270,13 +269,11 @@ class TranslationScheduler:
 
     def _join(self, run: Running) -> None:
         job = self.jobs[run.key]
-        engine = self.engines[job.model]
         if not job.started:
             job.started = time.monotonic()
-        batch = self._batch(run)
         run.t0 = time.perf_counter()
         try:
-            run.member = engine.join(batch, [job.sentences[k] for k in run.sentences], job.options)
+            (run.member,) = self._joined(run, [job.sentences[k] for k in run.sentences], job.options)
         except Exception:  # its request's sentences are tried one by one; the batch goes on
             log.exception("starting the search of %d sentences failed; retrying one by one", len(run.sentences))
             self._finished(run, self._one_by_one(job, run.sentences))
@@ -284,6 +281,13 @@ class TranslationScheduler:
         self.running.append(run)
         if run.member.want is None:       # it ended before its first step
             self._ended(run)
+
+    def _joined(self, run: Running, src_ids: list[list[int]], options: SearchOptions,
+                sizes: list[int] | None = None) -> list[Member | Ticket]:
+        """The engine encodes the sources, the running batch starts their searches: `sizes` requests' sentences
+        in turn (one request: all of them); a handle per request."""
+        encoded = self.engines[run.batch[0]].encode_sources(src_ids, options)
+        return self._batch(run).join(encoded, options, sizes or [len(src_ids)])
 
     def _step_batch(self, key: tuple[str, int], batch: RunningBatch) -> None:
         try:
