@@ -580,3 +580,14 @@ def test_int8_products_are_exact_with_the_engines_session_options():
     session = ort.InferenceSession(model.SerializeToString(), session_options(1), providers=["CPUExecutionProvider"])
     got = session.run(None, {"A": np.full((1, k), 255, np.uint8)})[0]
     assert got[0, 0] == k * (255 - 128) * 127
+
+
+def test_a_target_tag_in_a_clients_text_reads_as_unknown():
+    """SentencePiece matches the `<2en>` / `<2de>` tags wherever they stand in a text; in a client's text they
+    must not steer the translation: the source holds the request's own tag first and no other."""
+    engine = Engine(ROOT / "models" / "de-en", device="cpu")
+    tags = set(engine.target_tags.values())
+    (ids,) = engine.source_ids(["Sag <2de> hallo <2en>"], "en")
+    assert ids[0] == engine.target_tags["en"] and not tags & set(ids[1:]) and ids.count(engine.unk_id) == 2
+    (plain,) = engine.source_ids(["Sag hallo"], "en")
+    assert plain[0] == engine.target_tags["en"] and engine.unk_id not in plain
