@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     from .logs import configure as configure_logs
 
     configure_logs(settings.log_level, settings.log_format)
-    from .server import build_server
+    from .server import api_servers, build_server
     from .inference.device import DeviceError
     from .keyfile import KeysFileError
     from .shared.package import PackageError
@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     # SIGHUP: the HTTP processes re-read the API keys file (http/keys.py); the server goes on.
     signal.signal(signal.SIGHUP, lambda signum, frame: gateway.keys.hup())
     try:
-        server.run(host=settings.host, port=settings.port, num_api_servers=settings.api_servers,
+        server.run(host=settings.host, port=settings.port,
+                   num_api_servers=api_servers(settings, gateway.device, gateway.keys),
                    log_level=settings.log_level, generate_client_file=False, **uvicorn_options(settings))
     except KeyboardInterrupt:   # a signal before anything was started
         log.info("stopped while starting")

@@ -26,7 +26,7 @@ class Settings:
     port: int = 8000
     device: str = "auto"                # auto | cpu | cuda
     workers: int = 1                    # inference worker processes per device
-    api_servers: int = 1                # HTTP server processes
+    api_servers: int = 0                # HTTP server processes; 0: as the machine allows (server.api_servers)
     threads: int = 0                    # onnxruntime intra-op threads per worker (0 = all cores)
     # Off: the HTTP process shares the cores, and threads that busy-wait between operators take
     # them from it (2 cores, beam 4, 32 clients: 1,105-1,160 tok/s with 2 threads not spinning, 860-980
@@ -124,7 +124,9 @@ _HELP = {
     "port": "port to listen on",
     "device": "auto (CUDA when available), cpu or cuda",
     "workers": "inference worker processes per device",
-    "api_servers": "HTTP server processes",
+    "api_servers": "HTTP server processes (0: one on a CPU, where the workers take the cores; on a GPU one per 4 "
+                   "cores the workers leave, up to 4; one while key limits are counted in memory, without "
+                   "--redis-url)",
     "threads": "onnxruntime intra-op threads per worker (0 = all cores)",
     "spin_wait": "let onnxruntime's threads busy-wait between operators (lower latency on cores the HTTP "
                  "process does not need; off: they sleep)",
@@ -267,7 +269,9 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
     for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "file_ttl_s"):
         if not getattr(s, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be more than 0, got {getattr(s, name)}")
-    for name in ("workers", "api_servers", "max_batch_size", "max_texts", "max_queue", "max_connections",
+    if s.api_servers < 0:
+        p.error(f"--api-servers must be 0 (as the machine allows) or more, got {s.api_servers}")
+    for name in ("workers", "max_batch_size", "max_texts", "max_queue", "max_connections",
                  "max_request_cost", "max_header_bytes", "max_headers", "max_file_bytes", "max_file_unpacked_bytes",
                  "max_file_entries", "max_file_elements", "max_file_texts"):
         if getattr(s, name) < 1:

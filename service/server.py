@@ -16,6 +16,9 @@ flavour is a module with a FLAVOUR (service/api/flavour.py) and its line in FLAV
 
 from __future__ import annotations
 
+import logging
+import os
+
 import litserve as ls
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
@@ -25,7 +28,7 @@ from starlette.middleware.gzip import GZipMiddleware
 from . import __version__
 from .api import libretranslate, native, openai_api, ui
 from .http.auth import USAGE_PATH, open_paths
-from .http.keys import ANONYMOUS
+from .http.keys import ANONYMOUS, KeyRing
 from .http.quota import WINDOWS
 from .worker.cancel import CancelBoard
 from .worker.litserve_bridge import Server
@@ -42,12 +45,38 @@ from .worker.translate_api import ENDPOINT, TranslateAPI, check_packages
 from .http.fastapi_bridge import without_native_telemetry
 from .http.uvicorn_bridge import hold_signals
 
+log = logging.getLogger("transerve")
+
 FLAVOURS: tuple[Flavour, ...] = (native.FLAVOUR, openai_api.FLAVOUR, libretranslate.FLAVOUR, ui.FLAVOUR)
 
 LITSERVE_INFO = "/litserve/info"   # LitServe always adds an info route; install() removes it
 # A document's body: the file and its multipart framing and fields (source, target, api_key), so that a file of
 # --max-file-bytes passes the middleware's limit and the route's 413 names the file's own size.
 FORM_SLACK = 65536
+
+
+# --api-servers 0 on a GPU: an HTTP process per this many cores the inference workers leave (a core each), at most
+# MOST_API_SERVERS. An HTTP process spent 0.9-1.2 CPU ms a one-sentence request on the CPUs here
+# (benchmarks/results/serving-cpu.md): one process keeps up with about 800 such requests a second, which a small
+# model on a GPU can exceed. On a CPU the workers take every core and one is enough. Not yet measured on a GPU.
+CORES_PER_API_SERVER = 4
+MOST_API_SERVERS = 4
+
+
+def api_servers(settings: Settings, device: str, keys: KeyRing, cores: int | None = None) -> int:
+    """The HTTP processes to start: --api-servers, or for 0 one on a CPU and, on a GPU, one per
+    CORES_PER_API_SERVER cores the workers leave (at most MOST_API_SERVERS); one, whatever the machine, while
+    keys have limits and no --redis-url is given, since each process would count them on its own (quota.py)."""
+    in_memory = not settings.redis_url and any(t.limits.given() for t in keys.tenants.values())
+    if settings.api_servers:
+        if in_memory and settings.api_servers > 1:
+            log.warning("--api-servers %d without --redis-url: each HTTP process counts the keys' limits on its "
+                        "own, so a key may use up to %d times its limits", settings.api_servers, settings.api_servers)
+        return settings.api_servers
+    if device != "cuda" or in_memory:
+        return 1
+    cores = cores or len(os.sched_getaffinity(0))
+    return max(1, min(MOST_API_SERVERS, (cores - settings.workers) // CORES_PER_API_SERVER))
 
 
 def build_server(settings: Settings, flavours: tuple[Flavour, ...] = FLAVOURS) -> tuple[ls.LitServer, Gateway]:
