@@ -104,11 +104,20 @@ def invalid_body(e: ValidationError | RequestValidationError, in_body: bool = Tr
     return ApiError(422, "invalid_request", first_error(e))
 
 
-def too_large(max_payload_bytes: int, document: bool = False) -> ApiError:
-    """A body over its limit: --max-payload-bytes, or a document's (--max-file-bytes and its form's fields)."""
-    flag = "--max-file-bytes" if document else "--max-payload-bytes"
-    return ApiError(413, "payload_too_large", f"the body is larger than {max_payload_bytes} bytes ({flag})",
-                    max_payload_bytes, {"Connection": "close"})
+# A document's body: the file and its multipart framing and fields (source, target, api_key), so that a file of
+# --max-file-bytes passes the middleware's limit and the route's 413 names the file's own size.
+FORM_SLACK = 65536
+
+
+def too_large(limit: int, document: bool = False) -> ApiError:
+    """A body over its limit: --max-payload-bytes, or a document's (--max-file-bytes, FORM_SLACK more for its
+    form's fields), which the message names as the flag gives it."""
+    if document:
+        limit -= FORM_SLACK
+        return ApiError(413, "payload_too_large", f"the file is larger than {limit} bytes (--max-file-bytes)",
+                        limit, {"Connection": "close"})
+    return ApiError(413, "payload_too_large", f"the body is larger than {limit} bytes (--max-payload-bytes)",
+                    limit, {"Connection": "close"})
 
 
 Responder = Callable[[str, "str | None", ApiError], JSONResponse]

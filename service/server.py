@@ -34,7 +34,7 @@ from .worker.cancel import CancelBoard
 from .worker.litserve_bridge import Server
 from .config import Settings
 from .inference.device import probe_device
-from .errors import ERROR_KIND, install_handlers, responder
+from .errors import ERROR_KIND, FORM_SLACK, install_handlers, responder
 from .api.flavour import Flavour
 from .http.gateway import Gateway
 from .worker.generate_api import ENDPOINT as GENERATE, GenerateAPI
@@ -50,9 +50,6 @@ log = logging.getLogger("transerve")
 FLAVOURS: tuple[Flavour, ...] = (native.FLAVOUR, openai_api.FLAVOUR, libretranslate.FLAVOUR, ui.FLAVOUR)
 
 LITSERVE_INFO = "/litserve/info"   # LitServe always adds an info route; install() removes it
-# A document's body: the file and its multipart framing and fields (source, target, api_key), so that a file of
-# --max-file-bytes passes the middleware's limit and the route's 413 names the file's own size.
-FORM_SLACK = 65536
 
 
 # --api-servers 0 on a GPU: an HTTP process per this many cores the inference workers leave (a core each), at most

@@ -254,6 +254,22 @@ def test_options_are_the_apis_and_refused_as_it_refuses_them():
     for flag in ("--beam-size", "--length-penalty", "--max-length", "--no-repeat-ngram-size",
                  "--repetition-penalty", "--resume", "--url", "--column", "--field"):
         assert flag in help_text
+    max_length = " ".join(help_text.rsplit("--max-length MAX_LENGTH", 1)[1].split("--no-repeat")[0].split())
+    assert max_length.count("default") == 1, max_length         # one default, the schema's own words
+
+
+def test_ctrl_c_says_it_was_stopped_by_sigint(tmp_path, monkeypatch, capsys):
+    """A KeyboardInterrupt has no text (but is truthy): the message named nothing after "stopped by"."""
+    from service.bulk import command
+
+    def interrupted(options, translator):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(command, "runner", lambda fmt: interrupted)
+    monkeypatch.setattr("service.bulk.translators.translator", lambda options: None)
+    src = tmp_path / "in.txt"
+    src.write_text("Hallo\n", encoding="utf-8")
+    assert command.main([str(src), "-o", str(tmp_path / "out.txt"), "--model", str(MODEL)]) == 130
+    assert capsys.readouterr().err.strip() == "transerve translate: stopped by SIGINT"
 
 
 def test_the_console_script_has_both_commands():

@@ -45,6 +45,8 @@ BODIES = [
     ("application/json", '{"text": "\\ud800", "source_lang": "de", "target_lang": "en"}'),   # a lone surrogate
     ("application/json", '{"\\ud800": 1, "text": "Ja", "source_lang": "de", "target_lang": "en"}'),
     ("application/json", json.dumps({k: v for k, v in GOOD.items() if k != "text"})),   # missing
+    ("application/json", '{"text": "Ja", "source_lang": "de", "target_lang": "en", "length_penalty": NaN}'),
+    ("application/json", '{"text": "Ja", "source_lang": "de", "target_lang": "en", "length_penalty": Infinity}'),
 ]
 
 
@@ -73,6 +75,15 @@ def test_a_body_is_answered_as_fastapi_answers_it(client, ctype, body):
     ours, theirs = (client.post(path, content=body, headers=headers) for path in ("/read_model", "/fastapi"))
     assert (ours.status_code, ours.json()) == (theirs.status_code, theirs.json())
     assert ours.status_code in (200, 400, 422), ours.text   # never a 500
+
+
+def test_a_number_that_is_not_finite_is_told_so(client):
+    """Python's JSON reader takes NaN and Infinity; they were told "should be less than or equal to 4", as if too
+    large. Every request model refuses them as not finite numbers."""
+    for value in ("NaN", "Infinity", "-Infinity"):
+        body = '{"text": "Ja", "source_lang": "de", "target_lang": "en", "length_penalty": %s}' % value
+        answer = client.post("/read_model", content=body, headers={"content-type": "application/json"})
+        assert answer.status_code == 422 and "finite number" in answer.text, answer.text
 
 
 def test_the_answer_is_the_response_models_json():

@@ -66,7 +66,8 @@ def _neutral(values: tuple) -> dict:
 
 class CompletionRequest(BaseModel):
     """OpenAI's completion request, as far as this server implements it."""
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    # allow_inf_nan=False: a NaN was told "should be less than or equal to 2", as if it were a number too large
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
 
     model: str = Field(..., min_length=1, max_length=200, description="A generation package's id (GET /v1/models)")
     prompt: Union[str, Annotated[list[str], Field(min_length=1)]] = Field(

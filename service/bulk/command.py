@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"transerve translate: error: {e}", file=sys.stderr)
         return 2
     except (Stopped, KeyboardInterrupt) as e:
-        print(f"transerve translate: stopped by {e or 'SIGINT'}", file=sys.stderr)
+        # str(): a KeyboardInterrupt is truthy with no text, which printed "stopped by " and nothing after it
+        print(f"transerve translate: stopped by {str(e) or 'SIGINT'}", file=sys.stderr)
         return 143 if isinstance(e, Stopped) else 130
     finally:
         if hasattr(t, "close"):

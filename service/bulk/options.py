@@ -46,9 +46,9 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     for name in SEARCH_FIELDS:
         info = TranslateRequest.model_fields[name]
         kind = next(t for t in (info.annotation, *get_args(info.annotation)) if t in (int, float))
-        default = "the server's cap" if info.default is None else info.default
-        group.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None,
-                           help=f"{info.description} (default: {default})")
+        # A field without a fixed default says in its description what it is then (max_length: from the source).
+        described = info.description if info.default is None else f"{info.description} (default: {info.default})"
+        group.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None, help=described)
 
 
 def search_fields(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:

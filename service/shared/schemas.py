@@ -61,7 +61,8 @@ def _kinds(model: type[BaseModel]) -> dict[str, tuple[bool, bool]]:
 
 
 class TranslateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # allow_inf_nan=False: a NaN length_penalty was told "should be less than or equal to 4", as if it were too large
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     text: Union[str, list[str]] = Field(..., description="A text, or a list of texts translated independently. "
                                          "Long texts are split into sentences and joined back.",
@@ -217,7 +218,7 @@ class Language(BaseModel):
 
 class GenerateRequest(BaseModel):
     # The beam search rule, in the schema too, so generated clients and fuzzers know it.
-    model_config = ConfigDict(extra="forbid", protected_namespaces=(), json_schema_extra={
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False, json_schema_extra={
         "if": {"properties": {"beam_size": {"minimum": 2}}, "required": ["beam_size"]},
         "then": {"properties": {"temperature": {"enum": [0, 1]}, "top_k": {"const": 0}, "top_p": {"const": 1}}}})
 
