@@ -10,20 +10,25 @@ Admission.drain), orders the stop (`Stopping.order`), and LitServe ends the othe
 processes and the workers with SIGTERM, the manager with a message.
 
 A child acts on SIGINT or SIGTERM only once the stop is ordered, or when the main process is gone (a killed
-main process must not leave children that no signal stops). Forked children (the manager, the HTTP
+main process must not leave children that no signal stops), and the kernel sends each child SIGTERM when the
+main process dies, however it dies (`die_with_main`). Forked children (the manager, the HTTP
 processes) inherit the main process's handler, which leaves them to `child_signal`; the spawned workers set
 theirs in setup (`guard`), the HTTP processes theirs over uvicorn's (uvicorn_bridge.hold_signals).
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
+import multiprocessing.util
 import os
 import signal
+import sys
 from types import FrameType
 from typing import Callable
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+PR_SET_PDEATHSIG = 1     # prctl(2): the signal the kernel sends a process when its parent dies
 
 Handler = Callable[[int, "FrameType | None"], None]
 
@@ -35,6 +40,8 @@ class Stopping:
     def __init__(self):
         self._ordered = mp.get_context("spawn").Event()   # spawn: picklable into LitServe's workers
         self.main_pid = os.getpid()
+        # Forked children (the manager, the HTTP processes) die with the main process from their first line on.
+        multiprocessing.util.register_after_fork(self, Stopping.die_with_main)
 
     def order(self) -> None:
         """The main process has drained: the children may now act on the signals LitServe stops them with."""
@@ -44,8 +51,20 @@ class Stopping:
         """Whether a child acts on SIGINT or SIGTERM now: the stop is ordered, or the main process is gone."""
         return self._ordered.is_set() or os.getppid() != self.main_pid
 
+    def die_with_main(self) -> None:
+        """In a child: the kernel sends it SIGTERM when the main process dies, even by SIGKILL (Linux's
+        PR_SET_PDEATHSIG), which it obeys then: a killed main process leaves no HTTP process holding the port and no
+        worker holding the device. The kernel sends it when the thread that made the child ends too; with the main
+        process alive the child then ignores it (obeyed())."""
+        if sys.platform != "linux" or os.getpid() == self.main_pid:
+            return
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != self.main_pid:        # it died before the request: nothing will send the signal
+            os.kill(os.getpid(), signal.SIGTERM)
+
     def guard(self, act: Handler) -> None:
-        """In a child process: SIGINT and SIGTERM go to `act` once obeyed(), and are ignored before."""
+        """In a child process: SIGINT and SIGTERM go to `act` once obeyed(), and are ignored before; the child
+        dies with the main process (die_with_main)."""
         def handler(signum: int, frame: FrameType | None) -> None:
             if self.obeyed():
                 act(signum, frame)
@@ -55,6 +74,7 @@ class Stopping:
         # SIGHUP asks the main process to re-read the API keys (service/http/keys.py); sent to the whole
         # process group, it must not end a child, whose default it would be.
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        self.die_with_main()
 
     def handle_in_main(self, on_signal: Callable[[int], None]) -> None:
         """The main process's handler, `on_signal(signum)`, installed before LitServe forks: a forked child

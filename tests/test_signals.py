@@ -144,3 +144,23 @@ def test_sigint_to_the_main_process_of_a_background_server_stops_it(tiny_package
     finally:
         stop_server(proc)
     check_stopped(proc, url, got)
+
+
+def test_kill_9_of_the_main_process_ends_every_process_and_frees_the_port(tiny_package):
+    """Nothing signals the children of a main process killed outright (the OOM killer, kill -9): each asked the
+    kernel for SIGTERM when the main process dies (Stopping.die_with_main), so none is left holding the port or
+    a device. Issue 54's bar: no process of the group alive 10 s later, the port free."""
+    proc, url = start_server(tiny_package, "--workers", "2", "--api-servers", "2")
+    try:
+        assert httpx.post(url + "/translate", json={"text": TEXTS[0], "source_lang": "de", "target_lang": "en"},
+                          timeout=60).status_code == 200
+        children = [pid for pid in alive(proc.pid) if pid != proc.pid]
+        assert len(children) >= 5, children           # manager, 2 HTTP processes, 2 workers (and the tracker)
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert alive(proc.pid) == [] and port_is_free(urlsplit(url).port)
+    finally:
+        stop_server(proc)
