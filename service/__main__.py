@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                    log_level=settings.log_level, generate_client_file=False, **uvicorn_options(settings))
     except KeyboardInterrupt:   # a signal before anything was started
         log.info("stopped while starting")
-    return 0
+    return 1 if getattr(server, "lost_every_http_process", False) else 0
 
 
 if __name__ == "__main__":

@@ -164,3 +164,42 @@ def test_kill_9_of_the_main_process_ends_every_process_and_frees_the_port(tiny_p
         assert alive(proc.pid) == [] and port_is_free(urlsplit(url).port)
     finally:
         stop_server(proc)
+
+
+def http_processes(main_pid: int) -> list[int]:
+    """The server's HTTP processes: the main process's forked children (not spawned workers or the resource
+    tracker) but the first, LitServe's manager, which it forks before any of them."""
+    forked = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == main_pid and b"multiprocessing" not in cmdline:
+            forked.append(int(stat.parent.name))
+    return sorted(forked)[1:]
+
+
+def test_an_http_process_that_dies_is_said_and_the_last_one_stops_the_server(tiny_package):
+    """Issue 54: kill -9 of an HTTP process is noticed and said, as a worker's is; the others go on serving; with
+    none left the server stops (exit status 1) rather than look alive holding a port no one answers on."""
+    proc, url = start_server(tiny_package, "--api-servers", "2")
+    try:
+        first, second = http_processes(proc.pid)
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while "HTTP process" not in server_log(proc) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert re.search(r"HTTP process \d \(pid \d+\) ended \(exit code -9\) while serving; 1 of 2 left",
+                         server_log(proc)), server_log(proc)[-2000:]
+        assert httpx.get(url + "/health", timeout=10).text == "ok"          # the other one answers
+        os.kill(second, signal.SIGKILL)
+        assert proc.wait(timeout=DRAIN_S + 30) == 1
+        assert "no HTTP process is left: the server stops" in server_log(proc)
+        deadline = time.monotonic() + 10
+        while alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert alive(proc.pid) == [] and port_is_free(urlsplit(url).port)
+    finally:
+        stop_server(proc)

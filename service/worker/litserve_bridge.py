@@ -48,6 +48,7 @@ from ..metrics import metrics
 log = logging.getLogger("transerve")
 
 IDLE_WAKE_S = 1.0   # an idle worker still returns to its loop this often
+HTTP_WATCH_S = 1.0  # the main process looks at its HTTP processes this often
 POLL_S = 0.005      # a busy translation worker looks for new requests this often at most (between steps)
 QUEUE_CHECK_S = 0.1  # ... and, when the board counts nothing queued, this often (should the count be off)
 
@@ -296,6 +297,34 @@ class Server(ls.LitServer):
                 workers = len(self._inference_workers_config_for_api(api_path))
                 self.request_senders[api_path] = RequestSender(folder, workers)
         return manager
+
+    def _start_worker_monitoring(self, manager, uvicorn_workers: dict) -> None:
+        """LitServe's monitor restarts a dead inference worker and says so; it never looks at the HTTP processes.
+        Ours says when one ends before the stop (a kill -9, the OOM killer), and stops the server when none is
+        left: a main process serving nothing must not look alive to its supervisor (`lost_every_http_process`:
+        the exit status is then 1)."""
+        super()._start_worker_monitoring(manager, uvicorn_workers)
+        self.lost_every_http_process = False
+        threading.Thread(target=self._watch_http_processes, args=(uvicorn_workers,), daemon=True,
+                         name="transerve-http-processes").start()
+
+    def _watch_http_processes(self, uvicorn_workers: dict) -> None:
+        ended: set[int] = set()
+        while not self._shutdown_event.is_set():
+            for i, proc in uvicorn_workers.items():
+                if i in ended or not hasattr(proc, "exitcode") or proc.is_alive():
+                    continue
+                if self._shutdown_event.is_set():       # stopping: they end as they should
+                    return
+                ended.add(i)
+                log.error("HTTP process %d (pid %s) ended (exit code %s) while serving; %d of %d left",
+                          i, proc.pid, proc.exitcode, len(uvicorn_workers) - len(ended), len(uvicorn_workers))
+            if len(ended) == len(uvicorn_workers):
+                log.error("no HTTP process is left: the server stops")
+                self.lost_every_http_process = True
+                self._shutdown_event.set()
+                return
+            time.sleep(HTTP_WATCH_S)
 
     def _perform_graceful_shutdown(self, manager, uvicorn_workers, shutdown_reason: str = "normal"):
         try:
