@@ -272,6 +272,29 @@ def test_ctrl_c_says_it_was_stopped_by_sigint(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == "transerve translate: stopped by SIGINT"
 
 
+@pytest.mark.parametrize("name, content, words", [
+    ("empty.txt", "", "the file is empty"),
+    ("blank.srt", "\n\n", "the file is empty (only whitespace)"),
+    ("empty.md", "", "the file is empty"),
+    ("empty.html", "", "the file is empty"),
+    ("empty.po", "", "the file is empty"),
+    ("cut.po", 'msgid "Hallo\nmsgstr ""\n', "the .po file's msgid on line 1 is not terminated"),
+    ("dtd.html", '<!DOCTYPE html [ <!ENTITY b "x"> ]><p>Hallo &b;</p>', "internal DTD subset"),
+    ("-", "", "the file is empty"),
+])
+def test_an_empty_or_malformed_file_is_refused_with_a_message_not_a_traceback(tmp_path, name, content, words):
+    """As the service refuses the upload (tests/test_documents.py), before anything is sent or written: --url
+    names a port nobody listens on, so no model loads and a file that got as far as translating would fail."""
+    if name != "-":
+        (tmp_path / name).write_text(content, encoding="utf-8")
+    source = ["--format", "srt"] if name == "-" else [tmp_path / name]      # "-": standard input
+    proc = transerve("translate", *source, "-o", tmp_path / "out", "--url", "http://127.0.0.1:9", stdin=content,
+                     timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("transerve translate: error: ") and words in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_console_script_has_both_commands():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"transerve": "service.cli:main"}

@@ -182,3 +182,42 @@ def test_subtitles_and_markdown_read_whole_keep_timings_and_markup():
     md = "# Die Kopfzeile\n\n```\nDie Fußzeile\n```\n\n- Zelle eins\n"
     out, _ = translated("md", md.encode())
     assert out.decode() == "# The header\n\n```\nDie Fußzeile\n```\n\n- Cell one\n"
+
+
+@pytest.mark.parametrize("fmt, data", [
+    ("txt", b""), ("txt", b"\n  \r\n"), ("srt", b""), ("vtt", b"\n"), ("md", b" "), ("html", b""),
+    ("po", b""), ("po", "\ufeff\n".encode()), ("docx", b""),
+])
+def test_an_empty_file_is_refused_not_answered_empty(fmt, data):
+    """Nothing to translate: a 400 that says so, not a 200 with an empty file (or a .po's bare header)."""
+    e = refusal(fmt, data)
+    assert e.status == 400 and e.code == "empty_file" and "the file is empty" in e.message, e.message
+
+
+@pytest.mark.parametrize("catalog, where", [
+    ('msgid "Hallo\nmsgstr ""\n', "msgid on line 1"),
+    ('msgid "Zelle"\nmsgstr ""\n\n#: a.c:3\nmsgid "Hallo\\"\nmsgstr ""\n', "msgid on line 5"),
+    ('msgid ""\n"Die Kopf\n"zeile"\nmsgstr ""\n', "msgid on line 2"),
+    ('msgid "a"\nmsgid_plural "b\nmsgstr[0] ""\n', "msgid_plural on line 2"),
+    ('msgid "Zelle eins"\nmsgstr[1] "x\n', "msgstr[1] on line 2"),
+    ('#~ msgid "Alt\n#~ msgstr "Old"\n', "msgid on line 1"),
+])
+def test_a_catalog_with_an_unterminated_string_is_refused_naming_its_line(catalog, where):
+    """polib reads `msgid "Hallo` as "Hall" (its last character taken for the quote): refused instead."""
+    e = refusal("po", catalog.encode())
+    assert e.status == 400 and f"the .po file's {where} is not terminated" in e.message, e.message
+
+
+def test_a_catalog_whose_strings_end_in_escapes_is_read():
+    _, texts = translated("po", b'msgid "Zelle \\\\"\nmsgstr ""\n\nmsgid ""\n"Die \\"Kopf\\" "\n"zeile"\nmsgstr ""\n')
+    assert texts == ["Zelle \\", 'Die "Kopf" zeile']
+
+
+def test_html_with_an_internal_dtd_subset_is_refused_and_a_plain_doctype_kept():
+    """No entity is declared, expanded or passed on: the file is refused (plain.py says why)."""
+    e = refusal("html", b'<!DOCTYPE html [ <!ENTITY b "x"> ]><html><body><p>Hallo &b;</p></body></html>')
+    assert e.status == 400 and e.code == "html_dtd" and "internal DTD subset" in e.message, e.message
+    assert refusal("html", b"<!doctype HTML PUBLIC '-//W3C//DTD HTML 4.01//EN' [\n]>\n<p>Zelle eins</p>").code == \
+        "html_dtd"
+    out, _ = translated("html", "<!DOCTYPE html>\n<p>Zelle eins</p>".encode())
+    assert out.decode() == "<!DOCTYPE html>\n<p>Cell one</p>"

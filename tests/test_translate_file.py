@@ -109,7 +109,12 @@ def test_the_download_is_for_the_key_that_sent_the_file_and_is_deleted_after_its
     ("letter.txt", lambda d: d, 400, "is a zip archive"),
     ("fake.docx", lambda d: b"Hallo Welt", 400, "not a zip archive"),
     ("large.txt", lambda d: b"Hallo Welt. " * (MAX_FILE // 12 + 100), 413, "limit is 100000"),
-    ("larger.txt", lambda d: b"Hallo Welt. " * (MAX_FILE // 4), 413, "--max-file-bytes"),
+    ("larger.txt", lambda d: b"Hallo Welt. " * (MAX_FILE // 4), 413,
+     f"larger than {MAX_FILE} bytes (--max-file-bytes)"),                 # the flag's number, not the form's slack
+    ("empty.txt", lambda d: b"", 400, "empty.txt: the file is empty"),
+    ("blank.srt", lambda d: b"\r\n", 400, "the file is empty"),
+    ("cut.po", lambda d: b'msgid "Hallo\nmsgstr ""\n', 400, "the .po file's msgid on line 1 is not terminated"),
+    ("dtd.html", lambda d: b'<!DOCTYPE html [ <!ENTITY b "x"> ]><p>Hallo &b;</p>', 400, "internal DTD subset"),
 ])
 def test_hostile_files_are_refused_alone_with_a_4xx_naming_the_problem(server, english, name, make, status, words):
     data = make(word((GERMAN[0], GERMAN[1], ""), GERMAN[3], [[GERMAN[4]]]))

@@ -99,6 +99,7 @@ def catalog_runner():
 
 def main(argv: list[str] | None = None) -> int:
     from .translators import translator
+    from ..documents.limits import DocumentError
     from ..shared.package import PackageError
 
     options = read_options(argv)
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         run = runner(options.format)
         t = translator(options)
         run(options, t)
-    except (ResumeError, PackageError, ValueError, OSError) as e:
+    except (ResumeError, PackageError, DocumentError, ValueError, OSError) as e:   # a file refused: its message
         print(f"transerve translate: error: {e}", file=sys.stderr)
         return 2
     except (Stopped, KeyboardInterrupt) as e:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import polib
 
-from ..documents.catalog import Entries, plurals, untranslated
+from ..documents.catalog import Entries, parse, plurals, untranslated
+from ..documents.plain import refuse_empty
 from .options import BulkOptions
 from .progress import Progress
 
@@ -32,11 +33,22 @@ def save(catalog: polib.POFile, path: str) -> None:
     os.replace(tmp, path)
 
 
+def read_catalog(source: str) -> polib.POFile:
+    """The catalog at `source` (-: standard input), refused as the service refuses it (an empty one, a string
+    without its closing quote): read as text in the encoding polib finds in its header, then parsed as text."""
+    if source == "-":
+        text = sys.stdin.read()
+    else:
+        with open(source, encoding=polib.detect_encoding(source)) as f:
+            text = f.read()
+    refuse_empty(text, "po")
+    return parse(text)
+
+
 def run_catalog(options: BulkOptions, translator) -> int:
     """Fills the catalog's untranslated entries a chunk at a time, saving the output after each."""
     resume = options.resume and options.output != "-" and Path(options.output).exists()
-    source = options.output if resume else options.input
-    catalog = polib.pofile(sys.stdin.read() if source == "-" else source, wrapwidth=0)
+    catalog = read_catalog(options.output if resume else options.input)
     todo = untranslated(catalog)
     progress = Progress(options.progress, len(todo))
     try:

@@ -15,17 +15,21 @@ import os
 import sys
 from contextlib import contextmanager
 from dataclasses import asdict
-from itertools import islice
+from itertools import chain, islice
 from pathlib import Path
-from typing import BinaryIO, Iterator, Optional, TextIO
+from typing import BinaryIO, Iterable, Iterator, Optional
 
 from ..documents.markdown import Markdown
+from ..documents.plain import refuse_empty
 from ..documents.subtitles import Subtitles
 from .formats import Columns, JsonLines, Lines
 from .options import BulkOptions
 from .progress import Progress
 
 STATE_SUFFIX = ".transerve-state.json"
+# The formats the service also takes as documents (service/documents/formats.py), whose empty file it refuses;
+# tsv, csv and jsonl are data, where an empty input is an empty batch.
+DOCUMENT_TEXTS = ("txt", "srt", "vtt", "md")
 # What must be the same for a resumed run to go on with the earlier one's output.
 JOB_FIELDS = ("input", "format", "column", "header", "field", "to_field", "source_lang", "target_lang", "search")
 
@@ -101,24 +105,41 @@ def count_records(options: BulkOptions) -> Optional[int]:
     return n + (last not in (0, 10) and not subtitles)
 
 
+def not_empty(lines: Iterable[str], fmt: str) -> Iterable[str]:
+    """The input's lines, after refusing one with nothing but whitespace as the service refuses it (a
+    DocumentError). The blank lines read to find that out are given back first."""
+    if fmt not in DOCUMENT_TEXTS:
+        return lines
+    head, lines = [], iter(lines)
+    for line in lines:
+        head.append(line)
+        if line.strip():
+            return chain(head, lines)
+    refuse_empty("".join(head), fmt)    # raises: every line was blank
+    return head
+
+
 @contextmanager
-def opened(options: BulkOptions, size: int) -> Iterator[tuple[TextIO, BinaryIO]]:
-    """The input as text (UTF-8, line endings as written), the output as bytes positioned at `size` (the
-    rest of a stopped run's output cut off), so the state can count bytes."""
+def opened(options: BulkOptions, size: int) -> Iterator[tuple[Iterable[str], BinaryIO]]:
+    """The input's lines (UTF-8, line endings as written), the output as bytes positioned at `size` (the
+    rest of a stopped run's output cut off), so the state can count bytes. An empty input is refused before
+    the output is opened: a refused run writes nothing."""
     src = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline="") if options.input == "-" \
         else open(options.input, encoding="utf-8", newline="")
-    if options.output == "-":
-        out = sys.stdout.buffer
-    else:
-        out = open(options.output, "r+b" if size else "wb")
-        out.truncate(size)
-        out.seek(size)
+    out: BinaryIO | None = None
     try:
-        yield src, out
+        lines = not_empty(src, options.format)
+        if options.output == "-":
+            out = sys.stdout.buffer
+        else:
+            out = open(options.output, "r+b" if size else "wb")
+            out.truncate(size)
+            out.seek(size)
+        yield lines, out
     finally:
         if options.input != "-":
             src.close()
-        if options.output != "-":
+        if options.output != "-" and out is not None:
             out.close()
 
 

@@ -49,6 +49,40 @@ def _run(run: str) -> list[tuple[str, bool]]:
     return [(lead, False), (core, True), (run[len(lead) + len(core):], False)]
 
 
+# A line with a string: a keyword's (msgctxt, msgid, msgid_plural, msgstr, msgstr[n]; also an obsolete entry's
+# `#~ ` and a previous msgid's `#| `) or a continuation line, and the string from its opening quote.
+STRING_LINE = re.compile(r'(?:#[~|]\s*)?(msgctxt|msgid_plural|msgid|msgstr(?:\[\d+\])?)?\s*(".*)')
+QUOTED = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')      # a C string: its escapes (\" \\) skipped, then its closing quote
+
+
+def check_strings(text: str) -> None:
+    """polib reads a string without its closing quote as if its last character were that quote (`msgid "Hallo`
+    is "Hall"): the catalog would come back translated with entries cut. Each string's end is checked first."""
+    keyword = "msgid"
+    for n, line in enumerate(text.splitlines(), 1):      # polib's lines, so its line numbers
+        m = STRING_LINE.fullmatch(line.strip())
+        if m is None:
+            continue
+        keyword = m.group(1) or keyword                    # a continuation line continues the last keyword's
+        if not QUOTED.match(m.group(2)):
+            raise DocumentError(400, "invalid_catalog", f"the .po file's {keyword} on line {n} is not terminated "
+                                f"(its string has no closing quote: {line.strip()[:60]!r})")
+
+
+def parse(text: str) -> polib.POFile:
+    """A catalog's text (never a path) read by polib, or a DocumentError naming what is wrong with it."""
+    check_strings(text)
+    # polib.pofile reads a FILE when its argument names one: an upload saying "/etc/hostname" would be read
+    # from this host's disk. Text ending in a line break names none (checked, not assumed).
+    text = text if text.endswith("\n") else text + "\n"
+    if os.path.lexists(text):
+        raise DocumentError(400, "invalid_catalog", "the catalog's text is the name of a file")
+    try:
+        return polib.pofile(text, wrapwidth=0)
+    except (OSError, ValueError, UnicodeError) as e:   # polib's syntax errors are OSErrors
+        raise DocumentError(400, "invalid_catalog", f"the catalog cannot be read: {e}") from None
+
+
 def untranslated(catalog: polib.POFile) -> list[polib.POEntry]:
     return [e for e in catalog if e.msgid and not e.obsolete and not e.msgstr
             and not any(e.msgstr_plural.values())]
@@ -86,15 +120,7 @@ class Catalog:
     """A whole catalog as a Document: its untranslated entries' runs, and the catalog written back filled."""
 
     def __init__(self, text: str):
-        # polib.pofile reads a FILE when its argument names one: an upload saying "/etc/hostname" would be read
-        # from this host's disk. Text ending in a line break names none (checked, not assumed).
-        text = text if text.endswith("\n") else text + "\n"
-        if os.path.lexists(text):
-            raise DocumentError(400, "invalid_catalog", "the catalog's text is the name of a file")
-        try:
-            self.catalog = polib.pofile(text, wrapwidth=0)
-        except (OSError, ValueError, UnicodeError) as e:   # polib's syntax errors are OSErrors
-            raise DocumentError(400, "invalid_catalog", f"the catalog cannot be read: {e}") from None
+        self.catalog = parse(text)
         self.entries = Entries(untranslated(self.catalog))
         self.texts = self.entries.texts
 

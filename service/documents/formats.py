@@ -8,6 +8,7 @@ import zipfile
 
 from ..shared import html_text
 from .limits import DocumentError, Limits
+from .plain import refuse_empty
 
 # extension (without its dot) -> the media type a translated file is served with
 MEDIA_TYPES = {
@@ -37,6 +38,8 @@ def load(fmt: str, data: bytes, limits: Limits):
     if len(data) > limits.max_bytes:
         raise DocumentError(413, "file_too_large", f"the file has {len(data)} bytes; the limit is {limits.max_bytes}",
                             limits.max_bytes)
+    if not data:      # said as such for every format (a zip's would be "not a zip archive"); blank text: decode's
+        refuse_empty("", fmt)
     try:
         document = _open(fmt, data, limits)
     except DocumentError:
