@@ -213,6 +213,7 @@ def test_unclosed_and_stray_tags_are_translated_as_written(server):
     ("<a <b <c " * 1100, 400, "never closes"),
     ("".join(f"<p>Satz {i}.</p>" for i in range(MAX_TEXTS + 1)), 413, "runs of text"),
     ("<p>" + "x" * 10_001 + "</p>", 413, "characters"),
+    ('<!DOCTYPE html [ <!ENTITY b "x"> ]><p>Hallo &b;</p>', 400, "internal DTD subset"),   # no entity kept
 ])
 def test_hostile_markup_gets_a_4xx_in_libretranslates_shape(server, q, status, words):
     t0 = time.monotonic()

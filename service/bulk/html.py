@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from ..documents.plain import refuse_dtd, refuse_empty
+from ..documents.plain import refuse_empty
 from ..shared import html_text
 from .document import translate_whole
 from .options import BulkOptions
@@ -19,8 +19,7 @@ from .progress import Progress
 
 def run_html(options: BulkOptions, translator) -> int:
     source = sys.stdin.read() if options.input == "-" else open(options.input, encoding="utf-8").read()
-    refuse_empty(source, "html")          # refused as the service refuses them (DocumentError: command.main)
-    refuse_dtd(source)
+    refuse_empty(source, "html")          # refused as the service refuses it (DocumentError: command.main)
     try:
         document = html_text.parse(source)
     except html_text.MarkupError as e:

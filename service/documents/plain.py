@@ -1,18 +1,13 @@
 """Text formats as documents: .txt (a line each, blank lines and line endings kept) and .html (LibreTranslate's
 format=html parser, shared/html_text.py: its runs of text, the markup as written). A text file must be UTF-8:
 one that is not (a zip, an image, a document given a .txt name) is refused, not translated as mojibake, and so is
-one with nothing but whitespace in it. An HTML DOCTYPE with an internal DTD subset is refused too (refuse_dtd)."""
+one with nothing but whitespace in it. An HTML DOCTYPE with an internal DTD subset is refused too
+(shared/html_text.parse)."""
 
 from __future__ import annotations
 
-import re
-
 from ..shared import html_text
 from .limits import DocumentError
-
-# <!DOCTYPE ... [: an internal subset begins (a `<` ends the search, so a file of unclosed doctypes is scanned once).
-INTERNAL_SUBSET = re.compile(r"<!DOCTYPE[^<>\[]*\[", re.IGNORECASE)
-
 
 def refuse_empty(text: str, kind: str) -> None:
     """A text with nothing but whitespace has nothing to translate: refused, so the client hears so instead of
@@ -20,17 +15,6 @@ def refuse_empty(text: str, kind: str) -> None:
     if not text.strip():
         raise DocumentError(400, "empty_file", f"the file is empty{' (only whitespace)' if text else ''}: a .{kind} "
                             "file with nothing to translate")
-
-
-def refuse_dtd(text: str) -> None:
-    """HTML has no internal DTD subset: html.parser ends `<!DOCTYPE html [ <!ENTITY b "x"> ]>` at the entity's
-    `>`, so ` ]>` became text and `&b;` a stray `&`, both escaped. Refused rather than kept: keeping it would
-    hand the entity declarations on to whatever reads the result next (an XML parser, for XHTML), an entity
-    bomb passed through; refusing expands nothing, as container.py refuses a DTD in a zip's XML parts."""
-    if m := INTERNAL_SUBSET.search(text):
-        raise DocumentError(400, "html_dtd", f"the HTML's DOCTYPE has an internal DTD subset (its [...] at "
-                            f"character {m.end() - 1}): entity declarations are not supported; remove them and "
-                            "write the entities' text out")
 
 
 def decode(data: bytes, kind: str) -> str:
@@ -69,9 +53,8 @@ class Html:
 
     def __init__(self, data: bytes):
         text = decode(data, "html")
-        refuse_dtd(text)
         try:
-            self.document = html_text.parse(text)
+            self.document = html_text.parse(text)     # an internal DTD subset refused there (html_dtd's message)
         except html_text.MarkupError as e:
             raise DocumentError(e.status, "invalid_html", e.message) from None
         self.texts = html_text.texts([self.document], leaves=True)
