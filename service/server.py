@@ -94,6 +94,7 @@ def build_server(settings: Settings, flavours: tuple[Flavour, ...] = FLAVOURS) -
                           max_payload_size=None)  # enforced before reading: middleware.limited_receive
     gateway = Gateway(server, api, settings, packages, generate_api, board, stopping,
                       device="cuda" if cuda else "cpu")
+    server.stopping = stopping   # what its HTTP-process watcher orders when none is left
     install(server.app, gateway, flavours)
     hold_signals(server.app, stopping)   # the HTTP processes wait for the main process's drain
     return server, gateway

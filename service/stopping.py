@@ -58,8 +58,12 @@ class Stopping:
         process alive the child then ignores it (obeyed())."""
         if sys.platform != "linux" or os.getpid() == self.main_pid:
             return
+        if os.getppid() != self.main_pid:
+            if not main_alive(self.main_pid):    # it died before the request: nothing will send the signal
+                os.kill(os.getpid(), signal.SIGTERM)
+            return                               # a grandchild (none of ours is): its parent is not the main process
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != self.main_pid:        # it died before the request: nothing will send the signal
+        if os.getppid() != self.main_pid:        # it died between the look and the request
             os.kill(os.getpid(), signal.SIGTERM)
 
     def guard(self, act: Handler) -> None:
@@ -92,6 +96,16 @@ class Stopping:
     def child_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.obeyed():
             die(signum, frame)
+
+
+def main_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:      # alive, another user's (a reused pid)
+        return True
+    return True
 
 
 def die(signum: int, frame: FrameType | None = None) -> None:

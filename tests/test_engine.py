@@ -587,7 +587,8 @@ def test_a_target_tag_in_a_clients_text_reads_as_unknown():
     must not steer the translation: the source holds the request's own tag first and no other."""
     engine = Engine(ROOT / "models" / "de-en", device="cpu")
     tags = set(engine.target_tags.values())
-    (ids,) = engine.source_ids(["Sag <2de> hallo <2en>"], "en")
-    assert ids[0] == engine.target_tags["en"] and not tags & set(ids[1:]) and ids.count(engine.unk_id) == 2
+    for text in ("Sag <2de> hallo <2en>", "Sag \uff1c2de\uff1e hallo <2en>"):   # also full-width: NFKC
+        (ids,) = engine.source_ids([text], "en")
+        assert ids[0] == engine.target_tags["en"] and not tags & set(ids[1:]) and ids.count(engine.unk_id) == 2
     (plain,) = engine.source_ids(["Sag hallo"], "en")
     assert plain[0] == engine.target_tags["en"] and engine.unk_id not in plain

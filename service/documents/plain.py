@@ -54,9 +54,9 @@ class Html:
     def __init__(self, data: bytes):
         text = decode(data, "html")
         try:
-            self.document = html_text.parse(text)     # an internal DTD subset refused there (html_dtd's message)
+            self.document = html_text.parse(text)     # an internal DTD subset refused there (html_dtd)
         except html_text.MarkupError as e:
-            raise DocumentError(e.status, "invalid_html", e.message) from None
+            raise DocumentError(e.status, e.code, e.message) from None
         self.texts = html_text.texts([self.document], leaves=True)
 
     def render(self, translations: list[str]) -> bytes:

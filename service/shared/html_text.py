@@ -35,7 +35,6 @@ as written, untranslated.
 
 from __future__ import annotations
 
-import re
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from html import unescape
@@ -58,9 +57,9 @@ ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 
 
 class MarkupError(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, code: str = "invalid_html"):
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.code = status, message, code
 
 
 @dataclass
@@ -133,6 +132,16 @@ class _Reader(HTMLParser):
         self._add("comment")
 
     def handle_decl(self, decl):
+        """HTML has no internal DTD subset: html.parser ends `<!DOCTYPE html [ <!ENTITY b "x"> ]>` at the entity's
+        `>`, so ` ]>` became text and `&b;` a stray `&`, both escaped. Refused rather than kept: keeping it would
+        hand the entity declarations on to whatever reads the result next (an XML parser, for XHTML), an entity
+        bomb passed through; refusing expands nothing, as documents/container.py refuses a DTD in a zip's XML
+        parts. Only a declaration the parser reads as one: a `<!DOCTYPE x [` in a comment or a script is text."""
+        if decl[:7].lower() == "doctype" and "[" in decl:
+            line, col = self.getpos()
+            raise MarkupError(400, f"the HTML's DOCTYPE has an internal DTD subset (at character "
+                              f"{self.lines[line - 1] + col}): entity declarations are not supported; remove them "
+                              "and write the entities' text out", "html_dtd")
         self._add("markup")
 
     def handle_pi(self, data):
@@ -275,20 +284,8 @@ def make_run(pieces: list[tuple[str, str, str]]) -> Run | None:
     return Run(text, marks, leaves, prefix, suffix)
 
 
-# <!DOCTYPE ... [: an internal subset begins (a `<` ends the search, so a file of unclosed doctypes is scanned once).
-INTERNAL_SUBSET = re.compile(r"<!DOCTYPE[^<>\[]*\[", re.IGNORECASE)
-
-
 def parse(source: str, counter: Counter | None = None) -> Fragment:
-    """A fragment's markup and runs; MarkupError (400/413) for hostile markup (see the module's docstring).
-    HTML has no internal DTD subset: html.parser ends `<!DOCTYPE html [ <!ENTITY b "x"> ]>` at the entity's `>`,
-    so ` ]>` became text and `&b;` a stray `&`, both escaped. Refused rather than kept: keeping it would hand the
-    entity declarations on to whatever reads the result next (an XML parser, for XHTML), an entity bomb passed
-    through; refusing expands nothing, as documents/container.py refuses a DTD in a zip's XML parts."""
-    if m := INTERNAL_SUBSET.search(source):
-        raise MarkupError(400, f"the HTML's DOCTYPE has an internal DTD subset (its [...] at character "
-                          f"{m.end() - 1}): entity declarations are not supported; remove them and write the "
-                          "entities' text out")
+    """A fragment's markup and runs; MarkupError (400/413) for hostile markup (see the module's docstring)."""
     builder = _Builder(counter or Counter())
     for kind, tag, attrs, raw in read_events(source, builder.counter):
         builder.add(kind, tag, attrs, raw)

@@ -309,6 +309,12 @@ class Server(ls.LitServer):
                          name="transerve-http-processes").start()
 
     def _watch_http_processes(self, uvicorn_workers: dict) -> None:
+        try:
+            self._watch_http_processes_until_stopped(uvicorn_workers)
+        except (EOFError, OSError):    # the manager is gone (the server is stopping, or it was killed): nothing to do
+            pass
+
+    def _watch_http_processes_until_stopped(self, uvicorn_workers: dict) -> None:
         ended: set[int] = set()
         while not self._shutdown_event.is_set():
             for i, proc in uvicorn_workers.items():
@@ -322,6 +328,8 @@ class Server(ls.LitServer):
             if len(ended) == len(uvicorn_workers):
                 log.error("no HTTP process is left: the server stops")
                 self.lost_every_http_process = True
+                if (stopping := getattr(self, "stopping", None)) is not None:
+                    stopping.order()       # the workers obey LitServe's SIGTERM now (service/stopping.py)
                 self._shutdown_event.set()
                 return
             time.sleep(HTTP_WATCH_S)

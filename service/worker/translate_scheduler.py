@@ -286,8 +286,9 @@ class TranslationScheduler:
                 sizes: list[int] | None = None) -> list[Member | Ticket]:
         """The engine encodes the sources, the running batch starts their searches: `sizes` requests' sentences
         in turn (one request: all of them); a handle per request."""
-        encoded = self.engines[run.batch[0]].encode_sources(src_ids, options)
-        return self._batch(run).join(encoded, options, sizes or [len(src_ids)])
+        batch = self._batch(run)      # first: a batch that cannot be made leaves no encoder outputs unowned
+        return batch.join(self.engines[run.batch[0]].encode_sources(src_ids, options), options,
+                          sizes or [len(src_ids)])
 
     def _step_batch(self, key: tuple[str, int], batch: RunningBatch) -> None:
         try:
