@@ -309,30 +309,27 @@ class Server(ls.LitServer):
                          name="transerve-http-processes").start()
 
     def _watch_http_processes(self, uvicorn_workers: dict) -> None:
-        try:
-            self._watch_http_processes_until_stopped(uvicorn_workers)
-        except (EOFError, OSError):    # the manager is gone (the server is stopping, or it was killed): nothing to do
-            pass
-
-    def _watch_http_processes_until_stopped(self, uvicorn_workers: dict) -> None:
         ended: set[int] = set()
-        while not self._shutdown_event.is_set():
-            for i, proc in uvicorn_workers.items():
-                if i in ended or not hasattr(proc, "exitcode") or proc.is_alive():
-                    continue
-                if self._shutdown_event.is_set():       # stopping: they end as they should
+        try:
+            while not self._shutdown_event.is_set():
+                for i, proc in uvicorn_workers.items():
+                    if i in ended or not hasattr(proc, "exitcode") or proc.is_alive():
+                        continue
+                    if self._shutdown_event.is_set():       # stopping: they end as they should
+                        return
+                    ended.add(i)
+                    log.error("HTTP process %d (pid %s) ended (exit code %s) while serving; %d of %d left",
+                              i, proc.pid, proc.exitcode, len(uvicorn_workers) - len(ended), len(uvicorn_workers))
+                if len(ended) == len(uvicorn_workers):
+                    log.error("no HTTP process is left: the server stops")
+                    self.lost_every_http_process = True
+                    if (stopping := getattr(self, "stopping", None)) is not None:
+                        stopping.order()       # the workers obey LitServe's SIGTERM now (service/stopping.py)
+                    self._shutdown_event.set()
                     return
-                ended.add(i)
-                log.error("HTTP process %d (pid %s) ended (exit code %s) while serving; %d of %d left",
-                          i, proc.pid, proc.exitcode, len(uvicorn_workers) - len(ended), len(uvicorn_workers))
-            if len(ended) == len(uvicorn_workers):
-                log.error("no HTTP process is left: the server stops")
-                self.lost_every_http_process = True
-                if (stopping := getattr(self, "stopping", None)) is not None:
-                    stopping.order()       # the workers obey LitServe's SIGTERM now (service/stopping.py)
-                self._shutdown_event.set()
-                return
-            time.sleep(HTTP_WATCH_S)
+                time.sleep(HTTP_WATCH_S)
+        except (EOFError, OSError):    # the manager is gone (the server is stopping, or it was killed): nothing to do
+            return
 
     def _perform_graceful_shutdown(self, manager, uvicorn_workers, shutdown_reason: str = "normal"):
         try:
