@@ -253,7 +253,7 @@ def joined_at(lm: Engine, prompts: list, options: SearchOptions, seeds: list, st
     batch, members, out, step = lm.generation_batch(), {}, {}, 0
     while len(out) < len(prompts):
         for i in (i for i, at in enumerate(steps) if at == step):
-            members[i] = lm.join_generation(batch, [prompts[i]], options, seeds=[seeds[i]])
+            members[i] = batch.join([prompts[i]], options, seeds=[seeds[i]])
         for m in batch.step():
             i = next(i for i, x in members.items() if x is m)
             assert m.error is None, m.error

@@ -40,15 +40,6 @@ class EchoLM:
     def generation_batch(self):
         return EchoBatch(self)
 
-    def join_generation(self, batch, prompts, options, *, seeds=None, cancel=None):
-        if options.top_k == 7:
-            raise RuntimeError("engine failure")
-        whole = ([[SimpleNamespace(tokens=list(p[1:]))] * options.num_hypotheses for p in prompts]
-                 if options.beam_size > 1 else None)
-        member = EchoMember([list(p[1:]) + [self.eos_id] for p in prompts], cancel, whole)
-        batch.members.append(member)
-        return member
-
 
 class EchoMember:
     """One request's rows in an EchoBatch (as service/inference/lm_batch.py's LmMember is seen)."""
@@ -68,6 +59,15 @@ class EchoBatch:
     def __init__(self, lm):
         self.lm, self.members, self.call_rows, self.closed = lm, [], [], False
         self.rows = self.bytes = 0
+
+    def join(self, prompts, options, *, seeds=None, cancel=None):
+        if options.top_k == 7:
+            raise RuntimeError("engine failure")
+        whole = ([[SimpleNamespace(tokens=list(p[1:]))] * options.num_hypotheses for p in prompts]
+                 if options.beam_size > 1 else None)
+        member = EchoMember([list(p[1:]) + [self.lm.eos_id] for p in prompts], cancel, whole)
+        self.members.append(member)
+        return member
 
     def step(self):
         self.call_rows = []

@@ -189,11 +189,11 @@ def test_a_running_batch_drops_a_member_at_once_and_narrows_when_the_longest_row
     hands its blocks back when the batch closes. (That joining changes no answer: test_batch_invariance.py.)"""
     engine = Engine(tiny_lm_package, device="cpu", intra_op_threads=1)
     batch = engine.generation_batch()
-    long = engine.join_generation(batch, engine.prompt_ids([" ".join(SENTENCES[:3])]),
+    long = batch.join(engine.prompt_ids([" ".join(SENTENCES[:3])]),
                                   SearchOptions(beam_size=1, min_length=3, max_length=3))
     batch.step()
     assert batch.call_rows == [1, 1] and batch.cached[1] > 8              # its prompt's call, then a step
-    three = engine.join_generation(batch, engine.prompt_ids(["Das"]) * 3,
+    three = batch.join(engine.prompt_ids(["Das"]) * 3,
                                    SearchOptions(sampling=True, min_length=20, max_length=30), seeds=[1, 2, 3])
     batch.step()
     # one prompt read for its 3 sequences, then their first tokens in a call of their own: the running row waits
@@ -221,11 +221,11 @@ def test_sequences_that_share_a_prompt_and_join_running_rows_continue_as_alone(t
     alone_sampled = finish(engine.generate_steps([prompt] * 3, sampled, seeds=[1, 2, 3]))
     alone_beams = finish(engine.generate_steps([prompt], beams))
     batch = engine.generation_batch()
-    engine.join_generation(batch, engine.prompt_ids([" ".join(SENTENCES[:2])]),
+    batch.join(engine.prompt_ids([" ".join(SENTENCES[:2])]),
                            SearchOptions(beam_size=1, min_length=12, max_length=12))
     batch.step()
-    three = engine.join_generation(batch, [prompt] * 3, sampled, seeds=[1, 2, 3])
-    four = engine.join_generation(batch, [prompt], beams)
+    three = batch.join([prompt] * 3, sampled, seeds=[1, 2, 3])
+    four = batch.join([prompt], beams)
     batch.step()
     assert batch.call_rows == [1, 3 + 4]
     while three.result is None or four.result is None:
@@ -365,7 +365,7 @@ def test_every_array_bound_as_an_output_is_alive_when_the_graph_runs(monkeypatch
     lm.graph.session = Checked()
     batch = lm.generation_batch()
     prompts = lm.prompt_ids(["Das geht zu weit", "Wo ist der Bahnhof heute"])   # several tokens: a prompts' read
-    lm.join_generation(batch, prompts, SearchOptions(beam_size=1, max_length=4))
+    batch.join(prompts, SearchOptions(beam_size=1, max_length=4))
     while batch.members:
         batch.step()
     batch.close()

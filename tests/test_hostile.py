@@ -539,14 +539,6 @@ class Exploding:
     def generation_batch(self):
         return SteppedBatch()
 
-    def join_generation(self, batch, prompts, options, seeds=None, cancel=None):
-        if options.top_k == 7:
-            raise RuntimeError("engine failure")
-        tokens = (99 if options.top_k == 9 else 5, 5, 3)
-        member = SimpleNamespace(steps=iter(tokens), rows=len(prompts), step=None, error=None, result=None)
-        batch.members.append(member)
-        return member
-
 
 class OneStepBatch:
     """RunningBatch's interface over Exploding's searches, which end at their first step with their answer."""
@@ -590,6 +582,14 @@ class SteppedBatch:
     @property
     def rows(self):
         return sum(m.rows for m in self.members)
+
+    def join(self, prompts, options, seeds=None, cancel=None):
+        if options.top_k == 7:
+            raise RuntimeError("engine failure")
+        tokens = (99 if options.top_k == 9 else 5, 5, 3)
+        member = SimpleNamespace(steps=iter(tokens), rows=len(prompts), step=None, error=None, result=None)
+        self.members.append(member)
+        return member
 
     def step(self):
         ended = []

@@ -30,6 +30,16 @@ COLUMNS_STEP = 8              # sources are padded, and generation caches widene
 ONNX_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
 
 
+@dataclass(frozen=True)
+class SearchIds:
+    """What every search of one package needs of it: its special ids, and whether a search reads the k best of
+    each step (the graph's top_k outputs) rather than the whole distribution."""
+    bos_id: int
+    eos_id: int
+    banned_ids: tuple[int, ...]
+    top_k: bool = True
+
+
 @dataclass
 class DecoderGraph:
     """A package's decoder session and what its graph fixes, read once (`read`) and shared by every decoder

@@ -31,16 +31,16 @@ import numpy as np
 import onnxruntime as ort
 import sentencepiece as spm
 
-from .decoders import DecoderGraph, OrtDecoder, OrtLmDecoder, columns_for
+from .decoders import DecoderGraph, OrtDecoder, OrtLmDecoder, SearchIds, columns_for
 from .device import SessionFactory, open_session, pick_providers, running_device
 from .device import session_options
 from .device_memory import BlockPool, Tensors
-from .lm_batch import LmBatch, LmMember
+from .lm_batch import LmBatch
 from .onnxruntime_bridge import Binder
-from .running_batch import Encoded, RunningBatch, SearchIds
+from .running_batch import Encoded, RunningBatch
 from ..shared.options import SearchOptions
 from ..shared.package import ModelPackage, PackageError, load_package
-from ..shared.search import Hypothesis, Search, Step, decode, finish, max_lengths
+from ..shared.search import Hypothesis, Search, Step, continuation_budgets, decode, finish, max_lengths
 
 log = logging.getLogger(__name__)
 # Engine.generate_steps: a Step per decoder call, then one Hypothesis per prompt (or a list: beam search).
@@ -258,7 +258,7 @@ class Engine:
         if self.task != "generation":
             raise ValueError(f"{self.package.name} is a {self.task} package; generation needs a decoder-only one")
         N = len(prompts)
-        budget = [min(options.max_length, self.max_positions - len(p)) for p in prompts]
+        budget = continuation_budgets(prompts, max_length=options.max_length, max_positions=self.max_positions)
         decoder = OrtLmDecoder(self.graph, prompts, max_rows=N * options.rows_per_input,
                                max_new_positions=max(budget) + 1, top_k=self.search_top_k)
         search = decode(decoder, N, options, bos_id=self.bos_id, eos_id=self.eos_id, max_length=budget,
@@ -271,21 +271,12 @@ class Engine:
             decoder.close()
 
     def generation_batch(self) -> LmBatch:
-        """An empty running batch for generation searches that share each decoder call (`join_generation`):
-        the generate worker's."""
-        return LmBatch(self.graph)
-
-    def join_generation(self, batch: LmBatch, prompts: Sequence[Sequence[int]], options: SearchOptions, *,
-                        seeds: Sequence[int | None] | None = None, cancel: set[int] | None = None) -> LmMember:
-        """Starts generate_steps() of `prompts` in `batch`, whose rows step with every other member's from the
-        batch's next step on: the member's `step` after each of the batch's steps is the Step generate_steps
-        would have yielded (greedy search, sampling), its `result` at its end the hypotheses (beam search:
-        each prompt's list), the same as generate_steps() of these prompts alone."""
+        """An empty running batch for generation searches that share each decoder call (LmBatch.join of
+        prompt_ids()' output): the generate worker's."""
         if self.task != "generation":
             raise ValueError(f"{self.package.name} is a {self.task} package; generation needs a decoder-only one")
-        budget = [min(options.max_length, self.max_positions - len(p)) for p in prompts]
-        return batch.join(prompts, options, bos_id=self.bos_id, eos_id=self.eos_id, max_length=budget,
-                          banned_ids=self.banned_ids, seeds=seeds, cancel=cancel, top_k=self.search_top_k)
+        return LmBatch(self.graph, SearchIds(self.bos_id, self.eos_id, tuple(self.banned_ids), self.search_top_k),
+                       max_positions=self.max_positions)
 
     def generate(self, texts: Sequence[str], *, max_new_tokens: int = 64, **options) -> list[Generation]:
         """Continues each text (best hypothesis). Options: see SearchOptions; e.g. sampling=True, seed=1.

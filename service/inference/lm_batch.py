@@ -31,10 +31,10 @@ from typing import Generator, Sequence
 
 import numpy as np
 
-from .decoders import DecoderGraph, columns_for
+from .decoders import DecoderGraph, SearchIds, columns_for
 from .device_memory import Block
 from ..shared.options import SearchOptions
-from ..shared.search import Step, Want, searcher
+from ..shared.search import Step, Want, continuation_budgets, searcher
 
 
 class LmMember:
@@ -90,8 +90,8 @@ class LmBatch:
     """The running rows of one generation package (see the module docstring). `step()` once a step; `rows`,
     `bytes` and `call_rows` say what it holds and what its last call computed."""
 
-    def __init__(self, graph: DecoderGraph):
-        self.graph = graph
+    def __init__(self, graph: DecoderGraph, ids: SearchIds, *, max_positions: int):
+        self.graph, self.ids, self.max_positions = graph, ids, max_positions
         self.members: list[LmMember] = []
         self.read: Block | None = None        # the cache the next call reads: L x (rows, h, width, d_k)
         self.write: Block | None = None       # where the next call writes its present
@@ -99,15 +99,18 @@ class LmBatch:
         self.call_rows: list[int] = []        # rows of each decoder call of the last step (prompts' call first)
 
     # --- members -------------------------------------------------------------------------------------------
-    def join(self, prompts: Sequence[Sequence[int]], options: SearchOptions, *, bos_id: int, eos_id: int,
-             max_length: Sequence[int], banned_ids: Sequence[int] = (), seeds: Sequence[int | None] | None = None,
-             cancel: set[int] | None = None, top_k: bool = True) -> LmMember:
-        """A search over `prompts` (bos first; decode()'s arguments) that joins at the next step: the same
-        hypotheses as Engine.generate_steps of these prompts alone. Raises what searcher() raises (bad options)."""
+    def join(self, prompts: Sequence[Sequence[int]], options: SearchOptions, *,
+             seeds: Sequence[int | None] | None = None, cancel: set[int] | None = None) -> LmMember:
+        """A search over `prompts` (Engine.prompt_ids: bos first) that joins at the next step: the same hypotheses
+        as Engine.generate_steps of these prompts alone, each continuing for options.max_length tokens at most
+        (fewer where the package's positions run out). Raises what searcher() raises (bad options)."""
+        ids = self.ids
+        budget = continuation_budgets(prompts, max_length=options.max_length, max_positions=self.max_positions)
         member = LmMember(prompts)
-        member.search = searcher(member, len(prompts), options, bos_id=bos_id, eos_id=eos_id, max_length=max_length,
-                                 banned_ids=banned_ids, start_tokens=np.array([p[-1] for p in prompts]),
-                                 seeds=seeds, cancel=cancel, top_k=top_k)
+        member.search = searcher(member, len(prompts), options, bos_id=ids.bos_id, eos_id=ids.eos_id,
+                                 max_length=budget, banned_ids=ids.banned_ids,
+                                 start_tokens=np.array([p[-1] for p in prompts]), seeds=seeds, cancel=cancel,
+                                 top_k=ids.top_k)
         self.members.append(member)
         return member
 

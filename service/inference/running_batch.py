@@ -20,7 +20,7 @@ from typing import Generator, Sequence
 import numpy as np
 
 from .cross_slots import CrossSlots, Sources
-from .decoders import DecoderGraph, columns_for
+from .decoders import DecoderGraph, SearchIds, columns_for
 from .device_memory import InPlaceCache, Tensors
 from ..shared.beam_pool import BeamPool
 from ..shared.options import SearchOptions
@@ -40,16 +40,6 @@ class Encoded:
     cross: Tensors
     lengths: np.ndarray                   # (B,)
     limits: np.ndarray                    # (B,)
-
-
-@dataclass(frozen=True)
-class SearchIds:
-    """What every search of one package needs of it: its special ids, and whether a search reads the k best of
-    each step (the graph's top_k outputs) rather than the whole distribution."""
-    bos_id: int
-    eos_id: int
-    banned_ids: tuple[int, ...]
-    top_k: bool = True
 
 
 def pooled(options: SearchOptions) -> bool:

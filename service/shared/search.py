@@ -106,6 +106,12 @@ def max_lengths(source_lengths: Sequence[int], *, a: float = 0.0, b: int = 256, 
     return np.minimum(np.floor(a * src + b), cap).astype(np.int64)
 
 
+def continuation_budgets(prompts: Sequence[Sequence[int]], *, max_length: int, max_positions: int) -> list[int]:
+    """Tokens each prompt may be continued by (eos included): max_length, or fewer where the model's positions
+    run out after the prompt."""
+    return [min(max_length, max_positions - len(p)) for p in prompts]
+
+
 def finish(steps: Generator) -> list:
     """Runs a step generator to the end; returns its hypotheses."""
     while True:

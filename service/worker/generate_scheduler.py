@@ -45,7 +45,7 @@ class GenJob:
     failure: Failure | None = None
     started: float = 0.0                  # when it joined the running batch (monotonic)
     reported: bool = False                # its last event was made (by generate_api)
-    member: Any = None                    # its search in its model's running batch (Engine.join_generation)
+    member: Any = None                    # its search in its model's running batch (LmBatch.join)
     cancel: set[int] = field(default_factory=set)   # its sequences stopped by a stop sequence: they leave
     t0: float = 0.0                       # when it joined (perf_counter)
 
@@ -139,8 +139,7 @@ class GenerationScheduler:
         try:
             if batch is None:
                 batch = self.batches[job.model] = engine.generation_batch()
-            job.member = engine.join_generation(batch, prompts, job.options, seeds=job.seeds[:len(prompts)],
-                                                cancel=job.cancel)
+            job.member = batch.join(prompts, job.options, seeds=job.seeds[:len(prompts)], cancel=job.cancel)
         except Exception:   # bad options, say: this request fails alone
             log.exception("generation request %s could not start", job.request_id)
             job.failure = internal_failure()
