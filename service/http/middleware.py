@@ -187,11 +187,12 @@ def response_headers(message: dict, state: dict) -> list[tuple[bytes, bytes]]:
 def request_span(scope, rid: str, endpoints: dict[str, str]) -> Span:
     """The request's span (NOOP when traces are off): a child of the client's `traceparent` when it sent
     a valid one, else a trace's root. Named by method and route for the routes counted (`endpoints`), by method
-    alone for the others (their paths are whatever a client sent, and a span's name is to take few values)."""
+    alone for the others (their paths are whatever a client sent, and a span's name is to take few values).
+    The client's `tracestate` is not taken: a span carries its trace state into every export, and those
+    vendor fields are the client's to fill."""
     if not enabled():
         return NOOP
-    carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
-               if k in (b"traceparent", b"tracestate")}
+    carrier = {"traceparent": v.decode("latin-1") for k, v in scope["headers"] if k == b"traceparent"}
     method, path = scope["method"], scope["path"]
     return start_span(f"{method} {path}" if path in endpoints else method, parent=carrier, server=True,
                       request_id=rid, **{"http.request.method": method})

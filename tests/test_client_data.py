@@ -1,0 +1,266 @@
+"""Nothing a client sends outlives its request (issue 54 item 1): a distinct secret planted in every part of a
+request (its method, path, query, every header, JSON and form fields, a file's name and content, its API key,
+`tracestate`) on every route, against a real server with traces exported to a receiver in this test, once with keys
+and JSON logs, once without keys and with text logs; then every log line, every exported span (the OTLP payloads
+as received, byte for byte) and the whole `/metrics` text are searched for every secret: none is found.
+
+The one value a client chooses that is written down is its X-Request-ID (1 to 128 printable characters), the request's
+id, so that a client or an ingress finds its request in the log (docs/serving.md, "What is logged"): the test plants
+one and checks that it is found only as that request's id.
+
+The server serves the committed packages (models/de-en, models/lm-small; TRANSERVE_TEST_PACKAGE and
+TRANSERVE_TEST_LM_PACKAGE name others): nothing to train."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from conftest import server_log, start_server, stop_server
+from test_tracing import LM_PACKAGE, PACKAGE, Receiver, ReceiverHandler, traceparent
+
+
+class RawReceiver(Receiver):
+    """A Receiver that also keeps every export's body as sent: whatever a span carries (attributes, events, links,
+    its trace state, its resource) is in those bytes."""
+
+    def __init__(self):
+        super().__init__()
+        self.RequestHandlerClass = RawHandler
+        self.payloads: list[bytes] = []
+
+
+class RawHandler(ReceiverHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        with self.server.lock:
+            self.server.payloads.append(body)
+        self.rfile = io.BytesIO(body)
+        super().do_POST()
+
+
+@dataclass
+class Planted:
+    """The secrets of one run, each named by where it was planted; `request_ids` are the X-Request-IDs sent."""
+    secrets: dict[str, str] = field(default_factory=dict)
+    request_ids: set[str] = field(default_factory=set)
+
+    def new(self, where: str) -> str:
+        s = "zq" + secrets.token_hex(8)           # lower case: found in a lower-cased haystack too
+        self.secrets[s] = where
+        return s
+
+
+@dataclass
+class Run:
+    url: str
+    proc: object
+    receiver: RawReceiver
+    key: str | None              # the key the server accepts (itself a planted secret), or None: no keys
+    json_logs: bool
+    planted: Planted
+    metrics_text: str = ""                                   # /metrics after every request
+    schema_routes: set[str] = field(default_factory=set)     # the paths of /openapi.json
+
+
+def start(keys: bool, json_logs: bool) -> Run:
+    receiver = RawReceiver()
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    planted = Planted()
+    key = planted.new("the server's API key") if keys else None
+    env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+           "OTEL_SERVICE_NAME": "transerve-test", "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    extra = ["--model", LM_PACKAGE, "--log-format", "json" if json_logs else "text"]
+    proc, url = start_server(PACKAGE, *extra, *(["--api-keys", key] if key else []), env=env)
+    return Run(url, proc, receiver, key, json_logs, planted)
+
+
+@pytest.fixture(scope="module", params=["keys, JSON logs", "no keys, text logs"])
+def run(request):
+    keys = request.param.startswith("keys")
+    r = start(keys=keys, json_logs=keys)
+    try:
+        yield r
+    finally:
+        stop_server(r.proc)
+        r.receiver.shutdown()
+
+
+# --- the requests ------------------------------------------------------------------------------------------
+def headers(run: Run, where: str) -> dict:
+    """Every header a client may send, each with a secret of its own, a sampled traceparent (its trace id is the
+    client's to choose and is the trace's id) with a secret tracestate, the key if the server has keys."""
+    p = run.planted
+    tp, _, _ = traceparent()
+    h = {"User-Agent": p.new(f"{where}: User-Agent"), "Referer": f"https://{p.new(f'{where}: Referer')}.example/",
+         "Cookie": f"session={p.new(f'{where}: Cookie')}", "X-Planted": p.new(f"{where}: X-Planted"),
+         "X-Forwarded-For": p.new(f"{where}: X-Forwarded-For"),
+         "Origin": f"https://{p.new(f'{where}: Origin')}.example",
+         "Accept-Language": p.new(f"{where}: Accept-Language"), "traceparent": tp,
+         "tracestate": f"vendor={p.new(f'{where}: tracestate')}"}
+    h["X-Request-ID"] = "rid" + secrets.token_hex(8)
+    if run.key:
+        h["Authorization"] = f"Bearer {run.key}"
+    else:   # a key sent to a server without keys is not read, and not written down either
+        h["Authorization"] = f"Bearer {p.new(f'{where}: an unasked-for key')}"
+    return h
+
+
+def query(run: Run, where: str) -> dict:
+    return {"q": run.planted.new(f"{where}: the query"), run.planted.new(f"{where}: a query name"): "1"}
+
+
+def send(client: httpx.Client, run: Run, method: str, path: str, **kwargs) -> httpx.Response:
+    """The request, every part planted; its X-Request-ID noted when the answer carries it back (the app took it:
+    a request uvicorn refuses before the app, an unknown method, gets an id of the server's own)."""
+    where = f"{method} {path}"
+    sent = headers(run, where) | kwargs.pop("headers", {})
+    r = client.request(method, path, params=query(run, where), headers=sent, **kwargs)
+    if r.headers.get("x-request-id") == sent["X-Request-ID"]:
+        run.planted.request_ids.add(sent["X-Request-ID"])
+    return r
+
+
+def requests_of(run: Run) -> list[tuple[str, str, dict]]:
+    """(method, path, httpx arguments) of a request to every route, the bodies' fields planted too; each JSON route
+    also once with its fields' values refused (an error message that quotes a value stays in its answer)."""
+    s = run.planted.new
+    key = {"api_key": run.key} if run.key else {}
+    return [
+        ("POST", "/translate", {"json": {"text": [f"Das Haus {s('/translate text')}.", s("/translate text 2")],
+                                         "source_lang": "de", "target_lang": "en"}}),
+        ("POST", "/translate", {"json": {"text": s("/translate text, refused"), "source_lang": s("/translate source"),
+                                         "target_lang": s("/translate target"), s("/translate field name"): 1}}),
+        ("POST", "/translate", {"content": b'{"text": "' + s("/translate, malformed JSON").encode() + b'"',
+                                "headers": {"Content-Type": "application/json"}}),
+        ("POST", "/generate", {"json": {"prompt": f"Das ist {s('/generate prompt')}", "max_new_tokens": 3}}),
+        ("POST", "/generate", {"json": {"prompt": s("/generate prompt, refused"), "max_new_tokens": s("/generate n"),
+                                        "model": s("/generate model")}}),
+        ("POST", "/generate", {"json": {"prompt": f"Das {s('/generate streamed prompt')}", "max_new_tokens": 3,
+                                        "stream": True}}),
+        ("GET", "/languages", {}),
+        ("POST", "/v1/completions", {"json": {"model": "lm-small", "prompt": f"Das {s('/v1/completions prompt')}",
+                                              "max_tokens": 3, "user": s("/v1/completions user")}}),
+        ("POST", "/v1/completions", {"json": {"model": "lm-small", "prompt": f"Das {s('/v1/completions stream')}",
+                                              "max_tokens": 3, "stream": True}}),
+        ("POST", "/v1/completions", {"json": {"model": s("/v1/completions model"), "prompt": s("/v1 prompt 2")}}),
+        ("POST", "/v1/chat/completions", {"json": {"model": s("chat model"), "messages": [
+            {"role": "user", "content": s("chat content")}]}}),
+        ("GET", "/v1/models", {}),
+        ("GET", f"/v1/models/{s('/v1/models/{model} path')}", {}),
+        ("GET", "/v1/models/lm-small", {}),
+        ("POST", "/libretranslate/translate", {"json": {"q": f"Guten Morgen {s('libretranslate q')}",
+                                                        "source": "de", "target": "en", **key}}),
+        ("POST", "/libretranslate/translate", {"data": {"q": f"Guten Tag {s('libretranslate form q')}",
+                                                        "source": "auto", "target": "en", "format": "html", **key}}),
+        ("POST", "/libretranslate/translate", {"data": {"q": s("libretranslate q, refused"),
+                                                        "source": s("libretranslate source"), "target": "en",
+                                                        **key}}),
+        ("POST", "/libretranslate/detect", {"data": {"q": f"Das Haus ist {s('detect q')}", **key}}),
+        ("GET", "/libretranslate/languages", {}),
+        ("GET", "/libretranslate/frontend/settings", {}),
+        ("GET", f"/libretranslate/download_file/{s('download path')}.txt", {}),
+        ("POST", "/libretranslate/translate_file", {"data": {"source": "de", "target": "en", **key}, "files": {
+            "file": (f"{s('file name')}.txt", f"Das Haus {s('file content')}.\n".encode(), "text/plain")}}),
+        ("POST", "/libretranslate/translate_file", {"data": {"source": "de", "target": "en", **key}, "files": {
+            "file": (f"{s('file name, refused')}.{s('file extension')}", s("file content 2").encode())}}),
+        ("GET", "/ui", {}), ("GET", "/docs", {}), ("GET", "/redoc", {}), ("GET", "/docs/oauth2-redirect", {}),
+        ("GET", "/health", {}), ("HEAD", "/health", {}), ("GET", "/ready", {}), ("GET", "/info", {}),
+        ("GET", "/usage", {}), ("GET", "/openapi.json", {}),
+        ("GET", f"/{s('an unknown path')}/{s('an unknown path, deeper')}", {}),
+        ("POST", f"/translate/{s('a known path, longer')}", {"json": {}}),
+        ("DELETE", "/translate", {}),
+        (s("a method").upper(), "/translate", {}),
+    ]
+
+
+def exercise(run: Run) -> None:
+    """Every request of requests_of, and the translated file's download link (its token and name are secrets a
+    client holds); with keys, each route once more with a wrong key (itself a secret) and once with none."""
+    with httpx.Client(base_url=run.url, timeout=60) as client:
+        for method, path, kwargs in requests_of(run):
+            r = send(client, run, method, path, **kwargs)
+            assert r.status_code < 500, (method, path, r.status_code, r.text[:300])
+            if path.endswith("translate_file") and r.status_code == 200:
+                link = r.json()["translatedFileUrl"]
+                run.planted.secrets[link.rsplit("/", 1)[1].split(".", 1)[0]] = "the download token"
+                d = send(client, run, "GET", httpx.URL(link).path)
+                assert d.status_code == 200 and d.content, d.text[:300]
+        if run.key:
+            for path in ("/translate", "/libretranslate/translate", "/v1/completions", "/metrics"):
+                wrong = {"Authorization": f"Bearer {run.planted.new(f'a wrong key on {path}')}"}
+                assert send(client, run, "POST", path, json={}, headers=wrong).status_code in (401, 403, 405)
+                bare = headers(run, path)
+                del bare["Authorization"]
+                assert client.post(path, json={}, headers=bare, params=query(run, path)).status_code in (401, 403,
+                                                                                                         405)
+        auth = {"Authorization": f"Bearer {run.key}"} if run.key else {}
+        metrics = client.get("/metrics", headers=auth)
+        assert metrics.status_code == 200
+        run.metrics_text = metrics.text
+        run.schema_routes = set(client.get("/openapi.json", headers=auth).json()["paths"])
+
+
+def spans_exported(run: Run, seconds: float = 10) -> bytes:
+    """Every export the receiver got, once the server's exporters have sent what they held (every 100 ms)."""
+    time.sleep(1.0)
+    deadline, seen = time.monotonic() + seconds, -1
+    while time.monotonic() < deadline:
+        with run.receiver.lock:
+            n = len(run.receiver.payloads)
+        if n == seen:
+            break
+        seen = n
+        time.sleep(1.0)
+    with run.receiver.lock:
+        return b"\n".join(run.receiver.payloads)
+
+
+def found(secret: str, haystacks: dict[str, str]) -> list[str]:
+    return [name for name, text in haystacks.items() if secret in text]
+
+
+def test_no_secret_a_client_sends_is_in_a_log_line_a_span_or_a_metric(run):
+    exercise(run)
+    log = server_log(run.proc)
+    spans = spans_exported(run).decode("utf-8", errors="replace")
+    haystacks = {"the log": log.lower(), "the spans": spans.lower(), "/metrics": run.metrics_text.lower()}
+    assert len(run.planted.secrets) > 150
+    leaks = {where: found(secret, haystacks) for secret, where in run.planted.secrets.items()}
+    leaks = {where: places for where, places in leaks.items() if places}
+    assert not leaks, sorted(f"{where} -> {', '.join(places)}" for where, places in leaks.items())
+    # The run was seen: the access lines and the spans are there, with their routes as templates.
+    lines = [line for line in log.splitlines() if "/libretranslate/download_file" in line]
+    assert lines and all("/libretranslate/download_file/{filename}" in line for line in lines), lines[:3]
+    assert "POST /translate" in spans and "(unmatched)" in log
+    # Every route of the API's schema was asked (and the hidden ones: /v1/chat/completions, /ui, /docs, /metrics).
+    access = re.compile(r"transerve\.access: [A-Z]+ (\S+) \d{3} ")
+    routes = {json.loads(line)["route"] for line in log.splitlines() if line.startswith('{"') and '"route"' in line} \
+        | {m.group(1) for m in access.finditer(log)}
+    assert run.schema_routes - routes == set()
+    assert {"/v1/chat/completions", "/ui", "/docs", "/redoc", "/metrics"} <= routes
+
+
+def test_a_client_request_id_is_written_only_as_its_request_id(run):
+    log = server_log(run.proc)
+    if not run.planted.request_ids:
+        exercise(run)
+        log = server_log(run.proc)
+    for rid in run.planted.request_ids:
+        at = [m.start() for m in re.finditer(re.escape(rid), log)]
+        assert at, rid                                        # every request has its access line
+        for i in at:
+            before = log[max(0, i - 16):i]
+            assert before.endswith('"request_id": "') or before.endswith("request_id="), log[i - 200:i + 50]
+    if run.json_logs:
+        for line in log.splitlines():
+            if line.startswith("{"):
+                json.loads(line)
