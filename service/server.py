@@ -138,7 +138,9 @@ def install(app: FastAPI, gateway: Gateway, flavours: tuple[Flavour, ...]) -> No
                                              public_docs=settings.public_docs),
                        key_in_body=frozenset().union(*(f.key_in_body for f in flavours)),
                        body_timeout_s=settings.body_timeout_s, access_log=settings.access_log,
-                       direct=direct, gzip=any(m.cls is GZipMiddleware for m in app.user_middleware))
+                       direct=direct, gzip=any(m.cls is GZipMiddleware for m in app.user_middleware),
+                       plain=frozenset(r.path for r in app.router.routes
+                                       if not isinstance(r, APIRoute) and "{" not in getattr(r, "path", "{")))
 
 
 def install_operations(app: FastAPI, gateway: Gateway) -> None:

@@ -246,7 +246,7 @@ def test_no_secret_a_client_sends_is_in_a_log_line_a_span_or_a_metric(run):
     routes = {json.loads(line)["route"] for line in log.splitlines() if line.startswith('{"') and '"route"' in line} \
         | {m.group(1) for m in access.finditer(log)}
     assert run.schema_routes - routes == set()
-    assert {"/v1/chat/completions", "/ui", "/docs", "/redoc", "/metrics"} <= routes
+    assert {"/v1/chat/completions", "/ui", "/docs", "/redoc", "/metrics", "/openapi.json"} <= routes
 
 
 def test_a_client_request_id_is_written_only_as_its_request_id(run):

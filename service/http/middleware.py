@@ -50,16 +50,16 @@ Endpoint = Callable[[Request], Awaitable[ASGIApp]]   # a route that reads its Re
 def request_context(app, respond: Responder, endpoints: dict[str, str], max_payload_bytes: int, keys: KeyRing,
                     quota: Quota, open_paths: frozenset = frozenset(), key_in_body: frozenset = frozenset(),
                     body_timeout_s: float = 30.0, access_log: bool = False, body_limits: dict[str, int] = {},
-                    direct: dict[str, Endpoint] = {}, gzip: bool = False):
+                    direct: dict[str, Endpoint] = {}, gzip: bool = False, plain: frozenset[str] = frozenset()):
     """`app` wrapped; `respond` answers an error in its path's flavour's shape (errors.responder); `endpoints`
     maps the paths whose requests are counted to their metrics label; the paths but `open_paths` (probes,
     language lists: auth.open_paths) need one of the `keys`, checked with its route and requests per minute
     (`quota`) before the body is read (key_refusal), but for a POST to `key_in_body` without one in its headers.
     A body must arrive within `body_timeout_s` of the headers (408, closed), and be `body_limits[path]` bytes at
     most (documents'), else `max_payload_bytes`. `access_log`: an access line per request (service/logs.py).
-    `direct` maps the POST paths whose routes this calls itself, past the app's routing (direct_route), `gzip`
-    whether the app compresses answers (LitServe's GZipMiddleware, there when no endpoint streams)."""
-    fixed = frozenset(endpoints) | frozenset(direct)
+    `direct` maps the POST paths whose routes this calls itself (direct_route), `gzip` whether the app compresses
+    (LitServe's GZipMiddleware), `plain` the paths of Starlette's routes (/openapi.json: unnamed on the scope)."""
+    fixed = frozenset(endpoints) | frozenset(direct) | plain
     direct_apps = {path: direct_route(endpoint, respond, max_payload_bytes, gzip) for path, endpoint in direct.items()}
 
     async def wrapped(scope, receive, send):
