@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import signal
 import sys
 import threading
@@ -16,7 +18,16 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = parse_settings(argv)
     # Before anything creates a metric: workers are spawned and inherit the directory.
-    configure()
+    given = "PROMETHEUS_MULTIPROC_DIR" in os.environ
+    metrics_dir = configure()
+    try:
+        return serve(settings)
+    finally:
+        if not given:   # a directory of our own in /tmp: each start would leave one behind
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def serve(settings) -> int:
     from .logs import configure as configure_logs
 
     configure_logs(settings.log_level, settings.log_format)

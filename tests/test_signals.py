@@ -125,13 +125,17 @@ def test_ctrl_c_answers_the_request_in_flight_stops_every_process_and_frees_the_
         stop_server(again)
 
 
-def test_sigterm_to_the_process_group_drains_and_exits_0_without_a_traceback(tiny_package):
-    proc, url = start_server(tiny_package, "--drain-timeout-s", str(DRAIN_S))
+def test_sigterm_to_the_process_group_drains_and_exits_0_without_a_traceback(tiny_package, tmp_path):
+    """... and leaves nothing in its temporary directory: the metrics' files and the workers' sockets go with it."""
+    (tmp := tmp_path / "tmp").mkdir()
+    proc, url = start_server(tiny_package, "--drain-timeout-s", str(DRAIN_S), env={"TMPDIR": str(tmp)})
     try:
+        assert {p.name.rsplit("-", 1)[0] for p in tmp.iterdir()} >= {"transerve-metrics", "transerve-requests"}
         got = stop_while_busy(proc, url, lambda: os.killpg(proc.pid, signal.SIGTERM))
     finally:
         stop_server(proc)
     check_stopped(proc, url, got)
+    assert list(tmp.iterdir()) == []
 
 
 def test_sigint_to_the_main_process_of_a_background_server_stops_it(tiny_package):
