@@ -125,6 +125,18 @@ def test_hostile_files_are_refused_alone_with_a_4xx_naming_the_problem(server, e
     assert download(ok).text == english[GERMAN[13]]
 
 
+def test_a_chunked_upload_over_the_limit_is_told_the_files_limit(server):
+    """Without a Content-Length the body is counted as it is read: its 413 names --max-file-bytes, as a declared
+    one's does, not --max-payload-bytes."""
+    form = httpx.Request("POST", server + "/libretranslate/translate_file", data={"source": "de", "target": "en",
+                         "api_key": KEY}, files={"file": ("large.txt", b"Hallo Welt. " * (MAX_FILE // 4))})
+    body = form.read()
+    answer = httpx.post(server + "/libretranslate/translate_file", content=iter([body[:50_000], body[50_000:]]),
+                        headers={"Content-Type": form.headers["Content-Type"]}, timeout=60)
+    assert answer.request.headers.get("transfer-encoding") == "chunked"
+    assert answer.status_code == 413 and f"larger than {MAX_FILE} bytes (--max-file-bytes)" in answer.json()["error"]
+
+
 def test_the_request_is_checked_as_libretranslate_checks_it(server):
     assert send(server, "a.txt", b"Hallo", key=None).status_code == 401
     assert send(server, "a.txt", b"Hallo", key="wrong").status_code == 401      # an unknown key, as on every route
