@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 
 log = logging.getLogger("transerve")
@@ -15,8 +16,15 @@ log = logging.getLogger("transerve")
 def main(argv: list[str] | None = None) -> int:
     from .config import parse_settings
     from .metrics import configure
+    from .worker.unix_listener import socket_base
 
     settings = parse_settings(argv)
+    # Unix sockets (multiprocessing's, ours) are made in the temporary directory: one too long for their paths is
+    # given up for /tmp, in this process and the ones it starts.
+    if (base := socket_base()) != tempfile.gettempdir():
+        print(f"warning: TMPDIR {os.environ.get('TMPDIR')!r} is too long for Unix sockets; using {base}",
+              file=sys.stderr)
+        os.environ["TMPDIR"], tempfile.tempdir = base, None
     # Before anything creates a metric: workers are spawned and inherit the directory.
     given = "PROMETHEUS_MULTIPROC_DIR" in os.environ
     metrics_dir = configure()

@@ -8,13 +8,16 @@ import asyncio
 import multiprocessing
 import pickle
 import queue
+import shutil
 import socket
+import tempfile
 import time
 
 import pytest
 
 from service.worker.request_inbox import RequestInbox, request_address
 from service.worker.request_sender import RequestSender
+from service.worker.unix_listener import SUN_PATH_MAX, socket_folder
 
 
 def item(uid: str, payload=None) -> tuple:
@@ -159,3 +162,27 @@ def test_a_sender_that_dies_mid_request_or_sends_garbage_stops_only_its_own(tmp_
         await sender.put(item("b"), timeout_s=5)
     asyncio.run(send())
     assert uids(inbox) == ["a", "b"]
+
+
+def test_a_temporary_directory_too_long_for_unix_sockets_gives_way_to_tmp(tmp_path, monkeypatch):
+    """A TMPDIR whose sockets' paths would pass SUN_PATH_MAX (a test runner's, say): the sockets' folder is made in
+    /tmp instead, and a worker listens there; a short one is used as it is."""
+    long = tmp_path / ("d" * (SUN_PATH_MAX - 40 - len(str(tmp_path))))
+    long.mkdir()
+    monkeypatch.setenv("TMPDIR", str(long))
+    monkeypatch.setattr("tempfile.tempdir", None)       # tempfile reads TMPDIR again
+    folder = socket_folder("transerve-requests-")
+    try:
+        assert folder.startswith("/tmp/transerve-requests-") and not folder.startswith(str(long))
+        inbox = worker(folder, 12)
+        assert len(request_address(folder, 12)) <= SUN_PATH_MAX
+        inbox.close()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    short = tempfile.mkdtemp(prefix="s-", dir="/tmp")
+    monkeypatch.setenv("TMPDIR", short)
+    monkeypatch.setattr("tempfile.tempdir", None)
+    try:
+        assert socket_folder("transerve-answers-").startswith(short + "/transerve-answers-")
+    finally:
+        shutil.rmtree(short, ignore_errors=True)

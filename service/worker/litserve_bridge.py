@@ -25,7 +25,6 @@ import contextlib
 import logging
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from queue import Empty, Queue, SimpleQueue
@@ -43,6 +42,7 @@ from .answers import SocketAnswers, bundle
 from .request_inbox import RequestInbox
 from .request_sender import RequestSender
 from .traces import WorkerTraces
+from .unix_listener import socket_folder
 from ..metrics import metrics
 
 log = logging.getLogger("transerve")
@@ -289,10 +289,10 @@ class Server(ls.LitServer):
         manager = super()._init_manager(num_api_servers)
         # Not LitServe's ZeroMQ transport (fast_queue), and only where HTTP processes are forked over Unix sockets.
         if type(self._transport) is MPQueueTransport and sys.platform != "win32":
-            self._transport = SocketAnswers(tempfile.mkdtemp(prefix="transerve-answers-"))
+            self._transport = SocketAnswers(socket_folder("transerve-answers-"))
             self.request_senders = {}
             for api_path in list(self.litapi_request_queues):
-                folder = tempfile.mkdtemp(prefix="transerve-requests-")
+                folder = socket_folder("transerve-requests-")
                 self.litapi_request_queues[api_path] = RequestInbox(folder)
                 workers = len(self._inference_workers_config_for_api(api_path))
                 self.request_senders[api_path] = RequestSender(folder, workers)

@@ -9,14 +9,34 @@ ends only its own connection, and a message that cannot be unpickled is skipped 
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import socket
+import tempfile
 import threading
 import time
 from multiprocessing.connection import Connection
 from typing import Callable
 
 log = logging.getLogger("transerve")
+SUN_PATH_MAX = 107   # the longest path a Unix socket binds to, in bytes (sun_path's 108 with its NUL)
+
+
+def socket_base(longest: int = 44) -> str:
+    """Where Unix sockets are made: the temporary directory when a socket's path `longest` bytes below it fits in
+    SUN_PATH_MAX (ours: /transerve-requests-XXXXXXXX/requests-N; multiprocessing's manager:
+    /pymp-XXXXXXXX/listener-XXXXXXXX), else /tmp. A long TMPDIR, as a test runner's, made a bind fail with
+    "AF_UNIX path too long": the manager's at start-up, or a worker's, whose requests then waited for it."""
+    for base in (tempfile.gettempdir(), "/tmp"):
+        if len(os.fsencode(base)) + longest <= SUN_PATH_MAX and os.access(base, os.W_OK | os.X_OK):
+            return base
+    raise OSError(f"the temporary directory {tempfile.gettempdir()!r} is too long for Unix sockets' paths "
+                  f"({SUN_PATH_MAX} bytes) and /tmp cannot be written: set TMPDIR to a shorter path")
+
+
+def socket_folder(prefix: str) -> str:
+    """A new private folder for Unix sockets (socket_base's)."""
+    return tempfile.mkdtemp(prefix=prefix, dir=socket_base())
 
 
 def listen(address: str, deliver: Callable[[object], bool], what: str) -> socket.socket:
