@@ -11,7 +11,7 @@ import logging
 import pytest
 from starlette.routing import Route
 
-from service.http.middleware import UNMATCHED, route_of
+from service.http.middleware import UNMATCHED, named_method, route_of
 from service.logs import ACCESS, JsonFormatter, TEXT_FORMAT, access
 
 
@@ -58,3 +58,10 @@ def test_the_route_is_a_template_or_unmatched_never_the_path_sent():
     assert route_of(sent, fixed) == "/libretranslate/download_file/{filename}"
     assert route_of({"path": "/translate"}, fixed) == "/translate"        # refused before routing: a fixed path
     assert route_of({"path": "/NoKeyPfad-uuuu"}, fixed) == UNMATCHED
+
+
+def test_a_method_no_rfc_names_is_logged_as_other():
+    """h11 (uvicorn's parser where httptools is not installed) passes any token as the method: it is a client's
+    word, so it is named "_OTHER" in the access line and the span."""
+    assert named_method({"method": "POST"}) == "POST" and named_method({"method": "PATCH"}) == "PATCH"
+    assert named_method({"method": "ZQSECRET"}) == "_OTHER" and named_method({"method": "post"}) == "_OTHER"

@@ -41,6 +41,9 @@ REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")   # an X-Request-ID taken from t
 # at once, unread, as is one whose client waits for "100 Continue".
 DRAIN_BYTES = 16 * 2**20
 
+# The methods a log line or a span names as sent (HTTP's, RFC 9110, and PATCH); any other, a token a client chose
+# (h11, uvicorn's parser where httptools is not installed, passes any), is "_OTHER", as OpenTelemetry names it.
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
 UNMATCHED = "(unmatched)"   # the route of a request no route took (404, or refused before routing)
 GZIP_MIN_BYTES = 1000   # the smallest answer compressed: LitServe's GZipMiddleware's minimum_size
 
@@ -68,7 +71,7 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
         rid = request_id(scope)
         state = scope.setdefault("state", {})
         state["request_id"] = rid
-        method, path = scope["method"], scope["path"]
+        method, path = named_method(scope), scope["path"]
         t0 = time.perf_counter()
         started: dict = {}
         traced = request_span(scope, rid, endpoints)
@@ -94,6 +97,8 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
         """The request's key checked, its body bounded, then the route: the app's, or a direct one."""
         path, state = scope["path"], scope["state"]
         limited = limited_receive(scope, receive, limit := body_limits.get(path, max_payload_bytes), body_timeout_s)
+        if limited is not None:
+            send = body_read_before_the_end(send, limited)
         if path not in open_paths and (refused := await key_refusal(keys, quota, scope, key_in_body)):
             state["error_type"] = refused.type
             await respond(path, state["request_id"], refused)(scope, receive, send)
@@ -184,6 +189,11 @@ def response_headers(message: dict, state: dict) -> list[tuple[bytes, bytes]]:
     return headers
 
 
+def named_method(scope) -> str:
+    """The request's method as logs and spans name it: one of KNOWN_METHODS, else "_OTHER"."""
+    return scope["method"] if scope["method"] in KNOWN_METHODS else "_OTHER"
+
+
 def request_span(scope, rid: str, endpoints: dict[str, str]) -> Span:
     """The request's span (NOOP when traces are off): a child of the client's `traceparent` when it sent
     a valid one, else a trace's root. Named by method and route for the routes counted (`endpoints`), by method
@@ -193,7 +203,7 @@ def request_span(scope, rid: str, endpoints: dict[str, str]) -> Span:
     if not enabled():
         return NOOP
     carrier = {"traceparent": v.decode("latin-1") for k, v in scope["headers"] if k == b"traceparent"}
-    method, path = scope["method"], scope["path"]
+    method, path = named_method(scope), scope["path"]
     return start_span(f"{method} {path}" if path in endpoints else method, parent=carrier, server=True,
                       request_id=rid, **{"http.request.method": method})
 
@@ -276,10 +286,29 @@ def limited_receive(scope, receive, limit: int, timeout_s: float = 30.0):
         if seen > limit:
             if not done:
                 await drain(receive, deadline, DRAIN_BYTES)
+            done = True          # what is left past DRAIN_BYTES is not read: the connection closes
             raise StarletteHTTPException(413, headers={"Connection": "close"})
         return message
 
+    async def rest() -> None:
+        """What the app left of the body read and dropped (DRAIN_BYTES at most, by the deadline)."""
+        if has_body and not done:
+            await drain(receive, deadline, DRAIN_BYTES)
+
+    limited.rest = rest
     return limited
+
+
+def body_read_before_the_end(send, limited):
+    """`send`, but an answer's last part waits for what the app left of the request's body (limited_receive's
+    `rest`: a route that refuses before reading it, a key refused). uvicorn closes a connection the client asked
+    to close as that part is sent, and one closed with a request's bytes unread is reset by the kernel: the
+    client lost the answer it had been sent (benchmarks/http_fuzz.py found it)."""
+    async def sending(message: dict) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            await limited.rest()
+        await send(message)
+    return sending
 
 
 async def body_part(receive, deadline: float, timeout_s: float) -> dict:
