@@ -6,6 +6,7 @@ this file."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import json
 import math
 import os
@@ -320,6 +321,26 @@ def wait_ready(url: str, timeout_s: float = 180) -> str:
         raise RuntimeError("the service did not become ready")
     info = httpx.get(url + "/info", timeout=10)
     return info.json().get("device", "unknown") if info.status_code == 200 else "unknown"
+
+
+@contextlib.contextmanager
+def service(packages: list[str], extra: list[str] = (), log: str | None = None):
+    """`python -m service` on the packages, on a free port of 127.0.0.1, in a process group of its own: yields
+    (process, url) once it is ready, and stops all of it after."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "service", *(a for p in packages for a in ("--model", p)), "--host", "127.0.0.1",
+           "--port", str(port), "--threads", "1", *extra]
+    out = open(log, "w") if log else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, **SERVER_PROCESS_GROUP)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url)
+        yield proc, url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+        if log:
+            out.close()
 
 
 def served(package: Path, sentences: list[str], *, workers: int, threads: int, max_length: int,

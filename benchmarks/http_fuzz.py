@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -91,7 +89,7 @@ class Case:
     data: bytes
     pieces: int = 1
     half_close: bool = False
-    complete: bool = True                 # every request in it whole: an answer is owed
+    owed: int = 0                         # answers owed: its requests' count when none is broken, else 0
 
 
 def base_request(route: tuple, port: int) -> Request:
@@ -223,24 +221,25 @@ def build(number: int, seed: int, port: int) -> Case:
         mutate(rng, r)
         names.append(mutate.__name__[2:])
     data, case = r.bytes(), Case(number, f"{route[0]} {route[1]}", names, b"")
+    whole = 0 if names else 1                                 # a broken request may owe nothing (a lying length)
     kind = rng.randrange(10)
     if kind == 0:                                             # truncated anywhere, then the write side closed
-        data = data[:rng.randrange(len(data))]
+        data, whole = data[:rng.randrange(len(data))], 0
         case.mutations.append("truncated")
-        case.half_close, case.complete = True, False
+        case.half_close = True
     elif kind == 1:                                           # pipelined: more requests on one connection
         more = [base_request(ROUTES[rng.randrange(len(ROUTES))], port) for _ in range(rng.randrange(1, 4))]
         for m in [r, *more[:-1]]:                             # the last one asks for the close
             m.headers = [(k, b"keep-alive" if k == b"Connection" else v) for k, v in m.headers]
-        data = r.bytes() + b"".join(m.bytes() for m in more)
+        data, whole = r.bytes() + b"".join(m.bytes() for m in more), whole * (1 + len(more))
         case.mutations.append(f"pipelined {1 + len(more)}")
     elif kind == 2:                                           # dribbled in many small writes
         case.pieces = rng.randrange(2, 12)
         case.mutations.append(f"{case.pieces} writes")
-    elif kind == 3:                                           # the write side closed after a whole request
-        case.half_close = True
+    elif kind == 3:                                           # the write side closed after a whole request: gone
+        case.half_close, whole = True, 0
         case.mutations.append("half-closed")
-    case.data = data
+    case.data, case.owed = data, whole
     return case
 
 
@@ -264,33 +263,35 @@ def statuses(raw: bytes) -> list[int]:
 
 def send(host: str, port: int, case: Case, *, answer_s: float = 30, wait_s: float = 2,
          idle_s: float = 0.5) -> tuple[list[int], str]:
-    """Sends a case and reads until the server closes the connection. An unbroken request (`owed`) gets `answer_s`
-    for its answer to begin; a broken one `wait_s`, then the write side is closed (the server may be waiting for
-    bytes a broken length promised) and `wait_s` more. Once bytes come, `idle_s` of silence ends the read.
-    (statuses, how it ended)."""
-    owed = case.complete and not case.mutations
-    sock = socket.create_connection((host, port), timeout=10)
-    raw, ended = b"", "closed"
+    """Sends a case and reads until the server closes the connection. A case that owes answers gets `answer_s`
+    for all of them; a broken one `wait_s`, then the write side is closed (the server may be waiting for bytes a
+    broken length promised) and `wait_s` more. Once bytes come, `idle_s` of silence ends the read (when nothing
+    more is owed). (statuses, how it ended)."""
+    raw, ended = bytearray(), "closed"
+    deadline = time.monotonic() + answer_s
     try:
-        step = max(1, -(-len(case.data) // case.pieces))
-        for i in range(0, len(case.data), step):
-            sock.sendall(case.data[i:i + step])
-            if case.pieces > 1:
-                time.sleep(0.002)
-        if case.half_close:
-            sock.shutdown(socket.SHUT_WR)
-        ended = _read(sock, raw := bytearray(), answer_s if owed else wait_s, idle_s)
-        if ended == "silent" and not case.half_close and not owed:
-            sock.shutdown(socket.SHUT_WR)
-            ended = _read(sock, raw, wait_s, idle_s)
-            ended = "half-closed by us, then " + ended
+        with socket.create_connection((host, port), timeout=10) as sock:
+            step = max(1, -(-len(case.data) // case.pieces))
+            for i in range(0, len(case.data), step):
+                sock.sendall(case.data[i:i + step])
+                if case.pieces > 1:
+                    time.sleep(0.002)
+            if case.half_close:
+                sock.shutdown(socket.SHUT_WR)
+            ended = _read(sock, raw, answer_s if case.owed else wait_s, idle_s)
+            while ended != "closed" and len(statuses(bytes(raw))) < case.owed and time.monotonic() < deadline:
+                ended = _read(sock, raw, max(0.01, deadline - time.monotonic()), idle_s)
+            if ended == "silent" and not case.half_close and not case.owed:
+                sock.shutdown(socket.SHUT_WR)
+                ended = "half-closed by us, then " + _read(sock, raw, wait_s, idle_s)
     except (ConnectionResetError, BrokenPipeError):
         ended = "reset"
-    finally:
-        sock.close()
-    if owed and not statuses(bytes(raw)):
+    except OSError as e:                      # refused, timed out mid-write, not connected: said, not raised
+        ended = f"{type(e).__name__}"
+    got = statuses(bytes(raw))
+    if len(got) < case.owed:
         ended = "no answer in time"
-    return statuses(bytes(raw)), ended
+    return got, ended
 
 
 def _read(sock: socket.socket, raw: bytearray, first_s: float, idle_s: float) -> str:
@@ -338,18 +339,21 @@ class HealthPoller(threading.Thread):
 
 # --- the server's processes ---------------------------------------------------------------------------------
 def tree(pid: int) -> dict[int, int]:
-    """Every process under `pid` (itself included): pid -> resident bytes."""
+    """Every process under `pid` (itself included): pid -> resident bytes. A process's children are read from
+    each of its threads (LitServe's monitor thread starts a replaced worker)."""
     out, todo = {}, [pid]
     while todo:
         p = todo.pop()
         try:
-            status = Path(f"/proc/{p}/status").read_text()
-            children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except OSError:
+            rss = re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{p}/status").read_text())
+        except OSError:                       # ended meanwhile
             continue
-        rss = re.search(r"VmRSS:\s+(\d+) kB", status)
         out[p] = int(rss.group(1)) * 1024 if rss else 0
-        todo += [int(c) for c in children]
+        for children in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                todo += [int(c) for c in children.read_text().split()]
+            except OSError:
+                pass
     return out
 
 
@@ -361,6 +365,8 @@ class Report:
     endings: Counter = field(default_factory=Counter)
     server_errors: list[str] = field(default_factory=list)      # each 5xx: its case, mutations, statuses
     unanswered: list[str] = field(default_factory=list)         # whole requests that got no answer in time
+    answers_owed: int = 0                                       # the whole requests' answers, all cases
+    cases_owing: int = 0
     health_polls: int = 0
     health_slowest_s: float = 0.0
     health_failures: list = field(default_factory=list)
@@ -382,22 +388,26 @@ def fuzz(url: str, *, cases: int, seed: int, seconds: float | None = None, serve
     poller = HealthPoller(host, port)
     poller.start()
     t0 = time.monotonic()
-    for n in range(first, first + cases):
-        if seconds is not None and time.monotonic() - t0 > seconds:
-            break
-        case = build(n, seed, port)
-        got, ended = send(host, port, case)
-        report.cases += 1
-        report.statuses.update(got)
-        report.endings[ended] += 1
-        what = f"case {n} ({case.route}; {', '.join(case.mutations) or 'as is'}): {got} {ended}"
-        if any(s >= 500 for s in got):
-            report.server_errors.append(what)
-        if ended == "no answer in time":
-            report.unanswered.append(what)
-    report.seconds = time.monotonic() - t0
-    poller.stop.set()
-    poller.join()
+    try:
+        for n in range(first, first + cases):
+            if seconds is not None and time.monotonic() - t0 > seconds:
+                break
+            case = build(n, seed, port)
+            got, ended = send(host, port, case)
+            report.cases += 1
+            report.answers_owed += case.owed
+            report.cases_owing += case.owed > 0
+            report.statuses.update(got)
+            report.endings[ended] += 1
+            what = f"case {n} ({case.route}; {', '.join(case.mutations) or 'as is'}): {got} {ended}"
+            if any(s >= 500 for s in got):
+                report.server_errors.append(what)
+            if ended == "no answer in time":
+                report.unanswered.append(what)
+    finally:
+        report.seconds = time.monotonic() - t0
+        poller.stop.set()
+        poller.join()
     report.health_polls, report.health_slowest_s = poller.polls, poller.slowest
     report.health_failures = poller.failures
     if server_pid:
@@ -411,7 +421,8 @@ def describe(r: Report) -> str:
     lines = [f"- cases: {r.cases} in {r.seconds:.0f} s; statuses: "
              + ", ".join(f"{s}: {n}" for s, n in sorted(r.statuses.items())),
              "- connections ended: " + ", ".join(f"{k}: {n}" for k, n in r.endings.most_common()),
-             f"- 5xx: {len(r.server_errors)}; whole requests unanswered in 30 s: {len(r.unanswered)}",
+             f"- 5xx: {len(r.server_errors)}; cases whose whole requests were not all answered in 30 s: "
+             f"{len(r.unanswered)} ({r.answers_owed} answers were owed, by {r.cases_owing} cases)",
              f"- /health: {r.health_polls} polls, slowest {r.health_slowest_s * 1000:.0f} ms, "
              f"{len(r.health_failures)} failed"]
     if r.processes_before:
@@ -419,20 +430,6 @@ def describe(r: Report) -> str:
                      f"{r.processes_before == r.processes_after}; resident memory {r.rss_before / 2**20:.0f} MiB "
                      f"before, {r.rss_after / 2**20:.0f} MiB after")
     return "\n".join(lines + [f"  {e}" for e in (r.server_errors + r.unanswered)[:20]])
-
-
-def start_server(args) -> tuple[subprocess.Popen, str]:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from common import SERVER_PROCESS_GROUP, free_port, wait_ready
-
-    port = free_port()
-    log = open(args.log, "w") if args.log else subprocess.DEVNULL
-    cmd = [sys.executable, "-m", "service", "--model", args.package, "--model", args.lm_package, "--host",
-           "127.0.0.1", "--port", str(port), "--threads", "1", *args.server_args.split()]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, **SERVER_PROCESS_GROUP)
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(url)
-    return proc, url
 
 
 def main() -> None:
@@ -447,28 +444,30 @@ def main() -> None:
     p.add_argument("--server-args", default="--max-output-tokens 16", help="more flags for the server it starts")
     p.add_argument("--log", help="the started server's log file")
     args = p.parse_args()
-    proc = None
-    url = args.url
-    if url is None:
-        proc, url = start_server(args)
-    try:
-        if args.only is not None:
-            case = build(args.only, args.seed, int(url.rsplit(":", 1)[1]))
-            print(case.route, case.mutations, repr(case.data[:2000]))
-            print(send(url.split("//")[1].rsplit(":")[0], int(url.rsplit(":", 1)[1]), case))
-            return
-        fuzz(url, cases=args.warm_up, seed=args.seed + 1)
-        report = fuzz(url, cases=args.cases, seed=args.seed, server_pid=proc.pid if proc else None)
-        print(f"`python benchmarks/http_fuzz.py --cases {args.cases} --seed {args.seed}` ({args.warm_up} cases of seed "
-              f"{args.seed + 1} first, to warm up)")
-        print(describe(report))
-        print(json.dumps({"cases": report.cases, "5xx": len(report.server_errors),
-                          "health_slowest_s": round(report.health_slowest_s, 3)}))
-    finally:
-        if proc is not None:
-            os.killpg(proc.pid, 15)
-            proc.wait(30)
+    if args.url is not None:
+        return run(args, args.url, None)
+    from common import service
 
+    with service([args.package, args.lm_package], args.server_args.split(), args.log) as (proc, url):
+        run(args, url, proc.pid)
+
+
+def run(args, url: str, pid: int | None) -> None:
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    if args.only is not None:
+        case = build(args.only, args.seed, int(port))
+        print(case.route, case.mutations, repr(case.data[:2000]))
+        print(send(host, int(port), case))
+        return
+    fuzz(url, cases=args.warm_up, seed=args.seed + 1)
+    report = fuzz(url, cases=args.cases, seed=args.seed, server_pid=pid)
+    print(f"`python benchmarks/http_fuzz.py --cases {args.cases} --seed {args.seed}` ({args.warm_up} cases of seed "
+          f"{args.seed + 1} first, to warm up)")
+    print(describe(report))
+    print(json.dumps({"cases": report.cases, "5xx": len(report.server_errors),
+                      "health_slowest_s": round(report.health_slowest_s, 3)}))
+    if report.server_errors or report.unanswered or report.health_failures or report.health_slowest_s > 1:
+        sys.exit(1)
 
 if __name__ == "__main__":
     main()

@@ -8,9 +8,10 @@ requests sent: its slope, in MiB per 10,000 requests, is what a month of traffic
     python benchmarks/memory_growth.py --requests 10000                 # starts models/de-en and models/lm-small
     python benchmarks/memory_growth.py --url http://127.0.0.1:8000 --pid 1234 --requests 50000
 
-tests/test_memory_growth.py runs it for a bounded number of requests against the real server, and against a
-server of its own that keeps something of every request (a planted leak), which it must report above the bound
-(BOUND_MIB_PER_10K); the real server must stay under it."""
+The bound for a run of 10,000 requests or more is BOUND_MIB_PER_10K. tests/test_memory_growth.py runs 1,500
+against the real server, and against a server of its own that keeps 20 KiB of every request (a planted leak),
+which it must report far above the short run's bound (SHORT_RUN_BOUND_MIB_PER_10K); the real server must stay
+under it."""
 
 from __future__ import annotations
 
@@ -18,10 +19,8 @@ import argparse
 import concurrent.futures as cf
 import itertools
 import json
-import os
 import random
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -34,7 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from http_fuzz import tree  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-BOUND_MIB_PER_10K = 16.0     # the most a server may grow per 10,000 requests after its warm-up
+BOUND_MIB_PER_10K = 16.0     # the most a server may grow per 10,000 requests after its warm-up, over 10,000 or more
+# A short run (CI's 1,500 requests) sees one step of an allocator's arena as a steep slope (+4 MiB per 10,000 where
+# 30,000 requests gave +2.1): its bound is looser, still far below a leak of a few KiB a request.
+SHORT_RUN_BOUND_MIB_PER_10K = 40.0
 GERMAN = ["Das Haus ist klein.", "Guten Morgen, wie geht es dir?", "Wir gehen heute in den Park.",
           "Der Zug fährt um acht Uhr ab.", "Ich habe keine Zeit.", "Die Katze schläft auf dem Sofa."]
 
@@ -47,7 +49,7 @@ def translate(c, rng):
 
 def generate(c, rng):
     return c.post("/generate", json={"prompt": rng.choice(GERMAN)[:12], "max_new_tokens": rng.randrange(1, 9),
-                                     "sampling": True, "seed": rng.randrange(100)}).status_code
+                                     "temperature": 1.0, "seed": rng.randrange(100)}).status_code
 
 
 def generate_streamed(c, rng):
@@ -152,28 +154,35 @@ def run(url: str, pid: int, *, requests: int, warm_up: int, every: int, clients:
     plan = [rng.choice(kinds) for _ in range(warm_up + requests)]
     growth, lock = Growth(), threading.Lock()
     sent = itertools.count()
-    local = threading.local()
+    local, clients_made = threading.local(), []
 
     def one(i: int):
         if not hasattr(local, "client"):
             local.client = httpx.Client(base_url=url, timeout=60)
+            clients_made.append(local.client)
         try:
             out = plan[i](local.client, random.Random(seed * 1_000_003 + i))
-        except (httpx.HTTPError, KeyError, ValueError) as e:       # no answer, or not the answer's shape
+        except (httpx.HTTPError, OSError, KeyError, ValueError) as e:   # no answer, or not the answer's shape
             out = type(e).__name__
         n = next(sent)
         with lock:
-            growth.outcomes[out] = growth.outcomes.get(out, 0) + 1
-            if n >= warm_up and (n - warm_up) % every == 0:
-                growth.readings.append((n - warm_up, sum(tree(pid).values())))
+            if n >= warm_up:
+                growth.outcomes[out] = growth.outcomes.get(out, 0) + 1
+                if (n - warm_up) % every == 0:
+                    growth.readings.append((n - warm_up, sum(tree(pid).values())))
 
     # The warm-up at twice the clients: the most the server holds at once (buffers, arenas) is reached before the
     # readings, which then show what grows with the requests served, not with the first bursts of concurrency.
-    with cf.ThreadPoolExecutor(2 * clients) as pool:
-        list(pool.map(one, range(warm_up)))
-    with cf.ThreadPoolExecutor(clients) as pool:
+    for threads, todo in ((2 * clients, range(warm_up)), (clients, range(warm_up, warm_up + requests))):
         t0 = time.monotonic()
-        list(pool.map(one, range(warm_up, warm_up + requests)))
+        with cf.ThreadPoolExecutor(threads) as pool:
+            try:
+                list(pool.map(one, todo))
+            finally:
+                pool.shutdown()
+                for client in clients_made:
+                    client.close()
+                clients_made.clear()
         growth.seconds = time.monotonic() - t0
     time.sleep(1)
     growth.readings.append((requests, sum(tree(pid).values())))
@@ -191,28 +200,19 @@ def main() -> None:
     p.add_argument("--package", default=str(ROOT / "models" / "de-en"))
     p.add_argument("--lm-package", default=str(ROOT / "models" / "lm-small"))
     args = p.parse_args()
-    proc, url, pid = None, args.url, args.pid
-    if url is None:
-        from common import SERVER_PROCESS_GROUP, free_port, wait_ready
+    if args.url is not None:
+        return report(args, args.url, args.pid)
+    from common import service
 
-        port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "service", "--model", args.package, "--model",
-                                 args.lm_package, "--host", "127.0.0.1", "--port", str(port), "--threads", "1"],
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                                **SERVER_PROCESS_GROUP)
-        url, pid = f"http://127.0.0.1:{port}", proc.pid
-        wait_ready(url)
-    try:
-        growth = run(url, pid, requests=args.requests, warm_up=args.warm_up, every=args.every,
-                     clients=args.clients)
-        print(f"`python benchmarks/memory_growth.py --requests {args.requests} --warm-up {args.warm_up} --every "
-              f"{args.every} --clients {args.clients}`")
-        print(growth.describe())
-    finally:
-        if proc is not None:
-            os.killpg(proc.pid, 15)
-            proc.wait(30)
+    with service([args.package, args.lm_package]) as (proc, url):
+        report(args, url, proc.pid)
 
+
+def report(args, url: str, pid: int) -> None:
+    growth = run(url, pid, requests=args.requests, warm_up=args.warm_up, every=args.every, clients=args.clients)
+    print(f"`python benchmarks/memory_growth.py --requests {args.requests} --warm-up {args.warm_up} --every "
+          f"{args.every} --clients {args.clients}`")
+    print(growth.describe())
 
 if __name__ == "__main__":
     main()

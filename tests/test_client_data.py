@@ -92,6 +92,7 @@ def run(request):
     finally:
         stop_server(r.proc)
         r.receiver.shutdown()
+        r.receiver.server_close()
 
 
 # --- the requests ------------------------------------------------------------------------------------------
@@ -105,7 +106,9 @@ def headers(run: Run, where: str) -> dict:
          "X-Forwarded-For": p.new(f"{where}: X-Forwarded-For"),
          "Origin": f"https://{p.new(f'{where}: Origin')}.example",
          "Accept-Language": p.new(f"{where}: Accept-Language"), "traceparent": tp,
-         "tracestate": f"vendor={p.new(f'{where}: tracestate')}"}
+         "tracestate": f"vendor={p.new(f'{where}: tracestate')}",
+         "X-Forwarded-Host": f"{p.new(f'{where}: X-Forwarded-Host')}.example",
+         "Host": f"{p.new(f'{where}: Host')}.example"}     # the download link is built from it: in the answer only
     h["X-Request-ID"] = "rid" + secrets.token_hex(8)
     if run.key:
         h["Authorization"] = f"Bearer {run.key}"
@@ -164,12 +167,15 @@ def requests_of(run: Run) -> list[tuple[str, str, dict]]:
         ("POST", "/libretranslate/translate", {"data": {"q": s("libretranslate q, refused"),
                                                         "source": s("libretranslate source"), "target": "en",
                                                         **key}}),
-        ("POST", "/libretranslate/detect", {"data": {"q": f"Das Haus ist {s('detect q')}", **key}}),
+        ("POST", "/libretranslate/detect", {"data": {"q": f"Das Haus ist {s('detect q')}", s("form field name"): "1",
+                                                     **key}}),
         ("GET", "/libretranslate/languages", {}),
         ("GET", "/libretranslate/frontend/settings", {}),
         ("GET", f"/libretranslate/download_file/{s('download path')}.txt", {}),
-        ("POST", "/libretranslate/translate_file", {"data": {"source": "de", "target": "en", **key}, "files": {
-            "file": (f"{s('file name')}.txt", f"Das Haus {s('file content')}.\n".encode(), "text/plain")}}),
+        ("POST", "/libretranslate/translate_file", {"data": {"source": "de", "target": "en", **key,
+                                                             s("a file form's field name"): "1"}, "files": {
+            "file": (f"{s('file name')}.txt", f"Das Haus {s('file content')}.\n".encode(), s("part content type"),
+                     {"X-Part": s("a part's header")})}}),
         ("POST", "/libretranslate/translate_file", {"data": {"source": "de", "target": "en", **key}, "files": {
             "file": (f"{s('file name, refused')}.{s('file extension')}", s("file content 2").encode())}}),
         ("GET", "/ui", {}), ("GET", "/docs", {}), ("GET", "/redoc", {}), ("GET", "/docs/oauth2-redirect", {}),

@@ -190,11 +190,11 @@ def test_a_running_batch_drops_a_member_at_once_and_narrows_when_the_longest_row
     engine = Engine(tiny_lm_package, device="cpu", intra_op_threads=1)
     batch = engine.generation_batch()
     long = batch.join(engine.prompt_ids([" ".join(SENTENCES[:3])]),
-                                  SearchOptions(beam_size=1, min_length=3, max_length=3))
+                      SearchOptions(beam_size=1, min_length=3, max_length=3))
     batch.step()
     assert batch.call_rows == [1, 1] and batch.cached[1] > 8              # its prompt's call, then a step
     three = batch.join(engine.prompt_ids(["Das"]) * 3,
-                                   SearchOptions(sampling=True, min_length=20, max_length=30), seeds=[1, 2, 3])
+                       SearchOptions(sampling=True, min_length=20, max_length=30), seeds=[1, 2, 3])
     batch.step()
     # one prompt read for its 3 sequences, then their first tokens in a call of their own: the running row waits
     assert batch.call_rows == [1, 3] and batch.rows == 4 and long.step is None and three.step is not None
@@ -221,8 +221,7 @@ def test_sequences_that_share_a_prompt_and_join_running_rows_continue_as_alone(t
     alone_sampled = finish(engine.generate_steps([prompt] * 3, sampled, seeds=[1, 2, 3]))
     alone_beams = finish(engine.generate_steps([prompt], beams))
     batch = engine.generation_batch()
-    batch.join(engine.prompt_ids([" ".join(SENTENCES[:2])]),
-                           SearchOptions(beam_size=1, min_length=12, max_length=12))
+    batch.join(engine.prompt_ids([" ".join(SENTENCES[:2])]), SearchOptions(beam_size=1, min_length=12, max_length=12))
     batch.step()
     three = batch.join([prompt] * 3, sampled, seeds=[1, 2, 3])
     four = batch.join([prompt], beams)

@@ -1,8 +1,8 @@
 """The memory harness (benchmarks/memory_growth.py, issue 54 item 3): mixed requests of every flavour (documents,
 streams, refusals, clients that leave mid-body and mid-stream) against a real server, the resident memory of its
 process tree fitted against the requests sent after a warm-up. A server of this test's own that keeps 20 KiB of
-every request (a planted leak) must be reported above the bound; the real server must stay under it. The long
-run's figures: benchmarks/results/memory-growth.md.
+every request (a planted leak) must be reported far above the short run's bound; the real server must stay under
+it. The long run, against the bound for 10,000 requests or more: benchmarks/results/memory-growth.md.
 
 The server serves the committed packages (models/de-en, models/lm-small; TRANSERVE_TEST_PACKAGE and
 TRANSERVE_TEST_LM_PACKAGE name others): nothing to train."""
@@ -24,7 +24,7 @@ import memory_growth  # noqa: E402
 PACKAGE = os.environ.get("TRANSERVE_TEST_PACKAGE") or str(ROOT / "models" / "de-en")
 LM_PACKAGE = os.environ.get("TRANSERVE_TEST_LM_PACKAGE") or str(ROOT / "models" / "lm-small")
 
-# Answers every request 200 (a document's link to itself, a stream's two events) and keeps 20 KiB of each.
+# Answers every request 200 with a JSON body (a document's link, which it answers too) and keeps 20 KiB of each.
 LEAKY_SERVER = textwrap.dedent('''
     import json, sys
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -38,7 +38,7 @@ LEAKY_SERVER = textwrap.dedent('''
             n = int(self.headers.get("Content-Length") or 0)
             self.rfile.read(n)
             KEPT.append(b"x" * 20480)              # the leak: written, so resident
-            body = json.dumps({"translatedFileUrl": "http://127.0.0.1/x.txt"}).encode() + b"\\n" + b"data: {}\\n\\n"
+            body = json.dumps({"translatedFileUrl": "http://127.0.0.1/x.txt"}).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -77,7 +77,8 @@ def test_a_planted_leak_is_reported_above_the_bound(leaky_server):
     proc, url = leaky_server
     growth = memory_growth.run(url, proc.pid, requests=600, warm_up=100, every=50)
     print(growth.describe())
-    assert growth.mib_per_10k > 5 * memory_growth.BOUND_MIB_PER_10K, growth.describe()
+    assert growth.mib_per_10k > 2 * memory_growth.SHORT_RUN_BOUND_MIB_PER_10K, growth.describe()
+    assert set(growth.outcomes) == {200, "left mid-body", "left mid-stream"}, growth.describe()
 
 
 def test_the_server_grows_less_than_the_bound_over_mixed_requests(server):
@@ -89,4 +90,4 @@ def test_the_server_grows_less_than_the_bound_over_mixed_requests(server):
         growth.describe()
     assert not any(isinstance(k, int) and k >= 500 for k in growth.outcomes), growth.describe()
     assert growth.outcomes.get("left mid-body", 0) > 10 and growth.outcomes.get("left mid-stream", 0) > 10
-    assert growth.mib_per_10k < memory_growth.BOUND_MIB_PER_10K, growth.describe()
+    assert growth.mib_per_10k < memory_growth.SHORT_RUN_BOUND_MIB_PER_10K, growth.describe()

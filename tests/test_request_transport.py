@@ -12,6 +12,7 @@ import shutil
 import socket
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -164,11 +165,12 @@ def test_a_sender_that_dies_mid_request_or_sends_garbage_stops_only_its_own(tmp_
     assert uids(inbox) == ["a", "b"]
 
 
-def test_a_temporary_directory_too_long_for_unix_sockets_gives_way_to_tmp(tmp_path, monkeypatch):
+def test_a_temporary_directory_too_long_for_unix_sockets_gives_way_to_tmp(monkeypatch):
     """A TMPDIR whose sockets' paths would pass SUN_PATH_MAX (a test runner's, say): the sockets' folder is made in
     /tmp instead, and a worker listens there; a short one is used as it is."""
-    long = tmp_path / ("d" * (SUN_PATH_MAX - 40 - len(str(tmp_path))))
+    long = Path(tempfile.mkdtemp(prefix="l-", dir="/tmp")) / ("d" * 70)     # whatever the runner's own TMPDIR
     long.mkdir()
+    assert len(str(long)) + 44 > SUN_PATH_MAX
     monkeypatch.setenv("TMPDIR", str(long))
     monkeypatch.setattr("tempfile.tempdir", None)       # tempfile reads TMPDIR again
     folder = socket_folder("transerve-requests-")
@@ -179,6 +181,7 @@ def test_a_temporary_directory_too_long_for_unix_sockets_gives_way_to_tmp(tmp_pa
         inbox.close()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(long.parent, ignore_errors=True)
     short = tempfile.mkdtemp(prefix="s-", dir="/tmp")
     monkeypatch.setenv("TMPDIR", short)
     monkeypatch.setattr("tempfile.tempdir", None)
