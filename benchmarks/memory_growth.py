@@ -8,7 +8,7 @@ requests sent: its slope, in MiB per 10,000 requests, is what a month of traffic
     python benchmarks/memory_growth.py --requests 10000                 # starts models/de-en and models/lm-small
     python benchmarks/memory_growth.py --url http://127.0.0.1:8000 --pid 1234 --requests 50000
 
-The bound for a run of 10,000 requests or more is BOUND_MIB_PER_10K. tests/test_memory_growth.py runs 1,500
+The bound for a run of 10,000 requests or more is BOUND_MIB_PER_10K. tests/test_memory_growth.py runs 1,200
 against the real server, and against a server of its own that keeps 20 KiB of every request (a planted leak),
 which it must report far above the short run's bound (SHORT_RUN_BOUND_MIB_PER_10K); the real server must stay
 under it."""
@@ -34,7 +34,7 @@ from http_fuzz import tree  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BOUND_MIB_PER_10K = 16.0     # the most a server may grow per 10,000 requests after its warm-up, over 10,000 or more
-# A short run (CI's 1,500 requests) sees one step of an allocator's arena as a steep slope (+4 MiB per 10,000 where
+# A short run (CI's 1,200 requests) sees one step of an allocator's arena as a steep slope (+4 MiB per 10,000 where
 # 30,000 requests gave +2.1): its bound is looser, still far below a leak of a few KiB a request.
 SHORT_RUN_BOUND_MIB_PER_10K = 40.0
 GERMAN = ["Das Haus ist klein.", "Guten Morgen, wie geht es dir?", "Wir gehen heute in den Park.",

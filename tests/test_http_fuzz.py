@@ -21,7 +21,7 @@ import http_fuzz  # noqa: E402
 
 PACKAGE = os.environ.get("TRANSERVE_TEST_PACKAGE") or str(ROOT / "models" / "de-en")
 LM_PACKAGE = os.environ.get("TRANSERVE_TEST_LM_PACKAGE") or str(ROOT / "models" / "lm-small")
-CASES, SECONDS = 800, 60
+CASES, SECONDS = 600, 45
 
 
 @pytest.fixture(scope="module")

@@ -60,8 +60,8 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
     (`quota`) before the body is read (key_refusal), but for a POST to `key_in_body` without one in its headers.
     A body must arrive within `body_timeout_s` of the headers (408, closed), and be `body_limits[path]` bytes at
     most (documents'), else `max_payload_bytes`. `access_log`: an access line per request (service/logs.py).
-    `direct` maps the POST paths whose routes this calls itself (direct_route), `gzip` whether the app compresses
-    (LitServe's GZipMiddleware), `plain` the paths of Starlette's routes (/openapi.json: unnamed on the scope)."""
+    `direct`: POST paths whose routes this calls itself (direct_route); `gzip`: LitServe's GZipMiddleware is on;
+    `plain`: paths of Starlette's routes (/openapi.json: unnamed on the scope)."""
     fixed = frozenset(endpoints) | frozenset(direct) | plain
     direct_apps = {path: direct_route(endpoint, respond, max_payload_bytes, gzip) for path, endpoint in direct.items()}
 
@@ -78,8 +78,7 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
         state["trace_id"] = traced.trace_id   # None when traces are off
 
         send_with_id = noting_send(send, state, started)
-        if scope["method"] == "HEAD":   # a GET route's answer without its body (uvicorn drops it, by its own scope)
-            scope = scope | {"method": "GET"}
+        scope = scope | {"method": "GET"} if scope["method"] == "HEAD" else scope   # uvicorn drops HEAD's body
         with use_span(traced):
             try:
                 await serve(scope, receive, send_with_id)
@@ -97,8 +96,7 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
         """The request's key checked, its body bounded, then the route: the app's, or a direct one."""
         path, state = scope["path"], scope["state"]
         limited = limited_receive(scope, receive, limit := body_limits.get(path, max_payload_bytes), body_timeout_s)
-        if limited is not None:
-            send = body_read_before_the_end(send, limited)
+        send = body_read_before_the_end(send, limited)
         if path not in open_paths and (refused := await key_refusal(keys, quota, scope, key_in_body)):
             state["error_type"] = refused.type
             await respond(path, state["request_id"], refused)(scope, receive, send)
@@ -301,14 +299,15 @@ def limited_receive(scope, receive, limit: int, timeout_s: float = 30.0):
 
 def body_read_before_the_end(send, limited):
     """`send`, but an answer's last part waits for what the app left of the request's body (limited_receive's
-    `rest`: a route that refuses before reading it, a key refused). uvicorn closes a connection the client asked
-    to close as that part is sent, and one closed with a request's bytes unread is reset by the kernel: the
-    client lost the answer it had been sent (benchmarks/http_fuzz.py found it)."""
+    `rest`: a route that refuses before reading it, a key refused); `send` itself when the body was refused unread
+    (`limited` None). uvicorn closes a connection the client asked to close as that last part is sent, and one
+    closed with a request's bytes unread is reset by the kernel: the client lost the answer it had been sent
+    (benchmarks/http_fuzz.py found it)."""
     async def sending(message: dict) -> None:
         if message["type"] == "http.response.body" and not message.get("more_body", False):
             await limited.rest()
         await send(message)
-    return sending
+    return send if limited is None else sending
 
 
 async def body_part(receive, deadline: float, timeout_s: float) -> dict:
