@@ -17,9 +17,10 @@ from typing import Sequence
 
 import numpy as np
 
+from .constraints import START, State, Terms, rank
 from .options import SearchOptions
 from .processors import Rows, logits_processors
-from .search import Hypothesis, beam_step
+from .search import Hypothesis, beam_step, terms_beam_step
 
 
 class BeamPool:
@@ -41,20 +42,27 @@ class BeamPool:
         self.max_len = np.zeros(0, dtype=np.int64)
         self.steps = np.zeros(0, dtype=np.int64)
         self.top_ended = np.zeros(0, dtype=bool)
+        self.terms: list[Terms | None] = []                # its constraints (constraints.py), or None
+        self.states: list[State] = []                      # (A*K) each row's constraint state
         self.top_k = top_k                                 # whether the caller answers with the k best
         self._processors()
 
     def _processors(self) -> None:
         """The processors over every input's budget (made again when inputs join: they hold the array)."""
         self.processors = logits_processors(self.options, eos_id=self.eos_id, max_length=self.max_len,
-                                            banned_ids=self.banned_ids)
+                                            banned_ids=self.banned_ids, terms=self.terms)
         self.full = not self.top_k or any(p.full for p in self.processors)
         self.extra, self.copy = sum(p.removes for p in self.processors), bool(self.processors)
 
-    def add(self, first: np.ndarray, max_len: np.ndarray) -> np.ndarray:
+    def add(self, first: np.ndarray, max_len: np.ndarray, terms: Sequence[Terms | None] | None = None) -> np.ndarray:
         """Inputs whose rows join at the next call, each starting from its token in `first` with budget
-        `max_len`; their numbers. Only the first beam of each is live at its first step, as in _beam."""
+        `max_len` and its `terms` (None: none); their numbers. Only the first beam of each is live at its first
+        step, as in _beam."""
         B, K = len(first), self.K
+        terms = [None] * B if terms is None else [t if t is not None and (t.include or t.exclude) else None
+                                                  for t in terms]
+        self.terms += terms
+        self.states += [START] * (B * K)
         numbers = np.arange(len(self.finished), len(self.finished) + B)
         self.finished += [[] for _ in range(B)]
         self.max_len = np.concatenate([self.max_len, np.asarray(max_len, dtype=np.int64)])
@@ -73,11 +81,14 @@ class BeamPool:
         rows = np.flatnonzero(np.repeat(stay, self.K))
         self.live, self.scores, self.tokens = self.live[stay], self.scores[stay], self.tokens[rows]
         self.history = [self.history[r] for r in rows]
+        self.states = [self.states[r] for r in rows]
         return rows
 
     def want(self) -> int | None:
         """The candidates a row needs from the next call: its best k, or None for the whole distribution."""
-        return None if self.full else 2 * self.K + self.extra
+        if self.full or self._constrained():
+            return None            # a constrained step reads its terms' log-probs wherever they rank
+        return 2 * self.K + self.extra
 
     def step(self, logp: np.ndarray, ids: np.ndarray | None, eos_logp: np.ndarray | None) -> np.ndarray:
         """One beam step of every live input from the call's outputs for its rows (logp (A*K, W), ids and
@@ -90,9 +101,15 @@ class BeamPool:
         ids = None if ids is None else ids.astype(np.int64, copy=self.copy)
         for p in self.processors:
             p.apply(steps, rows, logp, ids, eos_logp)
-        picked, still = beam_step(self.scores, logp, ids, rows, self.live, self.finished, self.top_ended,
-                                  self.max_len[rows.sentence] <= steps + 1, self.options, self.eos_id,
-                                  self.early_exit)
+        last = self.max_len[rows.sentence] <= steps + 1
+        if self._constrained():
+            picked, still, self.states = terms_beam_step(self.scores, logp, ids, rows, self.live, self.finished,
+                                                         self.top_ended, last, self.options, self.eos_id,
+                                                         self.early_exit, self.terms, self.states)
+        else:
+            picked, still = beam_step(self.scores, logp, ids, rows, self.live, self.finished, self.top_ended,
+                                      last, self.options, self.eos_id, self.early_exit)
+            self.states = [START] * len(picked.rows)
         self.steps[self.live] += 1
         gone = np.ones(len(self.live), dtype=bool)
         gone[still] = False
@@ -102,7 +119,11 @@ class BeamPool:
         self.tokens = picked.tokens.astype(np.int64)
         return picked.rows.astype(np.int64)
 
+    def _constrained(self) -> bool:
+        """Whether a live input has terms to write."""
+        return any(self.terms[i] is not None and self.terms[i].include for i in self.live.tolist())
+
     def done(self, number: int) -> list[Hypothesis]:
         """An input's hypotheses, best first, once it has left `live` (once: the pool forgets them)."""
         finished, self.finished[number] = self.finished[number], []
-        return sorted(finished, key=lambda h: -h.score)[:self.options.num_hypotheses]
+        return rank(finished, self.options.num_hypotheses)

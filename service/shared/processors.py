@@ -26,6 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .constraints import SuppressPhrases
 from .options import RULES, SearchOptions
 
 NEG_INF = np.float32(-np.inf)
@@ -135,15 +136,18 @@ class MinLength:
 
 
 def logits_processors(options: SearchOptions, *, eos_id: int, max_length: np.ndarray,
-                      banned_ids: Sequence[int] = ()) -> list:
-    """The processors `options` turn on, in the order they apply: suppressed ids, the repetition penalty, the
-    n-gram ban, min_length, then the budget's forced eos (last, so nothing removes the eos it forces)."""
+                      banned_ids: Sequence[int] = (), terms: list | None = None) -> list:
+    """The processors `options` turn on, in the order they apply: suppressed ids, the inputs' excluded phrases
+    (`terms`, each input's constraints.Terms or None), the repetition penalty, the n-gram ban, min_length, then
+    the budget's forced eos (last, so nothing removes the eos it forces)."""
     if options.length_rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {options.length_rule!r}")
     budget = ForceEosAtBudget(max_length, eos_id) if options.length_rule == "transformers" else None
     out: list = []
     if len(banned_ids):
         out.append(SuppressTokens(banned_ids))
+    if terms is not None and any(t is not None and t.exclude for t in terms):
+        out.append(SuppressPhrases(terms))
     if options.repetition_penalty != 1.0:
         out.append(RepetitionPenalty(options.repetition_penalty))
     if options.no_repeat_ngram_size > 0:

@@ -58,6 +58,7 @@ from typing import Callable, Generator, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
+from .constraints import START, State, Terms, any_terms, check, choose, rank
 from .options import SearchOptions
 from .processors import Rows, logits_processors
 
@@ -73,6 +74,7 @@ class Hypothesis:
     score: float               # sum of log-probs / length ** length_penalty (length counts the eos)
     log_prob: float            # plain sum of log-probs, eos included
     finished: bool = True      # False when stopped from outside (see `cancel`) before its eos
+    unmet: int = 0             # constraint tokens it lacks (constraints.py): 0 = every term, or none asked
 
 
 @dataclass
@@ -97,6 +99,7 @@ class Want:
 Search = Generator[Step | None, None, list[list[Hypothesis]]]
 # One decoder step's candidates, a generator that yields its Want and returns log-probs (N, W) and their ids
 # (N, W), ids None when W is the vocabulary.
+NEG_INF_SCORE = float("-inf")
 Candidates = Callable[[np.ndarray, int, Rows, int], Generator[Want, tuple, tuple[np.ndarray, np.ndarray | None]]]
 
 
@@ -124,7 +127,7 @@ def finish(steps: Generator) -> list:
 def decode(decoder: IncrementalDecoder, batch_size: int, options: SearchOptions, *, bos_id: int, eos_id: int,
            max_length: Sequence[int] | np.ndarray, banned_ids: Sequence[int] = (),
            start_tokens: np.ndarray | None = None, seeds: Sequence[int | None] | None = None,
-           cancel: set[int] | None = None) -> Search:
+           cancel: set[int] | None = None, terms: Sequence[Terms | None] | None = None) -> Search:
     """The search `options` choose (options.strategy) over a fresh decoder's `batch_size` rows: sampling, greedy
     search or beam search. A generator: each next() runs one decoder step; it returns, for each
     input, its hypotheses best first (num_hypotheses of them with beam search, else one).
@@ -134,22 +137,27 @@ def decode(decoder: IncrementalDecoder, batch_size: int, options: SearchOptions,
     None = bos. seeds: sampling only, one per input; None = options.seed for every input.
     cancel: greedy search and sampling only; inputs the caller adds to it while iterating end after the
     step just yielded, with finished=False (a stop sequence seen, a client gone); None = none.
+    terms: beam search only, each input's constraints (constraints.py: terms it must write, phrases it must not)
+    or None; None = none.
     """
     top = getattr(decoder, "step_top", None) is not None
     return _answered(decoder, searcher(decoder, batch_size, options, bos_id=bos_id, eos_id=eos_id,
                                        max_length=max_length, banned_ids=banned_ids, start_tokens=start_tokens,
-                                       seeds=seeds, cancel=cancel, top_k=top))
+                                       seeds=seeds, cancel=cancel, top_k=top, terms=terms))
 
 
 def searcher(decoder: IncrementalDecoder, batch_size: int, options: SearchOptions, *, bos_id: int, eos_id: int,
              max_length: Sequence[int] | np.ndarray, banned_ids: Sequence[int] = (),
              start_tokens: np.ndarray | None = None, seeds: Sequence[int | None] | None = None,
-             cancel: set[int] | None = None, top_k: bool = True) -> Generator:
+             cancel: set[int] | None = None, top_k: bool = True,
+             terms: Sequence[Terms | None] | None = None) -> Generator:
     """decode()'s search as a coroutine whose caller runs the decoder steps: it yields a `Want` where it needs
     one (send it the outputs) and, like decode(), a Step (greedy search, sampling) or None (beam search) after
     each. `decoder` needs only `select` here; top_k: whether the caller answers Wants for the k best."""
     max_len = np.asarray(max_length, dtype=np.int64)
-    processors = logits_processors(options, eos_id=eos_id, max_length=max_len, banned_ids=banned_ids)
+    check(terms, options.strategy)
+    terms = list(terms) if any_terms(terms) else None
+    processors = logits_processors(options, eos_id=eos_id, max_length=max_len, banned_ids=banned_ids, terms=terms)
     first = (np.full(batch_size, bos_id, dtype=np.int64) if start_tokens is None
              else np.asarray(start_tokens, dtype=np.int64).copy())
     if options.strategy == "sampling":
@@ -157,7 +165,7 @@ def searcher(decoder: IncrementalDecoder, batch_size: int, options: SearchOption
         return _paths(decoder, first, _sampler(options, seeds), processors, eos_id, max_len, cancel, top_k)
     if options.strategy == "greedy":
         return _paths(decoder, first, None, processors, eos_id, max_len, cancel, top_k)
-    return _beam(decoder, first, options, processors, eos_id, max_len, top_k)
+    return _beam(decoder, first, options, processors, eos_id, max_len, top_k, terms)
 
 
 def _answered(decoder, search: Generator) -> Search:
@@ -253,7 +261,7 @@ def _paths(decoder: IncrementalDecoder, tokens: np.ndarray, pick: Callable | Non
 
 
 def _beam(decoder: IncrementalDecoder, tokens: np.ndarray, options: SearchOptions, processors: list, eos_id: int,
-          max_len: np.ndarray, top_k: bool) -> Generator:
+          max_len: np.ndarray, top_k: bool, terms: list[Terms | None] | None = None) -> Generator:
     """Batched beam search, yielding None after every decoder call (so a caller can run other work between the
     steps: the translate worker's fairness); each input's `num_hypotheses` best hypotheses, best first.
     A sentence stops once it has `beam_size` finished hypotheses (see the module docstring for rule
@@ -266,15 +274,23 @@ def _beam(decoder: IncrementalDecoder, tokens: np.ndarray, options: SearchOption
     # Only the first beam of each sentence is live at step 0, or the K beams would be K copies.
     beam_scores = np.tile(np.array([0.0] + [-np.inf] * (K - 1)), B).reshape(B, K)
     tokens = np.repeat(tokens, K)
-    candidates = _candidates(top_k, processors, any(p.full for p in processors))
+    # A constrained step reads its terms' log-probs wherever they rank: the whole distribution.
+    candidates = _candidates(top_k, processors, terms is not None or any(p.full for p in processors))
     early_exit = options.length_rule == "ctranslate2" and options.length_penalty == 0   # CTranslate2's
     top_ended = np.zeros(B, dtype=bool)
+    states: list[State] = [START] * (B * K)                         # each row's constraint state, if any
     step = 0
     while len(active):
         # Each row's best 2K are enough: a sentence's 2K best over all its beams are among them.
         logp, ids = yield from candidates(tokens, 2 * K, rows, step)                # (A*K, W)
-        picked, still_active = beam_step(beam_scores, logp, ids, rows, active, finished, top_ended,
-                                         _at_budget(max_len, rows, step), options, eos_id, early_exit)
+        last = _at_budget(max_len, rows, step)
+        if terms is None:
+            picked, still_active = beam_step(beam_scores, logp, ids, rows, active, finished, top_ended, last,
+                                             options, eos_id, early_exit)
+        else:
+            picked, still_active, states = terms_beam_step(beam_scores, logp, ids, rows, active, finished,
+                                                           top_ended, last, options, eos_id, early_exit, terms,
+                                                           states)
         if not len(still_active):
             break
         decoder.select(picked.rows.astype(np.int64))
@@ -285,7 +301,7 @@ def _beam(decoder: IncrementalDecoder, tokens: np.ndarray, options: SearchOption
         tokens = picked.tokens.astype(np.int64)
         step += 1
         yield None
-    return [sorted(f, key=lambda h: -h.score)[:options.num_hypotheses] for f in finished]
+    return [rank(f, options.num_hypotheses) for f in finished]
 
 
 class Picked(NamedTuple):
@@ -339,6 +355,66 @@ def beam_step(beam_scores: np.ndarray, logp: np.ndarray, ids: np.ndarray | None,
     still = np.flatnonzero(~done & (chosen.sum(axis=1) == K))
     keep = chosen[still]                                               # K each, in candidate order
     return Picked(row[still][keep], token[still][keep], cand_scores[still][keep].reshape(len(still), K)), still
+
+
+def terms_beam_step(beam_scores: np.ndarray, logp: np.ndarray, ids: np.ndarray | None, rows: Rows,
+                    active: np.ndarray, finished: list[list[Hypothesis]], top_ended: np.ndarray, last: np.ndarray,
+                    options: SearchOptions, eos_id: int, early_exit: bool, terms: Sequence[Terms | None],
+                    states: list[State]) -> tuple[Picked, np.ndarray, list[State]]:
+    """beam_step where inputs may have terms (`terms[input]`, constraints.py): an input with terms to write steps
+    by dynamic beam allocation (constraints.choose) from the whole distribution (ids None), the others by
+    beam_step on their own rows, so no input's beams depend on another's. Also returns the next beams' constraint
+    states (`states`: the rows' now)."""
+    K = options.beam_size
+    constrained = np.array([terms[s] is not None and bool(terms[s].include) for s in active.tolist()], dtype=bool)
+    going: dict[int, tuple] = {}         # position in active -> (rows (K,), tokens (K,), scores (K,), states)
+    plain = np.flatnonzero(~constrained)
+    if len(plain):
+        own = (plain[:, None] * K + np.arange(K)).reshape(-1)                       # (P*K,) their rows
+        picked, still = beam_step(beam_scores[plain], logp[own], None if ids is None else ids[own],
+                                  Rows(rows.sentence[own], [rows.history[r] for r in own]), active[plain], finished,
+                                  top_ended, last[own], options, eos_id, early_exit)
+        for i, a in enumerate(plain[still].tolist()):
+            beams = slice(i * K, (i + 1) * K)
+            going[a] = (own[picked.rows[beams]], picked.tokens[beams], picked.scores[i], [START] * K)
+    for a in np.flatnonzero(constrained).tolist():
+        next_beams = _constrained_step(a, beam_scores[a], logp, rows, int(active[a]), finished, top_ended, last,
+                                       options, eos_id, early_exit, terms, states)
+        if next_beams is not None:
+            going[a] = next_beams
+    still = np.array(sorted(going), dtype=np.int64)
+    parts = [going[a] for a in still.tolist()]
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return Picked(empty, empty, np.zeros((0, K))), still, []
+    return (Picked(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                   np.stack([p[2] for p in parts]).astype(np.float64)), still,
+            [st for p in parts for st in p[3]])
+
+
+def _constrained_step(a: int, scores: np.ndarray, logp: np.ndarray, rows: Rows, s: int,
+                      finished: list[list[Hypothesis]], top_ended: np.ndarray, last: np.ndarray,
+                      options: SearchOptions, eos_id: int, early_exit: bool, terms: Sequence[Terms | None],
+                      states: list[State]) -> tuple | None:
+    """terms_beam_step's step of input `s`, at position `a` of the active ones (rows a*K...): its hypotheses
+    that ended go to finished[s]; returns its next K beams (rows, tokens, scores, states), or None once it ends.
+    Fewer than K candidates: the last one repeated at -inf, never chosen again."""
+    K, r0, lp = options.beam_size, a * options.beam_size, options.length_penalty
+    choice = choose(scores[:, None] + logp[r0:r0 + K], states[r0:r0 + K], terms[s], last[r0:r0 + K],
+                    eos_id)                                                          # (K, V) float64 in
+    top_ended[s] |= choice.top_ended
+    for k, tok, score, unmet in choice.ended:
+        history = rows.history[r0 + k]
+        norm = (len(history) + 1) ** lp if lp else 1.0
+        finished[s].append(Hypothesis(history + ([] if tok == eos_id else [tok]), score / norm, score,
+                                      tok == eos_id, unmet))
+    n = len(finished[s])
+    if ((top_ended[s] and n >= options.num_hypotheses) if early_exit else n >= K) or not choice.beams:
+        return None
+    k, t, _, state = choice.beams[-1]
+    beams = choice.beams + [(k, t, NEG_INF_SCORE, state)] * (K - len(choice.beams))
+    return (r0 + np.array([b[0] for b in beams]), np.array([b[1] for b in beams]),
+            np.array([b[2] for b in beams]), [b[3] for b in beams])
 
 
 def _best_2k(beam_scores: np.ndarray, logp: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,106 @@
+"""Lexically constrained beam search (service/shared/constraints.py): terms written, phrases never written, the
+banks' allocation, refusals, and an input's answer the same alone, beside unconstrained inputs and in a BeamPool
+it joined late, over the fake decoders of tests/test_search.py and tests/test_beam_pool.py."""
+
+import numpy as np
+import pytest
+
+from service.shared.beam_pool import BeamPool
+from service.shared.constraints import START, Terms, bank_sizes
+from service.shared.options import SearchOptions
+from service.shared.search import decode, finish
+
+from test_beam_pool import AloneDecoder, log_probs, top
+from test_search import BOS, EOS, FakeDecoder
+
+BEAM = SearchOptions(beam_size=4, num_hypotheses=2)
+
+
+def run(terms, n=None, budget=12, options=BEAM, seed=0):
+    n = len(terms) if n is None else n
+    return finish(decode(FakeDecoder(n, seed=seed), n, options, bos_id=BOS, eos_id=EOS, max_length=[budget] * n,
+                         terms=terms))
+
+
+def contains(tokens: list[int], phrase: tuple[int, ...]) -> bool:
+    return any(tuple(tokens[i:i + len(phrase)]) == phrase for i in range(len(tokens) - len(phrase) + 1))
+
+
+def test_terms_follow_a_phrase_and_start_again_when_it_breaks_off():
+    t = Terms.of([[5, 6, 7], [9]])
+    s = t.advance(START, 5)
+    assert t.allowed(s) == [6] and t.met(s) == 1
+    s = t.advance(s, 6)
+    assert t.met(s) == 2
+    s = t.advance(s, 3)                                              # broken off: back to nothing of it
+    assert t.met(s) == 0 and sorted(t.allowed(s)) == [5, 9]
+    s = t.advance(t.advance(t.advance(t.advance(s, 9), 5), 6), 7)
+    assert t.complete(s) and t.met(s) == 4 and t.allowed(s) == []
+    assert t.advance(t.advance(START, 5), 9) == (0b10, -1, 0)        # 9 starts (and is) the other term
+
+
+def test_bank_sizes_share_the_beam_and_pass_empty_places_down():
+    assert bank_sizes(3, 4, [9, 9, 9]) == [1, 1, 2]
+    assert bank_sizes(3, 4, [9, 9, 0]) == [1, 3, 0]
+    assert bank_sizes(3, 4, [9, 0, 0]) == [4, 0, 0]
+    assert bank_sizes(5, 4, [9, 9, 9, 9, 1]) == [0, 0, 0, 3, 1]      # more banks than beams: the top gets the rest
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_term_is_written_and_excluded_phrases_never(seed):
+    rng = np.random.default_rng(seed)
+    include = [tuple(int(x) for x in rng.integers(2, 12, size=rng.integers(1, 3))) for _ in range(2)]
+    free = run([None], seed=seed)[0][0].tokens
+    exclude = [tuple(free[:2])] if len(free) >= 2 else []
+    hyps = run([Terms.of(include, exclude)], seed=seed)[0]
+    assert hyps[0].unmet == 0 and hyps[0].finished
+    for h in hyps:                  # the second best may be one the budget cut short of a term: it says so
+        assert (h.unmet == 0) == all(contains(h.tokens, p) for p in include), (include, h)
+        assert not any(contains(h.tokens, p) for p in exclude), (exclude, h.tokens)
+
+
+def test_a_budget_too_short_for_the_terms_still_ends_and_says_what_it_lacks():
+    (h, *_), = run([Terms.of([[5, 6, 7], [8, 9, 10]])], budget=3)
+    assert h.unmet > 0
+
+
+def test_an_input_answers_the_same_alone_and_beside_unconstrained_inputs():
+    terms = [None, Terms.of([[7, 3]]), None, Terms.of([[4]], [[5]]), Terms.of([], [[2, 6]])]
+    together = run(terms)
+    for i, t in enumerate(terms):
+        alone = finish(decode(FakeDecoder(5), 5, BEAM, bos_id=BOS, eos_id=EOS, max_length=[12] * 5,
+                              terms=[t if j == i else None for j in range(5)]))
+        assert [h.tokens for h in alone[i]] == [h.tokens for h in together[i]], i
+    plain = run([None] * 5)
+    assert [h.tokens for h in plain[0]] == [h.tokens for h in together[0]]       # terms beside it change nothing
+
+
+def test_greedy_search_and_sampling_refuse_terms():
+    for options in (SearchOptions(beam_size=1), SearchOptions(sampling=True, beam_size=1)):
+        with pytest.raises(ValueError, match="beam search"):
+            run([Terms.of([[4]])], options=options)
+
+
+def test_constrained_inputs_joining_a_pool_late_get_their_hypotheses_alone():
+    joins = {0: [(9, 0, Terms.of([[4, 5]]))], 2: [(8, 1, None), (10, 2, Terms.of([[3], [7]], [[9]]))],
+             3: [(9, 3, Terms.of([[6]]))]}
+    pool = BeamPool(BEAM, eos_id=EOS)
+    prefixes, seeds, mine, got, step = [], [], {}, {}, 0
+    while step <= max(joins) or len(pool.live):
+        for budget, seed, terms in joins.get(step, []):
+            (number,) = pool.add(np.array([BOS]), np.array([budget]), [terms])
+            mine[number] = (budget, seed, terms)
+            prefixes += [()] * BEAM.beam_size
+            seeds += [seed] * BEAM.beam_size
+        prefixes = [p + (int(t),) for p, t in zip(prefixes, pool.tokens)]
+        logp = np.concatenate([log_probs([p], s) for p, s in zip(prefixes, seeds)])
+        k = pool.want()
+        rows = pool.step(*((logp, None, None) if k is None else top(logp, k)))
+        prefixes, seeds = [prefixes[r] for r in rows], [seeds[r] for r in rows]
+        for number in pool.ended.tolist():
+            got[number] = pool.done(number)
+        step += 1
+    for number, (budget, seed, terms) in mine.items():
+        alone = finish(decode(AloneDecoder(seed), 1, BEAM, bos_id=BOS, eos_id=EOS, max_length=[budget],
+                              terms=[terms]))[0]
+        assert [h.tokens for h in got[number]] == [h.tokens for h in alone], number
