@@ -69,6 +69,8 @@ def metrics() -> SimpleNamespace:
                                   ["endpoint", "model"], buckets=BATCH_SIZES),
         input_tokens=Counter(p + "input_tokens_total", "Source tokens read", ["endpoint", "model"]),
         output_tokens=Counter(p + "output_tokens_total", "Target tokens written", ["endpoint", "model"]),
+        glossary_entries=Counter(p + "glossary_entries_total", "Glossary entries matched in a text, by whether the "
+                                 "translation held the target term (held, missed)", ["model", "result"]),
         in_flight=Gauge(p + "requests_in_flight", "Requests received and not yet answered",
                         ["endpoint"], multiprocess_mode="livesum"),
         queue_depth=Gauge(p + "queue_depth_requests", "Requests waiting for an inference worker",

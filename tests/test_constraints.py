@@ -36,7 +36,22 @@ def test_terms_follow_a_phrase_and_start_again_when_it_breaks_off():
     assert t.met(s) == 0 and sorted(t.allowed(s)) == [5, 9]
     s = t.advance(t.advance(t.advance(t.advance(s, 9), 5), 6), 7)
     assert t.complete(s) and t.met(s) == 4 and t.allowed(s) == []
-    assert t.advance(t.advance(START, 5), 9) == (0b10, -1, 0)        # 9 starts (and is) the other term
+    assert t.advance(t.advance(START, 5), 9) == (0b10, -1, 0, True)  # 9 starts (and is) the other term
+
+
+def test_a_term_ends_where_a_word_does_and_eos_waits_for_every_term():
+    joiners = np.zeros(12, dtype=bool)
+    joiners[[6, 8]] = True                                           # pieces that continue a word
+    t = Terms.of([[5], [7]], joiners=joiners)
+    row = np.zeros(12)
+    t.remove(row, START, False, EOS)
+    assert row[EOS] == -np.inf and np.isfinite(np.delete(row, EOS)).all()
+    row = np.zeros(12)
+    t.remove(row, t.advance(START, 5), False, EOS)                  # "5" just ended a term: no 6 or 8 after it
+    assert np.flatnonzero(np.isinf(row)).tolist() == [EOS, 6, 8]
+    row = np.zeros(12)
+    t.remove(row, t.advance(t.advance(START, 5), 7), True, EOS)     # every term: eos free; at the budget too
+    assert np.flatnonzero(np.isinf(row)).tolist() == [6, 8]
 
 
 def test_bank_sizes_share_the_beam_and_pass_empty_places_down():

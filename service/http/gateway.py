@@ -60,7 +60,7 @@ def translate_payload(body: TranslateRequest, texts: list[str], max_output_token
     """What the translate worker reads of a request: its texts, its pair and its engine options, mapped once,
     here (TranslateRequest.to_search_options); the worker applies no default of its own."""
     return {"texts": texts, "source_lang": body.source_lang, "target_lang": body.target_lang,
-            "options": body.to_search_options(max_output_tokens)}
+            "options": body.to_search_options(max_output_tokens), "glossary": body.glossary_pairs()}
 
 
 class Gateway:

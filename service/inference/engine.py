@@ -38,6 +38,7 @@ from .device_memory import BlockPool, Tensors
 from .lm_batch import LmBatch
 from .onnxruntime_bridge import Binder
 from .running_batch import Encoded, RunningBatch
+from ..shared.constraints import Terms
 from ..shared.options import SearchOptions
 from ..shared.package import ModelPackage, PackageError, load_package
 from ..shared.search import Hypothesis, Search, Step, continuation_budgets, decode, finish, max_lengths
@@ -117,6 +118,12 @@ class Engine:
         # Tags never appear in output: a model that wrote one would be writing nonsense.
         self.banned_ids = [self.pad_id, self.bos_id, *self.target_tags.values()]
         self.languages: list[str] = meta.get("languages", [])
+        # The target pieces that continue the word before them: a glossary's term ends where a word does
+        # (service/shared/constraints.py's Terms).
+        pieces = self.id_pieces if self.vocab is not None else [
+            "" if self.sp_target.is_control(i) or self.sp_target.is_unknown(i) else self.sp_target.id_to_piece(i)
+            for i in range(self.sp_target.get_piece_size())]
+        self.joiners = np.array([p[:1].isalnum() for p in pieces], dtype=bool)
         # What each piece adds to a generated text, so streamed pieces concatenate to the full text.
         self.piece_texts = [("" if self.sp.is_control(i) else " ⁇ " if self.sp.is_unknown(i)
                              else self.sp.id_to_piece(i).replace("▁", " "))
@@ -175,6 +182,14 @@ class Engine:
                     encoded[i] = [self.unk_id if x in self._tag_ids else x for x in ids]
         return encoded
 
+    def term_ids(self, term: str) -> list[int]:
+        """A target-side term's ids as the model would write it inside a sentence (after a space: SentencePiece's
+        "▁" on its first piece); ids the target vocabulary lacks read as unknown."""
+        if self.vocab is not None:
+            unk = self.unk_id
+            return [self.vocab.get(p, unk) for p in self.sp_target.encode(term, out_type=str)]
+        return self.sp_target.encode(term, out_type=int)
+
     def detokenize(self, ids: Sequence[int]) -> str:
         """Target ids -> text; special ids and language tags are dropped (as skip_special_tokens does)."""
         ids = [i for i in ids if i not in self.hidden_ids]
@@ -198,12 +213,15 @@ class Engine:
         return cross
 
     def search(self, src_ids: Sequence[Sequence[int]], options: SearchOptions,
-               seeds: Sequence[int | None] | None = None) -> list[list[Hypothesis]]:
-        """Decodes one padded batch; for each source its hypotheses, best first."""
-        return finish(self.search_steps(src_ids, options, seeds))
+               seeds: Sequence[int | None] | None = None,
+               terms: Sequence[Terms | None] | None = None) -> list[list[Hypothesis]]:
+        """Decodes one padded batch; for each source its hypotheses, best first. terms: each source's
+        constraints (service/shared/constraints.py: term_ids() makes them) or None."""
+        return finish(self.search_steps(src_ids, options, seeds, terms))
 
     def search_steps(self, src_ids: Sequence[Sequence[int]], options: SearchOptions,
-                     seeds: Sequence[int | None] | None = None) -> Generator[object, None, list[list[Hypothesis]]]:
+                     seeds: Sequence[int | None] | None = None, terms: Sequence[Terms | None] | None = None
+                     ) -> Generator[object, None, list[list[Hypothesis]]]:
         """search() one decoder call at a time: the encoder runs at the first next(), then each next()
         runs one decoder step; the return value is search()'s. The caller may run other searches between
         the steps (the translate worker does, so a small request need not wait for a large one's batch):
@@ -220,7 +238,7 @@ class Engine:
         try:
             # Greedy search and sampling yield their Steps too: the caller ignores them.
             return (yield from decode(decoder, B, options, bos_id=self.bos_id, eos_id=self.eos_id, max_length=limits,
-                                      banned_ids=self.banned_ids, seeds=seeds))
+                                      banned_ids=self.banned_ids, seeds=seeds, terms=terms))
         finally:
             decoder.close()
 

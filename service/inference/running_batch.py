@@ -23,6 +23,7 @@ from .cross_slots import CrossSlots, Sources
 from .decoders import DecoderGraph, SearchIds, columns_for
 from .device_memory import InPlaceCache, Tensors
 from ..shared.beam_pool import BeamPool
+from ..shared.constraints import Terms, any_terms, check
 from ..shared.options import SearchOptions
 from ..shared.search import Want, searcher
 
@@ -170,11 +171,11 @@ class PooledBeams:
         return "a step" if len(self.beams.live) else None
 
     def add(self, cross: Tensors, lengths: np.ndarray, first: np.ndarray, max_len: np.ndarray,
-            row: int = 0) -> Ticket:
-        """A request's sentences (their encoder outputs, from row `row` of `cross`, lengths, first tokens and
-        budgets): its Ticket. Their rows join at the next step, K per sentence."""
+            row: int = 0, terms: Sequence[Terms | None] | None = None) -> Ticket:
+        """A request's sentences (their encoder outputs, from row `row` of `cross`, lengths, first tokens,
+        budgets and constraints): its Ticket. Their rows join at the next step, K per sentence."""
         self.sources.add(cross, lengths, row)
-        ticket = Ticket(self.beams.add(first, max_len))
+        ticket = Ticket(self.beams.add(first, max_len, terms))
         ticket.pool = self
         number, self.issued = self.issued, self.issued + 1
         self.owner = np.concatenate([self.owner, np.full(len(lengths), number, dtype=np.int64)])
@@ -268,18 +269,21 @@ class RunningBatch:
         self._outputs: tuple | None = None                # ((rows, k, whole distribution), arrays bound)
 
     def join(self, encoded: Encoded, options: SearchOptions, sizes: Sequence[int],
-             seeds: Sequence[int | None] | None = None) -> list[Member | Ticket]:
+             seeds: Sequence[int | None] | None = None,
+             terms: Sequence[Terms | None] | None = None) -> list[Member | Ticket]:
         """The searches of requests whose sources `encoded` holds in order, `sizes[i]` of them request i's: their
         rows step with every other search's from the next step on, and once one ends (step() returns it) its
         `result` is Engine.search()'s of its sources alone (or its `error`). A beam search joins the pool of its
         options (PooledBeams: a Ticket a request), any other search is a Member of its own (one request). The
-        batch owns `encoded` from here, also when this raises."""
+        batch owns `encoded` from here, also when this raises. `terms`: each source's constraints (constraints.py)
+        or None; a beam search with terms to write joins a pool of its own, which reads the whole distribution."""
         try:
             if options.rows_per_input != self.group:
                 raise ValueError(f"a batch of {self.group} rows per source takes no search of "
                                  f"{options.rows_per_input} (see RunningBatch)")
+            check(terms, options.strategy)
             if pooled(options):
-                return self._join_pool(encoded, options, sizes)
+                return self._join_pool(encoded, options, sizes, terms)
             if len(sizes) != 1:
                 raise ValueError(f"a search of strategy {options.strategy!r} joins one request at a time")
             member = Member(None, encoded.cross, encoded.lengths)
@@ -297,14 +301,17 @@ class RunningBatch:
         self._start(member)
         return [member]
 
-    def _join_pool(self, encoded: Encoded, options: SearchOptions, sizes: Sequence[int]) -> list[Ticket]:
+    def _join_pool(self, encoded: Encoded, options: SearchOptions, sizes: Sequence[int],
+                   terms: Sequence[Terms | None] | None) -> list[Ticket]:
         ids = self.ids
-        pool = self.pool(options.batch_key(), lambda: BeamPool(options, eos_id=ids.eos_id,
-                                                               banned_ids=list(ids.banned_ids), top_k=ids.top_k))
+        key = options.batch_key() + (any_terms(terms),)       # constrained searches pool apart
+        pool = self.pool(key, lambda: BeamPool(options, eos_id=ids.eos_id, banned_ids=list(ids.banned_ids),
+                                               top_k=ids.top_k))
         tickets, row = [], 0
         for n in sizes:
             tickets.append(pool.add(encoded.cross, encoded.lengths[row:row + n],
-                                    np.full(n, ids.bos_id, dtype=np.int64), encoded.limits[row:row + n], row))
+                                    np.full(n, ids.bos_id, dtype=np.int64), encoded.limits[row:row + n], row,
+                                    None if terms is None else terms[row:row + n]))
             row += n
         return tickets
 

@@ -34,23 +34,29 @@ from typing import Sequence
 import numpy as np
 
 NEG_INF = -np.inf
-# A row's constraint state: (bit mask of the terms met, the term it is inside or -1, tokens of it written so far).
-State = tuple[int, int, int]
-START: State = (0, -1, 0)
+# A row's constraint state: (bit mask of the terms met, the term it is inside or -1, tokens of it written so far,
+# whether its last token ended a term: then the next may not continue that word).
+State = tuple[int, int, int, bool]
+START: State = (0, -1, 0, False)
 
 
 @dataclass(frozen=True)
 class Terms:
     """One input's constraints, as target token ids: `include` must each appear (in any order), `exclude` never.
-    Empty sequences are ignored."""
+    Empty sequences are ignored. `joiners` (V,) bool: the ids that continue the word before them (a piece without
+    SentencePiece's "▁" that starts with a letter or digit); a term is a whole word, so none follows its last
+    token ("forest" is not met by "forests"). None: any may."""
     include: tuple[tuple[int, ...], ...] = ()
     exclude: tuple[tuple[int, ...], ...] = ()
+    joiners: np.ndarray | None = field(default=None, compare=False, repr=False)
     starts: dict = field(default_factory=dict, compare=False, repr=False)   # first token -> the terms it starts
+    memo: dict = field(default_factory=dict, compare=False, repr=False)     # state -> met(state)
 
     @classmethod
-    def of(cls, include: Sequence[Sequence[int]] = (), exclude: Sequence[Sequence[int]] = ()) -> "Terms":
+    def of(cls, include: Sequence[Sequence[int]] = (), exclude: Sequence[Sequence[int]] = (),
+           joiners: np.ndarray | None = None) -> "Terms":
         terms = cls(tuple(tuple(int(t) for t in p) for p in include if len(p)),
-                    tuple(tuple(int(t) for t in p) for p in exclude if len(p)))
+                    tuple(tuple(int(t) for t in p) for p in exclude if len(p)), joiners)
         for j, phrase in enumerate(terms.include):
             terms.starts.setdefault(phrase[0], []).append(j)
         return terms
@@ -62,30 +68,41 @@ class Terms:
 
     def met(self, state: State) -> int:
         """Constraint tokens a row in `state` has met (its bank)."""
-        mask, _, m = state
-        return sum(len(p) for j, p in enumerate(self.include) if mask >> j & 1) + m
+        n = self.memo.get(state)
+        if n is None:
+            mask, _, m, _ = state
+            n = self.memo[state] = sum(len(p) for j, p in enumerate(self.include) if mask >> j & 1) + m
+        return n
 
     def complete(self, state: State) -> bool:
         return state[0] == (1 << len(self.include)) - 1
 
     def advance(self, state: State, token: int) -> State:
         """The state after writing `token`."""
-        mask, j, m = state
+        mask, j, m, _ = state
         if j >= 0:
             phrase = self.include[j]
             if phrase[m] == token:
-                return (mask | 1 << j, -1, 0) if m + 1 == len(phrase) else (mask, j, m + 1)
+                return (mask | 1 << j, -1, 0, True) if m + 1 == len(phrase) else (mask, j, m + 1, False)
         for k in self.starts.get(token, ()):
             if not mask >> k & 1:
-                return (mask | 1 << k, -1, 0) if len(self.include[k]) == 1 else (mask, k, 1)
-        return (mask, -1, 0)
+                return (mask | 1 << k, -1, 0, True) if len(self.include[k]) == 1 else (mask, k, 1, False)
+        return (mask, -1, 0, False)
 
     def allowed(self, state: State) -> list[int]:
         """The tokens that would take a row in `state` further into its terms."""
-        mask, j, m = state
+        mask, j, m, _ = state
         if j >= 0:
             return [self.include[j][m]]
         return [p[0] for k, p in enumerate(self.include) if not mask >> k & 1]
+
+    def remove(self, total: np.ndarray, state: State, last: bool, eos_id: int) -> None:
+        """What a row in `state` may not write next, -inf in its candidates `total` (V,): eos before every term is
+        written (except at its budget's last step), a piece that would continue the term it just ended."""
+        if not last and not self.complete(state):
+            total[eos_id] = NEG_INF
+        if state[3] and self.joiners is not None:
+            total[self.joiners] = NEG_INF
 
 
 def check(terms: Sequence[Terms | None] | None, strategy: str) -> None:
@@ -151,37 +168,61 @@ class Choice:
     top_ended: bool
 
 
-def choose(total: np.ndarray, states: Sequence[State], terms: Terms, last: np.ndarray, eos_id: int) -> Choice:
-    """One input's dynamic beam allocation over its K beams' candidates. total (K, V): each beam's score plus each
-    token's log-prob (-inf: removed, or a beam not live); states (K,); last (K,): whether this step is the last its
-    budget allows. A candidate that ends (eos, or any at the last step) among the K best becomes a hypothesis; the
-    others are banked by the constraint tokens they have met and K of them chosen (bank_sizes)."""
-    K, V = total.shape
-    total = total.copy()
-    for k in range(K):
-        if not last[k] and not terms.complete(states[k]):
-            total[k, eos_id] = NEG_INF                          # not before every term is written
-    flat = total.reshape(-1)
-    n = min(2 * K, flat.size)
-    best = np.argpartition(-flat, n - 1)[:n]                    # (2K,) unsorted
-    pairs = {(int(i) // V, int(i) % V) for i in best}
-    for k in range(K):
-        if np.isfinite(total[k]).any():
-            pairs.add((k, int(total[k].argmax())))              # each beam's own best
-            pairs.update((k, t) for t in terms.allowed(states[k]))
-    # Best first; ties by beam, then token, so the order never depends on a set's.
-    cands = sorted(((float(total[k, t]), k, t) for k, t in pairs if np.isfinite(total[k, t])),
-                   key=lambda c: (-c[0], c[1], c[2]))
-    ended, going = [], []
-    for place, (score, k, t) in enumerate(cands):
-        if t == eos_id or last[k]:
-            if place < K:
-                state = states[k] if t == eos_id else terms.advance(states[k], t)
-                ended.append((k, t, score, terms.tokens - terms.met(state)))
-        else:
-            state = terms.advance(states[k], t)
-            going.append((k, t, score, state, terms.met(state)))
+def choose(beam_scores: np.ndarray, logp: np.ndarray, states: Sequence[State], terms: Sequence[Terms],
+           last: np.ndarray, eos_id: int) -> list[Choice]:
+    """Dynamic beam allocation for C inputs of K beams each: beam_scores (C, K) (-inf: a beam not live), logp
+    (C*K, V) the step's log-probs (-inf: removed), states (C*K,), terms (C,), last (C*K,): whether this step is
+    the last a row's budget allows. The arrays are worked on for all inputs at once, in float32 (which candidates
+    to look at); the candidates' scores are float64, as beam_step's, per input (`_bank`)."""
+    C, K = beam_scores.shape
+    V = logp.shape[1]
+    total = beam_scores.reshape(-1, 1).astype(np.float32) + logp                   # (C*K, V) float32
+    live = np.isfinite(beam_scores.reshape(-1))                                     # (C*K,)
+    for r in np.flatnonzero(live).tolist():
+        terms[r // K].remove(total[r], states[r], bool(last[r]), eos_id)
+    flat = total.reshape(C, K * V)
+    n = min(2 * K, K * V)
+    best = np.argpartition(flat, K * V - n, axis=1)[:, K * V - n:]                 # (C, 2K) unsorted
+    own = total.argmax(axis=1)                                                      # (C*K,) each beam's best
+    scores, rows = beam_scores.tolist(), logp.reshape(C, K * V)
+    return [_bank(scores[c], rows[c], flat[c], best[c].tolist(), own[c * K:(c + 1) * K].tolist(),
+                  states[c * K:(c + 1) * K], terms[c], last[c * K:(c + 1) * K].tolist(), eos_id) for c in range(C)]
+
+
+def _bank(beam_scores: list[float], logp: np.ndarray, allowed: np.ndarray, best: list[int], own: list[int],
+          states: Sequence[State], terms: Terms, last: list[bool], eos_id: int) -> Choice:
+    """One input's candidates, flat indices k*V+t into its logp (K*V,) (`allowed`: -inf where removed): its 2K best
+    `best`, each live beam's own best and its terms' next tokens; banked by the constraint tokens they have met,
+    one that ends (eos, or any at the last step) among the K best of its bank becomes a hypothesis, and K of the
+    others are chosen (bank_sizes). Plain Python: a few dozen candidates cost less so than in numpy calls."""
+    K = len(own)
+    V = len(logp) // K
+    flat = set(best)
+    for k, score in enumerate(beam_scores):
+        if score != NEG_INF:
+            flat.add(k * V + own[k])
+            flat.update(k * V + t for t in terms.allowed(states[k]))
+    cands = []
+    for f in flat:
+        k = f // V
+        if beam_scores[k] != NEG_INF and allowed[f] != NEG_INF:
+            cands.append((beam_scores[k] + float(logp[f]), f))
+    cands.sort(key=lambda c: (-c[0], c[1]))          # best first; ties by beam, then token
     banks = terms.tokens + 1
+    ended, going, counts = [], [], [0] * banks
+    for score, f in cands:
+        k, t = divmod(f, V)
+        state = states[k] if t == eos_id else terms.advance(states[k], t)
+        bank = terms.met(state)
+        if t == eos_id or last[k]:
+            # Among the K best of its bank, not of all: a hypothesis with every term competes with those that
+            # have them too, not with shorter ones still short of a term.
+            if counts[bank] < K:
+                ended.append((k, t, score, terms.tokens - bank))
+        else:
+            going.append((k, t, score, state, bank))
+        counts[bank] += 1
+    top_ended = bool(cands) and (cands[0][1] % V == eos_id or last[cands[0][1] // V])
     counts = [0] * banks
     for c in going:
         counts[c[4]] += 1
@@ -191,4 +232,4 @@ def choose(total: np.ndarray, states: Sequence[State], terms: Terms, last: np.nd
         if room[bank] > 0:
             room[bank] -= 1
             beams.append((k, t, score, state))
-    return Choice(ended, beams, bool(cands) and (cands[0][2] == eos_id or bool(last[cands[0][1]])))
+    return Choice(ended, beams, top_ended)

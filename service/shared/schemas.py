@@ -60,6 +60,18 @@ def _kinds(model: type[BaseModel]) -> dict[str, tuple[bool, bool]]:
     return out
 
 
+MAX_GLOSSARY_ENTRIES = 1000          # inline in one request (glossary.py's MAX_TERM_CHARS bounds each term)
+
+
+class GlossaryEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    source: str = Field(..., min_length=1, max_length=200, description="A term as it may stand in the source text "
+                        "(whole words; its first letter in either case; inflected forms are not matched)",
+                        examples=["Auftrag"])
+    target: str = Field(..., min_length=1, max_length=200, description="Its fixed translation, written as given",
+                        examples=["order"])
+
+
 class TranslateRequest(BaseModel):
     # allow_inf_nan=False: a NaN length_penalty was told "should be less than or equal to 4", as if it were too large
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -81,6 +93,10 @@ class TranslateRequest(BaseModel):
                                       "(default: 1.5 × source tokens + 10, capped by the server)")
     no_repeat_ngram_size: int = Field(DEFAULTS.no_repeat_ngram_size, ge=0, le=10, description="0 = off")
     repetition_penalty: float = Field(DEFAULTS.repetition_penalty, ge=1.0, le=10.0, description="1.0 = off")
+    glossary: Optional[list[GlossaryEntry]] = Field(
+        None, max_length=MAX_GLOSSARY_ENTRIES, description="Fixed translations of terms: the entries whose source "
+        "term a sentence holds are kept by the beam search (needs beam_size ≥ 2), and each translation says which "
+        "held; null = none")
 
     @field_validator("text")
     @classmethod
@@ -101,7 +117,14 @@ class TranslateRequest(BaseModel):
         if self.num_alternatives and self.num_alternatives >= self.beam_size:
             raise ValueError(f"num_alternatives ({self.num_alternatives}) needs beam_size > num_alternatives, "
                              f"e.g. beam_size={self.num_alternatives + 1}")
+        if self.glossary and self.beam_size < 2:
+            raise ValueError("a glossary is kept by beam search: it needs beam_size 2 or more (the default is "
+                             f"{DEFAULTS.beam_size})")
         return self
+
+    def glossary_pairs(self) -> list[tuple[str, str]] | None:
+        """The glossary as the worker reads it: (source, target) pairs, or None."""
+        return [(e.source, e.target) for e in self.glossary] if self.glossary else None
 
     def to_search_options(self, max_output_tokens: int) -> SearchOptions:
         """This request's engine options, mapped once (search_options()), in the Gateway: they travel in the
@@ -141,6 +164,13 @@ class Alternative(BaseModel):
     score: float
 
 
+class GlossaryResult(BaseModel):
+    source: str
+    target: str
+    held: bool = Field(..., description="The target term is in the translation, as written, wherever the source "
+                       "term was")
+
+
 class TranslationItem(BaseModel):
     text: str = Field(..., description="The translation")
     score: float = Field(..., description="Length-normalised log-probability of the best hypothesis "
@@ -150,6 +180,9 @@ class TranslationItem(BaseModel):
                                                       "this text was detected in and translated from")
     input_tokens: int
     output_tokens: int
+    glossary: Optional[list[GlossaryResult]] = Field(None, description="With a glossary: each entry whose source "
+                                                     "term this text holds, and whether its target term is in the "
+                                                     "translation")
 
 
 class Timings(BaseModel):

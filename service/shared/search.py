@@ -58,7 +58,7 @@ from typing import Callable, Generator, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
-from .constraints import START, State, Terms, any_terms, check, choose, rank
+from .constraints import START, Choice, State, Terms, any_terms, check, choose, rank
 from .options import SearchOptions
 from .processors import Rows, logits_processors
 
@@ -365,7 +365,7 @@ def terms_beam_step(beam_scores: np.ndarray, logp: np.ndarray, ids: np.ndarray |
     by dynamic beam allocation (constraints.choose) from the whole distribution (ids None), the others by
     beam_step on their own rows, so no input's beams depend on another's. Also returns the next beams' constraint
     states (`states`: the rows' now)."""
-    K = options.beam_size
+    K, A = options.beam_size, len(active)
     constrained = np.array([terms[s] is not None and bool(terms[s].include) for s in active.tolist()], dtype=bool)
     going: dict[int, tuple] = {}         # position in active -> (rows (K,), tokens (K,), scores (K,), states)
     plain = np.flatnonzero(~constrained)
@@ -377,11 +377,17 @@ def terms_beam_step(beam_scores: np.ndarray, logp: np.ndarray, ids: np.ndarray |
         for i, a in enumerate(plain[still].tolist()):
             beams = slice(i * K, (i + 1) * K)
             going[a] = (own[picked.rows[beams]], picked.tokens[beams], picked.scores[i], [START] * K)
-    for a in np.flatnonzero(constrained).tolist():
-        next_beams = _constrained_step(a, beam_scores[a], logp, rows, int(active[a]), finished, top_ended, last,
-                                       options, eos_id, early_exit, terms, states)
-        if next_beams is not None:
-            going[a] = next_beams
+    cons = np.flatnonzero(constrained)
+    if len(cons):
+        own = (cons[:, None] * K + np.arange(K)).reshape(-1)                        # (C*K,) their rows
+        every = len(cons) == A                       # a pool of constrained inputs: no copy of the (N, V) log-probs
+        choices = choose(beam_scores[cons], logp if every else logp[own], [states[r] for r in own],
+                         [terms[s] for s in active[cons].tolist()], last[own], eos_id)
+        for a, choice in zip(cons.tolist(), choices):
+            next_beams = _constrained_step(a, choice, rows, int(active[a]), finished, top_ended, options, eos_id,
+                                           early_exit)
+            if next_beams is not None:
+                going[a] = next_beams
     still = np.array(sorted(going), dtype=np.int64)
     parts = [going[a] for a in still.tolist()]
     if not parts:
@@ -392,16 +398,13 @@ def terms_beam_step(beam_scores: np.ndarray, logp: np.ndarray, ids: np.ndarray |
             [st for p in parts for st in p[3]])
 
 
-def _constrained_step(a: int, scores: np.ndarray, logp: np.ndarray, rows: Rows, s: int,
-                      finished: list[list[Hypothesis]], top_ended: np.ndarray, last: np.ndarray,
-                      options: SearchOptions, eos_id: int, early_exit: bool, terms: Sequence[Terms | None],
-                      states: list[State]) -> tuple | None:
-    """terms_beam_step's step of input `s`, at position `a` of the active ones (rows a*K...): its hypotheses
-    that ended go to finished[s]; returns its next K beams (rows, tokens, scores, states), or None once it ends.
-    Fewer than K candidates: the last one repeated at -inf, never chosen again."""
+def _constrained_step(a: int, choice: Choice, rows: Rows, s: int, finished: list[list[Hypothesis]],
+                      top_ended: np.ndarray, options: SearchOptions, eos_id: int, early_exit: bool) -> tuple | None:
+    """terms_beam_step's step of input `s`, at position `a` of the active ones (rows a*K...), from what
+    constraints.choose chose: its hypotheses that ended go to finished[s]; returns its next K beams (rows, tokens,
+    scores, states), or None once it ends. Fewer than K candidates: the last one repeated at -inf, never chosen
+    again."""
     K, r0, lp = options.beam_size, a * options.beam_size, options.length_penalty
-    choice = choose(scores[:, None] + logp[r0:r0 + K], states[r0:r0 + K], terms[s], last[r0:r0 + K],
-                    eos_id)                                                          # (K, V) float64 in
     top_ended[s] |= choice.top_ended
     for k, tok, score, unmet in choice.ended:
         history = rows.history[r0 + k]

@@ -31,6 +31,7 @@ from ..shared.package import load_package
 from .litserve_bridge import SchedulerLoop
 from ..metrics import metrics
 from .scheduler import Failure, for_one_request
+from .glossary_terms import report, sentence_terms
 from .translate_scheduler import Job, TranslationScheduler, request_cost
 from ..shared.options import SearchOptions
 from ..stopping import Stopping
@@ -107,6 +108,11 @@ class TranslateAPI(ls.LitAPI):
             seps.append(sep)
             sentences.extend(sents)
         ids = engine.source_ids(sentences, pair[1])
+        terms = None
+        if request.get("glossary"):
+            terms = sentence_terms(engine, sentences, request["glossary"], s.max_sentence_tokens)
+            if isinstance(terms, Failure):
+                return terms
         longest = max(len(x) for x in ids)
         if longest > s.max_sentence_tokens:
             return Failure(413, "too_many_tokens", f"a sentence has {longest} tokens; the limit is "
@@ -121,7 +127,7 @@ class TranslateAPI(ls.LitAPI):
                            f"{beam}); the limit is {s.max_request_cost} (send fewer or shorter texts, or a smaller "
                            "beam_size)", s.max_request_cost)
         return Job(request.get("request_id", ""), name, pair[0], pair[1], options, ids, spans, seps,
-                   request.get("received", time.monotonic()), request.get("number", 0), cost)
+                   request.get("received", time.monotonic()), request.get("number", 0), cost, glossary=terms)
 
     def encode_response(self, job: Job | Failure) -> dict:
         if isinstance(job, Failure):
@@ -138,7 +144,8 @@ class TranslateAPI(ls.LitAPI):
         for (start, end), seps in zip(job.text_spans, job.separators):
             sent_hyps = job.hyps[start:end]
             best = [h[0] for h in sent_hyps]
-            text = join_sentences([engine.detokenize(h.tokens) for h in best], seps)
+            translated = [engine.detokenize(h.tokens) for h in best]
+            text = join_sentences(translated, seps)
             alternatives = []
             for a in range(1, job.options.num_hypotheses):
                 # For a split text the k-th alternative joins each sentence's k-th hypothesis.
@@ -150,6 +157,8 @@ class TranslateAPI(ls.LitAPI):
             n_in, n_out = n_in + tokens_in, n_out + tokens_out
             items.append({"text": text, "score": float(np.mean([h.score for h in best])),
                           "alternatives": alternatives, "input_tokens": tokens_in, "output_tokens": tokens_out})
+            if job.glossary is not None:
+                items[-1]["glossary"] = report(job.glossary, (start, end), translated, job.model)
         metrics().input_tokens.labels(ENDPOINT, job.model).inc(n_in)
         metrics().output_tokens.labels(ENDPOINT, job.model).inc(n_out)
         return {"translations": items, "model": job.model, "source_lang": job.source_lang,

@@ -21,10 +21,12 @@ import numpy as np
 
 from .cancel import CancelBoard
 from .scheduler import CPU_BATCH_ROWS, GAUGE_S, Failure, log
+from .glossary_terms import SentenceTerms
 from .watch import SchedulerWatch
 from ..inference.decoders import columns_for
 from ..inference.running_batch import Member, RunningBatch, Ticket, pooled
 from ..inference.engine import Engine
+from ..shared.constraints import Terms
 from ..shared.options import SearchOptions
 from ..metrics import metrics
 from ..shared.search import Hypothesis, max_lengths
@@ -66,6 +68,7 @@ class Job:
     received: float                       # time.monotonic() when the HTTP process got it
     number: int = 0                       # CancelBoard number (0: never cancelled)
     cost: int = 0                         # request_cost(): its engine batches' tier
+    glossary: SentenceTerms | None = None  # its glossary's constraints and matches per sentence (glossary_terms.py)
     hyps: list[list[Hypothesis] | None] = field(default_factory=list)
     left: int = 0                         # sentences not answered yet
     failure: Failure | None = None
@@ -243,7 +246,9 @@ class TranslationScheduler:
         groups: dict[Hashable, list[Running]] = {}
         for run in runs:
             options = self.jobs[run.key].options
-            groups.setdefault((run.batch, options.batch_key()) if pooled(options) else id(run), []).append(run)
+            constrained = self.jobs[run.key].glossary is not None        # they pool apart (RunningBatch.join)
+            key = (run.batch, options.batch_key(), constrained) if pooled(options) else id(run)
+            groups.setdefault(key, []).append(run)
         return list(groups.values())
 
     def _batch(self, run: Running) -> RunningBatch:
@@ -255,8 +260,10 @@ class TranslationScheduler:
     def _join_together(self, runs: list[Running]) -> None:
         jobs = [self.jobs[run.key] for run in runs]
         sources = [[job.sentences[k] for k in run.sentences] for job, run in zip(jobs, runs)]
+        terms = [self._terms(job, run.sentences) for job, run in zip(jobs, runs)]
         try:
-            tickets = self._joined(runs[0], [s for r in sources for s in r], jobs[0].options, [len(r) for r in sources])
+            tickets = self._joined(runs[0], [s for r in sources for s in r], jobs[0].options, [len(r) for r in sources],
+                                   None if terms[0] is None else [t for ts in terms for t in ts])
         except Exception:  # each tries alone (and its sentences one by one if that fails too)
             log.exception("starting the search of %d requests together failed; each starts alone", len(runs))
             for run in runs:
@@ -273,7 +280,8 @@ class TranslationScheduler:
             job.started = time.monotonic()
         run.t0 = time.perf_counter()
         try:
-            (run.member,) = self._joined(run, [job.sentences[k] for k in run.sentences], job.options)
+            (run.member,) = self._joined(run, [job.sentences[k] for k in run.sentences], job.options,
+                                         terms=self._terms(job, run.sentences))
         except Exception:  # its request's sentences are tried one by one; the batch goes on
             log.exception("starting the search of %d sentences failed; retrying one by one", len(run.sentences))
             self._finished(run, self._one_by_one(job, run.sentences))
@@ -283,12 +291,17 @@ class TranslationScheduler:
             self._ended(run)
 
     def _joined(self, run: Running, src_ids: list[list[int]], options: SearchOptions,
-                sizes: list[int] | None = None) -> list[Member | Ticket]:
+                sizes: list[int] | None = None, terms: list[Terms | None] | None = None) -> list[Member | Ticket]:
         """The engine encodes the sources, the running batch starts their searches: `sizes` requests' sentences
-        in turn (one request: all of them); a handle per request."""
+        in turn (one request: all of them), with their constraints; a handle per request."""
         batch = self._batch(run)      # first: a batch that cannot be made leaves no encoder outputs unowned
         return batch.join(self.engines[run.batch[0]].encode_sources(src_ids, options), options,
-                          sizes or [len(src_ids)])
+                          sizes or [len(src_ids)], terms=terms)
+
+    @staticmethod
+    def _terms(job: Job, sentences: list[int]) -> list[Terms | None] | None:
+        """The constraints of a request's sentences, or None when it has no glossary."""
+        return None if job.glossary is None else [job.glossary.terms[k] for k in sentences]
 
     def _step_batch(self, key: tuple[str, int], batch: RunningBatch) -> None:
         try:
@@ -340,7 +353,7 @@ class TranslationScheduler:
         engine, results = self.engines[job.model], []
         for k in sentences:
             try:
-                results.append(engine.search([job.sentences[k]], job.options)[0])
+                results.append(engine.search([job.sentences[k]], job.options, terms=self._terms(job, [k]))[0])
             except Exception:
                 log.exception("sentence failed")
                 results.append(None)
