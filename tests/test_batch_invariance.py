@@ -20,6 +20,7 @@ rounding step can turn into another token.
 
 import json
 import random
+import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -35,6 +36,7 @@ from model.export import CACHE_BY_POSITION as EXPORTED_CACHE_LAYOUT, write_packa
 from model.quantize import SCHEMES
 from model.upgrade import load_weights, main as upgrade_main
 from service.inference.engine import Engine
+from service.shared.constraints import Terms
 from service.shared.options import SearchOptions
 from service.shared.package import CACHE_BY_POSITION, INT8_SCHEMES, PackageError
 from service.inference.device import int8_products_saturate, session_options
@@ -188,6 +190,49 @@ def test_an_fp32_package_translates_the_same_joining_a_running_batch(tiny_packag
     assert engine.package.meta["precision"] == "fp32"
     assert_joining_is_invariant(engine, engine.source_ids(
         [" ".join(de.lower().split()[:-1]) or de for de in TEXTS["de"]], "en"), search)
+
+
+def glossary_terms(engine: Engine, references: list[str]) -> list[Terms | None]:
+    """Every other sentence a glossary's term, the longest word of its reference (so a word the model may not
+    write there unasked); the others none."""
+    return [Terms.of([engine.term_ids(max(re.findall(r"[A-Za-z]+", en), key=len))], joiners=engine.joiners)
+            if i % 2 == 0 else None for i, en in enumerate(references)]
+
+
+def assert_terms_are_invariant(engine: Engine, ids: list[list[int]], terms: list) -> None:
+    """64 sentences, half with a term: each one's hypotheses the same alone, in every batching (beside sentences
+    with and without terms) and joining a running batch two steps after the one before it (constrained searches
+    pool apart, beside the unconstrained pool's rows in each decoder call)."""
+    options, term_of = SEARCHES["beam 4"], {tuple(x): t for x, t in zip(ids, terms)}
+    assert_invariant(lambda batch: engine.search(batch, options, terms=[term_of[tuple(x)] for x in batch]), ids,
+                     lambda hyps: [h.tokens for h in hyps], lambda hyps: [h.score for h in hyps])
+    batch, tickets, step = engine.running_batch(4), [], 0
+    while len(tickets) < len(ids) or batch.members:
+        if len(tickets) < len(ids) and step % 2 == 0:
+            i = len(tickets)
+            (ticket,) = batch.join(engine.encode_sources([ids[i]], options), options, [1], terms=[terms[i]])
+            tickets.append(ticket)
+        if batch.members:
+            assert not [m.error for m in batch.step() if m.error is not None]
+        step += 1
+    for src, t, ticket in zip(ids, terms, tickets):
+        (alone,) = engine.search([src], options, terms=[t])
+        assert [h.tokens for h in ticket.result[0]] == [h.tokens for h in alone]
+        np.testing.assert_allclose([h.score for h in ticket.result[0]], [h.score for h in alone], rtol=1e-5,
+                                   atol=1e-6)
+    assert sum(t is not None and h.unmet == 0 for t, hs in zip(terms, [k.result[0] for k in tickets])
+               for h in hs[:1]) >= len(ids) // 2 - 2                     # the terms were written, not ignored
+
+
+def test_the_committed_int8_package_keeps_glossary_terms_the_same_alone_batched_and_joining(de_en):
+    assert_terms_are_invariant(de_en, de_en.source_ids(TEXTS["de"], "en"), glossary_terms(de_en, TEXTS["en"]))
+
+
+def test_an_fp32_package_keeps_glossary_terms_the_same_alone_batched_and_joining(tiny_package):
+    engine = Engine(tiny_package, device="cpu", intra_op_threads=1)
+    assert engine.package.meta["precision"] == "fp32"
+    ids = engine.source_ids([" ".join(de.lower().split()[:-1]) or de for de in TEXTS["de"]], "en")
+    assert_terms_are_invariant(engine, ids, glossary_terms(engine, TEXTS["en"]))
 
 
 @pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
