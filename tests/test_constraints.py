@@ -39,6 +39,15 @@ def test_terms_follow_a_phrase_and_start_again_when_it_breaks_off():
     assert t.advance(t.advance(START, 5), 9) == (0b10, -1, 0, True)  # 9 starts (and is) the other term
 
 
+def test_terms_that_start_alike_are_followed_together_until_they_part():
+    t = Terms.of([[5, 6, 1], [5, 6, 2]])                           # placeholders XQ1 and XQ2: "▁X", "Q", digit
+    s = t.advance(t.advance(START, 5), 6)
+    assert sorted(t.allowed(s)) == [1, 2]
+    s = t.advance(s, 2)
+    assert s[0] == 0b10 and t.allowed(s) == [5]
+    assert t.complete(t.advance(t.advance(t.advance(s, 5), 6), 1))
+
+
 def test_a_term_ends_where_a_word_does_and_eos_waits_for_every_term():
     joiners = np.zeros(12, dtype=bool)
     joiners[[6, 8]] = True                                           # pieces that continue a word

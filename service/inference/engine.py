@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Generator, Sequence
@@ -39,6 +40,7 @@ from .lm_batch import LmBatch
 from .onnxruntime_bridge import Binder
 from .running_batch import Encoded, RunningBatch
 from ..shared.constraints import Terms
+from ..shared.kept_spans import QUOTES
 from ..shared.options import SearchOptions
 from ..shared.package import ModelPackage, PackageError, load_package
 from ..shared.search import Hypothesis, Search, Step, continuation_budgets, decode, finish, max_lengths
@@ -124,6 +126,8 @@ class Engine:
             "" if self.sp_target.is_control(i) or self.sp_target.is_unknown(i) else self.sp_target.id_to_piece(i)
             for i in range(self.sp_target.get_piece_size())]
         self.joiners = np.array([p[:1].isalnum() for p in pieces], dtype=bool)
+        self._characters = frozenset(c for p in pieces for c in p.replace("▁", ""))
+        self._writable: dict[str, bool] = {}
         # What each piece adds to a generated text, so streamed pieces concatenate to the full text.
         self.piece_texts = [("" if self.sp.is_control(i) else " ⁇ " if self.sp.is_unknown(i)
                              else self.sp.id_to_piece(i).replace("▁", " "))
@@ -189,6 +193,15 @@ class Engine:
             unk = self.unk_id
             return [self.vocab.get(p, unk) for p in self.sp_target.encode(term, out_type=str)]
         return self.sp_target.encode(term, out_type=int)
+
+    def writable(self, ch: str) -> bool:
+        """Whether the model can write the character ch (its target pieces hold it, after SentencePiece's NFKC and
+        the quotes kept_spans.QUOTES reads as ASCII): what it cannot comes back as written (kept_spans.py)."""
+        ok = self._writable.get(ch)
+        if ok is None:
+            ok = self._writable[ch] = all(c in self._characters
+                                          for c in unicodedata.normalize("NFKC", ch.translate(QUOTES)))
+        return ok
 
     def detokenize(self, ids: Sequence[int]) -> str:
         """Target ids -> text; special ids and language tags are dropped (as skip_special_tokens does)."""

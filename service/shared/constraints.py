@@ -14,8 +14,8 @@ What it does at the edges, each a choice:
 - eos is not a candidate for a hypothesis that lacks a term, except at the last step its length budget allows: a
   sentence too short for its terms still ends, and its hypothesis says how many constraint tokens it lacks
   (`Hypothesis.unmet`); hypotheses with every term rank ahead of those without (`rank`).
-- A term is met by its tokens written in a row; a term broken off half way must start again. Two terms starting
-  with the same token: the first one listed is followed. A term listed twice must appear twice.
+- A term is met by its tokens written in a row; a term broken off half way must start again. Terms that start
+  with the same tokens are followed together until they part. A term listed twice must appear twice.
 - An excluded phrase (`exclude`) never completes: its last token is removed where the row's tokens end with the
   rest of it (`SuppressPhrases`, a processor; a one-token phrase is never written).
 - Only beam search takes terms: greedy search and sampling have one row an input and no beam to allocate,
@@ -81,9 +81,10 @@ class Terms:
         """The state after writing `token`."""
         mask, j, m, _ = state
         if j >= 0:
-            phrase = self.include[j]
-            if phrase[m] == token:
-                return (mask | 1 << j, -1, 0, True) if m + 1 == len(phrase) else (mask, j, m + 1, False)
+            for k in self._sharing(mask, j, m):          # the term it is inside, or one that starts the same way
+                phrase = self.include[k]
+                if phrase[m] == token:
+                    return (mask | 1 << k, -1, 0, True) if m + 1 == len(phrase) else (mask, k, m + 1, False)
         for k in self.starts.get(token, ()):
             if not mask >> k & 1:
                 return (mask | 1 << k, -1, 0, True) if len(self.include[k]) == 1 else (mask, k, 1, False)
@@ -93,8 +94,14 @@ class Terms:
         """The tokens that would take a row in `state` further into its terms."""
         mask, j, m, _ = state
         if j >= 0:
-            return [self.include[j][m]]
+            return list({self.include[k][m] for k in self._sharing(mask, j, m)})
         return [p[0] for k, p in enumerate(self.include) if not mask >> k & 1]
+
+    def _sharing(self, mask: int, j: int, m: int) -> list[int]:
+        """Term j and the unmet terms whose first m tokens are its first m (placeholders XQ1 and XQ2 share two)."""
+        phrase = self.include[j]
+        return [j] + [k for k in self.starts.get(phrase[0], ()) if k != j and not mask >> k & 1
+                      and len(self.include[k]) > m and self.include[k][:m] == phrase[:m]]
 
     def remove(self, total: np.ndarray, state: State, last: bool, eos_id: int) -> None:
         """What a row in `state` may not write next, -inf in its candidates `total` (V,): eos before every term is

@@ -32,6 +32,7 @@ from .litserve_bridge import SchedulerLoop
 from ..metrics import metrics
 from .scheduler import Failure, for_one_request
 from .glossary_terms import report, sentence_terms
+from ..shared.kept_spans import Kept
 from .translate_scheduler import Job, TranslationScheduler, request_cost
 from ..shared.options import SearchOptions
 from ..stopping import Stopping
@@ -107,12 +108,11 @@ class TranslateAPI(ls.LitAPI):
             spans.append((len(sentences), len(sentences) + len(sents)))
             seps.append(sep)
             sentences.extend(sents)
-        ids = engine.source_ids(sentences, pair[1])
-        terms = None
-        if request.get("glossary"):
-            terms = sentence_terms(engine, sentences, request["glossary"], s.max_sentence_tokens)
-            if isinstance(terms, Failure):
-                return terms
+        terms = sentence_terms(engine, sentences, request.get("glossary"), s.max_sentence_tokens, keep_spans=True,
+                               beam=options.strategy == "beam")
+        if isinstance(terms, Failure):
+            return terms
+        ids = engine.source_ids(terms.texts, pair[1])
         longest = max(len(x) for x in ids)
         if longest > s.max_sentence_tokens:
             return Failure(413, "too_many_tokens", f"a sentence has {longest} tokens; the limit is "
@@ -127,7 +127,8 @@ class TranslateAPI(ls.LitAPI):
                            f"{beam}); the limit is {s.max_request_cost} (send fewer or shorter texts, or a smaller "
                            "beam_size)", s.max_request_cost)
         return Job(request.get("request_id", ""), name, pair[0], pair[1], options, ids, spans, seps,
-                   request.get("received", time.monotonic()), request.get("number", 0), cost, glossary=terms)
+                   request.get("received", time.monotonic()), request.get("number", 0), cost, terms=terms,
+                   glossary=request.get("glossary") is not None)
 
     def encode_response(self, job: Job | Failure) -> dict:
         if isinstance(job, Failure):
@@ -144,21 +145,23 @@ class TranslateAPI(ls.LitAPI):
         for (start, end), seps in zip(job.text_spans, job.separators):
             sent_hyps = job.hyps[start:end]
             best = [h[0] for h in sent_hyps]
-            translated = [engine.detokenize(h.tokens) for h in best]
+            kept = job.terms.kept[start:end] if job.terms else [Kept("")] * (end - start)
+            translated = [k.restore(engine.detokenize(h.tokens)) for k, h in zip(kept, best)]
             text = join_sentences(translated, seps)
             alternatives = []
             for a in range(1, job.options.num_hypotheses):
                 # For a split text the k-th alternative joins each sentence's k-th hypothesis.
                 pieces = [h[a] if a < len(h) else h[0] for h in sent_hyps]
-                alternatives.append({"text": join_sentences([engine.detokenize(h.tokens) for h in pieces], seps),
+                alternatives.append({"text": join_sentences([k.restore(engine.detokenize(h.tokens))
+                                                             for k, h in zip(kept, pieces)], seps),
                                      "score": float(np.mean([h.score for h in pieces]))})
             tokens_in = sum(len(x) for x in job.sentences[start:end])
             tokens_out = sum(len(h.tokens) for h in best)
             n_in, n_out = n_in + tokens_in, n_out + tokens_out
             items.append({"text": text, "score": float(np.mean([h.score for h in best])),
                           "alternatives": alternatives, "input_tokens": tokens_in, "output_tokens": tokens_out})
-            if job.glossary is not None:
-                items[-1]["glossary"] = report(job.glossary, (start, end), translated, job.model)
+            if job.glossary:
+                items[-1]["glossary"] = report(job.terms, (start, end), translated, job.model)
         metrics().input_tokens.labels(ENDPOINT, job.model).inc(n_in)
         metrics().output_tokens.labels(ENDPOINT, job.model).inc(n_out)
         return {"translations": items, "model": job.model, "source_lang": job.source_lang,

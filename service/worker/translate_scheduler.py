@@ -68,7 +68,8 @@ class Job:
     received: float                       # time.monotonic() when the HTTP process got it
     number: int = 0                       # CancelBoard number (0: never cancelled)
     cost: int = 0                         # request_cost(): its engine batches' tier
-    glossary: SentenceTerms | None = None  # its glossary's constraints and matches per sentence (glossary_terms.py)
+    terms: SentenceTerms | None = None    # its sentences' constraints, glossary matches, kept spans (glossary_terms.py)
+    glossary: bool = False                # whether it came with a glossary (its answer reports it)
     hyps: list[list[Hypothesis] | None] = field(default_factory=list)
     left: int = 0                         # sentences not answered yet
     failure: Failure | None = None
@@ -246,7 +247,7 @@ class TranslationScheduler:
         groups: dict[Hashable, list[Running]] = {}
         for run in runs:
             options = self.jobs[run.key].options
-            constrained = self.jobs[run.key].glossary is not None        # they pool apart (RunningBatch.join)
+            constrained = self._terms(self.jobs[run.key], run.sentences) is not None   # they pool apart
             key = (run.batch, options.batch_key(), constrained) if pooled(options) else id(run)
             groups.setdefault(key, []).append(run)
         return list(groups.values())
@@ -300,8 +301,11 @@ class TranslationScheduler:
 
     @staticmethod
     def _terms(job: Job, sentences: list[int]) -> list[Terms | None] | None:
-        """The constraints of a request's sentences, or None when it has no glossary."""
-        return None if job.glossary is None else [job.glossary.terms[k] for k in sentences]
+        """The constraints of a request's sentences, or None when none has any."""
+        if job.terms is None or not job.terms.constrained:
+            return None
+        terms = [job.terms.terms[k] for k in sentences]
+        return terms if any(t is not None for t in terms) else None
 
     def _step_batch(self, key: tuple[str, int], batch: RunningBatch) -> None:
         try:

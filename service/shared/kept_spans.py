@@ -1,0 +1,93 @@
+"""What a translation writes back as the source wrote it: spans a client marks `<dnt>…</dnt>`, URLs, e-mail
+addresses, `code spans`, and runs of characters the model cannot write (emoji, symbols outside its vocabulary,
+which its tokenizer reads as unknown and its output would drop: "Hallo 😀 Welt" came back "Hallo world").
+
+Each span is replaced in the source by a placeholder the model copies like a name ("XQ1", "XQ2"...; a prefix the
+text does not hold), the placeholder's pieces become a term the beam search must write (constraints.py), so the
+search places it where the sentence puts it, and the placeholder in the translation is replaced by the span as
+written. Where a search could not place one (its length budget ran out; greedy search and sampling keep no
+terms and place it only when the model copies it), the span is appended at the end, so nothing the client sent
+is lost.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+# <dnt>…</dnt> (Riva's tag; its content kept, the tags dropped), a URL, an e-mail address, a `code span`.
+MARKED = re.compile(r"<dnt>(?P<dnt>.*?)</dnt>"
+                    r"|(?P<url>\b(?:https?|ftp)://[^\s<>\"]+[^\s<>\".,;:!?)\]}'])"
+                    r"|(?P<mail>\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b)"
+                    r"|(?P<code>`[^`\n]+`)", re.S)
+PREFIXES = ("XQ", "ZQ", "QX", "QZ", "XZ")      # placeholders' first letters: the first one the text lacks
+# Typographic quotes read as their ASCII forms rather than kept: a model whose vocabulary lacks „“ ‘’ still reads
+# the quotation, and a translation's quotes follow its own language rather than the source's.
+QUOTES = str.maketrans({"„": '"', "“": '"', "”": '"', "‚": "'", "‘": "'", "’": "'", "«": '"', "»": '"'})
+
+
+@dataclass
+class Kept:
+    """A sentence with its kept spans replaced by placeholders: `text` goes to the model, `spans[i]` comes back
+    where placeholder i stands in the translation."""
+    text: str
+    spans: list[str] = field(default_factory=list)
+    prefix: str = PREFIXES[0]
+
+    def placeholder(self, i: int) -> str:
+        return f"{self.prefix}{i + 1}"
+
+    def placeholders(self) -> list[str]:
+        return [self.placeholder(i) for i in range(len(self.spans))]
+
+    def restore(self, translation: str) -> str:
+        """The translation with each placeholder replaced by its span (a placeholder the model wrote again: the
+        copy dropped); a span whose placeholder is missing is appended (after a space)."""
+        if not self.spans:
+            return translation
+        missing = []
+        for i in reversed(range(len(self.spans))):       # XQ12 before XQ1
+            pattern = re.compile(rf" ?(?<![A-Za-z]){re.escape(self.placeholder(i))}(?![0-9])")
+            found = list(pattern.finditer(translation))
+            if not found:
+                missing.append(self.spans[i])
+                continue
+            first = found[0]
+            spaced = first.group().startswith(" ")
+            for m in reversed(found[1:]):
+                translation = translation[:m.start()] + translation[m.end():]
+            translation = (translation[:first.start()] + (" " if spaced else "") + self.spans[i]
+                           + translation[first.end():])
+        return " ".join([translation.rstrip(), *reversed(missing)]).strip() if missing else translation
+
+
+def keep(sentence: str, writable: Callable[[str], bool]) -> Kept:
+    """The sentence's kept spans (see the module docstring) replaced by placeholders; `writable(ch)`: whether the
+    model can write the character ch."""
+    spans: list[tuple[int, int, str]] = []                 # (start, end, what comes back)
+    for m in MARKED.finditer(sentence):
+        spans.append((m.start(), m.end(), m.group("dnt") if m.group("dnt") is not None else m.group()))
+    taken = [False] * len(sentence)
+    for start, end, _ in spans:
+        taken[start:end] = [True] * (end - start)
+    i = 0
+    while i < len(sentence):
+        if not taken[i] and not sentence[i].isspace() and not writable(sentence[i]):
+            j = i
+            while j < len(sentence) and not taken[j] and not sentence[j].isspace() and not writable(sentence[j]):
+                j += 1
+            spans.append((i, j, sentence[i:j]))
+            i = j
+        else:
+            i += 1
+    if not spans:
+        return Kept(sentence)
+    prefix = next((p for p in PREFIXES if p not in sentence), PREFIXES[0] + "Q")
+    kept = Kept("", [s for _, _, s in sorted(spans)], prefix)
+    out, last = [], 0
+    for n, (start, end, _) in enumerate(sorted(spans)):
+        out += [sentence[last:start], kept.placeholder(n)]
+        last = end
+    kept.text = "".join(out + [sentence[last:]])
+    return kept

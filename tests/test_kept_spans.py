@@ -1,0 +1,65 @@
+"""What comes back as written (service/shared/kept_spans.py): spans marked <dnt>, URLs, e-mail addresses, code and
+characters the model cannot write become placeholders the beam search must place, and come back in their place;
+through POST /translate of a real server over models/de-en, greedy and beam, and beside a glossary."""
+
+import httpx
+import pytest
+
+from service.shared.kept_spans import keep
+
+from conftest import ROOT, start_server, stop_server
+
+ASCII = str.isascii
+
+
+def test_marked_spans_and_unwritable_runs_become_placeholders_in_order():
+    k = keep("Hallo 😀 Welt <dnt>Speichern unter</dnt>, https://x.org/a?b=1. Mail a.b@c.de `make`", ASCII)
+    assert k.text == "Hallo XQ1 Welt XQ2, XQ3. Mail XQ4 XQ5"
+    assert k.spans == ["😀", "Speichern unter", "https://x.org/a?b=1", "a.b@c.de", "`make`"]
+    assert k.restore("Hello XQ1 world XQ2, XQ3. Mail XQ4 XQ5") == (
+        "Hello 😀 world Speichern unter, https://x.org/a?b=1. Mail a.b@c.de `make`")
+
+
+def test_a_text_holding_the_placeholder_prefix_gets_another_and_nothing_kept_changes_nothing():
+    assert keep("XQ1 ist 😀", ASCII).text == "XQ1 ist ZQ1"
+    k = keep("Nichts zu behalten.", ASCII)
+    assert k.text == "Nichts zu behalten." and k.restore("Nothing to keep.") == "Nothing to keep."
+
+
+def test_restore_drops_copies_and_appends_what_the_model_left_out():
+    k = keep("😀😀😀 und ☃", ASCII)
+    assert k.text == "XQ1 und XQ2"
+    assert k.restore("XQ1XQ1 and XQ2") == "😀😀😀 and ☃"
+    assert k.restore("and") == "and 😀😀😀 ☃"
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, url = start_server(ROOT / "models" / "de-en")
+    yield url
+    stop_server(proc)
+
+
+TEXTS = {"Hallo 😀 Welt": "😀", "😀😀😀": "😀😀😀", "Der Preis ist 5 € pro Stück.": "€",
+         "Besuchen Sie https://example.org/a?b=1 für mehr Informationen.": "https://example.org/a?b=1",
+         "Schreiben Sie an info@example.org, wenn Sie Fragen haben.": "info@example.org",
+         "Klicken Sie auf <dnt>Speichern unter</dnt> im Menü.": "Speichern unter",
+         "Führen Sie `make install` aus.": "`make install`"}
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_what_the_model_cannot_write_and_marked_spans_come_back_as_written(server, beam):
+    r = httpx.post(server + "/translate", json={"text": list(TEXTS), "source_lang": "de", "target_lang": "en",
+                                                "beam_size": beam}, timeout=120)
+    assert r.status_code == 200, r.text
+    for (source, span), t in zip(TEXTS.items(), r.json()["translations"]):
+        assert t["text"].count(span) == 1, (source, t["text"])
+        assert "XQ" not in t["text"] and "<dnt>" not in t["text"]
+
+
+def test_kept_spans_and_a_glossary_hold_together(server):
+    r = httpx.post(server + "/translate", json={
+        "text": "Das Haus 😀 ist groß.", "source_lang": "de", "target_lang": "en",
+        "glossary": [{"source": "Haus", "target": "building"}]}, timeout=120)
+    (t,) = r.json()["translations"]
+    assert "😀" in t["text"] and "building" in t["text"] and t["glossary"][0]["held"]
