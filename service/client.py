@@ -5,6 +5,9 @@
         r = c.translate("Das geht zu weit.", source_lang="de", target_lang="en")
         print(r.translations[0].text)
 
+        r = c.translate("Der Auftrag kam.", source_lang="de", target_lang="en", glossary={"Auftrag": "order"})
+        print(r.translations[0].glossary)                         # [GlossaryResult(source=..., held=True)]
+
         g = c.generate("Die Datei wird", max_new_tokens=32, temperature=0.7, seed=1)
         print(g.text, g.choices[0].finish_reason, g.usage.completion_tokens)
 
@@ -60,21 +63,21 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import (TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, Sequence, TypedDict,
-                    Union)
+from typing import (TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping, Optional, Sequence,
+                    TypedDict, Union)
 
 import httpx
 
-from .shared.schemas import (GenerateResponse, GenerationChoice, GenerationTimings, GenerationUsage, Language,
-                             TranslateResponse)
+from .shared.schemas import (GenerateResponse, GenerationChoice, GenerationTimings, GenerationUsage, GlossaryResult,
+                             Language, TranslateResponse)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["Client", "AsyncClient", "TextStream", "AsyncTextStream", "GenerateOptions", "GenerateResult",
-           "GenerationChoice", "GenerationUsage", "GenerationTimings", "TranserveError", "APIConnectionError",
-           "APITimeoutError", "APIError", "APIStatusError", "APIStreamError", "BadRequestError", "AuthenticationError",
-           "PayloadTooLargeError", "OverloadedError", "InternalServerError"]
+__all__ = ["Client", "AsyncClient", "TextStream", "AsyncTextStream", "Glossary", "GlossaryResult", "TranslateResponse",
+           "GenerateOptions", "GenerateResult", "GenerationChoice", "GenerationUsage", "GenerationTimings",
+           "TranserveError", "APIConnectionError", "APITimeoutError", "APIError", "APIStatusError", "APIStreamError",
+           "BadRequestError", "AuthenticationError", "PayloadTooLargeError", "OverloadedError", "InternalServerError"]
 
 
 class TranserveError(Exception):
@@ -138,6 +141,13 @@ class InternalServerError(APIStatusError):
 
 _STATUS = {400: BadRequestError, 422: BadRequestError, 401: AuthenticationError, 403: AuthenticationError,
            413: PayloadTooLargeError, 429: OverloadedError, 503: OverloadedError}
+
+
+# --- translation --------------------------------------------------------------------------------------
+
+# translate()'s glossary: {source term: target term}, (source, target) pairs, or {"source": ..., "target": ...}
+# dicts as POST /translate takes them.
+Glossary = Union[Mapping[str, str], Sequence[Union[Sequence[str], Mapping[str, str]]]]
 
 
 # --- text generation ----------------------------------------------------------------------------------
@@ -375,12 +385,36 @@ class BaseClient:
             h["Authorization"] = f"Bearer {self.api_key}"
         return h
 
-    @staticmethod
-    def _translate_body(text: Union[str, Sequence[str]], source_lang: str, target_lang: str, options: dict) -> dict:
+    @classmethod
+    def _translate_body(cls, text: Union[str, Sequence[str]], source_lang: str, target_lang: str,
+                        options: dict) -> dict:
         body = {"text": text if isinstance(text, str) else list(text), "source_lang": source_lang,
                 "target_lang": target_lang}
+        options = dict(options, glossary=cls._glossary(options.get("glossary")))
         body.update({k: v for k, v in options.items() if v is not None})
         return body
+
+    @staticmethod
+    def _glossary(glossary: Optional[Glossary]) -> Optional[list[dict]]:
+        """A Glossary as POST /translate's list of {"source", "target"} objects; None (not sent) for None or an
+        empty one. An entry of another shape is a TypeError before sending, numbered from 1 as the server numbers
+        entries; the terms themselves are the server's to check (400 invalid_glossary, BadRequestError)."""
+        if glossary is None:
+            return None
+        if isinstance(glossary, (str, bytes)):
+            raise TypeError("glossary must be a dict of source term -> target term or a list of entries, not text")
+        if isinstance(glossary, Mapping):
+            glossary = list(glossary.items())
+        out = []
+        for n, entry in enumerate(glossary, 1):
+            if isinstance(entry, Mapping) and set(entry) == {"source", "target"}:
+                out.append({"source": entry["source"], "target": entry["target"]})
+            elif not isinstance(entry, (str, bytes, Mapping)) and isinstance(entry, Sequence) and len(entry) == 2:
+                out.append({"source": entry[0], "target": entry[1]})
+            else:
+                raise TypeError(f"glossary entry {n}: a (source, target) pair or a dict with the keys source and "
+                                f"target, not {entry!r:.80}")
+        return out or None
 
     @staticmethod
     def _generate_body(prompt: str, options: dict, *, stream: bool) -> dict:
@@ -483,12 +517,15 @@ class Client(BaseClient):
     def translate(self, text: Union[str, Sequence[str]], *, source_lang: str, target_lang: str,
                   beam_size: Optional[int] = None, num_alternatives: Optional[int] = None,
                   length_penalty: Optional[float] = None, max_length: Optional[int] = None,
-                  no_repeat_ngram_size: Optional[int] = None, repetition_penalty: Optional[float] = None
-                  ) -> TranslateResponse:
-        """Translates one text or a list; options left None take the server's defaults."""
+                  no_repeat_ngram_size: Optional[int] = None, repetition_penalty: Optional[float] = None,
+                  glossary: Optional[Glossary] = None) -> TranslateResponse:
+        """Translates one text or a list; options left None take the server's defaults. glossary: fixed
+        translations of terms (a Glossary), kept by beam search (beam_size 2 or more), each translation's
+        .glossary saying which held; None = none."""
         body = self._translate_body(text, source_lang, target_lang, dict(
             beam_size=beam_size, num_alternatives=num_alternatives, length_penalty=length_penalty,
-            max_length=max_length, no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty))
+            max_length=max_length, no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
+            glossary=glossary))
         return TranslateResponse.model_validate(self._request("POST", "/translate", **self._json(body)).json())
 
     def generate(self, prompt: str, **options: Unpack[GenerateOptions]) -> GenerateResult:
@@ -569,11 +606,12 @@ class AsyncClient(BaseClient):
     async def translate(self, text: Union[str, Sequence[str]], *, source_lang: str, target_lang: str,
                         beam_size: Optional[int] = None, num_alternatives: Optional[int] = None,
                         length_penalty: Optional[float] = None, max_length: Optional[int] = None,
-                        no_repeat_ngram_size: Optional[int] = None, repetition_penalty: Optional[float] = None
-                        ) -> TranslateResponse:
+                        no_repeat_ngram_size: Optional[int] = None, repetition_penalty: Optional[float] = None,
+                        glossary: Optional[Glossary] = None) -> TranslateResponse:
         body = self._translate_body(text, source_lang, target_lang, dict(
             beam_size=beam_size, num_alternatives=num_alternatives, length_penalty=length_penalty,
-            max_length=max_length, no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty))
+            max_length=max_length, no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
+            glossary=glossary))
         return TranslateResponse.model_validate((await self._request("POST", "/translate", **self._json(body))).json())
 
     async def generate(self, prompt: str, **options: Unpack[GenerateOptions]) -> GenerateResult:

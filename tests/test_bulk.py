@@ -166,6 +166,49 @@ def test_url_through_a_running_service_equals_in_process(tmp_path):
     assert remote == local and remote.endswith("\n\n")
 
 
+def test_a_glossary_file_keeps_its_terms_in_process_and_through_a_service(tmp_path):
+    """--glossary, DeepL's TSV or CSV, at the service's default beam: its terms written where a sentence holds
+    them, the other sentences as without it; --url sends it as POST /translate's glossary, with the same answer,
+    and a glossary the service refuses is told before anything is written."""
+    src = tmp_path / "in.txt"
+    src.write_text("Der Auftrag wurde gestern erteilt.\nDas Haus ist groß.\nEs regnet.\n", encoding="utf-8")
+    (tmp_path / "g.tsv").write_text("Auftrag\tpurchase order\nHaus\tbuilding\n", encoding="utf-8")
+    (tmp_path / "g.csv").write_text('Auftrag,purchase order\n"Haus",building\n', encoding="utf-8")
+    (tmp_path / "bad.tsv").write_text("Dach\t屋根\n", encoding="utf-8")          # de-en cannot write it
+    beam = ["--beam-size", "4"]
+    plain = translate(src, *beam).stdout.splitlines()
+    local = translate(src, *beam, "--glossary", tmp_path / "g.tsv").stdout
+    kept = local.splitlines()
+    assert "purchase order" in kept[0] and "purchase order" not in plain[0] and "building" in kept[1]
+    assert kept[2] == plain[2]
+    assert translate(src, *beam, "--glossary", tmp_path / "g.csv").stdout == local
+    proc, url = start_server(MODEL)
+    try:
+        remote = translate(src, *beam, "--glossary", tmp_path / "g.tsv", "--url", url).stdout
+        refused = transerve("translate", src, "-o", tmp_path / "out.txt", "--glossary", tmp_path / "bad.tsv",
+                            "--url", url)
+    finally:
+        stop_server(proc)
+    assert remote == local
+    assert refused.returncode == 2 and "glossary entry 1: its target term has characters" in refused.stderr
+    assert not (tmp_path / "out.txt").exists()
+
+
+def test_a_glossary_that_cannot_be_used_is_refused_naming_why(tmp_path):
+    (tmp_path / "g.tsv").write_text("Auftrag\torder\nHaus\tbuilding\tx\n", encoding="utf-8")
+    (tmp_path / "g.txt").write_text("Auftrag\torder\n", encoding="utf-8")
+    (tmp_path / "unwritable.tsv").write_text("Dach\t屋根\n", encoding="utf-8")
+    for args, words in [(["--glossary", tmp_path / "g.tsv"], "g.tsv: glossary line 2: 3 fields"),
+                        (["--glossary", tmp_path / "g.txt"], "a glossary is a .tsv file"),
+                        (["--glossary", tmp_path / "none.tsv"], "none.tsv: No such file"),
+                        (["--glossary", tmp_path / "g.tsv", "--beam-size", "1"], "needs --beam-size 2 or more"),
+                        (["--glossary", tmp_path / "unwritable.tsv", "--model", MODEL],
+                         "glossary entry 1: its target term has characters de-en cannot write")]:
+        proc = transerve("translate", "-", *args, stdin="Das Haus ist groß.\n")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert words in proc.stderr.splitlines()[-1], proc.stderr
+
+
 def test_subtitles_keep_numbers_timings_tags_and_speakers(tmp_path, reference):
     a, b, c, d = GERMAN[:4]
     one, two = a.split(" ", 2)[:2], a.split(" ", 2)[2]

@@ -13,8 +13,8 @@ import pytest
 
 from conftest import ROOT, free_port
 from service.client import (APIConnectionError, APIError, APIStreamError, APITimeoutError, AsyncClient,
-                            AsyncTextStream, BadRequestError, Client, GenerateResult, InternalServerError,
-                            OverloadedError, TextStream)
+                            AsyncTextStream, BadRequestError, Client, GenerateResult, GlossaryResult,
+                            InternalServerError, OverloadedError, TextStream)
 
 URL = "http://transerve.test"       # never resolved: the mock transport answers
 
@@ -216,6 +216,47 @@ def test_async_timeouts_and_status_errors_are_not_retried(sleeps):
 
     error = asyncio.run(run())
     assert len(srv.calls) == 2 and sleeps == [] and error.status_code == 422 and error.request_id == "r3"
+
+
+GLOSSED = OK | {"translations": [OK["translations"][0] | {"text": "The purchase order came.", "glossary": [
+    {"source": "Auftrag", "target": "purchase order", "held": True}]}]}
+
+
+def test_a_glossary_goes_as_source_target_objects_whatever_its_shape_and_comes_back_per_translation():
+    srv = Scripted((200, GLOSSED, {}), (200, GLOSSED, {}), (200, OK, {}))
+    sent = [{"source": "Auftrag", "target": "purchase order"}, {"source": "Haus", "target": "building"}]
+    with srv.client() as c:
+        r = c.translate("Der Auftrag kam.", source_lang="de", target_lang="en",
+                        glossary={"Auftrag": "purchase order", "Haus": "building"})
+        c.translate("x", source_lang="de", target_lang="en",
+                    glossary=[("Auftrag", "purchase order"), {"source": "Haus", "target": "building"}])
+        plain = c.translate("x", source_lang="de", target_lang="en", glossary={})     # empty: none, not sent
+        with pytest.raises(TypeError, match="glossary entry 2: a .source, target. pair"):
+            c.translate("x", source_lang="de", target_lang="en", glossary=[("a", "b"), ("c",)])
+    assert r.translations[0].glossary == [GlossaryResult(source="Auftrag", target="purchase order", held=True)]
+    assert [body.get("glossary") for _, body, _ in srv.calls] == [sent, sent, None]
+    assert plain.translations[0].glossary is None
+
+
+def test_async_client_sends_a_glossary_the_same_way_and_a_refused_one_is_a_bad_request():
+    refused = (400, {"error": {"type": "invalid_glossary", "message": "glossary entry 1: its target term is empty"}},
+               {})
+    srv = Scripted((200, GLOSSED, {}), refused)
+
+    async def run():
+        async with srv.async_client() as c:
+            r = await c.translate(["Der Auftrag kam."], source_lang="de", target_lang="en", beam_size=2,
+                                  glossary=[("Auftrag", "purchase order")])
+            with pytest.raises(BadRequestError) as e:
+                await c.translate("x", source_lang="de", target_lang="en", glossary={"Haus": " "})
+            return r, e.value
+
+    r, error = asyncio.run(run())
+    assert r.translations[0].glossary[0].held and r.translations[0].text == "The purchase order came."
+    assert srv.calls[0][1] == {"text": ["Der Auftrag kam."], "source_lang": "de", "target_lang": "en",
+                               "beam_size": 2, "glossary": [{"source": "Auftrag", "target": "purchase order"}]}
+    assert srv.calls[1][1]["glossary"] == [{"source": "Haus", "target": " "}]      # the server checks the terms
+    assert error.type == "invalid_glossary" and "entry 1" in error.message
 
 
 # --- text generation --------------------------------------------------------------------------------

@@ -277,7 +277,7 @@ class EchoTranslationBatch:
                 m.want, m.result = None, [[SimpleNamespace(tokens=list(s), score=-1.0)] for s in m.src]
         self.members = [m for m in self.members if m.want is not None]
 
-    def join(self, encoded, options, sizes):
+    def join(self, encoded, options, sizes, terms=None):
         """An EchoSearch a request: `sizes` requests' sources in turn."""
         if any(99 in s for s in encoded):
             raise RuntimeError("engine failure")
@@ -307,7 +307,7 @@ class EchoTranslator:
         self.searches += 1
         return src_ids
 
-    def search(self, src_ids, options):
+    def search(self, src_ids, options, terms=None):
         if any(99 in s for s in src_ids):
             raise RuntimeError("engine failure")
         return [[SimpleNamespace(tokens=list(s), score=-1.0)] for s in src_ids]

@@ -3,13 +3,15 @@
 integrations) unchanged. Errors in its shape, `{"error": "..."}`, its field names in their messages; the key
 may come in the body's `api_key` field. The requests feed the same queue and batches as POST /translate
 (Gateway.translate), and source=auto is detected as there. format=html translates an HTML fragment's text
-and keeps its markup (translate_html, service/shared/html_text.py). Its file API (/translate_file, the download
+and keeps its markup (translate_html, service/shared/html_text.py). One field is not LibreTranslate's: `glossary`,
+POST /translate's (its terms kept, the answer in LibreTranslate's shape). Its file API (/translate_file, the download
 route, /frontend/settings) is libretranslate_files.py, installed here."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+from typing import Any
 from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request
@@ -18,6 +20,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..shared import html_text
+from ..shared.glossary import GlossaryError, parse as parse_glossary
 from ..errors import ApiError, declares_json, first_error, parse_error
 from . import libretranslate_files as files
 from .flavour import Flavour, describe_pairs
@@ -32,6 +35,9 @@ MAX_FIELDS = 1000             # a form's fields at most (Starlette's default for
 # clients sent q, source, target.
 OUR_NAMES = re.compile(r"\b(text|source_lang|target_lang)(?=[\[.:]| (?:is|has|was|must) )")
 LIBRE_NAMES = {"text": "q", "source_lang": "source", "target_lang": "target"}
+# The body schema's nested models (GlossaryEntry) go to the components, as json_body.add_schema puts them: a
+# "#/$defs/..." reference inside a path's schema would point at the root of /openapi.json, where nothing is.
+REFS = "#/components/schemas/{model}"
 
 
 async def read_fields(request: Request) -> tuple[dict, bool]:
@@ -115,6 +121,21 @@ def alternatives_of(data: dict, form: bool) -> int:
     return alternatives
 
 
+def glossary_of(data: dict) -> Any:
+    """The glossary field, an extension of LibreTranslate's API: a list of {source, target} objects (checked by
+    TranslateRequest, as POST /translate's), or DeepL's TSV in a string, the one way a form can send it; None
+    where it was not sent or is blank. Bad TSV: a 400 naming its line or entry."""
+    glossary = data.get("glossary")
+    if not isinstance(glossary, str):
+        return glossary
+    if not glossary.strip():
+        return None
+    try:
+        return [{"source": e.source, "target": e.target} for e in parse_glossary(glossary, "tsv")]
+    except GlossaryError as e:
+        raise ApiError(400, "invalid_glossary", str(e)) from None
+
+
 def to_request(data: dict, form: bool) -> TranslateRequest:
     """LibreTranslate's fields as our TranslateRequest, or a 400 naming the first problem."""
     q, source, target = data.get("q"), data.get("source"), data.get("target")
@@ -124,10 +145,10 @@ def to_request(data: dict, form: bool) -> TranslateRequest:
     fmt = data.get("format", "text")
     if fmt not in ("text", "html"):
         raise ApiError(400, "invalid_request", f"format must be text or html, got {fmt!r}")
-    alternatives = alternatives_of(data, form)
+    alternatives, glossary = alternatives_of(data, form), glossary_of(data)
     try:
         return TranslateRequest(text=q, source_lang=source, target_lang=target, beam_size=max(4, alternatives + 1),
-                                num_alternatives=alternatives)
+                                num_alternatives=alternatives, glossary=glossary)
     except ValidationError as e:
         raise ApiError(400, "invalid_request", first_error(e)) from None
 
@@ -280,7 +301,8 @@ def install(app: FastAPI, gateway: Gateway) -> None:
     async def detect_route(request: Request) -> Response:
         return await detect(gateway, request)
 
-    body = {"schema": LibreTranslateRequest.model_json_schema()}
+    body = {"schema": LibreTranslateRequest.model_json_schema(ref_template=REFS)}
+    body["schema"].pop("$defs", None)           # describe() adds them to the components
     app.add_api_route("/libretranslate/translate", translate_route, methods=["POST"],
                       response_model=LibreTranslateResponse, response_model_exclude_none=True, responses=ERRORS,
                       openapi_extra={"requestBody": {"required": True, "content": {
@@ -306,6 +328,8 @@ def describe(schema: dict, gateway: Gateway) -> None:
     paths = schema["paths"]
     for content in paths["/libretranslate/translate"]["post"]["requestBody"]["content"].values():
         describe_pairs(content["schema"], ("source", "target"), gateway, text, texts)
+    schema.setdefault("components", {}).setdefault("schemas", {}).update(
+        LibreTranslateRequest.model_json_schema(ref_template=REFS).get("$defs", {}))
     detect_content = paths["/libretranslate/detect"]["post"]["requestBody"]["content"]
     for one in (q for b in detect_content.values() for q in b["schema"]["properties"]["q"]["anyOf"]):
         one.update({"maxLength": s.max_text_chars} if one["type"] == "string" else

@@ -1,4 +1,4 @@
-"""transerve translate [INPUT] [-o OUTPUT] [--format ...] [--url URL] [--resume] [search options]"""
+"""transerve translate [INPUT] [-o OUTPUT] [--format ...] [--url URL] [--resume] [--glossary FILE] [search options]"""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .formats import DOCUMENTS, SUFFIXES
-from .options import BulkOptions, add_search_arguments, search_fields
+from .options import BulkOptions, add_search_arguments, glossary_entries, search_fields
 from .run import ResumeError
 
 
@@ -39,6 +39,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="go on where a stopped run left the output")
     p.add_argument("--progress", choices=("auto", "bar", "lines", "off"), default=d.progress,
                    help="auto: a bar on a terminal, a line every 10 s otherwise (standard error)")
+    p.add_argument("--glossary", metavar="FILE", default=d.glossary,
+                   help="fixed translations of terms, in DeepL's formats: a .tsv (source TAB target a line) or .csv "
+                   "(source,target) file; each sentence's terms are kept by beam search (--beam-size 2 or more)")
     add_search_arguments(p)
     return p
 
@@ -49,13 +52,14 @@ def read_options(argv: list[str] | None) -> BulkOptions:
     fmt = args.format or SUFFIXES.get(Path(args.input).suffix.lower(), "txt")
     if min(args.chunk, args.batch_size, args.batch_tokens, args.concurrency) < 1:
         p.error("--chunk, --batch-size, --batch-tokens and --concurrency must be at least 1")
+    search = search_fields(args, p)
     return BulkOptions(input=args.input, output=args.output, format=fmt, column=args.column, header=args.header,
                        field=args.field, to_field=args.to_field, source_lang=args.source_lang,
                        target_lang=args.target_lang, model=args.model, url=args.url, api_key=args.api_key,
                        concurrency=args.concurrency, threads=args.threads, chunk=args.chunk,
                        batch_size=args.batch_size, batch_tokens=args.batch_tokens, resume=args.resume,
-                       progress=args.progress,
-                       search=search_fields(args, p))
+                       progress=args.progress, search=search, glossary=args.glossary,
+                       glossary_entries=glossary_entries(args.glossary, search, p))
 
 
 class Stopped(Exception):

@@ -6,10 +6,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional, get_args
 
 from pydantic import ValidationError
 
+from ..shared.glossary import Entry, GlossaryError, parse
+from ..shared.options import DEFAULTS
 from ..shared.schemas import SEARCH_FIELDS, TranslateRequest
 
 
@@ -37,6 +40,8 @@ class BulkOptions:
     progress: str = "auto"              # auto (a bar on a terminal, lines otherwise) | bar | lines | off
     # POST /translate's fields that were given (the others take the schema's defaults)
     search: dict = dataclasses.field(default_factory=dict)
+    glossary: Optional[str] = None      # a DeepL glossary file (.tsv or .csv); None = none
+    glossary_entries: list[Entry] = dataclasses.field(default_factory=list)   # its entries, read by read_options
 
 
 def add_search_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,3 +79,37 @@ def checked_search(given: dict, source_lang: str, target_lang: str) -> dict:
         raise ValueError("; ".join(f"{'.'.join(map(str, err['loc'])) or 'options'}: {err['msg']}"
                                    for err in e.errors())) from None
     return dict(given)
+
+
+def glossary_entries(path: Optional[str], search: dict, parser: argparse.ArgumentParser) -> list[Entry]:
+    """--glossary's entries ([] without it), or the parser's error (exit 2): for greedy search, which cannot keep
+    terms, and for a file read_glossary refuses."""
+    if path is None:
+        return []
+    if search.get("beam_size", DEFAULTS.beam_size) < 2:
+        parser.error(f"--glossary: its terms are kept by beam search, which needs --beam-size 2 or more (the default "
+                     f"is {DEFAULTS.beam_size})")
+    try:
+        return read_glossary(path)
+    except ValueError as e:
+        parser.error(str(e))
+    except OSError as e:
+        parser.error(f"--glossary {path}: {e.strerror or e}")
+
+
+def read_glossary(path: str) -> list[Entry]:
+    """A glossary file in DeepL's format its suffix names, .tsv or .csv (shared/glossary.py's parse, the service's
+    reading and checks). ValueError naming the file and the line or entry refused; OSError where it cannot be read."""
+    fmt = Path(path).suffix.lower().removeprefix(".")
+    if fmt not in ("tsv", "csv"):
+        raise ValueError(f"--glossary {path}: a glossary is a .tsv file (a source term TAB its target term a line) "
+                         "or a .csv file (source,target a line), DeepL's formats")
+    try:
+        entries = parse(Path(path).read_text(encoding="utf-8-sig"), fmt)    # -sig: a BOM, as spreadsheets write
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--glossary {path}: not UTF-8 text (byte {e.start})") from None
+    except GlossaryError as e:
+        raise ValueError(f"--glossary {path}: {e}") from None
+    if not entries:
+        raise ValueError(f"--glossary {path}: the file holds no entry")
+    return entries

@@ -9,6 +9,7 @@ back to that length, skips that many records of the input and goes on. The finis
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -54,7 +55,13 @@ def streamed_format(options: BulkOptions):
 
 
 def job(options: BulkOptions) -> dict:
-    return {name: value for name, value in asdict(options).items() if name in JOB_FIELDS}
+    out = {name: value for name, value in asdict(options).items() if name in JOB_FIELDS}
+    if options.glossary_entries:
+        # Its entries, not the file's name (a moved file is the same glossary); only when there is one, so a state
+        # written before --glossary existed still resumes.
+        entries = json.dumps([[e.source, e.target] for e in options.glossary_entries], ensure_ascii=False)
+        out["glossary_sha256"] = hashlib.sha256(entries.encode("utf-8")).hexdigest()
+    return out
 
 
 def state_path(options: BulkOptions) -> Path:

@@ -222,6 +222,10 @@ class LibreTranslateRequest(BaseModel):
     format: Literal["text", "html"] = "text"
     alternatives: int = Field(0, ge=0, le=3, description="Extra translations per text")
     api_key: Optional[str] = Field(None, description="The API key, when the server has keys")
+    glossary: Optional[Union[Annotated[list[GlossaryEntry], Field(max_length=MAX_GLOSSARY_ENTRIES)], str]] = Field(
+        None, description="Not LibreTranslate's: fixed translations of terms, kept by the search as POST "
+        "/translate's glossary (translatedText then holds them); a list of {source, target} objects, or DeepL's TSV "
+        "(a source term TAB its target term a line), the form's way; null = none")
 
 
 class LibreTranslateResponse(BaseModel):

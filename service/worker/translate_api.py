@@ -31,7 +31,7 @@ from ..shared.package import load_package
 from .litserve_bridge import SchedulerLoop
 from ..metrics import metrics
 from .scheduler import Failure, for_one_request
-from .glossary_terms import report, sentence_terms
+from .glossary_terms import report, request_terms
 from ..shared.kept_spans import Kept
 from .translate_scheduler import Job, TranslationScheduler, request_cost
 from ..shared.options import SearchOptions
@@ -108,8 +108,8 @@ class TranslateAPI(ls.LitAPI):
             spans.append((len(sentences), len(sentences) + len(sents)))
             seps.append(sep)
             sentences.extend(sents)
-        terms = sentence_terms(engine, sentences, request.get("glossary"), s.max_sentence_tokens, keep_spans=True,
-                               beam=options.strategy == "beam")
+        terms = request_terms(engine, sentences, request.get("glossary"), s.max_sentence_tokens,
+                              beam=options.strategy == "beam")
         if isinstance(terms, Failure):
             return terms
         ids = engine.source_ids(terms.texts, pair[1])

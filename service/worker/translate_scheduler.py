@@ -21,11 +21,11 @@ import numpy as np
 
 from .cancel import CancelBoard
 from .scheduler import CPU_BATCH_ROWS, GAUGE_S, Failure, log
-from .glossary_terms import SentenceTerms
 from .watch import SchedulerWatch
 from ..inference.decoders import columns_for
 from ..inference.running_batch import Member, RunningBatch, Ticket, pooled
 from ..inference.engine import Engine
+from ..inference.request_terms import SentenceTerms
 from ..shared.constraints import Terms
 from ..shared.options import SearchOptions
 from ..metrics import metrics

@@ -1,0 +1,64 @@
+"""LibreTranslate's POST /translate with a glossary, a field of ours (service/api/libretranslate.py): a list of
+{source, target} objects in JSON, DeepL's TSV in a form, kept as POST /translate's glossary is, on a real server
+over models/de-en; the answer in LibreTranslate's shape, a bad glossary refused in its error shape naming the
+line or entry, and the OpenAPI schema's references resolvable."""
+
+import httpx
+import pytest
+
+from conftest import ROOT, start_server, stop_server
+
+PATH = "/libretranslate/translate"
+TEXT = "Der Auftrag wurde gestern erteilt."
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, url = start_server(ROOT / "models" / "de-en")
+    yield url
+    stop_server(proc)
+
+
+def libre(url: str, **fields) -> httpx.Response:
+    return httpx.post(url + PATH, json={"q": TEXT, "source": "de", "target": "en"} | fields, timeout=120)
+
+
+def libre_form(url: str, **fields) -> httpx.Response:
+    return httpx.post(url + PATH, data={"q": TEXT, "source": "de", "target": "en"} | fields, timeout=120)
+
+
+def test_a_json_or_form_glossary_keeps_its_terms_in_libretranslates_shape(server):
+    plain = libre(server).json()
+    assert "purchase order" not in plain["translatedText"]
+    as_json = libre(server, glossary=[{"source": "Auftrag", "target": "purchase order"}])
+    as_form = libre_form(server, glossary="Auftrag\tpurchase order\n\nHaus\tbuilding\n")
+    for r in (as_json, as_form):
+        assert r.status_code == 200, r.text
+        assert r.json().keys() == {"translatedText"} and "purchase order" in r.json()["translatedText"]
+    assert as_form.json() == as_json.json()
+    listed = libre(server, q=[TEXT, "Es regnet."], glossary=[{"source": "Auftrag", "target": "purchase order"}])
+    assert "purchase order" in listed.json()["translatedText"][0]
+    assert libre_form(server, glossary="").json() == plain           # an empty field: no glossary
+
+
+@pytest.mark.parametrize("send, glossary, message", [
+    (libre_form, "Auftrag\tpurchase order\nHaus\tbuilding\tx\n", "glossary line 2: 3 fields"),
+    (libre_form, "Auftrag purchase order\n", "glossary line 1: 1 fields"),
+    (libre_form, "Haus\thouse\nHaus\thome\n", "glossary entry 2: source term 'Haus' is already entry 1"),
+    (libre, "Auftrag\torder\nHaus\n", "glossary line 2: 1 fields"),                # TSV in JSON too
+    (libre, [{"source": "Dach", "target": "屋根"}], "glossary entry 1: its target term has characters de-en cannot"),
+    (libre, [{"source": "Haus"}], "glossary.0.target"),
+])
+def test_a_bad_glossary_is_a_400_in_libretranslates_shape_naming_the_line_or_entry(server, send, glossary, message):
+    r = send(server, glossary=glossary)
+    assert r.status_code == 400, r.text
+    assert r.json().keys() == {"error"} and message in r.json()["error"], r.text
+
+
+def test_the_openapi_schema_documents_the_field_with_resolvable_references(server):
+    spec = httpx.get(server + "/openapi.json").json()
+    body = spec["paths"][PATH]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert "$defs" not in body
+    refs = [one["items"]["$ref"] for one in body["properties"]["glossary"]["anyOf"] if one.get("type") == "array"]
+    assert refs == ["#/components/schemas/GlossaryEntry"]
+    assert spec["components"]["schemas"]["GlossaryEntry"]["required"] == ["source", "target"]
