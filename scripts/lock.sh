@@ -34,5 +34,9 @@ for extra in serve gpu; do
       --python-version 3.11.2 --python-platform x86_64-manylinux_2_36 --index-url https://pypi.org/simple \
       --quiet "${constraints[@]}"
   } > "$out"
+  # litserve asks for uvicorn[standard]: pip 23.0 (Debian bookworm's, the image test's) in --require-hashes mode
+  # takes a pin of the bare name as no pin of the extra once a newer uvicorn is published ("all requirements must
+  # have their versions pinned"), so the extra is pinned by name.
+  sed -i 's/^uvicorn==/uvicorn[standard]==/' "$out"
   echo "wrote $out ($(grep -c '==' "$out") packages)"
 done

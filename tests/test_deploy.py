@@ -449,8 +449,8 @@ def test_image_locks_pin_every_serving_dependency_with_hashes(extra):
     import tomllib
 
     lock = (ROOT / "deploy" / "docker" / f"requirements-{extra}.lock").read_text()
-    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+) \\$", lock, flags=re.M))
-    entries = re.split(r"\n(?=[A-Za-z0-9_.-]+==)", lock.split("\n", 2)[2].strip())
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)(?:\[[a-z,]+\])?==(\S+) \\$", lock, flags=re.M))
+    entries = re.split(r"\n(?=[A-Za-z0-9_.-]+(?:\[[a-z,]+\])?==)", lock.split("\n", 2)[2].strip())
     assert len(entries) == len(pins) > 10
     assert all("--hash=sha256:" in e for e in entries)
     norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()  # noqa: E731

@@ -538,8 +538,11 @@ class Exploding:
     def prompt_ids(self, texts):
         return [[2] + ids[:-1] for ids in self.source_ids(texts, "")]
 
-    def search(self, src_ids, options):
+    def search(self, src_ids, options, terms=None):
         return [[SimpleNamespace(tokens=ids[:-1], score=-1.0)] for ids in src_ids]
+
+    def writable(self, ch):                       # every character: nothing kept as written (kept_spans.py)
+        return True
 
     def running_batch(self, group):
         return OneStepBatch()
