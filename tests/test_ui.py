@@ -178,6 +178,24 @@ def test_typed_german_shows_what_the_api_translates_it_to(server, browser, tmp_p
     assert not errors, errors
 
 
+def test_a_glossary_typed_in_its_box_is_sent_and_what_held_is_shown(server, browser):
+    glossary = [{"source": "sterben", "target": "perish"}]
+    expected = httpx.post(server + "/translate", json={"text": GERMAN, "source_lang": "auto", "target_lang": "en",
+                                                       "glossary": glossary}, timeout=WAIT_S).json()
+    assert "perish" in expected["translations"][0]["text"], expected
+    open_page(browser, server)
+    browser.find_element("css selector", "#glossary-box summary").click()
+    browser.find_element("id", "glossary").send_keys("sterben = perish")
+    type_text(browser, GERMAN)
+    wait_for(browser, lambda d: value(d, "output") == expected["translations"][0]["text"], "the kept term")
+    wait_for(browser, lambda d: text(d, "glossary-held") == "1 of 1 terms held", "what held")
+    assert text(browser, "glossary-count") == "(1)"
+    # A source term given twice (" = ": a typed tab would move the focus).
+    browser.find_element("id", "glossary").send_keys("\nsterben = die")
+    wait_for(browser, lambda d: "invalid_glossary: glossary entry 2" in text(d, "error"), "the entry named")
+    assert text(browser, "glossary-held") == ""
+
+
 def test_an_error_is_shown_as_the_api_gives_it(server, browser):
     long = (GERMAN + " ") * (MAX_CHARS // len(GERMAN) + 1)
     api = httpx.post(server + "/translate", json={"text": long, "source_lang": "auto", "target_lang": "en"}).json()

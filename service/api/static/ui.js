@@ -7,7 +7,8 @@
   const els = {
     keyRow: $("key-row"), key: $("key"), source: $("source"), target: $("target"), swap: $("swap"),
     detected: $("detected"), input: $("input"), output: $("output"), count: $("count"), clear: $("clear"),
-    status: $("status"), copy: $("copy"), error: $("error"),
+    status: $("status"), copy: $("copy"), error: $("error"), glossary: $("glossary"),
+    glossaryCount: $("glossary-count"), glossaryHeld: $("glossary-held"),
   };
   const DELAY_MS = 400;                     // translate once typing pauses this long
   const KEY_STORE = "transerve.api_key";    // sessionStorage: gone with the tab
@@ -53,6 +54,7 @@
     }
     els.error.textContent = text;
     els.error.hidden = false;
+    els.glossaryHeld.textContent = "";
     if (status === 401 || status === 403) {
       els.keyRow.hidden = false;
       els.key.focus();
@@ -104,6 +106,27 @@
     if (els.input.value.trim()) translate();
   }
 
+  // The glossary box: a line is "source<TAB>target" (DeepL's TSV) or "source = target"; blank lines skipped. A
+  // line of another shape is sent as it is, for the API to name it (400 invalid_glossary, entry n).
+  function glossaryEntries() {
+    const out = [];
+    for (const line of els.glossary.value.split("\n")) {
+      if (!line.trim()) continue;
+      const cut = line.includes("\t") ? line.split("\t") : line.split(" = ");
+      out.push({ source: cut[0] || "", target: cut.slice(1).join(" = ") });
+    }
+    els.glossaryCount.textContent = out.length ? `(${out.length})` : "";
+    return out;
+  }
+
+  function showHeld(item) {
+    const results = item.glossary || [];
+    const missed = results.filter((g) => !g.held).map((g) => `${g.source} → ${g.target}`);
+    els.glossaryHeld.textContent = !results.length ? "" : missed.length
+      ? `${results.length - missed.length} of ${results.length} terms held; missed: ${missed.join(", ")}`
+      : `${results.length} of ${results.length} terms held`;
+  }
+
   function updateCount() {
     const n = els.input.value.length;
     els.count.textContent = maxChars ? `${n} / ${maxChars}` : String(n);
@@ -127,7 +150,10 @@
     }
     controller = new AbortController();
     els.status.textContent = "Translating…";
-    const body = JSON.stringify({ text, source_lang: els.source.value, target_lang: els.target.value });
+    const request = { text, source_lang: els.source.value, target_lang: els.target.value };
+    const glossary = glossaryEntries();
+    if (glossary.length) request.glossary = glossary;
+    const body = JSON.stringify(request);
     let r;
     try {
       r = await call("translate", { method: "POST", headers: headers(), body, signal: controller.signal });
@@ -146,6 +172,7 @@
     }
     clearError();
     const item = r.body.translations[0];
+    showHeld(item);
     const d = item.detected_lang;
     detectedCode = d ? d.language : "";
     showOutput(item.text, d ? `Detected: ${nameOf(d.language)} (${Math.round(d.confidence)}%)` : "",
@@ -183,6 +210,7 @@
     if (!languages.length) loadLanguages(); else translate();
   });
   els.input.addEventListener("input", schedule);
+  els.glossary.addEventListener("input", schedule);
   els.input.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) translate(); });
   els.source.addEventListener("change", () => { fillTargets(); translate(); });
   els.target.addEventListener("change", translate);
