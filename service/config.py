@@ -63,6 +63,9 @@ class Settings:
     # where: a directory of this host only (empty: transerve-files in the system's temporary directory).
     file_ttl_s: float = 1800.0
     file_dir: str = ""
+    # Where this host keeps what must outlive a restart without --redis-url: the stored glossaries' SQLite file
+    # (service/http/glossary_store.py). Empty: $XDG_DATA_HOME/transerve, or ~/.local/share/transerve (data_path).
+    data_dir: str = ""
     # Every connection bounded at the server (docs/serving.md, "Slow clients"; service/http/uvicorn_bridge.py).
     header_timeout_s: float = 10.0      # request line and headers, from the first byte; then 408 and close
     # A request's line and headers as sent, and its header fields; beyond either: 431 and close. nginx's
@@ -113,6 +116,15 @@ class Settings:
                 "max_texts": self.max_file_texts}
 
     @property
+    def data_path(self) -> Path:
+        """--data-dir, or where the XDG Base Directory spec puts an application's data: $XDG_DATA_HOME (when it
+        is an absolute path, as the spec asks) or ~/.local/share, then transerve."""
+        if self.data_dir:
+            return Path(self.data_dir)
+        base = os.environ.get("XDG_DATA_HOME", "")
+        return (Path(base) if os.path.isabs(base) else Path.home() / ".local" / "share") / "transerve"
+
+    @property
     def keyed(self) -> bool:
         """Whether requests need a key: keys given, or a keys file (whose structured form leaves api_keys empty)."""
         return bool(self.api_keys or self.api_keys_file)
@@ -155,6 +167,8 @@ _HELP = {
     "file_ttl_s": "seconds a translated file is kept for its download, then deleted",
     "file_dir": "directory for the translated files waiting to be downloaded (empty: transerve-files in the "
                 "system's temporary directory); only this host reads it",
+    "data_dir": "directory for what outlives a restart without --redis-url: the stored glossaries' SQLite file, "
+                "shared by this host's HTTP processes (empty: $XDG_DATA_HOME/transerve or ~/.local/share/transerve)",
     "max_output_tokens": "tokens written per sentence or generation at most, whatever a request asks",
     "max_prompt_tokens": "tokens a generation prompt may have; beyond: 413",
     "redis_url": "Redis to count the keys' usage in, shared by every replica (redis://[:password@]host:6379/0; "

@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 # The `kind` label of transerve_errors_total for each status; anything else counts as "internal". A request
 # the routes cannot take (404, 405) is wrong as a malformed one is: "validation", not a bug of ours. 499 is
@@ -166,8 +167,19 @@ def install_handlers(app, max_payload_bytes: int, respond: Responder) -> None:
         return await api_error(request, invalid_body(e))
 
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        if e.status_code == 405:
+            e = StarletteHTTPException(405, e.detail, dict(e.headers or {}) | {"Allow": path_methods(request)})
         return await api_error(request, http_api_error(e, max_payload_bytes))
 
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
+
+
+def path_methods(request: Request) -> str:
+    """Allow's methods for a 405: those of every route of the request's path. Starlette names only the first
+    route's, and a path may have several (GET and DELETE /glossaries/{glossary_id}); HEAD is added after
+    (http_api_error)."""
+    methods = {m for route in request.app.router.routes if getattr(route, "methods", None)
+               and route.matches(request.scope)[0] is not Match.NONE for m in route.methods}
+    return ", ".join(sorted(methods - {"HEAD"}))

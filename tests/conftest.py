@@ -134,8 +134,11 @@ def start_server(package, *extra, env=None, port=None, preexec_fn=None):
            "--threads", "1", *extra]
     # The log goes to a file: a pipe no one reads fills up (64 KiB of access log) and blocks the server.
     log = tempfile.NamedTemporaryFile("w+", prefix="transerve-test-", suffix=".log", delete=False)
+    # Stored glossaries beside the log (made with the first one), never in the user's own data directory;
+    # --data-dir, or env, names another.
+    env = {**os.environ, "TRANSERVE_DATA_DIR": f"{log.name}.data", **(env or {})}
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, **(env or {})), start_new_session=True, preexec_fn=preexec_fn)
+                            env=env, start_new_session=True, preexec_fn=preexec_fn)
     proc.log_path = log.name
     url = f"http://127.0.0.1:{port}"
     if wait_ready(url, proc, 180):
@@ -188,6 +191,42 @@ def stop_server(proc):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def redis():
+    """A redis-server of the module's own on a free port, without persistence (tests/test_tenants.py,
+    test_glossary_store.py); the test skips, saying why, where the machine has none."""
+    binary = shutil.which("redis-server")
+    if not binary:
+        pytest.skip("no redis-server: apt-get install redis-server (scripts/test.sh does, as root)")
+    server = RedisServer(binary, free_port())
+    server.start()
+    yield server
+    server.stop()
+
+
+class RedisServer:
+    def __init__(self, binary: str, port: int):
+        self.binary, self.port, self.proc = binary, port, None
+        self.url = f"redis://127.0.0.1:{port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.time() + 10
+        while subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True, text=True
+                             ).stdout.strip() != "PONG":
+            assert time.time() < deadline and self.proc.poll() is None, "redis-server did not start"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def flush(self) -> None:
+        subprocess.run(["redis-cli", "-p", str(self.port), "flushall"], check=True, capture_output=True)
 
 
 def pairs64() -> list[tuple[str, str]]:

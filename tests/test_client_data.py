@@ -178,6 +178,18 @@ def requests_of(run: Run) -> list[tuple[str, str, dict]]:
                      {"X-Part": s("a part's header")})}}),
         ("POST", "/libretranslate/translate_file", {"data": {"source": "de", "target": "en", **key}, "files": {
             "file": (f"{s('file name, refused')}.{s('file extension')}", s("file content 2").encode())}}),
+        ("POST", "/glossaries", {"json": {"name": s("glossary name"), "source_lang": "de", "target_lang": "en",
+                                          "entries": [{"source": "Haus", "target": s("glossary target term")},
+                                                      {"source": s("glossary source term"), "target": "x"}]}}),
+        ("POST", "/glossaries", {"json": {"name": s("glossary name, refused"), "source_lang": "de",
+                                          "target_lang": s("glossary target_lang"),
+                                          "entries": f"{s('glossary TSV')}\t{s('glossary TSV 2')}\tx\n"}}),
+        ("GET", "/glossaries", {}),
+        ("GET", f"/glossaries/{s('glossary id path')}", {}),
+        ("GET", f"/glossaries/{s('glossary id path, entries')}/entries", {}),
+        ("DELETE", f"/glossaries/{s('glossary id path, deleted')}", {}),
+        ("POST", "/translate", {"json": {"text": s("/translate text, glossary_id"), "source_lang": "de",
+                                         "target_lang": "en", "glossary_id": s("/translate glossary_id")}}),
         ("GET", "/ui", {}), ("GET", "/docs", {}), ("GET", "/redoc", {}), ("GET", "/docs/oauth2-redirect", {}),
         ("GET", "/health", {}), ("HEAD", "/health", {}), ("GET", "/ready", {}), ("GET", "/info", {}),
         ("GET", "/usage", {}), ("GET", "/openapi.json", {}),
@@ -200,6 +212,8 @@ def exercise(run: Run) -> None:
                 run.planted.secrets[link.rsplit("/", 1)[1].split(".", 1)[0]] = "the download token"
                 d = send(client, run, "GET", httpx.URL(link).path)
                 assert d.status_code == 200 and d.content, d.text[:300]
+            if (method, path) == ("POST", "/glossaries") and r.status_code == 201:
+                use_glossary(client, run, r.json()["glossary_id"])
         if run.key:
             for path in ("/translate", "/libretranslate/translate", "/v1/completions", "/metrics"):
                 wrong = {"Authorization": f"Bearer {run.planted.new(f'a wrong key on {path}')}"}
@@ -213,6 +227,19 @@ def exercise(run: Run) -> None:
         assert metrics.status_code == 200
         run.metrics_text = metrics.text
         run.schema_routes = set(client.get("/openapi.json", headers=auth).json()["paths"])
+
+
+def use_glossary(client: httpx.Client, run: Run, glossary_id: str) -> None:
+    """A stored glossary (its id a secret its key holds) read, used by a translation and deleted."""
+    run.planted.secrets[glossary_id] = "a glossary's id"
+    text = f"Das Haus {run.planted.new('/translate text, a stored glossary')}."
+    for method, path, kwargs in (("GET", f"/glossaries/{glossary_id}", {}),
+                                 ("GET", f"/glossaries/{glossary_id}/entries", {}),
+                                 ("POST", "/translate", {"json": {"text": text, "source_lang": "de",
+                                                                  "target_lang": "en", "glossary_id": glossary_id}}),
+                                 ("DELETE", f"/glossaries/{glossary_id}", {})):
+        r = send(client, run, method, path, **kwargs)
+        assert r.status_code in (200, 204), (method, path, r.text[:300])
 
 
 def spans_exported(run: Run, seconds: float = 10) -> bytes:

@@ -14,9 +14,7 @@ import concurrent.futures as cf
 import hashlib
 import json
 import os
-import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -155,40 +153,6 @@ def test_memory_counts_a_window_exactly_with_retry_after_and_ratelimit_fields():
     with pytest.raises(ApiError) as big:   # more than the limit at once: never fits, so no Retry-After
         asyncio.run(Quota(Settings()).take(tenant, charges(tenant, characters=1001)))
     assert big.value.status == 413
-
-
-@pytest.fixture(scope="module")
-def redis():
-    binary = shutil.which("redis-server")
-    if not binary:
-        pytest.skip("no redis-server: apt-get install redis-server (scripts/test.sh does, as root)")
-    server = RedisServer(binary, free_port())
-    server.start()
-    yield server
-    server.stop()
-
-
-class RedisServer:
-    def __init__(self, binary: str, port: int):
-        self.binary, self.port, self.proc = binary, port, None
-        self.url = f"redis://127.0.0.1:{port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen([self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        deadline = time.time() + 10
-        while subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True, text=True
-                             ).stdout.strip() != "PONG":
-            assert time.time() < deadline and self.proc.poll() is None, "redis-server did not start"
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def flush(self) -> None:
-        subprocess.run(["redis-cli", "-p", str(self.port), "flushall"], check=True, capture_output=True)
 
 
 def test_redis_counts_atomically_across_clients(redis):

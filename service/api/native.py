@@ -5,6 +5,7 @@
                         events: {"type": "token", "index", "text"} ..., then {"type": "done", "model", "choices",
                         "usage", "timings"}, or {"type": "error", "error": {"type", "message"}} after the 200
     GET  /languages     [{"code", "name", "targets"}]
+    /glossaries         stored glossaries, used by /translate's glossary_id (glossaries.py, installed here)
 
 Errors in our shape (errors.ApiError.body), documented in the README.
 """
@@ -16,7 +17,7 @@ from typing import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from . import sse
+from . import glossaries, sse
 from ..errors import ApiError
 from .flavour import Flavour, describe_pairs
 from ..http.gateway import Finished, Gateway, GenerationStream
@@ -46,7 +47,8 @@ def install(app: FastAPI, gateway: Gateway) -> None:
         return {"model": done.model, "usage": done.usage, "timings": done.timings, "choices": done.choices}
 
     app.add_api_route("/translate", translate, methods=["POST"], response_model=TranslateResponse,
-                      responses=ERRORS, openapi_extra=request_body(TranslateRequest),
+                      responses=ERRORS | {404: {"model": ErrorResponse}},   # an unknown glossary_id
+                      openapi_extra=request_body(TranslateRequest),
                       summary="Translate one text or a list of texts", tags=["translation"])
     app.add_api_route("/generate", generate, methods=["POST"], response_model=GenerateResponse,
                       responses=ERRORS | {200: {"content": {"text/event-stream": {}},
@@ -54,6 +56,7 @@ def install(app: FastAPI, gateway: Gateway) -> None:
                       summary="Continue a prompt with a generation model", tags=["generation"])
     app.add_api_route("/languages", gateway.languages, methods=["GET"], response_model=list[Language],
                       tags=["translation"])
+    glossaries.install(app, gateway)
 
 
 async def events(stream: GenerationStream) -> AsyncIterator[str]:
@@ -81,6 +84,7 @@ def describe(schema: dict, gateway: Gateway) -> None:
     text = {"maxLength": s.max_text_chars, "pattern": r"\S"}        # not blank: TranslateRequest refuses that
     describe_pairs(add_schema(schema, TranslateRequest), ("source_lang", "target_lang"), gateway, text,
                    {"minItems": 1, "maxItems": s.max_texts, "items": {"type": "string"} | text})
+    glossaries.describe(schema, gateway)
     gen = models["GenerateRequest"]["properties"]
     gen["prompt"]["maxLength"] = s.max_text_chars
     if gateway.generators:

@@ -6,6 +6,8 @@ full), hands it to the workers (litserve_workers.Workers) and gives back typed r
     detect(texts)                 -> each text's served languages with their confidence, best first
     languages()                   -> [{"code", "name", "targets"}]
     generate(body, request)       -> a started GenerationStream: Pieces events, then one Finished
+    glossaries                    the stored glossaries (glossary_store.GlossaryStore), which translate() reads
+                                  a request's glossary_id from
 
 Its errors are ApiError, which each flavour answers in its own shape. The flavours (api/native.py,
 openai_api.py, libretranslate.py, ui.py) install their routes over it; server.py composes them.
@@ -26,6 +28,7 @@ from .. import __version__
 from . import langid
 from .admission import Admission
 from .auth import add_fields, admit
+from .glossary_store import GlossaryStore
 from .keys import ANONYMOUS, KeyRing, allow_model
 from .quota import Quota, charges
 from ..worker.cancel import CancelBoard
@@ -56,11 +59,14 @@ def generate_payload(body: GenerateRequest, max_output_tokens: int) -> dict:
         "options": options}
 
 
-def translate_payload(body: TranslateRequest, texts: list[str], max_output_tokens: int) -> dict:
+def translate_payload(body: TranslateRequest, texts: list[str], max_output_tokens: int,
+                      stored: list[tuple[str, str]] | None = None) -> dict:
     """What the translate worker reads of a request: its texts, its pair and its engine options, mapped once,
-    here (TranslateRequest.to_search_options); the worker applies no default of its own."""
+    here (TranslateRequest.to_search_options); the worker applies no default of its own. Its glossary: the
+    request's own, or the entries of the stored one its glossary_id names (`stored`), under the same key."""
     return {"texts": texts, "source_lang": body.source_lang, "target_lang": body.target_lang,
-            "options": body.to_search_options(max_output_tokens), "glossary": body.glossary_pairs()}
+            "options": body.to_search_options(max_output_tokens),
+            "glossary": stored if body.glossary_id is not None else body.glossary_pairs()}
 
 
 class Gateway:
@@ -74,6 +80,7 @@ class Gateway:
         self.admission = Admission(settings.max_queue)
         self.keys = KeyRing(settings.api_keys, settings.api_keys_file)   # made before the HTTP processes fork
         self.quota = Quota(settings)
+        self.glossaries = GlossaryStore(settings)
         self.generators = [p["name"] for p in packages if p["task"] == "generation"]
         self.pairs = sorted({tuple(d.split("-")) for p in packages for d in p["directions"]})
 
@@ -161,6 +168,8 @@ class Gateway:
         self.check_limits(texts)
         self.check_pair(body.source_lang, body.target_lang)
         self.allow_pair(request, body.source_lang, body.target_lang)
+        stored = None if body.glossary_id is None else await self.glossaries.pairs(
+            self.tenant(request).name, body.glossary_id, body.source_lang, body.target_lang)   # 404, 400 first
         if not charged:
             await self.charge_characters(request, texts)
         if body.source_lang == body.target_lang:
@@ -168,7 +177,7 @@ class Gateway:
         if not self.workers.serves(ENDPOINT):
             raise no_translation_model()
         received = time.monotonic()
-        payload = translate_payload(body, texts, self.settings.max_output_tokens) | {
+        payload = translate_payload(body, texts, self.settings.max_output_tokens, stored) | {
             "received": received, "request_id": request.state.request_id, "number": self.board.new_number()}
         with self.admission.admitted(endpoint):
             out = raise_worker_error(await self.workers.call(ENDPOINT, payload, request) or {})

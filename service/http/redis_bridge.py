@@ -1,5 +1,6 @@
 """The one module that knows the `redis` client library: a connection per HTTP process, the counting script,
-and every way Redis can fail turned into one exception, StoreDown. quota.py decides what a failure means.
+the stored glossaries' hashes and sets (RedisGlossaries), and every way Redis can fail turned into one exception,
+StoreDown. quota.py and glossary_store.py decide what a failure means and name the keys.
 
 The script checks and charges all of a request's counters at once, inside Redis, so that two replicas (or two
 HTTP processes) charging the same key cannot both pass a limit that only one fits under: Redis runs a script
@@ -45,6 +46,24 @@ return out
 """
 
 
+# A glossary stored and added to its owner's set at once, unless the set holds ARGV[1] already (the key's limit):
+# two replicas storing for one key at once cannot both pass it. KEYS: the owner's set, the glossary's hash;
+# ARGV: the limit, the glossary's id, then the hash's fields and values. Returns 1, or 0 when refused.
+ADD_GLOSSARY = """
+if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[2], unpack(ARGV, 3))
+redis.call('SADD', KEYS[1], ARGV[2])
+return 1
+"""
+# The glossary out of its owner's set and its hash deleted, together; KEYS as above, ARGV: its id. Returns 1, or
+# 0 when the set did not hold it.
+REMOVE_GLOSSARY = """
+if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('DEL', KEYS[2])
+return 1
+"""
+
+
 class StoreDown(Exception):
     """Redis did not answer in time, or could not be reached: the exception's class name says which."""
 
@@ -84,3 +103,54 @@ class RedisCounters:
     async def close(self) -> None:
         if self.client is not None:
             await self.client.aclose()
+
+
+class RedisGlossaries:
+    """Stored glossaries in one Redis: a hash per glossary and a set of ids per owner, under the keys
+    glossary_store.py names (both in one Redis Cluster slot: the owner's hash tag). A connection per process,
+    opened on its first use, as RedisCounters'; its answers are text."""
+
+    def __init__(self, url: str, timeout_s: float):
+        self.url, self.timeout_s = url, timeout_s
+        self.client: aioredis.Redis | None = None
+        self.scripts: tuple = ()
+        self.pid = None
+
+    def connect(self) -> aioredis.Redis:
+        if self.client is None or self.pid != os.getpid():
+            self.client = aioredis.Redis.from_url(self.url, socket_timeout=self.timeout_s, decode_responses=True,
+                                                  socket_connect_timeout=self.timeout_s)
+            self.scripts = (self.client.register_script(ADD_GLOSSARY), self.client.register_script(REMOVE_GLOSSARY))
+            self.pid = os.getpid()
+        return self.client
+
+    async def answer(self, call):
+        """`call(client)`'s answer, or StoreDown within the timeout, whatever Redis does."""
+        client = self.connect()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await call(client)
+        except (RedisError, OSError, TimeoutError) as e:
+            raise StoreDown(type(e).__name__) from None
+
+    async def add(self, owned: str, key: str, member: str, fields: dict[str, str], most: int) -> bool:
+        """The hash `key` written and `member` added to the set `owned`, unless the set holds `most` already."""
+        flat = [x for item in fields.items() for x in item]
+        return bool(await self.answer(lambda c: self.scripts[0](keys=[owned, key], args=[most, member, *flat])))
+
+    async def members(self, owned: str) -> list[str]:
+        return list(await self.answer(lambda c: c.smembers(owned)))
+
+    async def hashes(self, keys: list[str], names: list[str]) -> list[dict[str, str] | None]:
+        """Each hash's fields `names` (None for a hash that is gone), in one round trip."""
+        async def read(client):
+            async with client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.hmget(key, names)
+                return await pipe.execute()
+
+        rows = await self.answer(read) if keys else []
+        return [None if row[0] is None else dict(zip(names, row)) for row in rows]
+
+    async def remove(self, owned: str, key: str, member: str) -> bool:
+        return bool(await self.answer(lambda c: self.scripts[1](keys=[owned, key], args=[member])))

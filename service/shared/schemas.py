@@ -71,6 +71,8 @@ class GlossaryEntry(BaseModel):
     target: str = Field(..., min_length=1, max_length=200, description="Its fixed translation, written as given",
                         examples=["order"])
 
+    _types = model_validator(mode="before")(classmethod(_json_types))   # no lone surrogate in a term
+
 
 class TranslateRequest(BaseModel):
     # allow_inf_nan=False: a NaN length_penalty was told "should be less than or equal to 4", as if it were too large
@@ -97,6 +99,10 @@ class TranslateRequest(BaseModel):
         None, max_length=MAX_GLOSSARY_ENTRIES, description="Fixed translations of terms: the entries whose source "
         "term a sentence holds are kept by the beam search (needs beam_size ≥ 2), and each translation says which "
         "held; null = none")
+    glossary_id: Optional[str] = Field(
+        None, min_length=1, max_length=64, description="A stored glossary of this key (POST /glossaries), used as "
+        "`glossary` is; its language pair must be the request's (so not with source_lang \"auto\"); not with "
+        "`glossary`; null = none")
 
     @field_validator("text")
     @classmethod
@@ -117,9 +123,15 @@ class TranslateRequest(BaseModel):
         if self.num_alternatives and self.num_alternatives >= self.beam_size:
             raise ValueError(f"num_alternatives ({self.num_alternatives}) needs beam_size > num_alternatives, "
                              f"e.g. beam_size={self.num_alternatives + 1}")
-        if self.glossary and self.beam_size < 2:
+        if (self.glossary or self.glossary_id) and self.beam_size < 2:
             raise ValueError("a glossary is kept by beam search: it needs beam_size 2 or more (the default is "
                              f"{DEFAULTS.beam_size})")
+        if self.glossary is not None and self.glossary_id is not None:
+            raise ValueError("send glossary (its entries) or glossary_id (a stored one), not both")
+        if self.glossary_id is not None and self.source_lang == AUTO:
+            # DeepL asks the same: a glossary is one language pair, and detection may pick another per text
+            raise ValueError("glossary_id needs source_lang: a stored glossary is for one language pair, which "
+                             "source_lang \"auto\" cannot promise")
         return self
 
     def glossary_pairs(self) -> list[tuple[str, str]] | None:
@@ -130,6 +142,47 @@ class TranslateRequest(BaseModel):
         """This request's engine options, mapped once (search_options()), in the Gateway: they travel in the
         worker's payload, and the worker applies no default of its own."""
         return search_options(self.model_dump(include=set(SEARCH_FIELDS) | {"num_alternatives"}), max_output_tokens)
+
+
+class GlossaryCreateRequest(BaseModel):
+    """POST /glossaries: a glossary stored for the calling key, as DeepL's glossary API takes one (its entries as
+    TSV or CSV text with entries_format), or with its entries as objects, as /translate's glossary."""
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(..., min_length=1, max_length=256, description="The glossary's name, for its owner",
+                      examples=["Procurement"])
+    source_lang: LangCode = Field(..., description="The language of the source terms: a served source language")
+    target_lang: LangCode = Field(..., description="The language of the target terms; the pair must be served",
+                                  examples=["en"])
+    entries: Union[list[GlossaryEntry], str] = Field(
+        ..., description="Its entries: a list of {source, target} objects, or DeepL's TSV (a source term TAB its "
+        "target term a line) or CSV (source,target a line) text", examples=["Auftrag\tpurchase order\n"])
+    entries_format: Optional[Literal["tsv", "csv"]] = Field(None, description="The format of entries given as "
+                                                             "text (default tsv); not with a list")
+
+    _types = model_validator(mode="before")(classmethod(_json_types))
+
+    @model_validator(mode="after")
+    def _format_for_text(self):
+        if self.entries_format is not None and not isinstance(self.entries, str):
+            raise ValueError("entries_format is for entries given as TSV or CSV text, not for a list of entries")
+        return self
+
+
+class GlossaryInfo(BaseModel):
+    """A stored glossary, without its entries (DeepL's glossary object)."""
+    glossary_id: str = Field(..., description="Its id, for /translate's glossary_id and these routes")
+    name: str
+    ready: bool = Field(True, description="Always true: a glossary is usable once it is created (DeepL's field)")
+    source_lang: str
+    target_lang: str
+    creation_time: str = Field(..., description="When it was created: ISO 8601, UTC",
+                               examples=["2025-01-31T09:30:00.000Z"])
+    entry_count: int
+
+
+class GlossaryList(BaseModel):
+    glossaries: list[GlossaryInfo] = Field(..., description="The calling key's glossaries, oldest first")
 
 
 # The fields of POST /translate that choose the search, as the bulk command takes them too (service/bulk/options.py
