@@ -518,14 +518,15 @@ class Client(BaseClient):
                   beam_size: Optional[int] = None, num_alternatives: Optional[int] = None,
                   length_penalty: Optional[float] = None, max_length: Optional[int] = None,
                   no_repeat_ngram_size: Optional[int] = None, repetition_penalty: Optional[float] = None,
-                  glossary: Optional[Glossary] = None) -> TranslateResponse:
+                  glossary: Optional[Glossary] = None, glossary_id: Optional[str] = None) -> TranslateResponse:
         """Translates one text or a list; options left None take the server's defaults. glossary: fixed
         translations of terms (a Glossary), kept by beam search (beam_size 2 or more), each translation's
-        .glossary saying which held; None = none."""
+        .glossary saying which held; None = none. glossary_id: a glossary stored with POST /glossaries by this
+        key, instead; None = none."""
         body = self._translate_body(text, source_lang, target_lang, dict(
             beam_size=beam_size, num_alternatives=num_alternatives, length_penalty=length_penalty,
             max_length=max_length, no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
-            glossary=glossary))
+            glossary=glossary, glossary_id=glossary_id))
         return TranslateResponse.model_validate(self._request("POST", "/translate", **self._json(body)).json())
 
     def generate(self, prompt: str, **options: Unpack[GenerateOptions]) -> GenerateResult:
@@ -607,11 +608,11 @@ class AsyncClient(BaseClient):
                         beam_size: Optional[int] = None, num_alternatives: Optional[int] = None,
                         length_penalty: Optional[float] = None, max_length: Optional[int] = None,
                         no_repeat_ngram_size: Optional[int] = None, repetition_penalty: Optional[float] = None,
-                        glossary: Optional[Glossary] = None) -> TranslateResponse:
+                        glossary: Optional[Glossary] = None, glossary_id: Optional[str] = None) -> TranslateResponse:
         body = self._translate_body(text, source_lang, target_lang, dict(
             beam_size=beam_size, num_alternatives=num_alternatives, length_penalty=length_penalty,
             max_length=max_length, no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
-            glossary=glossary))
+            glossary=glossary, glossary_id=glossary_id))
         return TranslateResponse.model_validate((await self._request("POST", "/translate", **self._json(body))).json())
 
     async def generate(self, prompt: str, **options: Unpack[GenerateOptions]) -> GenerateResult:

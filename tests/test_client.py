@@ -223,7 +223,7 @@ GLOSSED = OK | {"translations": [OK["translations"][0] | {"text": "The purchase 
 
 
 def test_a_glossary_goes_as_source_target_objects_whatever_its_shape_and_comes_back_per_translation():
-    srv = Scripted((200, GLOSSED, {}), (200, GLOSSED, {}), (200, OK, {}))
+    srv = Scripted((200, GLOSSED, {}), (200, GLOSSED, {}), (200, OK, {}), (200, GLOSSED, {}))
     sent = [{"source": "Auftrag", "target": "purchase order"}, {"source": "Haus", "target": "building"}]
     with srv.client() as c:
         r = c.translate("Der Auftrag kam.", source_lang="de", target_lang="en",
@@ -233,8 +233,10 @@ def test_a_glossary_goes_as_source_target_objects_whatever_its_shape_and_comes_b
         plain = c.translate("x", source_lang="de", target_lang="en", glossary={})     # empty: none, not sent
         with pytest.raises(TypeError, match="glossary entry 2: a .source, target. pair"):
             c.translate("x", source_lang="de", target_lang="en", glossary=[("a", "b"), ("c",)])
+        c.translate("x", source_lang="de", target_lang="en", glossary_id="0" * 32)          # a stored one
     assert r.translations[0].glossary == [GlossaryResult(source="Auftrag", target="purchase order", held=True)]
-    assert [body.get("glossary") for _, body, _ in srv.calls] == [sent, sent, None]
+    assert [body.get("glossary") for _, body, _ in srv.calls[:3]] == [sent, sent, None]
+    assert "glossary_id" not in srv.calls[0][1] and srv.calls[3][1]["glossary_id"] == "0" * 32
     assert plain.translations[0].glossary is None
 
 
