@@ -62,3 +62,19 @@ def test_the_openapi_schema_documents_the_field_with_resolvable_references(serve
     refs = [one["items"]["$ref"] for one in body["properties"]["glossary"]["anyOf"] if one.get("type") == "array"]
     assert refs == ["#/components/schemas/GlossaryEntry"]
     assert spec["components"]["schemas"]["GlossaryEntry"]["required"] == ["source", "target"]
+
+
+def test_translate_file_keeps_a_glossary_sent_as_tsv_in_its_form(server):
+    """/translate_file's form takes the same TSV field: its terms kept in every paragraph of the document."""
+    def translated(**fields) -> str:
+        r = httpx.post(server + "/libretranslate/translate_file", data={"source": "de", "target": "en"} | fields,
+                       files={"file": ("brief.txt", f"{TEXT}\n\nDas Haus ist groß.\n".encode())}, timeout=120)
+        assert r.status_code == 200, r.text
+        return httpx.get(r.json()["translatedFileUrl"], timeout=60).text
+
+    plain, kept = translated(), translated(glossary="Auftrag\tpurchase order\nHaus\tbuilding\n")
+    assert "purchase order" not in plain and "purchase order" in kept and "building" in kept
+    bad = httpx.post(server + "/libretranslate/translate_file", data={"source": "de", "target": "en",
+                                                                      "glossary": "Auftrag purchase order"},
+                     files={"file": ("brief.txt", TEXT.encode())}, timeout=120)
+    assert bad.status_code == 400 and "glossary line 1: 1 fields" in bad.json()["error"], bad.text

@@ -20,7 +20,6 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..shared import html_text
-from ..shared.glossary import GlossaryError, parse as parse_glossary
 from ..errors import ApiError, declares_json, first_error, parse_error
 from . import libretranslate_files as files
 from .flavour import Flavour, describe_pairs
@@ -126,14 +125,7 @@ def glossary_of(data: dict) -> Any:
     TranslateRequest, as POST /translate's), or DeepL's TSV in a string, the one way a form can send it; None
     where it was not sent or is blank. Bad TSV: a 400 naming its line or entry."""
     glossary = data.get("glossary")
-    if not isinstance(glossary, str):
-        return glossary
-    if not glossary.strip():
-        return None
-    try:
-        return [{"source": e.source, "target": e.target} for e in parse_glossary(glossary, "tsv")]
-    except GlossaryError as e:
-        raise ApiError(400, "invalid_glossary", str(e)) from None
+    return files.tsv_glossary(glossary) if isinstance(glossary, str) else glossary
 
 
 def to_request(data: dict, form: bool) -> TranslateRequest:

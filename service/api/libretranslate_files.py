@@ -22,7 +22,8 @@ from ..documents.formats import EXTENSIONS, MEDIA_TYPES, format_of, load
 from ..documents.limits import DocumentError, Limits
 from ..errors import ApiError
 from ..http.gateway import Gateway
-from ..shared.schemas import AUTO, TranslateRequest
+from ..shared.glossary import GlossaryError, parse as parse_glossary
+from ..shared.schemas import AUTO, MAX_GLOSSARY_ENTRIES, TranslateRequest
 from ..worker.translate_api import ENDPOINT
 from .file_store import FileStore
 
@@ -79,12 +80,30 @@ def safe_name(filename: str) -> str:
     return "".join(c if c.isascii() and (c.isalnum() or c in ".-_") else "_" for c in base)[-100:] or "file"
 
 
+def tsv_glossary(text: str) -> list[dict] | None:
+    """A glossary sent as DeepL's TSV (a source term TAB its target term a line): how a form sends one, an
+    extension of LibreTranslate's API on /translate and /translate_file; None where blank. Bad TSV: a 400 naming
+    its line or entry; more entries than POST /translate takes: a 413 with the limit."""
+    if not text.strip():
+        return None
+    try:
+        entries = parse_glossary(text, "tsv")
+    except GlossaryError as e:
+        raise ApiError(400, "invalid_glossary", str(e)) from None
+    if len(entries) > MAX_GLOSSARY_ENTRIES:
+        raise ApiError(413, "too_many_glossary_entries", f"the glossary has {len(entries)} entries; the limit is "
+                       f"{MAX_GLOSSARY_ENTRIES}", MAX_GLOSSARY_ENTRIES)
+    return [{"source": e.source, "target": e.target} for e in entries]
+
+
 async def translate_file(gateway: Gateway, store: FileStore, request: Request) -> Response:
     form = await read_upload(request, gateway.settings.max_file_bytes)
     try:
         key = form.get("api_key")
         await gateway.check_key(request, key if isinstance(key, str) else None)
         upload, source, target = fields_of(form)
+        glossary = form.get("glossary")
+        glossary = tsv_glossary(glossary) if isinstance(glossary, str) else None
         fmt = file_format(upload.filename)
         data = await upload.read()
     finally:
@@ -93,7 +112,7 @@ async def translate_file(gateway: Gateway, store: FileStore, request: Request) -
         document = await asyncio.to_thread(load, fmt, data, Limits(**gateway.settings.document_limits()))
     except DocumentError as e:
         raise ApiError(e.status, e.code, f"{upload.filename}: {e.message}", e.limit) from None
-    translations = await translate_texts(gateway, request, document.texts, source, target)
+    translations = await translate_texts(gateway, request, document.texts, source, target, glossary)
     if translations is None:
         return Response(status_code=499)
     result = await asyncio.to_thread(document.render, translations)
@@ -104,9 +123,9 @@ async def translate_file(gateway: Gateway, store: FileStore, request: Request) -
 
 
 async def translate_texts(gateway: Gateway, request: Request, texts: list[str], source: str,
-                          target: str) -> list[str] | None:
+                          target: str, glossary: list[dict] | None = None) -> list[str] | None:
     """The texts' translations in order, None when the client went away. Requests of at most --max-texts texts
-    and --max-text-chars characters, IN_FLIGHT of them queued at once."""
+    and --max-text-chars characters, IN_FLIGHT of them queued at once, each with the glossary."""
     limit = gateway.settings.max_text_chars
     if long := next((t for t in texts if len(t) > limit), None):
         raise ApiError(413, "text_too_long", f"a paragraph of the document has {len(long)} characters; the limit "
@@ -126,8 +145,8 @@ async def translate_texts(gateway: Gateway, request: Request, texts: list[str], 
 
     async def one(chunk: list[str]) -> list[str] | None:
         async with gate:
-            out = await gateway.translate(TranslateRequest(text=chunk, source_lang=source, target_lang=target),
-                                          request, ENDPOINT)
+            out = await gateway.translate(TranslateRequest(text=chunk, source_lang=source, target_lang=target,
+                                                           glossary=glossary), request, ENDPOINT)
         return None if out is None else [item["text"] for item in out["translations"]]
 
     tasks = [asyncio.ensure_future(one(chunk)) for chunk in chunks]
@@ -186,7 +205,9 @@ def install(app: FastAPI, gateway: Gateway, errors: dict) -> None:
                       openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {
                           "schema": {"type": "object", "required": ["file", "source", "target"], "properties": {
                               "file": {"type": "string", "format": "binary"}, "source": LANG, "target": LANG,
-                              "api_key": {"type": "string"}}}}}}})
+                              "api_key": {"type": "string"},
+                              "glossary": {"type": "string", "description": "Not LibreTranslate's: DeepL's TSV, a "
+                                           "source term TAB its target term a line, kept in every paragraph"}}}}}}})
     app.add_api_route("/libretranslate/download_file/{filename}", download_route, methods=["GET"], name=DOWNLOAD,
                       responses={404: errors[404]}, tags=["libretranslate"],
                       summary="A translated file, for the key that sent it, until it expires")
