@@ -119,7 +119,7 @@ def test_constrained_inputs_joining_a_pool_late_get_their_hypotheses_alone():
         prefixes = [p + (int(t),) for p, t in zip(prefixes, pool.tokens)]
         logp = np.concatenate([log_probs([p], s) for p, s in zip(prefixes, seeds)])
         k = pool.want()
-        rows = pool.step(*((logp, None, None) if k is None else top(logp, k)))
+        rows = pool.step(*((logp, None, None) if k is None else top(logp, k)), logp if pool.whole else None)
         prefixes, seeds = [prefixes[r] for r in rows], [seeds[r] for r in rows]
         for number in pool.ended.tolist():
             got[number] = pool.done(number)

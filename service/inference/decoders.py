@@ -173,14 +173,14 @@ class OrtDecoder:
         # One binding for the whole search: what does not change between steps stays bound.
         self.io = graph.session.io_binding()
         self._bind_sources()
-        self._outputs: tuple | None = None                # (rows, k, arrays) bound as outputs
+        self._outputs: tuple | None = None                # (rows, k, whole, arrays) bound as outputs
 
     def _bind_sources(self) -> None:
         self.graph.host.input(self.io, "src_mask", self.src_mask.dtype, self.src_mask.shape,
                               self.src_mask.ctypes.data)
         self.cross.bind_inputs(self.io)
 
-    def _run(self, tokens: np.ndarray, top_k: int | None) -> list[np.ndarray]:
+    def _run(self, tokens: np.ndarray, top_k: int | None, whole: bool = False) -> list[np.ndarray]:
         g, io, N = self.graph, self.io, len(tokens)
         if g.on_call is not None:
             g.on_call(N)
@@ -189,23 +189,24 @@ class OrtDecoder:
         self._positions = np.full(N, self.position, dtype=np.int32)
         g.host.input(io, "tokens", self._tokens.dtype, (N, 1), self._tokens.ctypes.data)
         g.host.input(io, "positions", self._positions.dtype, (N,), self._positions.ctypes.data)
-        out = self._bind_outputs(N, top_k)
+        out = self._bind_outputs(N, top_k, whole)
         self.cache.bind(io)
         g.session.run_with_iobinding(io)
         self.position += 1
         return out
 
-    def _bind_outputs(self, N: int, top_k: int | None) -> list[np.ndarray]:
-        """Arrays for this step's outputs, bound again only when their shapes change."""
-        if self._outputs is not None and self._outputs[:2] == (N, top_k):
-            return self._outputs[2]
+    def _bind_outputs(self, N: int, top_k: int | None, whole: bool = False) -> list[np.ndarray]:
+        """Arrays for this step's outputs (with `whole`, the top k's and the whole distribution's), bound again
+        only when their shapes change."""
+        if self._outputs is not None and self._outputs[:3] == (N, top_k, whole):
+            return self._outputs[3]
         g, io = self.graph, self.io
         self._k = np.array([min(top_k or 1, g.vocab_size)], dtype=np.int64)
         g.host.input(io, "top_k", self._k.dtype, (1,), self._k.ctypes.data)
         io.clear_binding_outputs()
         self.cache.forget_binding()                       # clearing unbound the cache's outputs too
-        out = g.outputs(io, N, top_k)
-        self._outputs = (N, top_k, out)
+        out = g.outputs(io, N, top_k) + (g.outputs(io, N, None) if whole else [])
+        self._outputs = (N, top_k, whole, out)
         return out
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
@@ -213,6 +214,10 @@ class OrtDecoder:
 
     def _step_top(self, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return tuple(self._run(tokens, k))
+
+    def step_whole(self, tokens: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """step_top's triple and the whole distribution (N, V), from one run (a constrained search's)."""
+        return tuple(self._run(tokens, k, whole=True))
 
     def select(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)

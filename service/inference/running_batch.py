@@ -73,6 +73,8 @@ class Member:
     def k(self) -> int | None:
         return self.want.k
 
+    whole = False                                          # (a Member's search never asks for both: no terms)
+
     @property
     def live_count(self) -> int:
         """Changes when its sentences do (its rows: K per sentence in beam search, 1 otherwise)."""
@@ -167,6 +169,10 @@ class PooledBeams:
         return self.beams.want()
 
     @property
+    def whole(self) -> bool:
+        return self.beams.whole
+
+    @property
     def want(self) -> object | None:
         return "a step" if len(self.beams.live) else None
 
@@ -195,7 +201,7 @@ class PooledBeams:
         try:
             keep = (self.beams.step(outs["log_probs"][rows], None, None) if k is None else
                     self.beams.step(outs["top_log_probs"][rows, :k], outs["top_ids"][rows, :k],
-                                    outs["eos_log_probs"][rows]))
+                                    outs["eos_log_probs"][rows], outs["log_probs"][rows] if self.whole else None))
         except Exception as e:                    # its requests fail (and are retried alone); the batch goes on
             for t in self.tickets.values():
                 t.want, t.error = None, e
@@ -361,7 +367,7 @@ class RunningBatch:
         if not same:                         # the call's rows in slot order
             tokens, positions, rows = tokens[order], positions[order], rows[order]
         self.cache.fit(rows, columns_for(int(positions.max()) + 1))
-        outs = self._run(tokens, positions, [m.k for m in live])
+        outs = self._run(tokens, positions, [m.k for m in live], any(m.whole for m in live))
         if not same:                         # back in the members' order
             outs = {name: a[call_row] for name, a in outs.items()}
         offset, ended = 0, []
@@ -392,10 +398,11 @@ class RunningBatch:
             self._order = (call_row, order, bool(np.array_equal(call_row, np.arange(len(call_row)))))
         return self._order
 
-    def _run(self, tokens: np.ndarray, positions: np.ndarray, ks: list[int | None]) -> dict[str, np.ndarray]:
+    def _run(self, tokens: np.ndarray, positions: np.ndarray, ks: list[int | None],
+             whole: bool = False) -> dict[str, np.ndarray]:
         """One run of the graph: the top outputs at the largest k any member wants, the whole distribution
-        too when one wants it. One binding for the batch's life: the cross tensors, the cache and the outputs
-        are bound again only when they change."""
+        too when one wants it (k None, or `whole`: a constrained pool's). One binding for the batch's life: the
+        cross tensors, the cache and the outputs are bound again only when they change."""
         g, io, N = self.graph, self.io, len(tokens)
         if g.on_call is not None:
             g.on_call(N)
@@ -404,7 +411,7 @@ class RunningBatch:
         g.host.input(io, "tokens", self._tokens.dtype, self._tokens.shape, self._tokens.ctypes.data)
         g.host.input(io, "positions", positions.dtype, positions.shape, positions.ctypes.data)
         self.cross.bind(io)
-        outputs = (N, max((k for k in ks if k is not None), default=1), None in ks)
+        outputs = (N, max((k for k in ks if k is not None), default=1), None in ks or whole)
         if self._outputs is None or self._outputs[0] != outputs:
             io.clear_binding_outputs()
             self.cache.forget_binding()                   # clearing unbound the cache's outputs too

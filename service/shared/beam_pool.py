@@ -86,26 +86,35 @@ class BeamPool:
 
     def want(self) -> int | None:
         """The candidates a row needs from the next call: its best k, or None for the whole distribution."""
-        if self.full or self._constrained():
-            return None            # a constrained step reads its terms' log-probs wherever they rank
-        return 2 * self.K + self.extra
+        return None if self.full else 2 * self.K + self.extra
 
-    def step(self, logp: np.ndarray, ids: np.ndarray | None, eos_logp: np.ndarray | None) -> np.ndarray:
+    @property
+    def whole(self) -> bool:
+        """Whether the next call must give the whole distribution too (a live input has terms to write: its step
+        reads their log-probs wherever they rank)."""
+        return not self.full and self._constrained()
+
+    def step(self, logp: np.ndarray, ids: np.ndarray | None, eos_logp: np.ndarray | None,
+             whole: np.ndarray | None = None) -> np.ndarray:
         """One beam step of every live input from the call's outputs for its rows (logp (A*K, W), ids and
-        eos_logp as step_top gives them, or ids None with the whole distribution): the rows that go on, in
+        eos_logp as step_top gives them, and the whole distribution `whole` when want() asked for it, or ids None
+        with the whole distribution as logp): the rows that go on, in
         their new order (each input's K, inputs in order); inputs that ended leave `live` (`ended`: those)."""
         K = self.K
         rows = Rows(sentence=np.repeat(self.live, K), history=self.history)
         steps = self.steps[rows.sentence]                                    # (A*K,) each row's step
         logp = logp.astype(np.float32, copy=self.copy)
         ids = None if ids is None else ids.astype(np.int64, copy=self.copy)
+        whole = None if whole is None else whole.astype(np.float32, copy=self.copy)
         for p in self.processors:
             p.apply(steps, rows, logp, ids, eos_logp)
+            if whole is not None:
+                p.apply(steps, rows, whole, None, None)
         last = self.max_len[rows.sentence] <= steps + 1
         if self._constrained():
-            picked, still, self.states = terms_beam_step(self.scores, logp, ids, rows, self.live, self.finished,
-                                                         self.top_ended, last, self.options, self.eos_id,
-                                                         self.early_exit, self.terms, self.states)
+            picked, still, self.states = terms_beam_step(self.scores, logp, ids, whole, rows, self.live,
+                                                         self.finished, self.top_ended, last, self.options,
+                                                         self.eos_id, self.early_exit, self.terms, self.states)
         else:
             picked, still = beam_step(self.scores, logp, ids, rows, self.live, self.finished, self.top_ended,
                                       last, self.options, self.eos_id, self.early_exit)

@@ -145,11 +145,11 @@ def bank_sizes(banks: int, beam: int, counts: Sequence[int]) -> list[int]:
 class SuppressPhrases:
     """A processor (processors.py): a token that would complete one of its input's excluded phrases, -inf.
     `terms[input]` is each input's Terms or None (a list the caller may extend as inputs join)."""
-    full, history = True, True
+    full, history = False, True
 
     def __init__(self, terms: list[Terms | None]):
         self.terms = terms
-        self.removes = 0
+        self.removes = max((len(t.exclude) for t in terms if t is not None), default=0)
 
     def apply(self, step, rows, logp, ids, eos_logp) -> None:
         for r, s in enumerate(rows.sentence.tolist()):
@@ -175,50 +175,84 @@ class Choice:
     top_ended: bool
 
 
-def choose(beam_scores: np.ndarray, logp: np.ndarray, states: Sequence[State], terms: Sequence[Terms],
-           last: np.ndarray, eos_id: int) -> list[Choice]:
+def choose(beam_scores: np.ndarray, logp: np.ndarray, top: tuple[np.ndarray, np.ndarray] | None,
+           states: Sequence[State], terms: Sequence[Terms], last: np.ndarray, eos_id: int) -> list[Choice]:
     """Dynamic beam allocation for C inputs of K beams each: beam_scores (C, K) (-inf: a beam not live), logp
-    (C*K, V) the step's log-probs (-inf: removed), states (C*K,), terms (C,), last (C*K,): whether this step is
-    the last a row's budget allows. The arrays are worked on for all inputs at once, in float32 (which candidates
-    to look at); the candidates' scores are float64, as beam_step's, per input (`_bank`)."""
+    (C*K, V) the step's log-probs (-inf: removed), `top` each row's best few (log-probs (C*K, W), ids (C*K, W),
+    best first, the same values; None: found here), states (C*K,), terms (C,), last (C*K,): whether this step is
+    the last a row's budget allows. What each row may not write (Terms.remove) is taken out of its best few, for
+    all rows at once; a row left with fewer than 2K (one that just ended a term, whose best few are mostly pieces
+    that would continue its word) takes its best from its whole distribution. The candidates' scores are float64,
+    as beam_step's, per input (`_bank`)."""
     C, K = beam_scores.shape
-    V = logp.shape[1]
-    total = beam_scores.reshape(-1, 1).astype(np.float32) + logp                   # (C*K, V) float32
-    live = np.isfinite(beam_scores.reshape(-1))                                     # (C*K,)
-    for r in np.flatnonzero(live).tolist():
-        terms[r // K].remove(total[r], states[r], bool(last[r]), eos_id)
-    flat = total.reshape(C, K * V)
-    n = min(2 * K, K * V)
-    best = np.argpartition(flat, K * V - n, axis=1)[:, K * V - n:]                 # (C, 2K) unsorted
-    own = total.argmax(axis=1)                                                      # (C*K,) each beam's best
-    scores, rows = beam_scores.tolist(), logp.reshape(C, K * V)
-    return [_bank(scores[c], rows[c], flat[c], best[c].tolist(), own[c * K:(c + 1) * K].tolist(),
-                  states[c * K:(c + 1) * K], terms[c], last[c * K:(c + 1) * K].tolist(), eos_id) for c in range(C)]
+    n = 2 * K
+    if top is None:
+        top_ids = np.argsort(-logp, axis=1, kind="stable")[:, :n + 1]               # (C*K, W)
+        top_logp = np.take_along_axis(logp, top_ids, axis=1)
+    else:
+        top_logp, top_ids = top[0].astype(np.float32), top[1].copy()               # copies: changed below
+    scores = beam_scores.reshape(-1)                                                # (C*K,)
+    live = np.isfinite(scores)
+    owner = [terms[r // K] for r in range(C * K)]
+    no_eos = np.array([not last[r] and not owner[r].complete(states[r]) for r in range(C * K)], dtype=bool)
+    top_logp[no_eos[:, None] & (top_ids == eos_id)] = NEG_INF
+    for r in range(C * K):
+        if states[r][3] and owner[r].joiners is not None:             # it just ended a term
+            top_logp[r, owner[r].joiners[top_ids[r]]] = NEG_INF
+    W = top_ids.shape[1]
+    for r in np.flatnonzero(live & (np.isfinite(top_logp).sum(axis=1) < min(n, W))).tolist():
+        row = logp[r].astype(np.float32)                                            # a copy, for this row alone
+        owner[r].remove(row, states[r], bool(last[r]), eos_id)
+        top_ids[r] = np.argsort(-row, kind="stable")[:W]
+        top_logp[r] = row[top_ids[r]]
+    total = (scores[:, None] + top_logp).reshape(C, K * W)                          # (C, K*W) float64
+    best = np.argsort(-total, axis=1, kind="stable")[:, :n]                         # (C, 2K) flat k*W + j
+    firsts = top_logp.argmax(axis=1)                                                # (C*K,) each row's own best
+    return [_bank(c, total[c], best[c].tolist(), top_ids, firsts, logp, scores, states, owner, last, eos_id, K)
+            for c in range(C)]
 
 
-def _bank(beam_scores: list[float], logp: np.ndarray, allowed: np.ndarray, best: list[int], own: list[int],
-          states: Sequence[State], terms: Terms, last: list[bool], eos_id: int) -> Choice:
-    """One input's candidates, flat indices k*V+t into its logp (K*V,) (`allowed`: -inf where removed): its 2K best
-    `best`, each live beam's own best and its terms' next tokens; banked by the constraint tokens they have met,
-    one that ends (eos, or any at the last step) among the K best of its bank becomes a hypothesis, and K of the
-    others are chosen (bank_sizes). Plain Python: a few dozen candidates cost less so than in numpy calls."""
-    K = len(own)
-    V = len(logp) // K
-    flat = set(best)
-    for k, score in enumerate(beam_scores):
-        if score != NEG_INF:
-            flat.add(k * V + own[k])
-            flat.update(k * V + t for t in terms.allowed(states[k]))
-    cands = []
-    for f in flat:
-        k = f // V
-        if beam_scores[k] != NEG_INF and allowed[f] != NEG_INF:
-            cands.append((beam_scores[k] + float(logp[f]), f))
-    cands.sort(key=lambda c: (-c[0], c[1]))          # best first; ties by beam, then token
+def _candidates_of(c: int, total: np.ndarray, best: list[int], top_ids: np.ndarray, firsts: np.ndarray,
+                   logp: np.ndarray, scores: np.ndarray, states: Sequence[State], terms: Terms, last: np.ndarray,
+                   eos_id: int, K: int) -> list[tuple[float, int, int]]:
+    """Input c's candidates as (score, beam, token), best first: its 2K best over its K beams, each live beam's
+    own best and its terms' next tokens (their log-probs from the whole distribution)."""
+    W = top_ids.shape[1]
+    picked: dict[tuple[int, int], float] = {}
+    for f in best + [k * W + int(firsts[c * K + k]) for k in range(K)]:
+        k, j = divmod(f, W)
+        if total[f] != NEG_INF:
+            picked[(k, int(top_ids[c * K + k, j]))] = float(total[f])
+    for k in range(K):
+        r = c * K + k
+        if scores[r] == NEG_INF:
+            continue
+        for t in terms.allowed(states[r]):
+            if (k, t) not in picked and not _removed(t, states[r], terms, bool(last[r]), eos_id) \
+                    and logp[r, t] != NEG_INF:
+                picked[(k, t)] = float(scores[r]) + float(logp[r, t])
+    return sorted(((score, k, t) for (k, t), score in picked.items()), key=lambda x: (-x[0], x[1], x[2]))
+
+
+def _removed(t: int, state: State, terms: Terms, last: bool, eos_id: int) -> bool:
+    """Terms.remove's rule for one token."""
+    if t == eos_id and not last and not terms.complete(state):
+        return True
+    return bool(state[3] and terms.joiners is not None and terms.joiners[t])
+
+
+def _bank(c: int, total: np.ndarray, best: list[int], top_ids: np.ndarray, firsts: np.ndarray, logp: np.ndarray,
+          scores: np.ndarray, states: Sequence[State], owner: list[Terms], last: np.ndarray, eos_id: int,
+          K: int) -> Choice:
+    """Input c's candidates (_candidates_of), banked by the constraint tokens they have met: one that ends (eos, or
+    any at the last step) among the K best of its bank becomes a hypothesis, and K of the others are chosen
+    (bank_sizes). Plain Python: a few dozen candidates cost less so than in numpy calls."""
+    terms, rows = owner[c * K], slice(c * K, (c + 1) * K)
+    cands = _candidates_of(c, total, best, top_ids, firsts, logp, scores, states, terms, last, eos_id, K)
+    states, last = states[rows], last[rows].tolist()
     banks = terms.tokens + 1
     ended, going, counts = [], [], [0] * banks
-    for score, f in cands:
-        k, t = divmod(f, V)
+    for score, k, t in cands:
         state = states[k] if t == eos_id else terms.advance(states[k], t)
         bank = terms.met(state)
         if t == eos_id or last[k]:
@@ -229,7 +263,7 @@ def _bank(beam_scores: list[float], logp: np.ndarray, allowed: np.ndarray, best:
         else:
             going.append((k, t, score, state, bank))
         counts[bank] += 1
-    top_ended = bool(cands) and (cands[0][1] % V == eos_id or last[cands[0][1] // V])
+    top_ended = bool(cands) and (cands[0][2] == eos_id or last[cands[0][1]])
     counts = [0] * banks
     for c in going:
         counts[c[4]] += 1

@@ -92,6 +92,7 @@ class Want:
     (log-probs (N, V), None, None)."""
     tokens: np.ndarray         # (N,)
     k: int | None
+    whole: bool = False        # with k: the whole distribution too, sent as a fourth element (N, V)
 
 
 # decode(): a Step per decoder call (greedy search, sampling) or None (beam search, which does not stream);
@@ -141,7 +142,7 @@ def decode(decoder: IncrementalDecoder, batch_size: int, options: SearchOptions,
     or None; None = none.
     """
     top = getattr(decoder, "step_top", None) is not None
-    return _answered(decoder, searcher(decoder, batch_size, options, bos_id=bos_id, eos_id=eos_id,
+    return _answered(decoder, eos_id, searcher(decoder, batch_size, options, bos_id=bos_id, eos_id=eos_id,
                                        max_length=max_length, banned_ids=banned_ids, start_tokens=start_tokens,
                                        seeds=seeds, cancel=cancel, top_k=top, terms=terms))
 
@@ -168,7 +169,7 @@ def searcher(decoder: IncrementalDecoder, batch_size: int, options: SearchOption
     return _beam(decoder, first, options, processors, eos_id, max_len, top_k, terms)
 
 
-def _answered(decoder, search: Generator) -> Search:
+def _answered(decoder, eos_id: int, search: Generator) -> Search:
     """`search` (searcher()) with each Want answered by `decoder`'s step_top or step; the rest passes on."""
     reply = None
     while True:
@@ -177,31 +178,55 @@ def _answered(decoder, search: Generator) -> Search:
         except StopIteration as done:
             return done.value
         if isinstance(out, Want):
-            reply = (decoder.step(out.tokens), None, None) if out.k is None else decoder.step_top(out.tokens, out.k)
+            if out.k is None:
+                reply = (decoder.step(out.tokens), None, None)
+            elif out.whole:
+                reply = _top_and_whole(decoder, out.tokens, out.k, eos_id)
+            else:
+                reply = decoder.step_top(out.tokens, out.k)
         else:
             reply = None
             yield out
 
 
-def _candidates(top_k: bool, processors: list, full: bool) -> Candidates:
+def _candidates(top_k: bool, processors: list, full: bool, whole: bool = False) -> Candidates:
     """candidates(tokens, width, rows, step) for one search: a decoder step (its Want) with the processors
-    applied, as (log-probs (N, W), ids (N, W)) from the decoder's best few when it offers them (top_k) and no
-    processor needs more (W = width + what the processors may remove), else (log-probs (N, V), None). The
-    decoder's arrays are copied only when a processor will change them."""
+    applied, as (log-probs (N, W), ids (N, W), None) from the decoder's best few when it offers them (top_k) and no
+    processor needs more (W = width + what the processors may remove), else (log-probs (N, V), None, None); with
+    `whole` (a constrained search's) the best few and the whole distribution (N, V) as the third. The decoder's
+    arrays are copied only when a processor will change them."""
     top = top_k and not full
     extra, copy = sum(p.removes for p in processors), bool(processors)
 
     def candidates(tokens: np.ndarray, width: int, rows: Rows, step: int):
-        if top:
+        all_logp = None
+        if top and whole:
+            logp, ids, eos_logp, all_logp = yield Want(tokens, width + extra, whole=True)
+            all_logp = all_logp.astype(np.float32, copy=copy)                                      # (N, V)
+        elif top:
             logp, ids, eos_logp = yield Want(tokens, width + extra)
-            logp, ids = logp.astype(np.float32, copy=copy), ids.astype(np.int64, copy=copy)   # (N, W) each
         else:
             logp, _, _ = yield Want(tokens, None)
             logp, ids, eos_logp = logp.astype(np.float32, copy=copy), None, None                # (N, V)
+        if ids is not None:
+            logp, ids = logp.astype(np.float32, copy=copy), ids.astype(np.int64, copy=copy)   # (N, W) each
         for p in processors:
             p.apply(step, rows, logp, ids, eos_logp)
-        return logp, ids
+            if all_logp is not None:
+                p.apply(step, rows, all_logp, None, None)
+        return logp, ids, all_logp
     return candidates
+
+
+def _top_and_whole(decoder, tokens: np.ndarray, k: int, eos_id: int) -> tuple:
+    """A Want for the best k and the whole distribution: the decoder's step_whole, or step's with its best k
+    found here (the same values; a decoder that offers no top k)."""
+    step_whole = getattr(decoder, "step_whole", None)
+    if step_whole is not None:
+        return step_whole(tokens, k)
+    logp = decoder.step(tokens)
+    ids = np.argsort(-logp, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(logp, ids, axis=1), ids, logp[:, eos_id].copy(), logp
 
 
 def _at_budget(max_len: np.ndarray, rows: Rows, step: int) -> np.ndarray:
@@ -231,7 +256,7 @@ def _paths(decoder: IncrementalDecoder, tokens: np.ndarray, pick: Callable | Non
         every = np.arange(len(tokens))
         if history:
             rows.history = [written[s, :step].tolist() for s in rows.sentence]
-        logp, ids = yield from candidates(tokens, 1, rows, step)
+        logp, ids, _ = yield from candidates(tokens, 1, rows, step)
         if ids is not None:
             best = logp.argmax(axis=1)                                        # first candidate not removed
             tokens = ids[every, best]
@@ -274,21 +299,21 @@ def _beam(decoder: IncrementalDecoder, tokens: np.ndarray, options: SearchOption
     # Only the first beam of each sentence is live at step 0, or the K beams would be K copies.
     beam_scores = np.tile(np.array([0.0] + [-np.inf] * (K - 1)), B).reshape(B, K)
     tokens = np.repeat(tokens, K)
-    # A constrained step reads its terms' log-probs wherever they rank: the whole distribution.
-    candidates = _candidates(top_k, processors, terms is not None or any(p.full for p in processors))
+    # A constrained step reads its terms' log-probs wherever they rank: the whole distribution too.
+    candidates = _candidates(top_k, processors, any(p.full for p in processors), whole=terms is not None)
     early_exit = options.length_rule == "ctranslate2" and options.length_penalty == 0   # CTranslate2's
     top_ended = np.zeros(B, dtype=bool)
     states: list[State] = [START] * (B * K)                         # each row's constraint state, if any
     step = 0
     while len(active):
         # Each row's best 2K are enough: a sentence's 2K best over all its beams are among them.
-        logp, ids = yield from candidates(tokens, 2 * K, rows, step)                # (A*K, W)
+        logp, ids, whole = yield from candidates(tokens, 2 * K, rows, step)         # (A*K, W), (A*K, V)
         last = _at_budget(max_len, rows, step)
         if terms is None:
             picked, still_active = beam_step(beam_scores, logp, ids, rows, active, finished, top_ended, last,
                                              options, eos_id, early_exit)
         else:
-            picked, still_active, states = terms_beam_step(beam_scores, logp, ids, rows, active, finished,
+            picked, still_active, states = terms_beam_step(beam_scores, logp, ids, whole, rows, active, finished,
                                                            top_ended, last, options, eos_id, early_exit, terms,
                                                            states)
         if not len(still_active):
@@ -357,14 +382,15 @@ def beam_step(beam_scores: np.ndarray, logp: np.ndarray, ids: np.ndarray | None,
     return Picked(row[still][keep], token[still][keep], cand_scores[still][keep].reshape(len(still), K)), still
 
 
-def terms_beam_step(beam_scores: np.ndarray, logp: np.ndarray, ids: np.ndarray | None, rows: Rows,
-                    active: np.ndarray, finished: list[list[Hypothesis]], top_ended: np.ndarray, last: np.ndarray,
-                    options: SearchOptions, eos_id: int, early_exit: bool, terms: Sequence[Terms | None],
-                    states: list[State]) -> tuple[Picked, np.ndarray, list[State]]:
+def terms_beam_step(beam_scores: np.ndarray, logp: np.ndarray, ids: np.ndarray | None, whole: np.ndarray | None,
+                    rows: Rows, active: np.ndarray, finished: list[list[Hypothesis]], top_ended: np.ndarray,
+                    last: np.ndarray, options: SearchOptions, eos_id: int, early_exit: bool,
+                    terms: Sequence[Terms | None], states: list[State]) -> tuple[Picked, np.ndarray, list[State]]:
     """beam_step where inputs may have terms (`terms[input]`, constraints.py): an input with terms to write steps
-    by dynamic beam allocation (constraints.choose) from the whole distribution (ids None), the others by
-    beam_step on their own rows, so no input's beams depend on another's. Also returns the next beams' constraint
-    states (`states`: the rows' now)."""
+    by dynamic beam allocation (constraints.choose), the others by beam_step on their own rows, so no input's beams
+    depend on another's. The step's candidates: each row's best few (logp, ids) and the whole distribution
+    (`whole`), or the whole distribution alone (logp, ids None). Also returns the next beams' constraint states
+    (`states`: the rows' now)."""
     K, A = options.beam_size, len(active)
     constrained = np.array([terms[s] is not None and bool(terms[s].include) for s in active.tolist()], dtype=bool)
     going: dict[int, tuple] = {}         # position in active -> (rows (K,), tokens (K,), scores (K,), states)
@@ -381,7 +407,9 @@ def terms_beam_step(beam_scores: np.ndarray, logp: np.ndarray, ids: np.ndarray |
     if len(cons):
         own = (cons[:, None] * K + np.arange(K)).reshape(-1)                        # (C*K,) their rows
         every = len(cons) == A                       # a pool of constrained inputs: no copy of the (N, V) log-probs
-        choices = choose(beam_scores[cons], logp if every else logp[own], [states[r] for r in own],
+        dist = logp if ids is None else whole
+        top = None if ids is None else ((logp, ids) if every else (logp[own], ids[own]))
+        choices = choose(beam_scores[cons], dist if every else dist[own], top, [states[r] for r in own],
                          [terms[s] for s in active[cons].tolist()], last[own], eos_id)
         for a, choice in zip(cons.tolist(), choices):
             next_beams = _constrained_step(a, choice, rows, int(active[a]), finished, top_ended, options, eos_id,
