@@ -68,6 +68,7 @@ def test_bank_sizes_share_the_beam_and_pass_empty_places_down():
     assert bank_sizes(3, 4, [9, 9, 0]) == [1, 3, 0]
     assert bank_sizes(3, 4, [9, 0, 0]) == [4, 0, 0]
     assert bank_sizes(5, 4, [9, 9, 9, 9, 1]) == [0, 0, 0, 3, 1]      # more banks than beams: the top gets the rest
+    assert bank_sizes(3, 4, [0, 3, 1]) == [0, 3, 1]                  # what bank 0 passes on is passed on again
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -42,7 +42,7 @@ def test_deepl_tsv_and_csv_read_and_bad_lines_name_their_line():
         parse("a\tb\nc\td\te\n")
     with pytest.raises(GlossaryError, match="entry 2: its target term is empty"):
         parse("a\tb\nc\t \n")
-    with pytest.raises(GlossaryError, match="entry 2: source term 'a' is already entry 1"):
+    with pytest.raises(GlossaryError, match="entry 2: its source term is already entry 1"):
         parse("a\tb\na\tc\n")
 
 
@@ -81,7 +81,7 @@ def test_glossary_terms_are_written_and_each_text_says_which_held(server):
 @pytest.mark.parametrize("glossary, status, message", [
     ([{"source": "Haus", "target": " "}], 400, "glossary entry 1: its target term is empty"),
     ([{"source": "Haus", "target": "house"}, {"source": "Haus", "target": "home"}], 400,
-     "glossary entry 2: source term 'Haus' is already entry 1"),
+     "glossary entry 2: its source term is already entry 1"),
     ([{"source": "Haus", "target": "house"}, {"source": "Dach", "target": "屋根"}], 400,
      "glossary entry 2: its target term has characters de-en cannot write"),
     ([{"source": "Haus", "target": "x" * 201}], 422, "200 characters"),

@@ -140,7 +140,7 @@ def test_translate_by_id_is_refused_where_it_cannot_apply(servers):
     ({"target_lang": "fr"}, 400, "no model translates de-fr"),
     ({"target_lang": "de"}, 400, "between two languages"),
     ({"entries": "Auftrag\torder\nHaus\n"}, 400, "glossary line 2: 1 fields"),
-    ({"entries": "Auftrag\torder\nAuftrag\tcontract\n"}, 400, "entry 2: source term 'Auftrag' is already entry 1"),
+    ({"entries": "Auftrag\torder\nAuftrag\tcontract\n"}, 400, "entry 2: its source term is already entry 1"),
     ({"entries": [{"source": "Auftrag", "target": "a\nb"}]}, 400, "entry 1: its target term holds a tab or a line"),
     ({"entries": "\n\n"}, 400, "no entries"),
     ({"entries_format": "csv"}, 422, "entries_format is for entries given as TSV or CSV text"),

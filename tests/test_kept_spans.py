@@ -21,7 +21,8 @@ def test_marked_spans_and_unwritable_runs_become_placeholders_in_order():
 
 
 def test_a_text_holding_the_placeholder_prefix_gets_another_and_nothing_kept_changes_nothing():
-    assert keep("XQ1 ist 😀", ASCII).text == "XQ1 ist ZQ1"
+    assert keep("XQ1 ist 😀", ASCII).text == "XQ1 ist XZ1"
+    assert keep("Foo 😀", ASCII, avoid="Foo\nXQ1\nXZ").text == "Foo XJ1"      # nor one a glossary term holds
     k = keep("Nichts zu behalten.", ASCII)
     assert k.text == "Nichts zu behalten." and k.restore("Nothing to keep.") == "Nothing to keep."
 
@@ -31,6 +32,7 @@ def test_restore_drops_copies_and_appends_what_the_model_left_out():
     assert k.text == "XQ1 und XQ2"
     assert k.restore("XQ1XQ1 and XQ2") == "😀😀😀 and ☃"
     assert k.restore("and") == "and 😀😀😀 ☃"
+    assert k.restore("XQ1 and XQ") == "😀😀😀 and ☃"          # a placeholder the budget cut: not left in the text
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +65,11 @@ def test_kept_spans_and_a_glossary_hold_together(server):
         "glossary": [{"source": "Haus", "target": "building"}]}, timeout=120)
     (t,) = r.json()["translations"]
     assert "😀" in t["text"] and "building" in t["text"] and t["glossary"][0]["held"]
+
+
+def test_a_glossary_term_that_looks_like_a_placeholder_is_kept_beside_the_span(server):
+    r = httpx.post(server + "/translate", json={
+        "text": "Besuchen Sie https://example.org für Haus.", "source_lang": "de", "target_lang": "en",
+        "glossary": [{"source": "Haus", "target": "XQ1"}]}, timeout=120)
+    (t,) = r.json()["translations"]
+    assert "https://example.org" in t["text"] and "XQ1" in t["text"] and t["glossary"][0]["held"], t

@@ -36,9 +36,10 @@ def sentence_terms(engine: Engine, sentences: Sequence[str], pairs: Sequence[Seq
     spans; GlossaryError naming the first bad entry. Placeholders are terms only in beam search (`beam`): the other
     searches keep none, and their spans come back where the model copied the placeholder, or at the end. The
     message never quotes a term: errors are logged, and the terms are the client's text."""
-    kept = [keep(s, engine.writable) if keep_spans else Kept(s) for s in sentences]
-    texts = [k.text.translate(QUOTES) if keep_spans else k.text for k in kept]
     entries, ids = glossary_ids(engine, pairs or [], max_tokens)
+    avoid = "\n".join(t for e in entries for t in (e.source, e.target))    # no placeholder a term's, nor in one
+    kept = [keep(s, engine.writable, avoid) if keep_spans else Kept(s) for s in sentences]
+    texts = [k.text.translate(QUOTES) if keep_spans else k.text for k in kept]
     found = [matches(t, entries) for t in texts]
     terms = []
     for hits, k in zip(found, kept):

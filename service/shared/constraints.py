@@ -12,7 +12,7 @@ beam's own best token.
 
 What it does at the edges, each a choice:
 - eos is not a candidate for a hypothesis that lacks a term, except at the last step its length budget allows: a
-  sentence too short for its terms still ends, and its hypothesis says how many constraint tokens it lacks
+  sentence too short for its terms still ends, and its hypothesis says how many terms it lacks
   (`Hypothesis.unmet`); hypotheses with every term rank ahead of those without (`rank`).
 - A term is met by its tokens written in a row; a term broken off half way must start again. Terms that start
   with the same tokens are followed together until they part. A term listed twice must appear twice.
@@ -74,6 +74,10 @@ class Terms:
             n = self.memo[state] = sum(len(p) for j, p in enumerate(self.include) if mask >> j & 1) + m
         return n
 
+    def missing(self, state: State) -> int:
+        """Terms a row in `state` has not written whole (one half written counts as missing)."""
+        return len(self.include) - bin(state[0]).count("1")
+
     def complete(self, state: State) -> bool:
         return state[0] == (1 << len(self.include)) - 1
 
@@ -134,11 +138,16 @@ def bank_sizes(banks: int, beam: int, counts: Sequence[int]) -> list[int]:
     share = beam // banks
     sizes = [share] * banks
     sizes[-1] += beam - share * banks
-    for i in reversed(range(banks)):
-        spare = sizes[i] - counts[i]
-        if spare > 0:
-            sizes[i] -= spare
-            sizes[(i - 1) % banks] += spare
+    for _ in range(banks):              # places passed from bank 0 to the highest may be spare there too
+        moved = False
+        for i in reversed(range(banks)):
+            spare = sizes[i] - counts[i]
+            if spare > 0:
+                sizes[i] -= spare
+                sizes[(i - 1) % banks] += spare
+                moved = True
+        if not moved:
+            break
     return sizes
 
 
@@ -259,7 +268,7 @@ def _bank(c: int, total: np.ndarray, best: list[int], top_ids: np.ndarray, first
             # Among the K best of its bank, not of all: a hypothesis with every term competes with those that
             # have them too, not with shorter ones still short of a term.
             if counts[bank] < K:
-                ended.append((k, t, score, terms.tokens - bank))
+                ended.append((k, t, score, terms.missing(state)))
         else:
             going.append((k, t, score, state, bank))
         counts[bank] += 1

@@ -45,7 +45,8 @@ def check_entries(entries: Sequence[Entry]) -> list[Entry]:
                 raise GlossaryError(f"glossary entry {n}: its {side} term has {len(term)} characters; "
                                     f"the limit is {MAX_TERM_CHARS}")
         if source in seen:
-            raise GlossaryError(f"glossary entry {n}: source term {source!r} is already entry {seen[source]}")
+            # The entries' numbers, not the term: a message may be logged, and the term is the client's text.
+            raise GlossaryError(f"glossary entry {n}: its source term is already entry {seen[source]}")
         seen[source] = n
         out.append(Entry(source, target))
     return out

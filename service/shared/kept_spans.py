@@ -2,12 +2,12 @@
 addresses, `code spans`, and runs of characters the model cannot write (emoji, symbols outside its vocabulary,
 which its tokenizer reads as unknown and its output would drop: "Hallo 😀 Welt" came back "Hallo world").
 
-Each span is replaced in the source by a placeholder the model copies like a name ("XQ1", "XQ2"...; a prefix the
-text does not hold), the placeholder's pieces become a term the beam search must write (constraints.py), so the
-search places it where the sentence puts it, and the placeholder in the translation is replaced by the span as
-written. Where a search could not place one (its length budget ran out; greedy search and sampling keep no
-terms and place it only when the model copies it), the span is appended at the end, so nothing the client sent
-is lost.
+Each span is replaced in the source by a placeholder the model copies like a name ("XQ1", "XQ2"...; letters neither
+the text nor the request's glossary terms hold; what a budget cut of one leaves, "XQ", is removed), the
+placeholder's pieces become a term the beam search must write (constraints.py), so the search places it where the
+sentence puts it, and the placeholder in the translation is replaced by the span as written. Where a search could
+not place one (its length budget ran out; greedy search and sampling keep no terms and place it only when the model
+copies it), the span is appended at the end, so nothing the client sent is lost.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ MARKED = re.compile(r"<dnt>(?P<dnt>.*?)</dnt>"
                     r"|(?P<url>\b(?:https?|ftp)://[^\s<>\"]+[^\s<>\".,;:!?)\]}'])"
                     r"|(?P<mail>\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b)"
                     r"|(?P<code>`[^`\n]+`)", re.S)
-PREFIXES = ("XQ", "ZQ", "QX", "QZ", "XZ")      # placeholders' first letters: the first one the text lacks
+# Placeholders' letters: the first pair (then triple) that neither the text nor the request's glossary terms hold,
+# so a placeholder is never a term's, and a term never matches a placeholder.
+PREFIXES = tuple(a + b for a in "XZQJV" for b in "QXZJV" if a != b) + tuple(
+    a + b + c for a in "XZQ" for b in "QXZ" for c in "JVQ" if a != b != c)
 # Typographic quotes read as their ASCII forms rather than kept: a model whose vocabulary lacks „“ ‘’ still reads
 # the quotation, and a translation's quotes follow its own language rather than the source's.
 QUOTES = str.maketrans({"„": '"', "“": '"', "”": '"', "‚": "'", "‘": "'", "’": "'", "«": '"', "»": '"'})
@@ -59,12 +62,15 @@ class Kept:
                 translation = translation[:m.start()] + translation[m.end():]
             translation = (translation[:first.start()] + (" " if spaced else "") + self.spans[i]
                            + translation[first.end():])
+        # What is left of a placeholder the search began and its budget cut ("XQ"): not the client's text.
+        translation = re.sub(rf" ?(?<![A-Za-z]){re.escape(self.prefix)}[0-9]*(?![A-Za-z0-9])", "", translation)
         return " ".join([translation.rstrip(), *reversed(missing)]).strip() if missing else translation
 
 
-def keep(sentence: str, writable: Callable[[str], bool]) -> Kept:
+def keep(sentence: str, writable: Callable[[str], bool], avoid: str = "") -> Kept:
     """The sentence's kept spans (see the module docstring) replaced by placeholders; `writable(ch)`: whether the
-    model can write the character ch."""
+    model can write the character ch; `avoid`: text a placeholder's letters must not stand in either (the
+    glossary's terms)."""
     spans: list[tuple[int, int, str]] = []                 # (start, end, what comes back)
     for m in MARKED.finditer(sentence):
         spans.append((m.start(), m.end(), m.group("dnt") if m.group("dnt") is not None else m.group()))
@@ -83,7 +89,9 @@ def keep(sentence: str, writable: Callable[[str], bool]) -> Kept:
             i += 1
     if not spans:
         return Kept(sentence)
-    prefix = next((p for p in PREFIXES if p not in sentence), PREFIXES[0] + "Q")
+    prefix = next((p for p in PREFIXES if p not in sentence and p not in avoid), None)
+    if prefix is None:                   # every pair and triple taken (a long random string): nothing is kept
+        return Kept(sentence)
     kept = Kept("", [s for _, _, s in sorted(spans)], prefix)
     out, last = [], 0
     for n, (start, end, _) in enumerate(sorted(spans)):

@@ -74,7 +74,7 @@ class Hypothesis:
     score: float               # sum of log-probs / length ** length_penalty (length counts the eos)
     log_prob: float            # plain sum of log-probs, eos included
     finished: bool = True      # False when stopped from outside (see `cancel`) before its eos
-    unmet: int = 0             # constraint tokens it lacks (constraints.py): 0 = every term, or none asked
+    unmet: int = 0             # terms it lacks (constraints.py): 0 = every term, or none asked
 
 
 @dataclass
