@@ -1156,6 +1156,9 @@ def prometheus_with_traffic(package, lm_package, tmp_path_factory):
         with httpx.Client(base_url=url, timeout=60, trust_env=False) as http:
             for _ in range(5):
                 assert http.post("/translate", json=good).status_code == 200
+            # A glossary's entries, held or missed: transerve_glossary_entries_total comes only from these.
+            r = http.post("/translate", json={**good, "glossary": [{"source": "weit", "target": "far"}]})
+            assert r.status_code == 200, r.text
             r = http.post("/libretranslate/translate", json={"q": "Das geht zu weit.", "source": "de", "target": "en"})
             assert r.status_code == 200, r.text
             assert http.post("/translate", json={**good, "text": ""}).status_code == 422
@@ -1199,7 +1202,8 @@ def prometheus_with_traffic(package, lm_package, tmp_path_factory):
         wanted = {"transerve_requests_rejected_total", "transerve_errors_total", "transerve_requests_total",
                   "transerve_requests_cancelled_total",
                   "transerve_model_info", "transerve_time_to_first_token_seconds_bucket",
-                  "transerve_time_per_output_token_seconds_bucket", "transerve_generated_tokens_total"}
+                  "transerve_time_per_output_token_seconds_bucket", "transerve_generated_tokens_total",
+                  "transerve_glossary_entries_total"}
         deadline = time.time() + 30
         while not wanted <= api.names():
             assert time.time() < deadline, f"not scraped: {wanted - api.names()}"
