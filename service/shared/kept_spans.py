@@ -71,6 +71,9 @@ def keep(sentence: str, writable: Callable[[str], bool], avoid: str = "") -> Kep
     """The sentence's kept spans (see the module docstring) replaced by placeholders; `writable(ch)`: whether the
     model can write the character ch; `avoid`: text a placeholder's letters must not stand in either (the
     glossary's terms)."""
+    if "<" not in sentence and "@" not in sentence and "`" not in sentence and "://" not in sentence and all(
+            writable(ch) for ch in set(sentence) if not ch.isspace()):
+        return Kept(sentence)              # the common case, on every request's path: each character once
     spans: list[tuple[int, int, str]] = []                 # (start, end, what comes back)
     for m in MARKED.finditer(sentence):
         spans.append((m.start(), m.end(), m.group("dnt") if m.group("dnt") is not None else m.group()))
