@@ -48,8 +48,8 @@ META = ("name", "source_lang", "target_lang", "entry_count", "creation_time")   
 class GlossaryLimits:
     """What one key may store; each refused with its limit in the error body."""
     # Entries a glossary: every request that uses one sends all of them to the worker, which checks each, tokenizes
-    # its target and matches it in every sentence; 10,000 cost a one-sentence request about 0.15 s more of its
-    # worker (models/de-en on 2 loaded cores): more would cost every request using it more than its translation.
+    # its target and matches it in every sentence; 10,000 cost a one-sentence request 0.2-0.3 CPU s more of its
+    # worker (benchmarks/glossary_cost.py): more would cost every request using it more than its translation.
     entries: int = 10_000
     # Bytes of its entries as TSV (UTF-8): what a request using it reads from the store and sends to a worker.
     # 10,000 entries of two 50-byte terms. A body is still bounded by --max-payload-bytes first (1 MB by default).
