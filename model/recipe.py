@@ -8,8 +8,9 @@ Every stage fits in --minutes, counted from the process's start (a job's own `ti
    loading, the final evaluation and the save included); re-running with the same --out resumes;
 2. export the final checkpoint (run/checkpoint.pt, so that its weights re-export to the same packages
    anywhere): int8 for CPU serving, fp16 for GPU serving (model.export);
-3. evaluate both with `model.evaluate --package` on the test split, greedy and beam 4; the fp16 package
-   only where onnxruntime has a CUDA provider (the reason is written where it is skipped);
+3. evaluate each with `model.evaluate --package` on the test split, greedy and beam 4, right after its
+   export; the fp16 package only where onnxruntime has a CUDA provider (the reason is written where it is
+   skipped);
 4. write MODEL_CARD.md (a draft: command, hardware, wall time per stage, data counts, BLEU/chrF) and
    results.json;
 5. cut the files it produced into pieces of at most --piece-mb MB (an xz tar, `outputs.tar.xz.part-NNN`) with
@@ -266,12 +267,13 @@ def run_stages(report: dict, rc: RecipeConfig, data: Path, out: Path, train_args
     direction = report["training"]["directions"][0]
     report["eval_direction"] = direction
     int8 = {"quantize": "int8", "calibration": data / "dev.tsv"}
-    for precision, options in (("int8", int8), ("fp16", {"fp16": True})):
-        stage(f"export {precision}", lambda: export_package(run / "checkpoint.pt", out / f"package-{precision}",
-                                                            **options))
     fp16_reason = cuda_onnxruntime() or ("--device cpu" if rc.device == "cpu" else None)
-    for precision, device, reason in (("int8", "cpu", None), ("fp16", "cuda", fp16_reason)):
+    # Each package is evaluated right after its export, so that a budget spent by the fp16 export (as long
+    # as the int8 one on a CPU) never leaves the int8 package, the one a CPU serves, without its scores.
+    for precision, options, device, reason in (("int8", int8, "cpu", None),
+                                               ("fp16", {"fp16": True}, "cuda", fp16_reason)):
         name = f"package-{precision}"
+        stage(f"export {precision}", lambda: export_package(run / "checkpoint.pt", out / name, **options))
         if reason is None and time.time() > deadline:
             reason = "the budget was spent"
         if reason:
