@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from service.shared.beam_pool import BeamPool
-from service.shared.constraints import START, Terms, bank_sizes
+from service.shared.constraints import START, Terms, bank_sizes, best_of, choose
 from service.shared.options import SearchOptions
 from service.shared.search import decode, finish
 
@@ -69,6 +69,24 @@ def test_bank_sizes_share_the_beam_and_pass_empty_places_down():
     assert bank_sizes(3, 4, [9, 0, 0]) == [4, 0, 0]
     assert bank_sizes(5, 4, [9, 9, 9, 9, 1]) == [0, 0, 0, 3, 1]      # more banks than beams: the top gets the rest
     assert bank_sizes(3, 4, [0, 3, 1]) == [0, 3, 1]                  # what bank 0 passes on is passed on again
+
+
+def test_best_of_picks_what_a_stable_sort_of_the_whole_row_picks():
+    rng = np.random.default_rng(0)
+    for n in (1, 3, 9, 40, 64):
+        row = rng.integers(-5, 0, 64).astype(np.float32)               # many ties
+        row[rng.choice(64, 20, replace=False)] = -np.inf
+        assert best_of(row, n).tolist() == np.argsort(-row, kind="stable")[:n].tolist(), n
+
+
+def test_a_token_that_starts_two_terms_is_one_candidate():
+    rng = np.random.default_rng(1)
+    t = Terms.of([[5, 7], [5, 9], [5]])
+    logp = np.log(rng.dirichlet(np.ones(12), size=4)).astype(np.float32)      # (K, V), one input
+    logp[:, 5] = -30.0                                                       # far below the 2K best
+    [choice] = choose(np.array([[0.0, -1.0, -2.0, -3.0]]), logp, None, [START] * 4, [t], np.zeros(4, bool), EOS)
+    picked = [(k, tok) for k, tok, _, _ in choice.beams]
+    assert len(picked) == len(set(picked)) == 4
 
 
 @pytest.mark.parametrize("seed", range(6))

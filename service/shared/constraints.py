@@ -51,6 +51,10 @@ class Terms:
     joiners: np.ndarray | None = field(default=None, compare=False, repr=False)
     starts: dict = field(default_factory=dict, compare=False, repr=False)   # first token -> the terms it starts
     memo: dict = field(default_factory=dict, compare=False, repr=False)     # state -> met(state)
+    # (state, token) -> advance's state, and state -> allowed's tokens: a search asks the same few again and again
+    # (its K beams share states, each step revisits them), and one dict look-up costs less than the loops.
+    moves: dict = field(default_factory=dict, compare=False, repr=False)
+    nexts: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, include: Sequence[Sequence[int]] = (), exclude: Sequence[Sequence[int]] = (),
@@ -83,6 +87,13 @@ class Terms:
 
     def advance(self, state: State, token: int) -> State:
         """The state after writing `token`."""
+        key = (state, token)
+        after = self.moves.get(key)
+        if after is None:
+            after = self.moves[key] = self._advance(state, token)
+        return after
+
+    def _advance(self, state: State, token: int) -> State:
         mask, j, m, _ = state
         if j >= 0:
             for k in self._sharing(mask, j, m):          # the term it is inside, or one that starts the same way
@@ -96,10 +107,15 @@ class Terms:
 
     def allowed(self, state: State) -> list[int]:
         """The tokens that would take a row in `state` further into its terms."""
-        mask, j, m, _ = state
-        if j >= 0:
-            return list({self.include[k][m] for k in self._sharing(mask, j, m)})
-        return [p[0] for k, p in enumerate(self.include) if not mask >> k & 1]
+        tokens = self.nexts.get(state)
+        if tokens is None:
+            mask, j, m, _ = state
+            if j >= 0:
+                tokens = list({self.include[k][m] for k in self._sharing(mask, j, m)})
+            else:
+                tokens = [p[0] for k, p in enumerate(self.include) if not mask >> k & 1]
+            self.nexts[state] = tokens
+        return tokens
 
     def _sharing(self, mask: int, j: int, m: int) -> list[int]:
         """Term j and the unmet terms whose first m tokens are its first m (placeholders XQ1 and XQ2 share two)."""
@@ -212,7 +228,7 @@ def choose(beam_scores: np.ndarray, logp: np.ndarray, top: tuple[np.ndarray, np.
     for r in np.flatnonzero(live & (np.isfinite(top_logp).sum(axis=1) < min(n, W))).tolist():
         row = logp[r].astype(np.float32)                                            # a copy, for this row alone
         owner[r].remove(row, states[r], bool(last[r]), eos_id)
-        top_ids[r] = np.argsort(-row, kind="stable")[:W]
+        top_ids[r] = best_of(row, W)
         top_logp[r] = row[top_ids[r]]
     total = (scores[:, None] + top_logp).reshape(C, K * W)                          # (C, K*W) float64
     best = np.argsort(-total, axis=1, kind="stable")[:, :n]                         # (C, 2K) flat k*W + j
@@ -221,26 +237,44 @@ def choose(beam_scores: np.ndarray, logp: np.ndarray, top: tuple[np.ndarray, np.
             for c in range(C)]
 
 
+def best_of(row: np.ndarray, n: int) -> np.ndarray:
+    """The ids of row's n best values, best first, ties by id (as a stable argsort of the whole row gives them):
+    argpartition sets them apart first, since a sort of all V costs ten times more."""
+    if n >= len(row):
+        return np.argsort(-row, kind="stable")
+    kth = np.partition(-row, n - 1)[n - 1]                     # the n-th best's negation
+    ids = np.flatnonzero(-row <= kth)                          # the n best and any tied with the n-th, in id order
+    return ids[np.argsort(-row[ids], kind="stable")][:n]
+
+
 def _candidates_of(c: int, total: np.ndarray, best: list[int], top_ids: np.ndarray, firsts: np.ndarray,
                    logp: np.ndarray, scores: np.ndarray, states: Sequence[State], terms: Terms, last: np.ndarray,
                    eos_id: int, K: int) -> list[tuple[float, int, int]]:
-    """Input c's candidates as (score, beam, token), best first: its 2K best over its K beams, each live beam's
-    own best and its terms' next tokens (their log-probs from the whole distribution)."""
-    W = top_ids.shape[1]
-    picked: dict[tuple[int, int], float] = {}
-    for f in best + [k * W + int(firsts[c * K + k]) for k in range(K)]:
+    """Input c's candidates as (-score, beam, token), best first: its 2K best over its K beams, each live beam's
+    own best and its terms' next tokens (their log-probs from the whole distribution). Negated scores, so that
+    a plain sort of the tuples orders them (best first, then by beam and token) without a key function."""
+    W, rows = top_ids.shape[1], slice(c * K, (c + 1) * K)
+    ids, own_best, beam_scores = top_ids[rows].tolist(), firsts[rows].tolist(), scores[rows].tolist()
+    values = total.tolist()                                   # K*W floats: list look-ups cost less than numpy's
+    seen: set[tuple[int, int]] = set()
+    cands = []
+    for f in best + [k * W + own_best[k] for k in range(K)]:
         k, j = divmod(f, W)
-        if total[f] != NEG_INF:
-            picked[(k, int(top_ids[c * K + k, j]))] = float(total[f])
+        if values[f] != NEG_INF and (k, ids[k][j]) not in seen:
+            seen.add((k, ids[k][j]))
+            cands.append((-values[f], k, ids[k][j]))
     for k in range(K):
         r = c * K + k
-        if scores[r] == NEG_INF:
+        if beam_scores[k] == NEG_INF:
             continue
         for t in terms.allowed(states[r]):
-            if (k, t) not in picked and not _removed(t, states[r], terms, bool(last[r]), eos_id) \
-                    and logp[r, t] != NEG_INF:
-                picked[(k, t)] = float(scores[r]) + float(logp[r, t])
-    return sorted(((score, k, t) for (k, t), score in picked.items()), key=lambda x: (-x[0], x[1], x[2]))
+            if (k, t) not in seen and not _removed(t, states[r], terms, bool(last[r]), eos_id):
+                lp = float(logp[r, t])
+                if lp != NEG_INF:
+                    seen.add((k, t))                  # two terms may start with the same token
+                    cands.append((-(beam_scores[k] + lp), k, t))
+    cands.sort()
+    return cands
 
 
 def _removed(t: int, state: State, terms: Terms, last: bool, eos_id: int) -> bool:
@@ -261,9 +295,18 @@ def _bank(c: int, total: np.ndarray, best: list[int], top_ids: np.ndarray, first
     states, last = states[rows], last[rows].tolist()
     banks = terms.tokens + 1
     ended, going, counts = [], [], [0] * banks
-    for score, k, t in cands:
-        state = states[k] if t == eos_id else terms.advance(states[k], t)
-        bank = terms.met(state)
+    moves, met, starts = terms.moves, terms.memo, terms.starts     # read here first: the hot loop
+    for negated, k, t in cands:
+        score, state = -negated, states[k]
+        if t == eos_id:
+            pass
+        elif state[1] < 0 and t not in starts:       # outside every term, and not starting one: advance's answer
+            state = (state[0], -1, 0, False) if state[3] else state
+        else:
+            state = moves.get((state, t)) or terms.advance(state, t)
+        bank = met.get(state)
+        if bank is None:
+            bank = terms.met(state)
         if t == eos_id or last[k]:
             # Among the K best of its bank, not of all: a hypothesis with every term competes with those that
             # have them too, not with shorter ones still short of a term.

@@ -430,8 +430,8 @@ def _constrained_step(a: int, choice: Choice, rows: Rows, s: int, finished: list
                       top_ended: np.ndarray, options: SearchOptions, eos_id: int, early_exit: bool) -> tuple | None:
     """terms_beam_step's step of input `s`, at position `a` of the active ones (rows a*K...), from what
     constraints.choose chose: its hypotheses that ended go to finished[s]; returns its next K beams (rows, tokens,
-    scores, states), or None once it ends. Fewer than K candidates: the last one repeated at -inf, never chosen
-    again."""
+    scores, states; lists), or None once it ends. Fewer than K candidates: the last one repeated at -inf, never
+    chosen again."""
     K, r0, lp = options.beam_size, a * options.beam_size, options.length_penalty
     top_ended[s] |= choice.top_ended
     for k, tok, score, unmet in choice.ended:
@@ -444,8 +444,8 @@ def _constrained_step(a: int, choice: Choice, rows: Rows, s: int, finished: list
         return None
     k, t, _, state = choice.beams[-1]
     beams = choice.beams + [(k, t, NEG_INF_SCORE, state)] * (K - len(choice.beams))
-    return (r0 + np.array([b[0] for b in beams]), np.array([b[1] for b in beams]),
-            np.array([b[2] for b in beams]), [b[3] for b in beams])
+    return ([r0 + b[0] for b in beams], [b[1] for b in beams], [b[2] for b in beams],   # lists: terms_beam_step
+            [b[3] for b in beams])                                                      # makes arrays once
 
 
 def _best_2k(beam_scores: np.ndarray, logp: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:
