@@ -39,6 +39,18 @@ def test_terms_follow_a_phrase_and_start_again_when_it_breaks_off():
     assert t.advance(t.advance(START, 5), 9) == (0b10, -1, 0, True)  # 9 starts (and is) the other term
 
 
+def test_a_term_broken_off_resumes_from_the_longest_end_that_begins_it():
+    t = Terms.of([[3, 3, 4], [6, 3, 8]])
+    s = START
+    for token in (3, 3, 3, 4):                                       # "a a a b" holds "a a b"
+        s = t.advance(s, token)
+    assert s == (0b01, -1, 0, True)
+    s = START
+    for token in (6, 3, 3, 3):                                       # "6 3" breaks off; its "3" and the next go on
+        s = t.advance(s, token)
+    assert s == (0, 0, 2, False) and t.allowed(s) == [4]
+
+
 def test_terms_that_start_alike_are_followed_together_until_they_part():
     t = Terms.of([[5, 6, 1], [5, 6, 2]])                           # placeholders XQ1 and XQ2: "▁X", "Q", digit
     s = t.advance(t.advance(START, 5), 6)

@@ -14,8 +14,9 @@ What it does at the edges, each a choice:
 - eos is not a candidate for a hypothesis that lacks a term, except at the last step its length budget allows: a
   sentence too short for its terms still ends, and its hypothesis says how many terms it lacks
   (`Hypothesis.unmet`); hypotheses with every term rank ahead of those without (`rank`).
-- A term is met by its tokens written in a row; a term broken off half way must start again. Terms that start
-  with the same tokens are followed together until they part. A term listed twice must appear twice.
+- A term is met by its tokens written in a row; a term broken off half way starts again (from the longest end of
+  what was written that begins a term: "a a a b" holds "a a b"). Terms that start with the same tokens are
+  followed together until they part. A term listed twice must appear twice.
 - An excluded phrase (`exclude`) never completes: its last token is removed where the row's tokens end with the
   rest of it (`SuppressPhrases`, a processor; a one-token phrase is never written).
 - Only beam search takes terms: greedy search and sampling have one row an input and no beam to allocate,
@@ -100,9 +101,19 @@ class Terms:
                 phrase = self.include[k]
                 if phrase[m] == token:
                     return (mask | 1 << k, -1, 0, True) if m + 1 == len(phrase) else (mask, k, m + 1, False)
-        for k in self.starts.get(token, ()):
-            if not mask >> k & 1:
-                return (mask | 1 << k, -1, 0, True) if len(self.include[k]) == 1 else (mask, k, 1, False)
+            return self._resume(mask, self.include[j][:m] + (token,))
+        return self._resume(mask, (token,))
+
+    def _resume(self, mask: int, written: tuple[int, ...]) -> State:
+        """The state after `written` (the tokens of a term broken off, the last one new): the longest end of it
+        that begins an unmet term, as KMP's failure function finds it (here on the fly: terms are a few tokens
+        and advance memoises), so "a a a b" meets the term "a a b"."""
+        for s in range(1 if len(written) > 1 else 0, len(written)):
+            tail = written[s:]
+            for k in self.starts.get(tail[0], ()):
+                phrase = self.include[k]
+                if not mask >> k & 1 and phrase[:len(tail)] == tail:
+                    return (mask | 1 << k, -1, 0, True) if len(tail) == len(phrase) else (mask, k, len(tail), False)
         return (mask, -1, 0, False)
 
     def allowed(self, state: State) -> list[int]:
