@@ -35,6 +35,13 @@ def test_restore_drops_copies_and_appends_what_the_model_left_out():
     assert k.restore("XQ1 and XQ") == "😀😀😀 and ☃"          # a placeholder the budget cut: not left in the text
 
 
+def test_placeholders_are_as_wide_as_the_last_so_none_begins_another():
+    marks = "☀☁☂☃☄★☆☇☈☉☊☋"
+    k = keep(" ".join(marks), ASCII)
+    assert k.text.split() == [f"XQ{i:02d}" for i in range(1, 13)]
+    assert k.restore(" ".join(reversed(k.text.split()))) == " ".join(reversed(marks))
+
+
 @pytest.fixture(scope="module")
 def server():
     proc, url = start_server(ROOT / "models" / "de-en")
@@ -57,6 +64,15 @@ def test_what_the_model_cannot_write_and_marked_spans_come_back_as_written(serve
     for (source, span), t in zip(TEXTS.items(), r.json()["translations"]):
         assert t["text"].count(span) == 1, (source, t["text"])
         assert "XQ" not in t["text"] and "<dnt>" not in t["text"]
+
+
+def test_twelve_kept_spans_come_back_each_once_where_the_search_placed_them(server):
+    marks = "☀☁☂☃☄★☆☇☈☉☊☋"
+    r = httpx.post(server + "/translate", json={"text": f"Die Zeichen {' '.join(marks)} stehen hier.",
+                                                "source_lang": "de", "target_lang": "en"}, timeout=120)
+    text = r.json()["translations"][0]["text"]
+    assert all(text.count(m) == 1 for m in marks) and "XQ" not in text, text
+    assert "".join(ch for ch in text if ch in marks) == marks, text       # in the source's order, as placed
 
 
 def test_kept_spans_and_a_glossary_hold_together(server):

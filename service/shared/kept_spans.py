@@ -39,7 +39,9 @@ class Kept:
     prefix: str = PREFIXES[0]
 
     def placeholder(self, i: int) -> str:
-        return f"{self.prefix}{i + 1}"
+        # As wide as the last one's number (XQ01 ... XQ12), so that none begins another: the search follows terms
+        # that start alike together, and XQ1 met at the start of XQ12 would stand where XQ12 should.
+        return f"{self.prefix}{i + 1:0{len(str(len(self.spans)))}d}"
 
     def placeholders(self) -> list[str]:
         return [self.placeholder(i) for i in range(len(self.spans))]
@@ -50,7 +52,7 @@ class Kept:
         if not self.spans:
             return translation
         missing = []
-        for i in reversed(range(len(self.spans))):       # XQ12 before XQ1
+        for i in reversed(range(len(self.spans))):
             pattern = re.compile(rf" ?(?<![A-Za-z]){re.escape(self.placeholder(i))}(?![0-9])")
             found = list(pattern.finditer(translation))
             if not found:
