@@ -22,7 +22,7 @@ from starlette.routing import Match
 # the routes cannot take (404, 405) is wrong as a malformed one is: "validation", not a bug of ours. 499 is
 # nginx's "client closed request": the client went away before its answer, no failure of ours either.
 ERROR_KIND = {400: "validation", 401: "auth", 403: "auth", 404: "validation", 405: "validation", 408: "limit",
-              413: "limit", 422: "validation", 429: "overload", 499: "client_closed", 503: "overload",
+              413: "limit", 422: "validation", 429: "overload", 456: "limit", 499: "client_closed", 503: "overload",
               504: "timeout"}
 
 

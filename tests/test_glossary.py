@@ -44,6 +44,8 @@ def test_deepl_tsv_and_csv_read_and_bad_lines_name_their_line():
         parse("a\tb\nc\t \n")
     with pytest.raises(GlossaryError, match="entry 2: its source term is already entry 1"):
         parse("a\tb\na\tc\n")
+    with pytest.raises(GlossaryError, match="line 2: not CSV that can be read"):    # over csv's field limit
+        parse("a,b\nc," + "d" * 200_000 + "\n", "csv")
 
 
 def test_a_target_term_is_held_as_written_and_as_a_whole_word():

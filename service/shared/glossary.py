@@ -60,14 +60,17 @@ def parse(text: str, fmt: str = "tsv") -> list[Entry]:
         raise GlossaryError(f"glossary format must be tsv or csv, not {fmt!r}")
     lines = (csv.reader(io.StringIO(text)) if fmt == "csv"
              else (line.split("\t") for line in text.splitlines()))
-    entries = []
-    for n, fields in enumerate(lines, 1):
-        if not any(f.strip() for f in fields):
-            continue
-        if len(fields) != 2:
-            raise GlossaryError(f"glossary line {n}: {len(fields)} fields; each line holds a source term and a "
-                                f"target term, separated by a {'tab' if fmt == 'tsv' else 'comma'}")
-        entries.append(Entry(fields[0], fields[1]))
+    entries, n = [], 0
+    try:
+        for n, fields in enumerate(lines, 1):
+            if not any(f.strip() for f in fields):
+                continue
+            if len(fields) != 2:
+                raise GlossaryError(f"glossary line {n}: {len(fields)} fields; each line holds a source term and a "
+                                    f"target term, separated by a {'tab' if fmt == 'tsv' else 'comma'}")
+            entries.append(Entry(fields[0], fields[1]))
+    except csv.Error as e:          # a field over csv's limit (128 KiB), a NUL byte: the client's CSV, not our fault
+        raise GlossaryError(f"glossary line {n + 1}: not CSV that can be read ({e})") from None
     return check_entries(entries)
 
 
