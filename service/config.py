@@ -63,8 +63,14 @@ class Settings:
     # where: a directory of this host only (empty: transerve-files in the system's temporary directory).
     file_ttl_s: float = 1800.0
     file_dir: str = ""
+    # A DeepL document job's lease (service/http/document_jobs.py): the server translating it renews it every third
+    # of this; a job whose lease has run out is failed by whichever replica is asked about it next ("the server
+    # translating it stopped"). Long enough for a busy server's renewal to arrive, short enough that a client
+    # polling every 5 s learns of a dead server within a few polls.
+    document_lease_s: float = 30.0
     # Where this host keeps what must outlive a restart without --redis-url: the stored glossaries' SQLite file
-    # (service/http/glossary_store.py). Empty: $XDG_DATA_HOME/transerve, or ~/.local/share/transerve (data_path).
+    # (service/http/glossary_store.py), DeepL's document jobs' (service/http/document_jobs.py). Empty:
+    # $XDG_DATA_HOME/transerve, or ~/.local/share/transerve (data_path).
     data_dir: str = ""
     # Every connection bounded at the server (docs/serving.md, "Slow clients"; service/http/uvicorn_bridge.py).
     header_timeout_s: float = 10.0      # request line and headers, from the first byte; then 408 and close
@@ -164,11 +170,15 @@ _HELP = {
     "max_file_elements": "XML elements a document may have over all its parts; beyond: 413 (a million runs)",
     "max_file_texts": "texts (paragraphs, cells, headers, runs in other formatting) a document may have to "
                       "translate; beyond: 413",
-    "file_ttl_s": "seconds a translated file is kept for its download, then deleted",
+    "file_ttl_s": "seconds a translated file is kept for its download, then deleted (LibreTranslate's "
+                  "/translate_file, DeepL's /v2/document)",
+    "document_lease_s": "seconds a DeepL document job's lease lasts (renewed every third of it by the server "
+                        "translating it); a job whose server stops renewing is failed after it",
     "file_dir": "directory for the translated files waiting to be downloaded (empty: transerve-files in the "
                 "system's temporary directory); only this host reads it",
-    "data_dir": "directory for what outlives a restart without --redis-url: the stored glossaries' SQLite file, "
-                "shared by this host's HTTP processes (empty: $XDG_DATA_HOME/transerve or ~/.local/share/transerve)",
+    "data_dir": "directory for what outlives a restart without --redis-url: the stored glossaries' and DeepL "
+                "document jobs' SQLite files, shared by this host's HTTP processes (empty: $XDG_DATA_HOME/transerve "
+                "or ~/.local/share/transerve)",
     "max_output_tokens": "tokens written per sentence or generation at most, whatever a request asks",
     "max_prompt_tokens": "tokens a generation prompt may have; beyond: 413",
     "redis_url": "Redis to count the keys' usage in, shared by every replica (redis://[:password@]host:6379/0; "
@@ -280,7 +290,7 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         p.error(f"--redis-timeout-ms must be more than 0, got {s.redis_timeout_ms}")
     if not 0 <= s.worker_nice <= 19:
         p.error(f"--worker-nice must be between 0 and 19, got {s.worker_nice}")
-    for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "file_ttl_s"):
+    for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "file_ttl_s", "document_lease_s"):
         if not getattr(s, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be more than 0, got {getattr(s, name)}")
     if s.api_servers < 0:

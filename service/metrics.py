@@ -26,6 +26,8 @@ BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_COUNTS = (1, 4, 16, 64, 128, 256, 512, 1024, 4096)
 # Rows in one decoder call: 1 (a greedy sentence alone) to a GPU's batches (--max-batch-tokens).
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+# A document job's wait for its turn, seconds: none (the server had a place free) to minutes behind other documents.
+QUEUED_SECONDS = (0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
 def configure(directory: str | None = None) -> str:
@@ -102,6 +104,11 @@ def metrics() -> SimpleNamespace:
         # Requests decided without the limits' store (Redis unreachable or slow), by what --redis-down made of them.
         ratelimit_store_errors=Counter(p + "ratelimit_store_errors_total", "Requests whose limits Redis could not "
                                        "check in time, by outcome (admitted, refused)", ["outcome"]),
+        # DeepL's document jobs (service/api/deepl_documents.py), counted by the HTTP process that runs each.
+        document_jobs=Counter(p + "document_jobs_total", "DeepL document jobs by the state each reached: queued "
+                              "(uploaded), done, error", ["state"]),
+        document_queue_wait=Histogram(p + "document_queue_wait_seconds", "From a document's upload to the start of "
+                                      "its translation", buckets=QUEUED_SECONDS),
         **_scheduler_metrics(p),
     )
 

@@ -2,7 +2,7 @@
 operations routes, and the API flavours, each installing its own routes:
 
     FLAVOURS    native (POST /translate, /generate, GET /languages), openai_api (/v1/), libretranslate
-                (/libretranslate/), ui (GET /ui, and /docs and /redoc offline)
+                (/libretranslate/), deepl (/deepl/v2/: DeepL's API), ui (GET /ui, and /docs and /redoc offline)
     GET /health     liveness: the HTTP process answers
     GET /ready      readiness: every inference worker loaded and warmed up, not draining
     GET /info       models, versions, settings (no secrets)
@@ -26,7 +26,7 @@ from fastapi.routing import APIRoute
 from starlette.middleware.gzip import GZipMiddleware
 
 from . import __version__
-from .api import libretranslate, native, openai_api, ui
+from .api import deepl, libretranslate, native, openai_api, ui
 from .http.auth import USAGE_PATH, open_paths
 from .http.keys import ANONYMOUS, KeyRing
 from .http.quota import WINDOWS
@@ -47,7 +47,8 @@ from .http.uvicorn_bridge import hold_signals
 
 log = logging.getLogger("transerve")
 
-FLAVOURS: tuple[Flavour, ...] = (native.FLAVOUR, openai_api.FLAVOUR, libretranslate.FLAVOUR, ui.FLAVOUR)
+FLAVOURS: tuple[Flavour, ...] = (native.FLAVOUR, openai_api.FLAVOUR, libretranslate.FLAVOUR, deepl.FLAVOUR,
+                                 ui.FLAVOUR)
 
 LITSERVE_INFO = "/litserve/info"   # LitServe always adds an info route; install() removes it
 

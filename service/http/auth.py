@@ -6,6 +6,8 @@ routes), /docs, /openapi.json and /info too unless --public-docs, /metrics on th
 checks it before anything reads the body (middleware.key_refusal). LibreTranslate's POST routes take the key
 in their `api_key` field too: one without a key in its headers goes on to the route, which reads the body
 only to find that field and answers 401 before it looks at any other (libretranslate.authorized_fields).
+DeepL's clients send theirs as `Authorization: DeepL-Auth-Key KEY`, taken as a bearer token is (a wrong one is
+their 403, FORBIDDEN_SCHEMES).
 LibreTranslate's /languages stays open, as in LibreTranslate, whose clients ask for it without a key.
 """
 
@@ -32,12 +34,20 @@ INVALID = {"WWW-Authenticate": 'Bearer realm="transerve", error="invalid_token"'
 OWS = " \t"
 
 
+# The schemes whose token is the key: ours, and DeepL's (`Authorization: DeepL-Auth-Key KEY`, which its clients send
+# to the DeepL flavour, api/deepl.py). Scheme names are case-insensitive (RFC 9110 section 11.1).
+SCHEMES = frozenset({"bearer", "deepl-auth-key"})
+# The scheme whose clients read a refused key as 403, not 401: DeepL answers a wrong key with 403, and its clients
+# (the deepl package's AuthorizationException) know no other status for it.
+FORBIDDEN_SCHEMES = frozenset({"deepl-auth-key"})
+
+
 def given_key(authorization: str, x_api_key: str | None, body_key: str | None = None) -> str:
-    """The key a request gives: its bearer token, else X-API-Key, else LibreTranslate's api_key field; "" for none.
-    A header's key is read without the whitespace around it, and the token after "Bearer" and one or more
-    spaces (RFC 9110 section 11.4); a body's field is taken as it is."""
+    """The key a request gives: its bearer (or DeepL-Auth-Key) token, else X-API-Key, else LibreTranslate's
+    api_key field; "" for none. A header's key is read without the whitespace around it, and the token after the
+    scheme and one or more spaces (RFC 9110 section 11.4); a body's field is taken as it is."""
     scheme, _, token = authorization.strip(OWS).partition(" ")
-    if scheme.lower() == "bearer" and token:
+    if scheme.lower() in SCHEMES and token:
         return token.strip(OWS)
     return (x_api_key or "").strip(OWS) or body_key or ""
 
@@ -45,8 +55,9 @@ def given_key(authorization: str, x_api_key: str | None, body_key: str | None = 
 def identify(keys: KeyRing, authorization: str, x_api_key: str | None, body_key: str | None = None) -> Tenant:
     """The Tenant of the key a request gives (KeyRing.find), or 401: none given, or one not known (a wrong key, or
     one the keys file no longer has: the request lacks valid credentials, RFC 9110 section 15.5.2, as OpenAI's API
-    answers an invalid key; 403 is for a known key refused a route or model, keys.allow_route and allow_model);
-    ANONYMOUS when the server has no keys."""
+    answers an invalid key; 403 is for a known key refused a route or model, keys.allow_route and allow_model), but
+    403 for one sent as `DeepL-Auth-Key`, as DeepL answers it (FORBIDDEN_SCHEMES); ANONYMOUS when the server has
+    no keys."""
     if not keys:
         return ANONYMOUS
     given = given_key(authorization, x_api_key, body_key)
@@ -54,6 +65,8 @@ def identify(keys: KeyRing, authorization: str, x_api_key: str | None, body_key:
     if tenant is None and not given:
         raise ApiError(401, "unauthorized", "missing API key: send Authorization: Bearer <key> or X-API-Key: <key>",
                        headers=CHALLENGE)
+    if tenant is None and authorization.strip(OWS).partition(" ")[0].lower() in FORBIDDEN_SCHEMES:
+        raise ApiError(403, "unauthorized", "invalid API key")
     if tenant is None:
         raise ApiError(401, "unauthorized", "invalid API key", headers=INVALID)
     return tenant

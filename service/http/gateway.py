@@ -8,6 +8,7 @@ full), hands it to the workers (litserve_workers.Workers) and gives back typed r
     generate(body, request)       -> a started GenerationStream: Pieces events, then one Finished
     glossaries                    the stored glossaries (glossary_store.GlossaryStore), which translate() reads
                                   a request's glossary_id from
+    documents                     DeepL's document jobs (document_jobs.DocumentJobs): their state and files
 
 Its errors are ApiError, which each flavour answers in its own shape. The flavours (api/native.py,
 openai_api.py, libretranslate.py, ui.py) install their routes over it; server.py composes them.
@@ -28,6 +29,7 @@ from .. import __version__
 from . import langid
 from .admission import Admission
 from .auth import add_fields, admit
+from .document_jobs import DocumentJobs
 from .glossary_store import GlossaryStore
 from .keys import ANONYMOUS, KeyRing, allow_model
 from .quota import Quota, charges
@@ -81,6 +83,7 @@ class Gateway:
         self.keys = KeyRing(settings.api_keys, settings.api_keys_file)   # made before the HTTP processes fork
         self.quota = Quota(settings)
         self.glossaries = GlossaryStore(settings)
+        self.documents = DocumentJobs(settings)
         self.generators = [p["name"] for p in packages if p["task"] == "generation"]
         self.pairs = sorted({tuple(d.split("-")) for p in packages for d in p["directions"]})
 

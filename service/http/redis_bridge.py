@@ -1,6 +1,7 @@
 """The one module that knows the `redis` client library: a connection per HTTP process, the counting script,
-the stored glossaries' hashes and sets (RedisGlossaries), and every way Redis can fail turned into one exception,
-StoreDown. quota.py and glossary_store.py decide what a failure means and name the keys.
+the stored glossaries' hashes and sets (RedisGlossaries), DeepL's document jobs and their files (RedisDocuments),
+and every way Redis can fail turned into one exception, StoreDown. quota.py, glossary_store.py and document_jobs.py
+decide what a failure means and name the keys.
 
 The script checks and charges all of a request's counters at once, inside Redis, so that two replicas (or two
 HTTP processes) charging the same key cannot both pass a limit that only one fits under: Redis runs a script
@@ -154,3 +155,88 @@ class RedisGlossaries:
 
     async def remove(self, owned: str, key: str, member: str) -> bool:
         return bool(await self.answer(lambda c: self.scripts[1](keys=[owned, key], args=[member])))
+
+
+# A document job (document_jobs.py) changed only while it is still queued or translating and, where ARGV[2] names
+# one, still held by that server; where ARGV[3] gives a time, only if its lease ended before it (a reader failing
+# the job of a server that stopped). KEYS: the job's hash, its source file, its result; ARGV: time to live (ms),
+# holder or '', time or '', '1' to delete the source, '1' to store ARGV[6] as the result, then the hash's fields
+# and values. Every key's expiry is then renewed. Returns 1, or 0 when refused.
+CHANGE_DOCUMENT = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'queued' and status ~= 'translating' then return 0 end
+if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'holder') ~= ARGV[2] then return 0 end
+if ARGV[3] ~= '' and tonumber(redis.call('HGET', KEYS[1], 'lease_until')) >= tonumber(ARGV[3]) then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 7))
+if ARGV[4] == '1' then redis.call('DEL', KEYS[2]) end
+if ARGV[5] == '1' then redis.call('SET', KEYS[3], ARGV[6]) end
+for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
+return 1
+"""
+# A done job's result handed over once: the job marked downloaded and the result deleted in the same step, so two
+# replicas asked at once cannot both send it. KEYS as above. Returns {status} or, for a done job, {'done', result}.
+TAKE_DOCUMENT = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'done' then return {status or ''} end
+local result = redis.call('GET', KEYS[3])
+redis.call('HSET', KEYS[1], 'status', 'downloaded')
+redis.call('DEL', KEYS[3])
+return {'done', result}
+"""
+
+
+class RedisDocuments:
+    """Document jobs in one Redis: a hash per job and its files as plain values, under the keys document_jobs.py
+    names (one Redis Cluster slot: the owner's hash tag). Bytes in and out, unlike RedisGlossaries' text: a file is
+    not text; the hashes' values are decoded here. A connection per process, opened on its first use."""
+
+    def __init__(self, url: str, timeout_s: float):
+        self.url, self.timeout_s = url, timeout_s
+        self.client: aioredis.Redis | None = None
+        self.scripts: tuple = ()
+        self.pid = None
+
+    def connect(self) -> aioredis.Redis:
+        if self.client is None or self.pid != os.getpid():
+            self.client = aioredis.Redis.from_url(self.url, socket_timeout=self.timeout_s,
+                                                  socket_connect_timeout=self.timeout_s)
+            self.scripts = (self.client.register_script(CHANGE_DOCUMENT), self.client.register_script(TAKE_DOCUMENT))
+            self.pid = os.getpid()
+        return self.client
+
+    async def answer(self, call):
+        """`call(client)`'s answer, or StoreDown within the timeout, whatever Redis does."""
+        client = self.connect()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await call(client)
+        except (RedisError, OSError, TimeoutError) as e:
+            raise StoreDown(type(e).__name__) from None
+
+    async def create(self, key: str, fields: dict[str, str], blob_key: str, blob: bytes, ttl_ms: int) -> None:
+        """The hash `key` and the value `blob_key` written, both expiring in `ttl_ms`."""
+        async def write(client):
+            async with client.pipeline(transaction=True) as pipe:
+                pipe.hset(key, mapping=fields).pexpire(key, ttl_ms).set(blob_key, blob, px=ttl_ms)
+                return await pipe.execute()
+
+        await self.answer(write)
+
+    async def fields(self, key: str) -> dict[str, str] | None:
+        row = await self.answer(lambda c: c.hgetall(key))
+        return {k.decode(): v.decode() for k, v in row.items()} if row else None
+
+    async def blob(self, key: str) -> bytes | None:
+        return await self.answer(lambda c: c.get(key))
+
+    async def change(self, keys: list[str], ttl_ms: int, holder: str, before: str, drop_blob: bool,
+                     result: bytes | None, fields: dict[str, str]) -> bool:
+        """CHANGE_DOCUMENT's step on the keys (hash, source, result); whether it was taken."""
+        args = [ttl_ms, holder, before, int(drop_blob), int(result is not None), result or b"",
+                *(x for item in fields.items() for x in item)]
+        return bool(await self.answer(lambda c: self.scripts[0](keys=keys, args=args)))
+
+    async def take(self, keys: list[str]) -> tuple[str, bytes | None]:
+        """TAKE_DOCUMENT's step: (the job's status, its result once when done; "" for a job that is gone)."""
+        out = await self.answer(lambda c: self.scripts[1](keys=keys))
+        return out[0].decode(), (out[1] if len(out) > 1 else None)

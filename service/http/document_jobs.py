@@ -1,0 +1,342 @@
+"""DeepL's document jobs (POST /deepl/v2/document, service/api/deepl_documents.py runs them): each upload's state,
+its file until it is translated and its result until it is downloaded, kept where every replica reaches them, so
+that a client polling through a load balancer gets its answer from whichever replica it lands on: server A
+translates, server B answers the status and hands over the result.
+
+A job goes queued -> translating -> done -> downloaded, or to error from queued or translating. Its id (32 hex
+digits, as DeepL's) and its key (64, given once, with the id: only its SHA-256 is stored) are random; a job is
+found only with both, and only by the API key that uploaded it (its name: "anonymous" on a server without keys).
+Anything else is the same 404, so an id says nothing of another key's documents. No file name is stored: the
+result is handed over under a generic one, and nothing here logs a job's languages, name or text.
+
+Leases: the server running a job holds it (`holder`: its host, process and a random token) until `lease_until`,
+and renews it every third of --document-lease-s while the job is queued or translating. A job changes only while
+it is queued or translating and, for its holder's steps, only while that server still holds it (each step a
+compare-and-set), so a server that lost its lease cannot overwrite what another wrote. Whoever reads a job queued
+or translating whose lease has run out fails it, with STOPPED (a compare-and-set too: two readers fail it once).
+So a job whose server died is never left translating, whichever replica is asked next. A lease's end is written
+by its holder's clock and read by the reader's: replicas' clocks must agree (NTP) well within the lease.
+
+Time to live: a job, its files and its state expire --file-ttl-s after their last change (each renewal is one: a
+long translation does not expire under its server), so a result not downloaded by then is deleted with its job.
+A downloaded result is deleted at once; the job's state stays until its expiry (status "downloaded"), so that a
+second download gets DeepL's "Document already downloaded" rather than a 404.
+
+Where: with --redis-url in Redis, which every replica reads (a hash per job and its files as values, under the
+owner's hash tag, expiring by Redis's own TTL; the conditional steps are scripts: redis_bridge.RedisDocuments).
+Else in SQLite, one file under --data-dir (documents.sqlite3), which outlives a restart. Why SQLite rather than
+files, as file_store.py keeps LibreTranslate's results: every change here is conditional (only its holder, only
+while translating, a result taken once), and SQLite makes each one a single atomic step for every HTTP process of
+the server (--api-servers), where files would need locks of their own; a document is a BLOB in it (SQLite takes up
+to 1 GB; --max-file-bytes is 20 MB by default). It is in the standard library, as for the stored glossaries
+(glossary_store.py). Its rows past their expiry are never read, and are deleted by a sweep (each upload, and every
+quarter of the TTL, at most a minute, in a process that has run a job). Replicas on other hosts do not share it
+(SQLite over a network file system is not safe): they need --redis-url.
+
+A store that fails (Redis down, a disk that cannot be written) is a 503 `documents_unavailable`, logged with its
+cause, never a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import os
+import re
+import secrets
+import socket
+import sqlite3
+import time
+from contextlib import closing
+from pathlib import Path
+
+from .redis_bridge import RedisDocuments, StoreDown, where
+from ..config import Settings
+from ..errors import ApiError
+from ..metrics import metrics
+
+log = logging.getLogger("transerve")
+
+DOCUMENT_ID = re.compile(r"[0-9A-F]{32}")   # secrets.token_hex(16).upper(): any other id names no job
+ACTIVE = ("queued", "translating")          # the states a lease covers
+NUMBERS = {"created": float, "started": float, "lease_until": float, "chars": int, "translated": int, "billed": int}
+STOPPED = "the server translating the document stopped before it finished (its lease ran out); upload it again"
+
+
+def not_found() -> ApiError:
+    """DeepL's 404 (its message), for an id unknown, expired, of another key, or a wrong document_key alike."""
+    return ApiError(404, "document_not_found", "Document not found")
+
+
+def digest(document_key: str) -> str:
+    return hashlib.sha256(document_key.encode("utf-8", "replace")).hexdigest()
+
+
+def typed(row: dict) -> dict:
+    """A job's fields as numbers where they are (Redis answers text), None for one not set."""
+    return {k: (NUMBERS[k](v) if k in NUMBERS and v not in (None, "") else (v if v != "" else None))
+            for k, v in row.items()}
+
+
+class DocumentJobs:
+    """The jobs, in Redis or SQLite, with this process's leases; every call a 503 when the store cannot answer."""
+
+    def __init__(self, settings: Settings):
+        self.ttl_s, self.lease_s = settings.file_ttl_s, settings.document_lease_s
+        if settings.redis_url:
+            # A step may carry a file of --max-file-bytes: longer than a limits check may wait (--redis-timeout-ms)
+            self.backend: RedisJobs | SqliteJobs = RedisJobs(RedisDocuments(
+                settings.redis_url, max(settings.redis_timeout_ms / 1000, 5.0)))
+            self.where = f"Redis at {where(settings.redis_url)}"
+        else:
+            self.backend = SqliteJobs(settings.data_path / "documents.sqlite3")
+            self.where = str(self.backend.path)
+        self.holders: dict[int, str] = {}
+        self.sweeper: asyncio.Task | None = None
+
+    def holder(self) -> str:
+        """This process as a lease's holder: host and pid, and a token (a pid comes back after a restart)."""
+        pid = os.getpid()
+        if pid not in self.holders:
+            self.holders[pid] = f"{socket.gethostname()}:{pid}:{secrets.token_hex(4)}"
+        return self.holders[pid]
+
+    async def create(self, owner: str, fields: dict, source: bytes) -> tuple[str, str]:
+        """A new job, queued and held by this process, with its file; (its id, its key)."""
+        document_id, key = secrets.token_hex(16).upper(), secrets.token_hex(32).upper()
+        now = time.time()
+        job = fields | {"key_hash": digest(key), "status": "queued", "created": now, "holder": self.holder(),
+                        "lease_until": now + self.lease_s}
+        await self.call(self.backend.create(owner, document_id, job, source, self.ttl_s))
+        self.start_sweeping()
+        return document_id, key
+
+    async def find(self, owner: str, document_id: str, document_key: str) -> dict:
+        """The job, or the 404; one whose lease has run out failed first (STOPPED)."""
+        job = await self.read(owner, document_id, document_key)
+        if job["status"] in ACTIVE and job["lease_until"] < time.time():
+            if await self.call(self.backend.change(owner, document_id, self.ttl_s, "", time.time(), True, None,
+                                                   {"status": "error", "error": STOPPED})):
+                log.warning("document job %s: its server's lease ran out; failed", document_id)
+                metrics().document_jobs.labels("error").inc()
+            job = await self.read(owner, document_id, document_key)
+        return job
+
+    async def read(self, owner: str, document_id: str, document_key: str) -> dict:
+        row = await self.call(self.backend.fields(owner, document_id)) \
+            if DOCUMENT_ID.fullmatch(document_id) else None
+        if row is None or not hmac.compare_digest(row["key_hash"], digest(document_key)):
+            raise not_found()
+        return typed(row)
+
+    async def source(self, owner: str, document_id: str) -> bytes | None:
+        return await self.call(self.backend.source(owner, document_id))
+
+    async def change(self, owner: str, document_id: str, fields: dict, result: bytes | None = None,
+                     drop_source: bool = False) -> bool:
+        """`fields` set on a job this process holds that is still queued or translating, its lease and expiry
+        renewed (with `result` stored, the source dropped, as asked); False when it is not (any more)."""
+        fields = fields | {"lease_until": time.time() + self.lease_s}
+        return await self.call(self.backend.change(owner, document_id, self.ttl_s, self.holder(), None,
+                                                   drop_source, result, fields))
+
+    async def take(self, owner: str, document_id: str, document_key: str) -> tuple[dict, bytes]:
+        """The job and its result, handed over once (the job is then "downloaded"); the 404 of find(), or a 503
+        naming why there is no result (not done yet, failed, downloaded already)."""
+        job = await self.find(owner, document_id, document_key)
+        status, data = job["status"], None
+        if status == "done":
+            status, data = await self.call(self.backend.take(owner, document_id))
+        if data is None:
+            raise no_result(status, job)
+        return job, data
+
+    async def call(self, work):
+        """The store's answer, or the 503 of a store that failed (its cause logged, with no client text)."""
+        try:
+            return await work
+        except (StoreDown, sqlite3.Error, OSError) as e:
+            log.warning("the document store (%s) failed: %s: %s", self.where, type(e).__name__, e)
+            raise ApiError(503, "documents_unavailable", "the document store cannot answer now; retry shortly",
+                           headers={"Retry-After": "1"}) from None
+
+    def start_sweeping(self) -> None:
+        """The expired rows' periodic sweep (SQLite's; Redis expires its own), started with the first job on this
+        process's event loop."""
+        if isinstance(self.backend, SqliteJobs) and (self.sweeper is None or self.sweeper.done()):
+            self.sweeper = asyncio.get_running_loop().create_task(self.sweep_forever())
+
+    async def sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(min(60.0, self.ttl_s / 4))
+            try:
+                await asyncio.to_thread(self.backend.sweep)
+            except (sqlite3.Error, OSError) as e:
+                log.warning("the document store (%s) failed its sweep: %s: %s", self.where, type(e).__name__, e)
+
+
+def no_result(status: str, job: dict) -> ApiError:
+    """The download of a job without a result: DeepL's 503 (its clients' DocumentNotReadyException), whose message
+    says why; "" (gone between the two reads: expired) is the 404."""
+    if status == "downloaded":
+        return ApiError(503, "document_downloaded", "Document already downloaded")   # DeepL's message
+    if status == "error":
+        return ApiError(503, "document_failed", f"the document's translation failed, so it has no result: "
+                        f"{job['error']}")
+    if status in ACTIVE:
+        return ApiError(503, "document_not_ready", f"the document is {status}: download it once its status is "
+                        "\"done\"", headers={"Retry-After": "5"})
+    return not_found()
+
+
+class RedisJobs:
+    """Jobs in Redis: `transerve:{owner}:document:<id>`, each job's hash, and `...:<id>:source`, `...:<id>:result`,
+    its files ({owner}: one Redis Cluster slot, as glossary_store.py's keys)."""
+
+    def __init__(self, redis: RedisDocuments):
+        self.redis = redis
+
+    @staticmethod
+    def keys(owner: str, document_id: str) -> list[str]:
+        job = f"transerve:{{{owner}}}:document:{document_id}"
+        return [job, f"{job}:source", f"{job}:result"]
+
+    async def create(self, owner: str, document_id: str, job: dict, source: bytes, ttl_s: float) -> None:
+        keys = self.keys(owner, document_id)
+        await self.redis.create(keys[0], {k: str(v) for k, v in job.items()}, keys[1], source, int(ttl_s * 1000))
+
+    async def fields(self, owner: str, document_id: str) -> dict | None:
+        return await self.redis.fields(self.keys(owner, document_id)[0])
+
+    async def source(self, owner: str, document_id: str) -> bytes | None:
+        return await self.redis.blob(self.keys(owner, document_id)[1])
+
+    async def change(self, owner: str, document_id: str, ttl_s: float, holder: str, before: float | None,
+                     drop_source: bool, result: bytes | None, fields: dict) -> bool:
+        return await self.redis.change(self.keys(owner, document_id), int(ttl_s * 1000), holder,
+                                       "" if before is None else repr(before), drop_source, result,
+                                       {k: str(v) for k, v in fields.items()})
+
+    async def take(self, owner: str, document_id: str) -> tuple[str, bytes | None]:
+        return await self.redis.take(self.keys(owner, document_id))
+
+    def sweep(self) -> None:
+        """Nothing: Redis deletes each key at its expiry."""
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS documents (
+    document_id TEXT PRIMARY KEY, owner TEXT NOT NULL, key_hash TEXT NOT NULL, status TEXT NOT NULL,
+    format TEXT NOT NULL, source_lang TEXT NOT NULL, target_lang TEXT NOT NULL, glossary_id TEXT,
+    created REAL NOT NULL, started REAL, holder TEXT NOT NULL, lease_until REAL NOT NULL, chars INTEGER,
+    translated INTEGER, billed INTEGER, error TEXT, expires REAL NOT NULL, source BLOB, result BLOB);
+CREATE INDEX IF NOT EXISTS documents_by_expiry ON documents (expires);
+"""
+FIELDS = ("key_hash", "status", "format", "source_lang", "target_lang", "glossary_id", "created", "started",
+          "holder", "lease_until", "chars", "translated", "billed", "error")   # a job's state: all but its files
+BUSY_S = 5.0    # how long a write waits for another process's to finish before the 503
+
+
+class SqliteJobs:
+    """Jobs in one SQLite file, made (0600, in a 0700 directory) with the first job; each call opens its own
+    connection in a thread (a connection is not to cross threads or a fork), as glossary_store.SqliteStore's."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def connect(self) -> sqlite3.Connection:
+        """A connection in autocommit mode (a transaction is begun by hand where one takes two statements); the
+        file made first where there is none."""
+        if not self.path.exists():
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
+        db = sqlite3.connect(self.path, timeout=BUSY_S, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")   # readers go on while one process writes
+        db.executescript(SCHEMA)
+        return db
+
+    async def create(self, owner: str, document_id: str, job: dict, source: bytes, ttl_s: float) -> None:
+        def create_now() -> None:
+            assert set(job) <= set(FIELDS)   # column names, never a client's text
+            with closing(self.connect()) as db:
+                db.execute("DELETE FROM documents WHERE expires < ?", (time.time(),))
+                db.execute(f"INSERT INTO documents (document_id, owner, expires, source, {', '.join(job)}) VALUES "
+                           f"(?, ?, ?, ?{', ?' * len(job)})", (document_id, owner, time.time() + ttl_s, source,
+                                                               *job.values()))
+
+        await asyncio.to_thread(create_now)
+
+    async def fields(self, owner: str, document_id: str) -> dict | None:
+        def read() -> dict | None:
+            if not self.path.exists():      # no job yet: nothing to make a file for
+                return None
+            with closing(self.connect()) as db:
+                row = db.execute(f"SELECT {', '.join(FIELDS)} FROM documents WHERE owner = ? AND document_id = ? "
+                                 "AND expires >= ?", (owner, document_id, time.time())).fetchone()
+            return None if row is None else dict(zip(FIELDS, row))
+
+        return await asyncio.to_thread(read)
+
+    async def source(self, owner: str, document_id: str) -> bytes | None:
+        def read() -> bytes | None:
+            if not self.path.exists():
+                return None
+            with closing(self.connect()) as db:
+                row = db.execute("SELECT source FROM documents WHERE owner = ? AND document_id = ? AND expires >= ?",
+                                 (owner, document_id, time.time())).fetchone()
+            return None if row is None else row[0]
+
+        return await asyncio.to_thread(read)
+
+    async def change(self, owner: str, document_id: str, ttl_s: float, holder: str, before: float | None,
+                     drop_source: bool, result: bytes | None, fields: dict) -> bool:
+        return await asyncio.to_thread(self.change_now, owner, document_id, ttl_s, holder, before, drop_source,
+                                       result, fields)
+
+    def change_now(self, owner: str, document_id: str, ttl_s: float, holder: str, before: float | None,
+                   drop_source: bool, result: bytes | None, fields: dict) -> bool:
+        """One UPDATE, so one atomic step: its conditions and its changes together (redis_bridge.CHANGE_DOCUMENT's)."""
+        assert set(fields) <= set(FIELDS)   # column names, never a client's text
+        now = time.time()
+        sets, args = [f"{k} = ?" for k in fields] + ["expires = ?"], [*fields.values(), now + ttl_s]
+        if drop_source:
+            sets.append("source = NULL")
+        if result is not None:
+            sets.append("result = ?")
+            args.append(result)
+        conditions = "owner = ? AND document_id = ? AND status IN ('queued', 'translating') AND expires >= ?"
+        args += [owner, document_id, now]
+        if holder:
+            conditions += " AND holder = ?"
+            args.append(holder)
+        if before is not None:
+            conditions += " AND lease_until < ?"
+            args.append(before)
+        with closing(self.connect()) as db:
+            return db.execute(f"UPDATE documents SET {', '.join(sets)} WHERE {conditions}", args).rowcount == 1
+
+    async def take(self, owner: str, document_id: str) -> tuple[str, bytes | None]:
+        def take_now() -> tuple[str, bytes | None]:
+            with closing(self.connect()) as db:
+                db.execute("BEGIN IMMEDIATE")    # the write lock first: the read and the change as one step
+                try:
+                    row = db.execute("SELECT status, result FROM documents WHERE owner = ? AND document_id = ? AND "
+                                     "expires >= ?", (owner, document_id, time.time())).fetchone()
+                    if row is not None and row[0] == "done":
+                        db.execute("UPDATE documents SET status = 'downloaded', result = NULL WHERE owner = ? AND "
+                                   "document_id = ?", (owner, document_id))
+                    db.execute("COMMIT")
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+            return ("", None) if row is None else (row[0], row[1] if row[0] == "done" else None)
+
+        return await asyncio.to_thread(take_now)
+
+    def sweep(self) -> None:
+        """Deletes the expired jobs (their files with them)."""
+        if self.path.exists():
+            with closing(self.connect()) as db:
+                db.execute("DELETE FROM documents WHERE expires < ?", (time.time(),))

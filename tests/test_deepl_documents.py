@@ -1,0 +1,288 @@
+"""DeepL's documents as jobs (issue 52; service/api/deepl_documents.py, service/http/document_jobs.py), driven by
+DeepL's own client (the `deepl` package, 1.32.0) where it can be: a .docx, .pptx, .html and .txt uploaded, polled
+and downloaded (translate_document, translate_document_from_filepath), each opened and compared with what the same
+server's /translate answers for its texts, one with a stored glossary; a file that cannot be read fails its job
+(DocumentTranslationException); two servers on one redis-server, one translating and the other answering the
+status and handing over the result, once (then DeepL's 503 "Document already downloaded"); another key or a wrong
+document_key is the same 404 as an unknown id; an inference worker killed under a job fails it with a message, and
+a server killed under one leaves a lease that runs out, so the other server reports the job failed, never
+translating; hostile uploads each a 4xx in DeepL's shape. The store itself (SQLite and Redis): leases, a result
+taken once, expiry.
+
+The servers serve the committed package (models/de-en; TRANSERVE_TEST_PACKAGE names another): nothing to train.
+redis-server comes from Debian's package (scripts/test.sh installs it); without it the Redis tests skip."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import io
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import deepl
+import docx
+import httpx
+import pptx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import ROOT, pairs64, start_server, stop_server
+from documents_help import slides, word
+from service.config import Settings
+from service.errors import ApiError
+from service.http.document_jobs import STOPPED, DocumentJobs
+
+PACKAGE = os.environ.get("TRANSERVE_TEST_PACKAGE") or str(ROOT / "models" / "de-en")
+KEYS = {"a": "deepl-documents-key-a", "b": "deepl-documents-key-b"}
+GERMAN = [de for de, _ in pairs64()]
+LEASE_S = 4            # server A's: killed mid-job, its jobs fail this long after
+MAX_FILE = 200_000     # server C's --max-file-bytes
+BIG = "\n\n".join(GERMAN[i % 64] for i in range(1200)).encode()   # seconds of translating: long enough to kill under
+
+
+@pytest.fixture(scope="module")
+def servers(redis, tmp_path_factory):
+    """A and B on one redis-server (A with a short lease), C alone on SQLite under a --data-dir of its own; keyed,
+    started together."""
+    redis.flush()
+    keyed = ("--api-keys", ",".join(KEYS.values()))
+    shared = (*keyed, "--redis-url", redis.url, "--redis-timeout-ms", "2000")
+    args = {"a": (*shared, "--document-lease-s", str(LEASE_S)), "b": shared,
+            "c": (*keyed, "--max-file-bytes", str(MAX_FILE), "--data-dir", str(tmp_path_factory.mktemp("jobs")))}
+    with ThreadPoolExecutor(3) as pool:
+        started = {name: pool.submit(start_server, PACKAGE, *extra) for name, extra in args.items()}
+        procs = {name: future.result() for name, future in started.items()}
+    try:
+        yield {name: url for name, (_, url) in procs.items()}, {name: proc for name, (proc, _) in procs.items()}
+    finally:
+        for proc, _ in procs.values():
+            stop_server(proc)
+
+
+def translator(url: str, key: str = "a") -> deepl.Translator:
+    return deepl.Translator(KEYS[key], server_url=url + "/deepl/")
+
+
+def english(url: str, texts: list[str]) -> dict[str, str]:
+    """What the server answers for each text through POST /translate: what its documents must hold."""
+    r = httpx.post(url + "/translate", json={"text": texts, "source_lang": "de", "target_lang": "en"},
+                   headers={"Authorization": f"Bearer {KEYS['a']}"}, timeout=120)
+    assert r.status_code == 200, r.text
+    return dict(zip(texts, (t["text"] for t in r.json()["translations"])))
+
+
+def named(data: bytes, name: str) -> io.BytesIO:
+    """A file object with a name, as the client sends an open file (its name gives the document's type)."""
+    f = io.BytesIO(data)
+    f.name = name
+    return f
+
+
+def post(url: str, path: str, key: str = "a", headers: dict | None = None, **kwargs) -> httpx.Response:
+    return httpx.post(url + path, headers={"Authorization": f"DeepL-Auth-Key {KEYS[key]}"} | (headers or {}),
+                      timeout=60, **kwargs)
+
+
+def status(url: str, handle: deepl.DocumentHandle, key: str = "a") -> dict:
+    r = post(url, f"/deepl/v2/document/{handle.document_id}", key, json={"document_key": handle.document_key})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def wait_for(url: str, handle: deepl.DocumentHandle, states: set[str], seconds: float = 60) -> dict:
+    deadline = time.time() + seconds
+    while (now := status(url, handle))["status"] not in states:
+        assert time.time() < deadline, now
+        time.sleep(0.2)
+    return now
+
+
+def worker_pids(url: str) -> set[int]:
+    """PIDs of the server's live translation workers, from transerve_model_info (one series per process)."""
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {KEYS['a']}"}).text
+    return {int(s.labels["pid"]) for family in text_string_to_metric_families(text)
+            if family.name == "transerve_model_info" for s in family.samples if s.value == 1}
+
+
+def test_each_format_comes_back_translated_through_deepls_client(servers, tmp_path):
+    urls, _ = servers
+    url = urls["c"]
+    sent = GERMAN[:12]
+    want = english(url, sent)
+    http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEYS['a']}"}, timeout=60)
+    glossary = http.post("/glossaries", json={"name": "Einkauf", "source_lang": "de", "target_lang": "en", "entries": [
+        {"source": "Auftrag", "target": "purchase order"}]}).json()["glossary_id"]
+    documents = {"docx": word((sent[0] + " ", sent[1], " " + sent[2]), sent[3], [[sent[4]]], footer=sent[5]),
+                 "pptx": slides(sent[6], ("", sent[7], ""), sent[8]),
+                 "html": f"<html><body><p>{sent[9]}</p><p>{sent[10]}</p></body></html>".encode(),
+                 "txt": f"{sent[11]}\n".encode(), "glossary": b"Der Auftrag wurde gestern erteilt.\n"}
+    source = tmp_path / "Brief.txt"
+    source.write_bytes(f"{sent[0]}\n\n{sent[1]}\n".encode())
+
+    def one(kind: str) -> tuple[deepl.DocumentStatus, bytes]:
+        out = io.BytesIO()
+        extra = {"source_lang": "DE", "glossary": glossary} if kind == "glossary" else {}
+        done = translator(url).translate_document(named(documents[kind], f"Dokument.{kind.replace('glossary', 'txt')}"),
+                                                  out, target_lang="EN-US", **extra)
+        return done, out.getvalue()
+
+    with ThreadPoolExecutor(6) as pool:    # the client polls every 5 s: the jobs wait those out together
+        path_job = pool.submit(translator(url).translate_document_from_filepath, source, tmp_path / "Letter.txt",
+                               target_lang="EN-GB")
+        jobs = {kind: pool.submit(one, kind) for kind in documents}
+        outs, by_path = {kind: job.result() for kind, job in jobs.items()}, path_job.result()
+    assert all(done.done and done.billed_characters > 0 for done, _ in outs.values())
+    d = docx.Document(io.BytesIO(outs["docx"][1]))
+    assert " ".join("".join(r.text for r in d.paragraphs[0].runs).split()) == " ".join(want[t] for t in sent[:3])
+    assert d.sections[0].header.paragraphs[0].text == want[sent[3]]
+    assert d.tables[0].rows[0].cells[0].text == want[sent[4]]
+    slide = pptx.Presentation(io.BytesIO(outs["pptx"][1])).slides[0]
+    assert slide.shapes.title.text == want[sent[6]]
+    assert slide.notes_slide.notes_text_frame.text == want[sent[8]]
+    page = html.unescape(outs["html"][1].decode())
+    assert want[sent[9]] in page and want[sent[10]] in page and sent[9] not in page
+    assert outs["txt"][1].decode() == f"{want[sent[11]]}\n"
+    assert "purchase order" in outs["glossary"][1].decode()
+    assert by_path.done and (tmp_path / "Letter.txt").read_text() == f"{want[sent[0]]}\n\n{want[sent[1]]}\n"
+    metrics = {(s.name, s.labels.get("state")): s.value for f in text_string_to_metric_families(
+        http.get("/metrics").text) if f.name.startswith("transerve_document") for s in f.samples}
+    assert metrics[("transerve_document_jobs_total", "done")] >= 6
+    assert metrics[("transerve_document_queue_wait_seconds_count", None)] >= 6
+
+
+def test_a_document_that_cannot_be_read_fails_its_job_and_an_unknown_type_its_upload(servers):
+    urls, _ = servers
+    with pytest.raises(deepl.DocumentTranslationException, match="not a zip archive") as failed:
+        translator(urls["c"]).translate_document(named(b"Hallo Welt", "Brief.docx"), io.BytesIO(), target_lang="EN-US")
+    assert "Brief" not in str(failed.value)       # the file's name is not in its error
+    with pytest.raises(deepl.DeepLException, match="Bad request.*type is not supported"):
+        translator(urls["c"]).translate_document_upload(b"MZ", target_lang="EN-US", filename="setup.exe")
+
+
+def test_one_replica_translates_another_answers_and_hands_the_result_over_once(servers, monkeypatch):
+    urls, _ = servers
+    want = english(urls["b"], GERMAN[20:22])
+    handle = translator(urls["a"]).translate_document_upload(f"{GERMAN[20]}\n\n{GERMAN[21]}\n".encode(),
+                                                             target_lang="EN-US", filename="notes.txt")
+    assert len(handle.document_id) == 32 and len(handle.document_key) == 64
+    done = translator(urls["b"]).translate_document_wait_until_done(handle)
+    assert done.done and done.billed_characters == len(GERMAN[20]) + len(GERMAN[21])
+    out = io.BytesIO()
+    translator(urls["b"]).translate_document_download(handle, out)
+    assert out.getvalue().decode() == f"{want[GERMAN[20]]}\n\n{want[GERMAN[21]]}\n"
+
+    again = post(urls["a"], f"/deepl/v2/document/{handle.document_id}/result",
+                 json={"document_key": handle.document_key})
+    assert (again.status_code, again.json()) == (503, {"message": "Document already downloaded"})
+    monkeypatch.setattr(deepl.http_client, "max_network_retries", 0)   # the client retries a 503 otherwise
+    with pytest.raises(deepl.DocumentNotReadyException):   # (a download's body it does not read: no message)
+        translator(urls["a"]).translate_document_download(handle, io.BytesIO())
+    assert status(urls["b"], handle)["status"] == "downloaded"
+
+    path, unknown = f"/deepl/v2/document/{handle.document_id}", "/deepl/v2/document/" + "F" * 32
+    for key, where, document_key in (("b", path, handle.document_key),     # another key
+                                     ("a", path, "0" * 64),                 # a wrong document_key
+                                     ("a", unknown, handle.document_key)):  # an id no job has
+        for tail in ("", "/result"):
+            r = post(urls["b"], where + tail, key, data={"document_key": document_key})   # a form, as DeepL takes
+            assert (r.status_code, r.json()) == (404, {"message": "Document not found"})
+    with pytest.raises(deepl.DeepLException, match="Not found"):
+        translator(urls["a"], "b").translate_document_get_status(handle)
+
+
+def test_hostile_requests_are_each_a_4xx_in_deepls_shape(servers):
+    urls, _ = servers
+    url, fields = urls["c"], {"target_lang": "EN-US"}
+    answers = [
+        post(url, "/deepl/v2/document", data=fields, files={"file": ("big.txt", b"Hallo. " * (MAX_FILE // 7 + 10))}),
+        post(url, "/deepl/v2/document", data=fields, files={"file": ("bigger.txt", b"x" * (3 * MAX_FILE))}),
+        post(url, "/deepl/v2/document", content=b"--xyz\r\nnot a part",
+             headers={"Content-Type": "multipart/form-data; boundary=xyz"}),
+        post(url, "/deepl/v2/document", files={"file": ("a.txt", b"Hallo")}),                       # no target_lang
+        post(url, "/deepl/v2/document", data=fields),                                               # no file
+        post(url, "/deepl/v2/document", data=fields | {"formality": "more"}, files={"file": ("a.txt", b"Hallo")}),
+        post(url, "/deepl/v2/document", data={"target_lang": "XX"}, files={"file": ("a.txt", b"Hallo")}),
+        post(url, "/deepl/v2/document", data=fields | {"output_format": "docx"}, files={"file": ("a.txt", b"Hallo")}),
+        post(url, "/deepl/v2/document", data=fields | {"glossary_id": "0" * 32}, files={"file": ("a.txt", b"Hallo")}),
+        post(url, "/deepl/v2/document/" + "A" * 32, json={}),                                       # no document_key
+        post(url, "/deepl/v2/document/" + "A" * 32, content=b"{", headers={"Content-Type": "application/json"}),
+        post(url, "/deepl/v2/document/abc", json={"document_key": "k"}),
+    ]
+    statuses = [r.status_code for r in answers]
+    assert statuses == [413, 413, 400, 400, 400, 400, 400, 400, 400, 400, 400, 404], [r.text for r in answers]
+    assert all(set(r.json()) == {"message"} for r in answers)
+    assert "the limit is 200000" in answers[0].json()["message"]
+    assert "Use of a glossary requires the source_lang" in answers[8].json()["message"]
+    handle = translator(url).translate_document_upload(b"Hallo Welt.", target_lang="EN-US", filename="a.txt")
+    assert status(url, handle)["status"] in ("queued", "translating", "done")      # the next one is served
+
+
+def test_an_inference_worker_killed_under_a_job_fails_it_with_a_message(servers):
+    urls, _ = servers
+    (pid,) = worker_pids(urls["b"])
+    handle = translator(urls["b"]).translate_document_upload(BIG, target_lang="EN-US", filename="big.txt")
+    wait_for(urls["b"], handle, {"translating"})
+    time.sleep(1.0)                       # its requests are in the worker's batches
+    os.kill(pid, signal.SIGKILL)
+    failed = wait_for(urls["b"], handle, {"done", "error"}, seconds=30)
+    assert failed["status"] == "error" and "worker" in failed["error_message"], failed
+    ended = translator(urls["b"]).translate_document_wait_until_done(handle)   # what translate_document checks
+    assert not ended.ok and ended.error_message == failed["error_message"]
+
+
+def test_a_server_killed_under_a_job_leaves_it_failed_once_its_lease_runs_out(servers):
+    urls, procs = servers
+    handle = translator(urls["a"]).translate_document_upload(BIG, target_lang="EN-US", filename="big.txt")
+    wait_for(urls["b"], handle, {"translating"})
+    os.killpg(procs["a"].pid, signal.SIGKILL)       # the HTTP process, its workers, all at once: no goodbye
+    procs["a"].wait()
+    assert status(urls["b"], handle)["status"] == "translating"    # until its lease runs out
+    failed = wait_for(urls["b"], handle, {"error"}, seconds=LEASE_S + 10)
+    assert failed["error_message"] == STOPPED
+
+
+# --- the store alone ---------------------------------------------------------------------------------------------
+@pytest.fixture(params=["sqlite", "redis"])
+def settings(request, tmp_path):
+    if request.param == "redis":
+        server = request.getfixturevalue("redis")
+        return Settings(redis_url=server.url, file_ttl_s=1.5, document_lease_s=0.5)
+    return Settings(data_dir=str(tmp_path), file_ttl_s=1.5, document_lease_s=0.5)
+
+
+def test_the_store_hands_a_result_over_once_fails_a_lapsed_lease_and_forgets_after_its_time(settings):
+    async def run():
+        jobs = DocumentJobs(settings)
+        fields = {"format": "txt", "source_lang": "de", "target_lang": "en", "glossary_id": ""}
+        done_id, done_key = await jobs.create("team", fields, b"Hallo")
+        assert await jobs.source("team", done_id) == b"Hallo"
+        assert await jobs.change("team", done_id, {"status": "translating", "started": time.time()})
+        assert await jobs.change("team", done_id, {"status": "done", "billed": 5}, b"Hello", drop_source=True)
+        assert not await jobs.change("team", done_id, {"status": "error", "error": "late"})   # done stays done
+        assert (await jobs.find("team", done_id, done_key))["billed"] == 5
+        for owner, key in (("other", done_key), ("team", "0" * 64)):
+            with pytest.raises(ApiError, match="Document not found"):
+                await jobs.find(owner, done_id, key)
+        assert (await jobs.take("team", done_id, done_key))[1] == b"Hello"
+        with pytest.raises(ApiError, match="Document already downloaded"):
+            await jobs.take("team", done_id, done_key)
+
+        lapsed_id, lapsed_key = await jobs.create("team", fields, b"Hallo")
+        jobs.holders.clear()              # this process as another server: the job's holder no longer renews it
+        await asyncio.sleep(0.6)
+        assert not await jobs.change("team", lapsed_id, {"translated": 1})              # not its lease to renew
+        lapsed = await jobs.find("team", lapsed_id, lapsed_key)
+        assert (lapsed["status"], lapsed["error"]) == ("error", STOPPED)
+        assert await jobs.source("team", lapsed_id) is None                             # its file dropped
+        await asyncio.sleep(1.6)
+        for document_id, key in ((done_id, done_key), (lapsed_id, lapsed_key)):
+            with pytest.raises(ApiError, match="Document not found"):
+                await jobs.find("team", document_id, key)
+        jobs.backend.sweep()
+        if not settings.redis_url:
+            assert not jobs.backend.connect().execute("SELECT count(*) FROM documents").fetchone()[0]
+
+    asyncio.run(run())
