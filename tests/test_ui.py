@@ -196,6 +196,25 @@ def test_a_glossary_typed_in_its_box_is_sent_and_what_held_is_shown(server, brow
     assert text(browser, "glossary-held") == ""
 
 
+def test_a_stored_glossary_is_listed_for_its_pair_and_sent_by_its_id(server, browser):
+    made = httpx.post(server + "/glossaries", json={"name": "ui words", "source_lang": "de", "target_lang": "en",
+                                                     "entries": [{"source": "sterben", "target": "perish"}]},
+                      timeout=WAIT_S).json()
+    expected = httpx.post(server + "/translate", json={"text": GERMAN, "source_lang": "de", "target_lang": "en",
+                                                       "glossary_id": made["glossary_id"]}, timeout=WAIT_S).json()
+    open_page(browser, server)
+    browser.find_element("css selector", "#glossary-box summary").click()
+    options = browser.find_element("id", "glossary-id").find_elements("tag name", "option")
+    assert [o.text for o in options] == ["none"]                                  # source "auto": no pair yet
+    select(browser, "source", "de")
+    wait_for(browser, lambda d: "ui words (1 entry)" in text(d, "glossary-id"), "the glossary listed")
+    select(browser, "glossary-id", made["glossary_id"])
+    type_text(browser, GERMAN)
+    wait_for(browser, lambda d: value(d, "output") == expected["translations"][0]["text"], "the stored glossary's")
+    wait_for(browser, lambda d: text(d, "glossary-held") == "1 of 1 terms held", "what held")
+    httpx.delete(f"{server}/glossaries/{made['glossary_id']}", timeout=WAIT_S)
+
+
 def test_an_error_is_shown_as_the_api_gives_it(server, browser):
     long = (GERMAN + " ") * (MAX_CHARS // len(GERMAN) + 1)
     api = httpx.post(server + "/translate", json={"text": long, "source_lang": "auto", "target_lang": "en"}).json()

@@ -4,7 +4,7 @@ the API docs (/docs, /redoc) with their scripts from a package rather than a CDN
 The translate page is service/api/static/ui.html with ui.css and ui.js put inline, one document built once at
 start-up: no framework, no build step, one open path (FLAVOUR.open_paths), and a Content-Security-Policy that
 allows exactly those two inline blocks (by their SHA-256) and requests to this origin. It calls the JSON API
-(GET /languages, POST /translate) with the key the user types; every text goes into the page as text.
+(GET /languages, POST /translate, GET /glossaries) with the key the user types; every text goes into the page as text.
 
 FastAPI's Swagger UI and ReDoc pages load their scripts from jsDelivr: blank offline or behind a strict
 proxy. Here they load swagger-ui-bundle.js, swagger-ui.css and redoc.standalone.js from the files the

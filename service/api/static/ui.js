@@ -8,7 +8,8 @@
     keyRow: $("key-row"), key: $("key"), source: $("source"), target: $("target"), swap: $("swap"),
     detected: $("detected"), input: $("input"), output: $("output"), count: $("count"), clear: $("clear"),
     status: $("status"), copy: $("copy"), error: $("error"), glossary: $("glossary"),
-    glossaryCount: $("glossary-count"), glossaryHeld: $("glossary-held"),
+    glossaryCount: $("glossary-count"), glossaryHeld: $("glossary-held"), glossaryBox: $("glossary-box"),
+    glossaryId: $("glossary-id"),
   };
   const DELAY_MS = 400;                     // translate once typing pauses this long
   const KEY_STORE = "transerve.api_key";    // sessionStorage: gone with the tab
@@ -18,6 +19,7 @@
   let controller = null;                    // the request in flight, aborted by the next one
   let seq = 0;                              // only the latest request's answer is shown
   let detectedCode = "";                    // what "auto" found in the text shown
+  let stored = [];                          // GET /glossaries: the key's stored glossaries, once the box opens
 
   const nameOf = (code) => (languages.find((l) => l.code === code) || {}).name || code;
 
@@ -119,6 +121,27 @@
     return out;
   }
 
+  // The key's stored glossaries (GET /glossaries) for the pair chosen: one is for one language pair, and needs
+  // a source language (not "auto"), as /translate's glossary_id does. Listed when the box opens or the key
+  // changes; a key that may not list them leaves the list at "none" (translating shows any error).
+  async function loadGlossaries() {
+    try {
+      const r = await call("glossaries", { headers: headers() });
+      stored = r.ok ? r.body.glossaries : [];
+    } catch (err) {
+      stored = [];
+    }
+    fillGlossaries();
+  }
+
+  function fillGlossaries() {
+    const keep = els.glossaryId.value;
+    const fits = stored.filter((g) => g.source_lang === els.source.value && g.target_lang === els.target.value);
+    els.glossaryId.replaceChildren(option("", "none"),
+      ...fits.map((g) => option(g.glossary_id, `${g.name} (${g.entry_count} ${g.entry_count === 1 ? "entry" : "entries"})`)));
+    if (fits.some((g) => g.glossary_id === keep)) els.glossaryId.value = keep;
+  }
+
   function showHeld(item) {
     const results = item.glossary || [];
     const missed = results.filter((g) => !g.held).map((g) => `${g.source} → ${g.target}`);
@@ -153,6 +176,7 @@
     const request = { text, source_lang: els.source.value, target_lang: els.target.value };
     const glossary = glossaryEntries();
     if (glossary.length) request.glossary = glossary;
+    if (els.glossaryId.value) request.glossary_id = els.glossaryId.value;   // with entries too: the API's 422
     const body = JSON.stringify(request);
     let r;
     try {
@@ -198,6 +222,7 @@
     els.source.value = to;
     fillTargets();
     els.target.value = from;
+    fillGlossaries();
     if (els.output.value) els.input.value = els.output.value;
     updateCount();
     translate();
@@ -208,12 +233,15 @@
   els.key.addEventListener("change", () => {
     sessionStorage.setItem(KEY_STORE, els.key.value.trim());
     if (!languages.length) loadLanguages(); else translate();
+    if (els.glossaryBox.open) loadGlossaries();
   });
   els.input.addEventListener("input", schedule);
   els.glossary.addEventListener("input", schedule);
+  els.glossaryBox.addEventListener("toggle", () => { if (els.glossaryBox.open) loadGlossaries(); });
+  els.glossaryId.addEventListener("change", translate);
   els.input.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) translate(); });
-  els.source.addEventListener("change", () => { fillTargets(); translate(); });
-  els.target.addEventListener("change", translate);
+  els.source.addEventListener("change", () => { fillTargets(); fillGlossaries(); translate(); });
+  els.target.addEventListener("change", () => { fillGlossaries(); translate(); });
   els.swap.addEventListener("click", swap);
   els.copy.addEventListener("click", copy);
   els.clear.addEventListener("click", () => { els.input.value = ""; updateCount(); translate(); els.input.focus(); });
