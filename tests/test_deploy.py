@@ -592,6 +592,10 @@ def test_pods_run_non_root_with_a_read_only_root_and_writable_tmp(overlay, rende
     metrics_dir = Path(env["PROMETHEUS_MULTIPROC_DIR"])
     writable = [Path(m) for m, v in mounts.items() if not v.get("readOnly")]
     assert any(metrics_dir.is_relative_to(w) and metrics_dir != w for w in writable), metrics_dir
+    # The stored glossaries' and document jobs' SQLite files (without Redis) go to a writable mount too.
+    settings = (ROOT / "deploy" / "k8s" / "base" / "settings.env").read_text()
+    data_dir = Path(re.search(r"^TRANSERVE_DATA_DIR=(.+)$", settings, re.M).group(1))
+    assert any(data_dir.is_relative_to(w) for w in writable), data_dir
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
