@@ -40,7 +40,9 @@ KEYS = {"a": "deepl-documents-key-a", "b": "deepl-documents-key-b"}
 GERMAN = [de for de, _ in pairs64()]
 LEASE_S = 4            # server A's: killed mid-job, its jobs fail this long after
 MAX_FILE = 200_000     # server C's --max-file-bytes
-BIG = "\n\n".join(GERMAN[i % 64] for i in range(1200)).encode()   # seconds of translating: long enough to kill under
+# Tens of seconds of translating, long enough to kill under on a loaded machine: every paragraph distinct (a
+# number of its own), so that no repetition makes it quicker than it looks.
+BIG = "\n\n".join(f"{GERMAN[i % 64]} Absatz {i}." for i in range(3000)).encode()
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ tokenized once and kept for the next request that sends the same entries; a bad 
 import pytest
 
 from service.inference.engine import Engine
+from service.inference import request_terms
 from service.inference.request_terms import glossary_ids, sentence_terms
 from service.shared.glossary import GlossaryError
 
@@ -32,3 +33,14 @@ def test_a_bad_glossary_is_refused_every_time_it_comes(engine):
     for _ in range(2):
         with pytest.raises(GlossaryError, match="entry 2"):
             glossary_ids(engine, [["Haus", "building"], ["Welt", "😀"]], 64)
+
+
+def test_the_glossaries_kept_are_bounded_by_their_entries_in_all(engine, monkeypatch):
+    monkeypatch.setattr(request_terms, "GLOSSARY_ENTRIES_KEPT", 3)
+    two, one = [["Haus", "building"], ["Welt", "world"]], [["Auftrag", "order"]]
+    first = glossary_ids(engine, two, 64)
+    assert glossary_ids(engine, one, 64) and glossary_ids(engine, two, 64) is first     # 3 entries: both kept
+    glossary_ids(engine, [["Baum", "tree"]], 64)                                         # 4: the oldest goes
+    kept = request_terms.KEPT[engine]
+    assert ((("Auftrag", "order"),), 64) not in kept and glossary_ids(engine, two, 64) is first
+    assert sum(len(e) for e, _ in request_terms.KEPT[engine].values()) <= 3

@@ -1,5 +1,5 @@
-"""DeepL's API (v2), an API flavour of its own under /deepl/, for DeepL's clients (the `deepl` Python package and
-DeepL's other SDKs, with server_url "http://host:port/deepl/", and the integrations built on them) unchanged:
+"""DeepL's API (v2), an API flavour of its own under /deepl/, for DeepL's clients (the `deepl` Python package, with
+server_url "http://host:port/deepl/", and the integrations built on it; docs/serving.md on other SDKs) unchanged:
 
     POST     /deepl/v2/translate                text(s) into target_lang, JSON or a form (`text` repeated)
     GET/POST /deepl/v2/languages                type=source|target, in DeepL's codes (DE, EN-GB, EN-US, ...)

@@ -164,11 +164,11 @@ def glossary_of(fields: dict[str, str], source: str) -> str | None:
 
 
 async def checked_upload(gateway: Gateway, request: Request) -> tuple[bytes, dict]:
-    """The file's bytes and the job's fields, or the 4xx of the first thing wrong (its key first)."""
+    """The file's bytes and the job's fields, or the 4xx of the first thing wrong. The key comes in a header
+    only (the middleware checked it before the body was read): DeepL's older `auth_key` field would mean reading
+    a document of --max-file-bytes before knowing whose it is."""
     form = await read_form(request, gateway.settings.max_file_bytes)
     try:
-        key = form.get("auth_key")     # DeepL's older clients send their key as a field: checked before the rest
-        await gateway.check_key(request, key if isinstance(key, str) else None)
         upload, fields = form_fields(form)
         target = target_language(fields["target_lang"], gateway)
         source = source_language(fields.get("source_lang"), gateway)
@@ -240,8 +240,8 @@ async def run_job(gateway: Gateway, jobs: Jobs, job: Job) -> None:
             metrics().document_jobs.labels("done").inc()
     except (ApiError, DocumentError) as e:
         await fail(gateway, job, progress, e.message, e.status)
-    except Exception:
-        log.exception("document job %s failed", job.document_id)
+    except Exception as e:              # its type only: a reader's message or traceback may quote the document
+        log.error("document job %s failed: %s", job.document_id, type(e).__name__)
         await fail(gateway, job, progress, "internal error", 500)
     finally:
         lease.cancel()
@@ -361,10 +361,10 @@ async def detect_source(gateway: Gateway, texts: list[str], target: str) -> str:
 
 
 async def document_key(request: Request) -> str:
-    """The document_key a status or download request sends: in a JSON body (DeepL's clients), a form, or the
-    query; DeepL's 400 for none."""
+    """The document_key a status or download request sends: in a JSON body (DeepL's clients) or a form, never the
+    query (it is a credential, and URLs end in proxies' logs); DeepL's 400 for none."""
     ctype = request.headers.get("content-type", "")
-    value = request.query_params.get("document_key")
+    value = None
     if declares_json(ctype):
         try:
             body = json.loads(await request.body() or b"{}")

@@ -6,9 +6,10 @@ The translate worker (service/worker/glossary_terms.py) and the bulk command's i
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Sequence
+from weakref import WeakKeyDictionary
 
 from .engine import Engine
 from ..shared.constraints import Terms
@@ -52,18 +53,30 @@ def sentence_terms(engine: Engine, sentences: Sequence[str], pairs: Sequence[Seq
 def glossary_ids(engine: Engine, pairs: Sequence[Sequence[str]], max_tokens: int) -> tuple[list[Entry],
                                                                                           list[list[int]]]:
     """The checked entries and each target term's ids (the caller's to read, not to change); GlossaryError naming
-    the first bad entry. The last GLOSSARIES_KEPT glossaries are kept, keyed by their entries: a stored glossary
-    (glossary_id) sends all its entries with every request, and checking and tokenizing 10,000 of them cost a
-    one-sentence request 267-318 ms, and 20-29 ms when kept (benchmarks/glossary_cost.py)."""
-    return _checked(engine, tuple((a, b) for a, b in pairs), max_tokens)
+    the first bad entry. The glossaries last used are kept per engine, up to GLOSSARY_ENTRIES_KEPT entries in all,
+    keyed by their entries and the limit: a stored glossary (glossary_id) sends all its entries with every request,
+    and checking and tokenizing 10,000 of them cost a one-sentence request 267-318 ms, and 20-29 ms when kept
+    (benchmarks/glossary_cost.py). A deleted glossary's entries stay here until newer ones push them out."""
+    key = (tuple((a, b) for a, b in pairs), max_tokens)
+    kept = KEPT.setdefault(engine, OrderedDict())
+    if key in kept:
+        kept.move_to_end(key)
+        return kept[key]
+    checked = checked_ids(engine, key[0], max_tokens)
+    kept[key] = checked
+    while sum(len(entries) for entries, _ in kept.values()) > GLOSSARY_ENTRIES_KEPT:
+        kept.popitem(last=False)                  # the least recently used first; one too large goes at once
+    return checked
 
 
-GLOSSARIES_KEPT = 8        # per worker; 8 glossaries at the store's 1 MiB limit hold about 8 MB here
+# Entries kept per engine: two glossaries at the store's 10,000-entry limit, about 12 MB of Python objects each
+# (the entries, their token ids and the key's strings).
+GLOSSARY_ENTRIES_KEPT = 20_000
+KEPT: WeakKeyDictionary = WeakKeyDictionary()    # engine -> OrderedDict((pairs, max_tokens) -> (entries, ids))
 
 
-@lru_cache(maxsize=GLOSSARIES_KEPT)
-def _checked(engine: Engine, pairs: tuple[tuple[str, str], ...], max_tokens: int) -> tuple[list[Entry],
-                                                                                         list[list[int]]]:
+def checked_ids(engine: Engine, pairs: tuple[tuple[str, str], ...], max_tokens: int) -> tuple[list[Entry],
+                                                                                            list[list[int]]]:
     entries = check_entries([Entry(a, b) for a, b in pairs])
     ids = []
     for n, e in enumerate(entries, 1):

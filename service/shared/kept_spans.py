@@ -2,8 +2,9 @@
 addresses, `code spans`, and runs of characters the model cannot write (emoji, symbols outside its vocabulary,
 which its tokenizer reads as unknown and its output would drop: "Hallo 😀 Welt" came back "Hallo world").
 
-Each span is replaced in the source by a placeholder the model copies like a name ("XQ1", "XQ2"...; letters neither
-the text nor the request's glossary terms hold; what a budget cut of one leaves, "XQ", is removed), the
+Each span is replaced in the source by a placeholder the model copies like a name ("XQ1", "XQ2"...; "XQ01"... when
+there are ten or more; letters neither the text nor the request's glossary terms hold; what a budget cut of one
+leaves, "XQ", is removed), the
 placeholder's pieces become a term the beam search must write (constraints.py), so the search places it where the
 sentence puts it, and the placeholder in the translation is replaced by the span as written. Where a search could
 not place one (its length budget ran out; greedy search and sampling keep no terms and place it only when the model
