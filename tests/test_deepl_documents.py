@@ -227,7 +227,10 @@ def test_an_inference_worker_killed_under_a_job_fails_it_with_a_message(servers)
     (pid,) = worker_pids(urls["b"])
     handle = translator(urls["b"]).translate_document_upload(BIG, target_lang="EN-US", filename="big.txt")
     wait_for(urls["b"], handle, {"translating"})
-    time.sleep(1.0)                       # its requests are in the worker's batches
+    deadline = time.time() + 60
+    while "seconds_remaining" not in status(urls["b"], handle):   # texts translated: its requests reach the worker
+        assert time.time() < deadline
+        time.sleep(0.2)
     os.kill(pid, signal.SIGKILL)
     failed = wait_for(urls["b"], handle, {"done", "error"}, seconds=30)
     assert failed["status"] == "error" and "worker" in failed["error_message"], failed
