@@ -49,7 +49,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import deepl_documents as documents
 from .deepl_codes import VARIANTS, deepl_code, source_language, target_language, unsupported
-from .flavour import Flavour
+from .flavour import Flavour, parse_markup
 from ..errors import ApiError, declares_json, first_error, parse_error
 from ..http.gateway import LANGUAGE_NAMES, Gateway
 from ..shared import html_text
@@ -334,14 +334,8 @@ async def translate_tagged(gateway: Gateway, request: Request, job: Translation)
     texts, req = job.texts, job.request
     gateway.check_limits(texts)          # the markup counts: a text's limit is on what was sent
     marked, marker = ignored(texts, job.ignore)
-    try:
-        docs = await asyncio.to_thread(html_text.parse_all, marked)
-    except html_text.MarkupError as e:
-        raise ApiError(e.status, "invalid_html" if e.status == 400 else "html_too_large", e.message) from None
-    runs, limit = html_text.texts(docs, leaves=False), gateway.settings.max_texts
-    if len(runs) > limit:
-        raise ApiError(413, "too_many_texts", f"the markup has {len(runs)} runs of text to translate (a paragraph, "
-                       f"heading, cell or list item each); the limit is {limit} per request", limit)
+    limit = gateway.settings.max_texts
+    docs, runs = await asyncio.to_thread(parse_markup, marked, limit, "the markup")
     if req is None or not runs:
         source = req.source_lang if req is not None and req.source_lang != AUTO else ""
         return list(texts), [source] * len(texts)

@@ -50,6 +50,7 @@ from ..errors import ApiError, declares_json
 from ..metrics import metrics
 from ..shared.schemas import AUTO, TranslateRequest
 from .deepl_codes import deepl_code, source_language, target_language   # not from deepl.py: it imports this module
+from .flavour import detection_sample
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -69,7 +70,6 @@ FILE_PATHS: frozenset[str] = frozenset({UPLOAD})  # POST paths whose bodies are 
 # requests of other clients (and other documents' jobs, queued meanwhile) still pass.
 JOBS_AT_ONCE = 2
 IN_FLIGHT = 4
-DETECT_CHARS = 2000          # no source_lang: the language of the document's first texts, this many characters
 FORMALITIES = frozenset({"default", "prefer_more", "prefer_less"})   # taken: our models have one register
 TEXT_FIELDS = ("target_lang", "source_lang", "filename", "glossary_id", "glossary_ids", "formality", "output_format")
 # What DeepL stores that nothing here is: refused rather than ignored, since the client names an object of its account
@@ -347,13 +347,7 @@ async def translate_texts(gateway: Gateway, request: Request, job: Job, texts: l
 
 async def detect_source(gateway: Gateway, texts: list[str], target: str) -> str:
     """No source_lang: the language of the document's first texts, as DeepL detects a document's."""
-    sample, size = [], 0
-    for text in texts:
-        if size > DETECT_CHARS:
-            break
-        sample.append(text)
-        size += len(text)
-    lang, confidence = (await gateway.detect(["\n".join(sample)]))[0][0]
+    lang, confidence = (await gateway.detect([detection_sample(texts)]))[0][0]
     if (lang, target) not in gateway.pairs and lang != target:
         raise ApiError(422, "unsupported_detected_language", f"the document was detected as {deepl_code(lang)} "
                        f"(confidence {confidence}), and no model translates it into {deepl_code(target)}")

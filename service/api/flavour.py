@@ -13,12 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from ..errors import ApiError
+from ..shared import html_text
 from ..shared.schemas import AUTO
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from ..errors import ApiError
     from ..http.gateway import Gateway
 
 
@@ -51,3 +52,32 @@ def describe_pairs(body: dict, fields: tuple[str, str], gateway: Gateway, text: 
     body["anyOf"].append({"properties": {src: {"const": AUTO}, tgt: {"enum": langs}}})
     for one in (props.get("text") or props["q"])["anyOf"]:
         one.update(text if one["type"] == "string" else texts)
+
+
+DETECT_CHARS = 2000     # a document without its source language: detected from its first texts, this many characters
+
+
+def detection_sample(texts: list[str]) -> str:
+    """A document's first texts, about DETECT_CHARS characters, for the Gateway's language detection (a flavour's
+    document without its source language: LibreTranslate's source=auto, DeepL's absent source_lang)."""
+    sample, size = [], 0
+    for text in texts:
+        if size > DETECT_CHARS:
+            break
+        sample.append(text)
+        size += len(text)
+    return "\n".join(sample)
+
+
+def parse_markup(fragments: list[str], max_texts: int, what: str) -> tuple[list, list[str]]:
+    """HTML or XML fragments parsed (shared/html_text.py) with their runs of text: a 400 for markup that cannot be
+    read, a 413 for markup too costly or with more runs than --max-texts (`what` names it: "the HTML")."""
+    try:
+        docs = html_text.parse_all(fragments)
+    except html_text.MarkupError as e:
+        raise ApiError(e.status, "invalid_html" if e.status == 400 else "html_too_large", e.message) from None
+    runs = html_text.texts(docs, leaves=False)
+    if len(runs) > max_texts:
+        raise ApiError(413, "too_many_texts", f"{what} has {len(runs)} runs of text to translate (a paragraph, "
+                       f"heading, cell or list item each); the limit is {max_texts} per request", max_texts)
+    return docs, runs

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..shared import html_text
 from ..errors import ApiError, declares_json, first_error, parse_error
 from . import libretranslate_files as files
-from .flavour import Flavour, describe_pairs
+from .flavour import Flavour, describe_pairs, parse_markup
 from ..http.gateway import Gateway
 from ..shared.schemas import (AUTO, DetectedLanguage, Language, LibreTranslateDetectRequest, LibreTranslateError,
                              LibreTranslateRequest, LibreTranslateResponse, TranslateRequest)
@@ -209,14 +209,8 @@ async def translate_html(gateway: Gateway, request: Request, req: TranslateReque
     for hostile markup (too deep, too many elements, unclosed markup too costly to parse)."""
     fragments = [req.text] if isinstance(req.text, str) else list(req.text)
     gateway.check_limits(fragments)          # the markup counts: a text's limit is on what was sent
-    try:
-        docs = await asyncio.to_thread(html_text.parse_all, fragments)
-    except html_text.MarkupError as e:
-        raise ApiError(e.status, "invalid_html" if e.status == 400 else "html_too_large", e.message) from None
-    runs, limit = html_text.texts(docs, leaves=False), gateway.settings.max_texts
-    if len(runs) > limit:
-        raise ApiError(413, "too_many_texts", f"the HTML has {len(runs)} runs of text to translate (a paragraph, "
-                       f"heading, cell or list item each); the limit is {limit} per request", limit)
+    limit = gateway.settings.max_texts
+    docs, runs = await asyncio.to_thread(parse_markup, fragments, limit, "the HTML")
     leaves = len(html_text.texts(docs, leaves=True)) <= limit
     source, detected = req.source_lang, None
     if source == AUTO:

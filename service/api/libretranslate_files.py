@@ -26,12 +26,12 @@ from ..shared.glossary import GlossaryError, parse as parse_glossary
 from ..shared.schemas import AUTO, MAX_GLOSSARY_ENTRIES, TranslateRequest
 from ..worker.translate_api import ENDPOINT
 from .file_store import FileStore
+from .flavour import detection_sample
 
 TRANSLATE_FILE = "/libretranslate/translate_file"
 SETTINGS = "/libretranslate/frontend/settings"
 DOWNLOAD = "libretranslate_download_file"       # the download route's name, for url_for
 IN_FLIGHT = 4           # a document's requests queued at once: its batches fill, other clients' requests still pass
-DETECT_CHARS = 2000     # source=auto: the language of the document's first texts, this many characters
 LANG = {"type": "string", "minLength": 1}     # source, target in /openapi.json
 
 
@@ -160,13 +160,7 @@ async def translate_texts(gateway: Gateway, request: Request, texts: list[str], 
 
 async def detect_source(gateway: Gateway, texts: list[str], target: str) -> str:
     """source=auto: the language of the document's first texts (LibreTranslate detects the file's too)."""
-    sample, size = [], 0
-    for text in texts:
-        if size > DETECT_CHARS:
-            break
-        sample.append(text)
-        size += len(text)
-    lang, confidence = (await gateway.detect(["\n".join(sample)]))[0][0]
+    lang, confidence = (await gateway.detect([detection_sample(texts)]))[0][0]
     if (lang, target) not in gateway.pairs and lang != target:
         raise ApiError(422, "unsupported_detected_language", f"the document was detected as {lang} (confidence "
                        f"{confidence}), and no model translates {lang}-{target}; {gateway.pairs_text()}")
