@@ -190,6 +190,7 @@ def requests_of(run: Run) -> list[tuple[str, str, dict]]:
         ("DELETE", f"/glossaries/{s('glossary id path, deleted')}", {}),
         ("POST", "/translate", {"json": {"text": s("/translate text, glossary_id"), "source_lang": "de",
                                          "target_lang": "en", "glossary_id": s("/translate glossary_id")}}),
+        *deepl_requests(run),
         ("GET", "/ui", {}), ("GET", "/docs", {}), ("GET", "/redoc", {}), ("GET", "/docs/oauth2-redirect", {}),
         ("GET", "/health", {}), ("HEAD", "/health", {}), ("GET", "/ready", {}), ("GET", "/info", {}),
         ("GET", "/usage", {}), ("GET", "/openapi.json", {}),
@@ -198,6 +199,47 @@ def requests_of(run: Run) -> list[tuple[str, str, dict]]:
         ("DELETE", "/translate", {}),
         (s("a method").upper(), "/translate", {}),
     ]
+
+
+def deepl_requests(run: Run) -> list[tuple[str, str, dict]]:
+    """DeepL's routes (api/deepl.py, deepl_documents.py), their fields planted; the key as DeepL's clients send it."""
+    s = run.planted.new
+    auth = {"headers": {"Authorization": f"DeepL-Auth-Key {run.key}"}} if run.key else {}
+    return [
+        ("POST", "/deepl/v2/translate", {"json": {"text": [f"Das Haus {s('deepl text')}."], "target_lang": "EN-US",
+                                                  "context": s("deepl context")}, **auth}),
+        ("POST", "/deepl/v2/translate", {"data": {"text": f"<p>Guten Tag {s('deepl form text')}</p>",
+                                                  "target_lang": "EN-GB", "tag_handling": "html"}}),
+        ("POST", "/deepl/v2/translate", {"json": {"text": [s("deepl text, refused")],
+                                                  "target_lang": s("deepl target_lang")}}),
+        ("GET", "/deepl/v2/languages", {}), ("POST", "/deepl/v2/usage", {}),
+        ("GET", "/deepl/v2/glossary-language-pairs", {}),
+        ("POST", "/deepl/v2/glossaries", {"json": {"name": s("deepl glossary name"), "source_lang": "de",
+                                                   "target_lang": "en", "entries_format": "tsv",
+                                                   "entries": f"Haus\t{s('deepl glossary term')}\n"}}),
+        ("GET", "/deepl/v2/glossaries", {}),
+        ("GET", f"/deepl/v2/glossaries/{s('deepl glossary id path')}", {}),
+        ("GET", f"/deepl/v2/glossaries/{s('deepl glossary id path, entries')}/entries", {}),
+        ("DELETE", f"/deepl/v2/glossaries/{s('deepl glossary id path, deleted')}", {}),
+        ("POST", "/deepl/v2/document", {"data": {"target_lang": "EN-US", "source_lang": "DE"}, "files": {
+            "file": (f"{s('deepl file name')}.txt", f"Das Haus {s('deepl file content')}.\n".encode())}}),
+        ("POST", f"/deepl/v2/document/{s('deepl document id path')}", {"json": {
+            "document_key": s("deepl document_key, unknown")}}),
+        ("POST", f"/deepl/v2/document/{s('deepl document id path, result')}/result", {"json": {
+            "document_key": s("deepl document_key, result")}}),
+    ]
+
+
+def use_document(client: httpx.Client, run: Run, answer: dict) -> None:
+    """A DeepL document job (its id and key are secrets its client holds) polled until done and downloaded."""
+    document_id, key = answer["document_id"], answer["document_key"]
+    run.planted.secrets[document_id], run.planted.secrets[key] = "a document's id", "a document's key"
+    path, deadline = f"/deepl/v2/document/{document_id}", time.time() + 60
+    while (r := send(client, run, "POST", path, json={"document_key": key})).json()["status"] != "done":
+        assert r.status_code == 200 and r.json()["status"] in ("queued", "translating") and time.time() < deadline
+        time.sleep(0.2)
+    d = send(client, run, "POST", path + "/result", json={"document_key": key})
+    assert d.status_code == 200 and d.content, d.text[:300]
 
 
 def exercise(run: Run) -> None:
@@ -214,6 +256,13 @@ def exercise(run: Run) -> None:
                 assert d.status_code == 200 and d.content, d.text[:300]
             if (method, path) == ("POST", "/glossaries") and r.status_code == 201:
                 use_glossary(client, run, r.json()["glossary_id"])
+            if (method, path) == ("POST", "/deepl/v2/document"):
+                assert r.status_code == 200, r.text[:300]
+                use_document(client, run, r.json())
+            if (method, path) == ("POST", "/deepl/v2/glossaries") and r.status_code == 201:
+                run.planted.secrets[r.json()["glossary_id"]] = "a DeepL glossary's id"
+                assert send(client, run, "DELETE", f"/deepl/v2/glossaries/{r.json()['glossary_id']}").status_code \
+                    == 204
         if run.key:
             for path in ("/translate", "/libretranslate/translate", "/v1/completions", "/metrics"):
                 wrong = {"Authorization": f"Bearer {run.planted.new(f'a wrong key on {path}')}"}
