@@ -3,6 +3,7 @@ batch collector (what it takes, when it stops waiting, what it tells the HTTP pr
 runs a LitAPI's scheduler (each request answered when done, the requests that arrive meanwhile joining;
 a generation request's events streamed; a scheduler that raises failing its requests, not the loop)."""
 
+import logging
 import json
 import pickle
 import queue
@@ -262,3 +263,20 @@ def test_what_one_step_answers_goes_out_as_one_message():
         events = [body for u, (body, status, *_) in sent if u == uid and status == LitAPIStatus.OK]
         assert "".join(p["text"] for e in events for p in json.loads(e)["pieces"]) == prompt
         assert [status for u, (_, status, *_) in sent if u == uid][-1] == LitAPIStatus.FINISH_STREAMING
+
+
+def test_the_monitors_crash_on_a_manager_gone_is_dropped_and_any_other_is_logged():
+    from service.worker.litserve_bridge import manager_gone
+
+    def record(exc: BaseException) -> logging.LogRecord:
+        try:
+            raise exc
+        except BaseException:
+            return logging.LogRecord("litserve.server", logging.ERROR, __file__, 1, "Monitoring worker crashed",
+                                     None, sys.exc_info())
+
+    assert not manager_gone(record(BrokenPipeError(32, "Broken pipe")))
+    assert not manager_gone(record(EOFError()))
+    assert manager_gone(record(RuntimeError("a real fault")))
+    other = logging.LogRecord("litserve.server", logging.ERROR, __file__, 1, "something else", None, None)
+    assert manager_gone(other)

@@ -279,6 +279,16 @@ def collect(loop: LitLoop, lit_api: LitAPI, request_queue: Queue,
     return payloads, timed_out
 
 
+def manager_gone(record: logging.LogRecord) -> bool:
+    """Drops LitServe's "Monitoring worker crashed" when what crashed it is the manager process gone: its monitor
+    thread asks the manager's shutdown event at each turn, and on Ctrl+C the manager (in the same process group)
+    may end before the thread sees the event set; the pipe it asks through is then broken. Nothing is lost: the
+    server is stopping. Any other crash of the monitor is still logged."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return not (record.getMessage().startswith("Monitoring worker crashed")
+                and isinstance(exc, (EOFError, ConnectionError)))
+
+
 # --- the server: its processes' ways to each other ----------------------------------------------------
 class Server(ls.LitServer):
     """LitServer, its requests reaching the workers and their answers the HTTP processes over sockets of their own
@@ -303,6 +313,7 @@ class Server(ls.LitServer):
         Ours says when one ends before the stop (a kill -9, the OOM killer), and stops the server when none is
         left: a main process serving nothing must not look alive to its supervisor (`lost_every_http_process`:
         the exit status is then 1)."""
+        logging.getLogger("litserve.server").addFilter(manager_gone)
         super()._start_worker_monitoring(manager, uvicorn_workers)
         self.lost_every_http_process = False
         threading.Thread(target=self._watch_http_processes, args=(uvicorn_workers,), daemon=True,
