@@ -68,6 +68,10 @@ class Settings:
     # translating it stopped"). Long enough for a busy server's renewal to arrive, short enough that a client
     # polling every 5 s learns of a dead server within a few polls.
     document_lease_s: float = 30.0
+    # DeepL document jobs one key may have queued or translating at once, over all replicas (0: no cap). Each is a
+    # file of up to --max-file-bytes kept in the store and a place in a server's few translating slots: without a
+    # cap one key's burst of uploads fills both, and every other key's documents wait behind it.
+    max_document_jobs_per_key: int = 8
     # Where this host keeps what must outlive a restart without --redis-url: the stored glossaries' SQLite file
     # (service/http/glossary_store.py), DeepL's document jobs' (service/http/document_jobs.py). Empty:
     # $XDG_DATA_HOME/transerve, or ~/.local/share/transerve (data_path).
@@ -193,6 +197,8 @@ _HELP = {
                         "(0: it takes only those already queued; under load they queue while it is busy)",
     "max_request_cost": "a request's cost at most: source tokens x beam_size for /translate, (prompt tokens + "
                         "max_new_tokens) x beams or sequences for /generate; beyond: 413 naming the limit",
+    "max_document_jobs_per_key": "DeepL document jobs one key may have queued or translating at once, over all "
+                                 "replicas; beyond: 429 with Retry-After (0: no cap)",
     "api_keys": "comma-separated API keys; when set, requests need one, as Authorization: Bearer KEY or "
                 "X-API-Key: KEY (LibreTranslate's routes: or their api_key field)",
     "api_keys_file": "file of API keys, one per line (blank lines and # comments ignored), read at start-up and "
@@ -293,8 +299,10 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
     for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "file_ttl_s", "document_lease_s"):
         if not getattr(s, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be more than 0, got {getattr(s, name)}")
-    if s.api_servers < 0:
-        p.error(f"--api-servers must be 0 (as the machine allows) or more, got {s.api_servers}")
+    for name, zero in (("max_document_jobs_per_key", "no cap"), ("model_memory_bytes", "what is available"),
+                       ("api_servers", "as the machine allows")):
+        if getattr(s, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be 0 ({zero}) or more, got {getattr(s, name)}")
     for name in ("workers", "max_batch_size", "max_texts", "max_queue", "max_connections",
                  "max_request_cost", "max_header_bytes", "max_headers", "max_file_bytes", "max_file_unpacked_bytes",
                  "max_file_entries", "max_file_elements", "max_file_texts"):

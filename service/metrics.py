@@ -104,13 +104,72 @@ def metrics() -> SimpleNamespace:
         # Requests decided without the limits' store (Redis unreachable or slow), by what --redis-down made of them.
         ratelimit_store_errors=Counter(p + "ratelimit_store_errors_total", "Requests whose limits Redis could not "
                                        "check in time, by outcome (admitted, refused)", ["outcome"]),
-        # DeepL's document jobs (service/api/deepl_documents.py), counted by the HTTP process that runs each.
-        document_jobs=Counter(p + "document_jobs_total", "DeepL document jobs by the state each reached: queued "
-                              "(uploaded), done, error", ["state"]),
-        document_queue_wait=Histogram(p + "document_queue_wait_seconds", "From a document's upload to the start of "
-                                      "its translation", buckets=QUEUED_SECONDS),
+        **_document_metrics(p),
+        **_translation_cache_metrics(p),
+        **_model_control_metrics(p),
         **_scheduler_metrics(p),
     )
+
+
+def _translation_cache_metrics(p: str) -> dict:
+    """The translation cache (service/http/translation_cache.py), counted in units: a sentence, or a text that is
+    cached whole; each distinct unit of a request once."""
+    from prometheus_client import Counter, Gauge
+
+    return {
+        "translation_cache_hits": Counter(
+            p + "translation_cache_hits_total", "Sentences answered from the translation cache, by where they were "
+            "found (memory, redis)", ["tier"]),
+        "translation_cache_misses": Counter(
+            p + "translation_cache_misses_total", "Sentences the translation cache did not hold, sent to a worker"),
+        "translation_cache_evictions": Counter(
+            p + "translation_cache_evictions_total", "Sentences dropped from an HTTP process's translation cache to "
+            "stay within --cache-size and --cache-bytes"),
+        "translation_cache_store_errors": Counter(
+            p + "translation_cache_store_errors_total", "Translation cache reads and writes Redis failed or did not "
+            "answer in time (a read: misses)"),
+        # livesum: the caches of the HTTP processes alive now
+        "translation_cache_bytes": Gauge(
+            p + "translation_cache_bytes", "Memory the HTTP processes' translation caches hold (answers, keys and "
+            "their bookkeeping)", multiprocess_mode="livesum"),
+        "translation_cache_entries": Gauge(
+            p + "translation_cache_entries", "Sentences the HTTP processes' translation caches hold",
+            multiprocess_mode="livesum"),
+    }
+
+
+def _model_control_metrics(p: str) -> dict:
+    """Model control (service/http/model_control.py): the version label is the operator's version id, never client
+    data."""
+    from prometheus_client import Counter, Histogram
+
+    return {
+        "model_loads": Counter(p + "model_loads_total", "Model versions asked to load through model control, by "
+                               "result: loaded, refused (before any worker loaded it: unreadable, not fitting, busy), "
+                               "failed (a worker's load or check)", ["result"]),
+        "version_requests": Counter(p + "model_version_requests_total", "Translation requests by model, the version "
+                                    "that answered (or was routed to) and outcome (ok or the error kind)",
+                                    ["model", "version", "outcome"]),
+        "version_duration": Histogram(p + "model_version_request_duration_seconds", "A translation request's time "
+                                      "from its queueing to its answer, by model and version", ["model", "version"],
+                                      buckets=SECONDS),
+    }
+
+
+def _document_metrics(p: str) -> dict:
+    """DeepL's document jobs (service/api/deepl_documents.py), counted by the HTTP process that runs each."""
+    from prometheus_client import Counter, Gauge, Histogram
+
+    return {
+        "document_jobs": Counter(p + "document_jobs_total", "DeepL document jobs by the state each reached: queued "
+                                 "(uploaded), done, error", ["state"]),
+        "document_queue_wait": Histogram(p + "document_queue_wait_seconds", "From a document's upload to the start "
+                                         "of its translation", buckets=QUEUED_SECONDS),
+        # livesum: the jobs of the HTTP processes alive now (a process that died holds none: its leases run out)
+        "document_jobs_active": Gauge(p + "document_jobs_active", "DeepL document jobs this server's HTTP processes "
+                                      "hold now, by state: queued (waiting for a place to translate), translating",
+                                      ["state"], multiprocess_mode="livesum"),
+    }
 
 
 def _scheduler_metrics(p: str) -> dict:

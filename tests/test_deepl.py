@@ -1,8 +1,11 @@
 """DeepL's API (service/api/deepl.py) driven by DeepL's own client, the `deepl` package, against a real server over
 models/de-en with keys (one of them a tiny characters_per_day, one a tiny requests_per_minute): texts translated
-as POST /translate translates them, detected where no source is named, markup kept, a glossary the client made held
+as POST /translate translates them, detected where no source is named, markup kept (xml's non_splitting_tags
+keeping a sentence whole, its splitting_tags cutting one), a glossary the client made held
 and managed by its key alone, formality, usage, languages, and every refusal raised as the client's own exception;
 hostile raw requests each a 4xx in DeepL's shape `{"message": ...}`, never a 500, and the server still serving."""
+
+import re
 
 import deepl
 import httpx
@@ -69,6 +72,27 @@ def test_html_and_xml_keep_their_markup_and_the_ignored_elements_as_written(url)
                            target_lang="EN-US", tag_handling="xml", ignore_tags=["keep", "other"]).text
     assert xml == f"<doc><p>{ours(url, TEXT)}</p><keep a='1'>Das Haus</keep><keep/></doc>", xml
     assert "transerve" not in xml
+
+
+def test_xml_non_splitting_tags_keep_a_sentence_whole_and_splitting_tags_cut_it(url):
+    t = client(url)
+
+    def xml(text: str, **tags) -> str:
+        return t.translate_text(text, source_lang="DE", target_lang="EN-US", tag_handling="xml", **tags).text
+
+    def untagged(text: str) -> str:
+        return re.sub(r"<[^>]*>", "", text)
+
+    sentence = "Er hat das Haus gekauft."          # the verb at its end: cut at the tags, it is three phrases
+    cut = f"<p>{ours(url, 'Er hat')} <x>{ours(url, 'das Haus')}</x> {ours(url, 'gekauft.')}</p>"
+    assert untagged(cut) != ours(url, sentence)
+    assert xml("<p>Er hat <x>das Haus</x> gekauft.</p>") == cut                   # an XML tag splits by default
+    assert xml("<p>Er hat <x>das Haus</x> gekauft.</p>", splitting_tags=["x"]) == cut
+    whole = xml("<p>Er hat <x>das Haus</x> gekauft.</p>", non_splitting_tags=["x", "y"])
+    assert untagged(whole) == ours(url, sentence) and "<x>" in whole and "</x>" in whole, whole   # one sentence
+    assert untagged(xml("<p>Er hat das Haus<ph/> gekauft.</p>", non_splitting_tags="ph")) == ours(url, sentence)
+    assert untagged(xml("<p>Er hat <b>das Haus</b> gekauft.</p>")) == ours(url, sentence)   # HTML's inline b...
+    assert xml("<p>Er hat <b>das Haus</b> gekauft.</p>", splitting_tags=["b"]) == cut.replace("x>", "b>")  # ...listed
 
 
 def test_a_glossary_the_client_makes_is_held_and_its_keys_alone(url):

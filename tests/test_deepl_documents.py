@@ -6,8 +6,10 @@ server's /translate answers for its texts, one with a stored glossary; a file th
 status and handing over the result, once (then DeepL's 503 "Document already downloaded"); another key or a wrong
 document_key is the same 404 as an unknown id; an inference worker killed under a job fails it with a message, and
 a server killed under one leaves a lease that runs out, so the other server reports the job failed, never
-translating; hostile uploads each a 4xx in DeepL's shape. The store itself (SQLite and Redis): leases, a result
-taken once, expiry.
+translating; hostile uploads each a 4xx in DeepL's shape; a key at --max-document-jobs-per-key gets DeepL's 429
+(TooManyRequestsException) from either server until its jobs end, and transerve_document_jobs_active shows a job
+translating, then none, however it ended. The store itself (SQLite and Redis): leases, a result taken once,
+expiry, the cap kept by ten uploads at once through two stores, a 20 MB result through Redis under a 50 ms budget.
 
 The servers serve the committed package (models/de-en; TRANSERVE_TEST_PACKAGE names another): nothing to train.
 redis-server comes from Debian's package (scripts/test.sh installs it); without it the Redis tests skip."""
@@ -15,6 +17,7 @@ redis-server comes from Debian's package (scripts/test.sh installs it); without 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import html
 import io
 import os
@@ -33,13 +36,15 @@ from conftest import ROOT, pairs64, start_server, stop_server
 from documents_help import slides, word
 from service.config import Settings
 from service.errors import ApiError
-from service.http.document_jobs import STOPPED, DocumentJobs
+from service.http.document_jobs import STOPPED, DocumentJobs, RedisJobs
+from service.http.redis_bridge import TRANSFER_BYTES_PER_S, RedisDocuments, transfer_timeout_s
 
 PACKAGE = os.environ.get("TRANSERVE_TEST_PACKAGE") or str(ROOT / "models" / "de-en")
 KEYS = {"a": "deepl-documents-key-a", "b": "deepl-documents-key-b"}
 GERMAN = [de for de, _ in pairs64()]
 LEASE_S = 4            # server A's: killed mid-job, its jobs fail this long after
 MAX_FILE = 200_000     # server C's --max-file-bytes
+CAP = 2                # A's and B's --max-document-jobs-per-key
 # Tens of seconds of translating, long enough to kill under on a loaded machine: every paragraph distinct (a
 # number of its own), so that no repetition makes it quicker than it looks.
 BIG = "\n\n".join(f"{GERMAN[i % 64]} Absatz {i}." for i in range(3000)).encode()
@@ -51,7 +56,7 @@ def servers(redis, tmp_path_factory):
     started together."""
     redis.flush()
     keyed = ("--api-keys", ",".join(KEYS.values()))
-    shared = (*keyed, "--redis-url", redis.url, "--redis-timeout-ms", "2000")
+    shared = (*keyed, "--redis-url", redis.url, "--redis-timeout-ms", "2000", "--max-document-jobs-per-key", str(CAP))
     args = {"a": (*shared, "--document-lease-s", str(LEASE_S)), "b": shared,
             "c": (*keyed, "--max-file-bytes", str(MAX_FILE), "--data-dir", str(tmp_path_factory.mktemp("jobs")))}
     with ThreadPoolExecutor(3) as pool:
@@ -94,9 +99,9 @@ def status(url: str, handle: deepl.DocumentHandle, key: str = "a") -> dict:
     return r.json()
 
 
-def wait_for(url: str, handle: deepl.DocumentHandle, states: set[str], seconds: float = 60) -> dict:
+def wait_for(url: str, handle: deepl.DocumentHandle, states: set[str], seconds: float = 60, key: str = "a") -> dict:
     deadline = time.time() + seconds
-    while (now := status(url, handle))["status"] not in states:
+    while (now := status(url, handle, key))["status"] not in states:
         assert time.time() < deadline, now
         time.sleep(0.2)
     return now
@@ -107,6 +112,13 @@ def worker_pids(url: str) -> set[int]:
     text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {KEYS['a']}"}).text
     return {int(s.labels["pid"]) for family in text_string_to_metric_families(text)
             if family.name == "transerve_model_info" for s in family.samples if s.value == 1}
+
+
+def active_jobs(url: str) -> dict[str, float]:
+    """transerve_document_jobs_active by state: the jobs the server's HTTP processes hold now."""
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {KEYS['a']}"}).text
+    return {s.labels["state"]: s.value for family in text_string_to_metric_families(text)
+            if family.name == "transerve_document_jobs_active" for s in family.samples}
 
 
 def test_each_format_comes_back_translated_through_deepls_client(servers, tmp_path):
@@ -195,6 +207,31 @@ def test_one_replica_translates_another_answers_and_hands_the_result_over_once(s
         translator(urls["a"], "b").translate_document_get_status(handle)
 
 
+def test_a_key_at_its_document_cap_gets_deepls_429_from_either_replica_until_its_jobs_end(servers):
+    urls, _ = servers
+    # Seconds of translating each, so that both are still queued or translating when the third comes
+    slow = "\n\n".join(f"{GERMAN[i % 64]} Teil {i}." for i in range(600)).encode()
+    handles = [translator(urls[name], "b").translate_document_upload(slow, target_lang="EN-US", filename="a.txt")
+               for name in ("a", "b")]                     # one on each replica: the cap counts them together
+    retries = deepl.http_client.max_network_retries
+    deepl.http_client.max_network_retries = 0              # the client retries a 429 with backoff otherwise
+    try:
+        for name in ("a", "b"):
+            with pytest.raises(deepl.TooManyRequestsException, match="--max-document-jobs-per-key"):
+                translator(urls[name], "b").translate_document_upload(b"Hallo Welt.", target_lang="EN-US",
+                                                                      filename="a.txt")
+    finally:
+        deepl.http_client.max_network_retries = retries
+    r = post(urls["a"], "/deepl/v2/document", "b", data={"target_lang": "EN-US"}, files={"file": ("a.txt", b"Hallo")})
+    assert (r.status_code, r.headers["retry-after"], r.json().keys()) == (429, "5", {"message"}), r.text
+    assert "Too many documents" in r.json()["message"]
+    for handle in handles:
+        assert wait_for(urls["b"], handle, {"done", "error"}, seconds=300, key="b")["status"] == "done"
+    assert active_jobs(urls["a"]) == active_jobs(urls["b"]) == {"queued": 0, "translating": 0}
+    after = translator(urls["b"], "b").translate_document_upload(b"Hallo Welt.", target_lang="EN-US", filename="a.txt")
+    assert wait_for(urls["b"], after, {"done", "error"}, key="b")["status"] == "done"
+
+
 def test_hostile_requests_are_each_a_4xx_in_deepls_shape(servers):
     urls, _ = servers
     url, fields = urls["c"], {"target_lang": "EN-US"}
@@ -231,9 +268,11 @@ def test_an_inference_worker_killed_under_a_job_fails_it_with_a_message(servers)
     while "seconds_remaining" not in status(urls["b"], handle):   # texts translated: its requests reach the worker
         assert time.time() < deadline
         time.sleep(0.2)
+    assert active_jobs(urls["b"]) == {"queued": 0, "translating": 1}
     os.kill(pid, signal.SIGKILL)
     failed = wait_for(urls["b"], handle, {"done", "error"}, seconds=30)
     assert failed["status"] == "error" and "worker" in failed["error_message"], failed
+    assert active_jobs(urls["b"]) == {"queued": 0, "translating": 0}     # a failed job is not left counted
     ended = translator(urls["b"]).translate_document_wait_until_done(handle)   # what translate_document checks
     assert not ended.ok and ended.error_message == failed["error_message"]
 
@@ -289,5 +328,64 @@ def test_the_store_hands_a_result_over_once_fails_a_lapsed_lease_and_forgets_aft
         jobs.backend.sweep()
         if not settings.redis_url:
             assert not jobs.backend.connect().execute("SELECT count(*) FROM documents").fetchone()[0]
+
+    asyncio.run(run())
+
+
+def test_the_store_admits_a_keys_jobs_up_to_its_cap_over_two_servers_at_once(settings):
+    """Ten uploads of one key at once, through two stores (two replicas, or two HTTP processes) on one Redis or
+    SQLite file, under a cap of 3: three admitted, the others DeepL's 429; a job done or whose lease ran out
+    leaves the count, and another key counts alone."""
+    settings = dataclasses.replace(settings, document_lease_s=30.0, max_document_jobs_per_key=3)
+    fields = {"format": "txt", "source_lang": "de", "target_lang": "en", "glossary_id": ""}
+
+    async def upload(jobs: DocumentJobs, owner: str = "capped") -> tuple[DocumentJobs, str] | ApiError:
+        try:
+            return jobs, (await jobs.create(owner, fields, b"Hallo"))[0]
+        except ApiError as e:
+            return e
+
+    async def run():
+        servers = DocumentJobs(settings), DocumentJobs(settings)
+        answers = await asyncio.gather(*(upload(servers[i % 2]) for i in range(10)))
+        admitted = [a for a in answers if not isinstance(a, ApiError)]
+        refused = [a for a in answers if isinstance(a, ApiError)]
+        assert len(admitted) == 3, answers
+        assert {(e.status, e.headers["Retry-After"]) for e in refused} == {(429, "5")}
+        assert "--max-document-jobs-per-key" in refused[0].message
+        assert not isinstance(await upload(servers[0], "another"), ApiError)
+        jobs, document_id = admitted[0]
+        assert await jobs.change("capped", document_id, {"status": "translating", "started": time.time()})
+        assert isinstance(await upload(servers[1]), ApiError)            # translating still counts
+        assert await jobs.change("capped", document_id, {"status": "done", "billed": 5}, b"Hello", drop_source=True)
+        assert not isinstance(await upload(servers[1]), ApiError)        # done: out of the count
+        assert isinstance(await upload(servers[0]), ApiError)
+
+        short = DocumentJobs(dataclasses.replace(settings, document_lease_s=0.3, max_document_jobs_per_key=1))
+        assert not isinstance(await upload(short, "stopped"), ApiError)
+        assert isinstance(await upload(short, "stopped"), ApiError)
+        await asyncio.sleep(0.4)          # its server stopped renewing: the job counts no longer, read or not
+        assert not isinstance(await upload(short, "stopped"), ApiError)
+        unlimited = DocumentJobs(dataclasses.replace(settings, max_document_jobs_per_key=0))
+        assert not any(isinstance(a, ApiError) for a in await asyncio.gather(*(upload(unlimited) for _ in range(5))))
+
+    asyncio.run(run())
+
+
+def test_a_documents_redis_calls_get_time_for_its_bytes_and_a_20_mb_result_comes_back_whole(redis):
+    assert transfer_timeout_s(0.1, 0) == 0.1
+    assert transfer_timeout_s(0.1, 20_000_000) == pytest.approx(0.1 + 20_000_000 / TRANSFER_BYTES_PER_S)
+    assert transfer_timeout_s(5.0, 20_000_000) > transfer_timeout_s(5.0, 1_000_000) > 5.0
+    big = os.urandom(20_000_000)
+
+    async def run():
+        # A 50 ms budget, which the small calls keep: moving 20 MB through Redis and back takes longer than that
+        store = RedisJobs(RedisDocuments(redis.url, 0.05))
+        job = {"key_hash": "0" * 64, "status": "queued", "format": "txt", "source_lang": "de", "target_lang": "en",
+               "created": time.time(), "holder": "me", "lease_until": time.time() + 30}
+        assert await store.create("big", "A" * 32, job, big, 60, 0)
+        assert await store.source("big", "A" * 32) == big
+        assert await store.change("big", "A" * 32, 60, "me", None, True, big[::-1], {"status": "done"})
+        assert await store.take("big", "A" * 32) == ("done", big[::-1])
 
     asyncio.run(run())

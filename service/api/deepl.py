@@ -24,10 +24,11 @@ and not read; `split_sentences`, `preserve_formatting`, `outline_detection`, `ta
 joined back with their line breaks; one model serves every model_type, named back in model_type_used).
 tag_handling html or xml translates the markup's runs of text and keeps the markup (shared/html_text.py, as
 LibreTranslate's format=html here): `ignore_tags` are kept as written, as an element with translate="no" is;
-HTML's inline elements (b, i, span, a...) never split a sentence and every other tag does, whatever
-`splitting_tags` and `non_splitting_tags` say. A text of spaces only comes back as sent (our /translate refuses
-it; DeepL's clients send them, cells of a table). Each request maps to ONE TranslateRequest
-(to_translate_request), which the Gateway takes as POST /translate's.
+HTML's inline elements (b, i, span, a...) never split a sentence and every other tag does; with xml,
+`non_splitting_tags` are inline too (a sentence across them is translated whole) and `splitting_tags` split, even
+an HTML inline one (html_text.Splitting.xml). With html both lists are checked and HTML's own rules apply. A text
+of spaces only comes back as sent (our /translate refuses it; DeepL's clients send them, cells of a table). Each
+request maps to ONE TranslateRequest (to_translate_request), which the Gateway takes as POST /translate's.
 
 DeepL's codes read as ours (`target_language`, `source_language`, `deepl_code`) are deepl_codes.py's, which
 deepl_documents.py shares: it cannot import this module, which imports it. `error_body` and `ERRORS` are public
@@ -106,8 +107,9 @@ class DeepLTranslateRequest(BaseModel):
     tag_handling_version: Optional[Literal["v1", "v2"]] = None
     outline_detection: Optional[Flag] = None
     ignore_tags: Optional[Tags] = Field(None, description="Elements kept as written, untranslated")
-    splitting_tags: Optional[Tags] = None
-    non_splitting_tags: Optional[Tags] = None
+    splitting_tags: Optional[Tags] = Field(None, description="With xml: elements that end a sentence (even b, i...)")
+    non_splitting_tags: Optional[Tags] = Field(None, description="With xml: elements inside a sentence, translated "
+                                               "with it")
     model_type: Optional[Literal["quality_optimized", "latency_optimized", "prefer_quality_optimized"]] = None
     show_billed_characters: Optional[Flag] = None
     # What DeepL has that nothing here is, a style rule and a translation memory: refused rather than ignored (the
@@ -239,6 +241,7 @@ class Translation:
     ignore: tuple[str, ...]
     billed: bool
     model_type_used: str | None
+    splitting: html_text.Splitting = html_text.HTML     # which tags split a run: HTML's, or xml's lists
 
 
 def tag_list(body: DeepLTranslateRequest, name: str) -> tuple[str, ...]:
@@ -276,7 +279,7 @@ def to_translate_request(body: DeepLTranslateRequest, gateway: Gateway) -> Trans
     if not texts:
         raise missing("text")
     glossary, ignore = glossary_of(body, source), tag_list(body, "ignore_tags")
-    tag_list(body, "splitting_tags"), tag_list(body, "non_splitting_tags")   # checked, as DeepL checks them
+    splitting = html_text.Splitting.xml(tag_list(body, "splitting_tags"), tag_list(body, "non_splitting_tags"))
     sent = [i for i, t in enumerate(texts) if t.strip()]
     try:
         request = TranslateRequest(text=[texts[i] for i in sent], source_lang=source, target_lang=target,
@@ -285,7 +288,8 @@ def to_translate_request(body: DeepLTranslateRequest, gateway: Gateway) -> Trans
         raise ApiError(400, "invalid_request", first_error(e).removeprefix("body: ")) from None
     model = body.model_type.removeprefix("prefer_") if body.model_type else None
     return Translation(request, texts, sent, body.tag_handling, ignore,
-                       body.show_billed_characters in (True, "1", "true"), model)
+                       body.show_billed_characters in (True, "1", "true"), model,
+                       splitting if body.tag_handling == "xml" else html_text.HTML)   # DeepL's are xml options
 
 
 async def translate(gateway: Gateway, request: Request) -> Response:
@@ -335,7 +339,7 @@ async def translate_tagged(gateway: Gateway, request: Request, job: Translation)
     gateway.check_limits(texts)          # the markup counts: a text's limit is on what was sent
     marked, marker = ignored(texts, job.ignore)
     limit = gateway.settings.max_texts
-    docs, runs = await asyncio.to_thread(parse_markup, marked, limit, "the markup")
+    docs, runs = await asyncio.to_thread(parse_markup, marked, limit, "the markup", job.splitting)
     if req is None or not runs:
         source = req.source_lang if req is not None and req.source_lang != AUTO else ""
         return list(texts), [source] * len(texts)

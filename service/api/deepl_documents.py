@@ -22,7 +22,10 @@ batches, key limits and characters as any translation, under the uploading key; 
 Its state and files live in the document store (http/document_jobs.py: Redis, or SQLite on one host), which
 every replica reads, and this process renews the job's lease while it runs. A request that fails (an inference
 worker killed under it, the key's limit reached, the server draining) fails the job with that request's message;
-a server that dies stops renewing, and the next reader fails the job (document_jobs.STOPPED).
+a server that dies stops renewing, and the next reader fails the job (document_jobs.STOPPED). A key may have
+--max-document-jobs-per-key jobs queued or translating at once, over all replicas (the store admits each upload
+atomically: document_jobs.py); beyond, the upload is DeepL's 429 with Retry-After. transerve_document_jobs_active
+counts this process's jobs waiting for the gate (queued) and translating, each state left however the job ends.
 
 formality: our models write one register, so "more" and "less" are refused as DeepL refuses them for a language
 without formality, and "default" and the "prefer_" ones are taken. output_format: the input's own only (nothing
@@ -36,6 +39,8 @@ import contextvars
 import json
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -50,7 +55,7 @@ from ..errors import ApiError, declares_json
 from ..metrics import metrics
 from ..shared.schemas import AUTO, TranslateRequest
 from .deepl_codes import deepl_code, source_language, target_language   # not from deepl.py: it imports this module
-from .flavour import detection_sample
+from .flavour import detection_sample, read_file_form
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -75,6 +80,7 @@ TEXT_FIELDS = ("target_lang", "source_lang", "filename", "glossary_id", "glossar
 # What DeepL stores that nothing here is: refused rather than ignored, since the client names an object of its account
 NOT_STORED = {"style_id": "style rules", "translation_memory_id": "translation memories"}
 STATES = ("queued", "done", "error")  # transerve_document_jobs_total's
+ACTIVE_STATES = ("queued", "translating")   # transerve_document_jobs_active's: a job this process holds now
 
 
 @dataclass(frozen=True)
@@ -96,23 +102,6 @@ class Progress:
     chars: int = 0
     translated: int = 0
     ending: bool = False     # its last state is being written: a lease found lost no longer cancels it
-
-
-async def read_form(request: Request, max_bytes: int) -> FormData:
-    """The multipart form, or DeepL's 400, or the 413 of a body over the file limit (the middleware's, declared or
-    counted as it is read)."""
-    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
-        raise ApiError(400, "invalid_request", "Invalid file data: send the document as multipart/form-data, with "
-                       "the fields file and target_lang")
-    try:
-        return await request.form(max_files=1, max_fields=16)
-    except StarletteHTTPException as e:
-        if e.status_code == 413:
-            raise ApiError(413, "file_too_large", f"the file is larger than {max_bytes} bytes (--max-file-bytes)",
-                           max_bytes, {"Connection": "close"}) from None
-        if e.status_code != 400:
-            raise
-        raise ApiError(400, "invalid_request", f"Invalid file data: the form cannot be parsed: {e.detail}") from None
 
 
 def form_fields(form: FormData) -> tuple[UploadFile, dict[str, str]]:
@@ -167,7 +156,8 @@ async def checked_upload(gateway: Gateway, request: Request) -> tuple[bytes, dic
     """The file's bytes and the job's fields, or the 4xx of the first thing wrong. The key comes in a header
     only (the middleware checked it before the body was read): DeepL's older `auth_key` field would mean reading
     a document of --max-file-bytes before knowing whose it is."""
-    form = await read_form(request, gateway.settings.max_file_bytes)
+    form = await read_file_form(request, gateway.settings.max_file_bytes, "Invalid file data: send the document as "
+                                "multipart/form-data, with the fields file and target_lang", "Invalid file data: ")
     try:
         upload, fields = form_fields(form)
         target = target_language(fields["target_lang"], gateway)
@@ -228,12 +218,18 @@ async def run_job(gateway: Gateway, jobs: Jobs, job: Job) -> None:
     store, owner, progress = gateway.documents, job.tenant.name, Progress()
     lease = asyncio.ensure_future(hold(gateway, job, progress, asyncio.current_task()))
     try:
-        async with jobs.gate:
-            started = time.time()
-            if not await store.change(owner, job.document_id, {"status": "translating", "started": started}):
-                return
-            metrics().document_queue_wait.observe(max(0.0, started - job.created))
-            result = await translate_document(gateway, job, await store.source(owner, job.document_id), progress)
+        with active("queued"):
+            await jobs.gate.acquire()
+        try:
+            with active("translating"):
+                started = time.time()
+                if not await store.change(owner, job.document_id, {"status": "translating", "started": started}):
+                    return
+                metrics().document_queue_wait.observe(max(0.0, started - job.created))
+                result = await translate_document(gateway, job, await store.source(owner, job.document_id),
+                                                  progress)
+        finally:
+            jobs.gate.release()
         progress.ending = True
         if await store.change(owner, job.document_id, {"status": "done", "billed": progress.chars,
                                                        "translated": progress.chars}, result, drop_source=True):
@@ -245,6 +241,18 @@ async def run_job(gateway: Gateway, jobs: Jobs, job: Job) -> None:
         await fail(gateway, job, progress, "internal error", 500)
     finally:
         lease.cancel()
+
+
+@contextmanager
+def active(state: str) -> Iterator[None]:
+    """transerve_document_jobs_active{state} one higher while the block runs, however it ends (an exception, the
+    job cancelled): a gauge left high would show a job that no longer exists."""
+    gauge = metrics().document_jobs_active.labels(state)
+    gauge.inc()
+    try:
+        yield
+    finally:
+        gauge.dec()
 
 
 async def fail(gateway: Gateway, job: Job, progress: Progress, message: str, status: int) -> None:
@@ -394,6 +402,8 @@ def install(app: FastAPI, gateway: Gateway, errors: dict) -> None:
     jobs = Jobs()
     for state in STATES:             # at 0 from the start: rate() misses a series' first event
         metrics().document_jobs.labels(state)
+    for state in ACTIVE_STATES:
+        metrics().document_jobs_active.labels(state)
     key_body = {"requestBody": {"required": True, "content": {ctype: {"schema": {
         "type": "object", "required": ["document_key"], "properties": {"document_key": {"type": "string"}}}}
         for ctype in ("application/json", "application/x-www-form-urlencoded")}}}

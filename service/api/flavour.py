@@ -13,12 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
 from ..errors import ApiError
 from ..shared import html_text
 from ..shared.schemas import AUTO
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
+    from fastapi import FastAPI, Request
+    from starlette.datastructures import FormData
 
     from ..http.gateway import Gateway
 
@@ -54,6 +57,25 @@ def describe_pairs(body: dict, fields: tuple[str, str], gateway: Gateway, text: 
         one.update(text if one["type"] == "string" else texts)
 
 
+async def read_file_form(request: Request, max_bytes: int, wrong_type: str, unparsed: str = "",
+                         types: tuple[str, ...] = ("multipart/form-data",)) -> FormData:
+    """A document's upload form (one file part, 16 fields at most), or a 400 for a body of none of `types`
+    (`wrong_type`: what to send, in the flavour's words) or a form that cannot be parsed (`unparsed` before
+    Starlette's reason), or the 413 of a body over --max-file-bytes (the middleware's, declared or counted as it
+    is read). Each flavour's error shape comes from its prefix (Flavour.error_body)."""
+    if not request.headers.get("content-type", "").lower().startswith(types):
+        raise ApiError(400, "invalid_request", wrong_type)
+    try:
+        return await request.form(max_files=1, max_fields=16)
+    except StarletteHTTPException as e:
+        if e.status_code == 413:
+            raise ApiError(413, "file_too_large", f"the file is larger than {max_bytes} bytes (--max-file-bytes)",
+                           max_bytes, {"Connection": "close"}) from None
+        if e.status_code != 400:
+            raise
+        raise ApiError(400, "invalid_request", f"{unparsed}the form cannot be parsed: {e.detail}") from None
+
+
 DETECT_CHARS = 2000     # a document without its source language: detected from its first texts, this many characters
 
 
@@ -69,11 +91,13 @@ def detection_sample(texts: list[str]) -> str:
     return "\n".join(sample)
 
 
-def parse_markup(fragments: list[str], max_texts: int, what: str) -> tuple[list, list[str]]:
-    """HTML or XML fragments parsed (shared/html_text.py) with their runs of text: a 400 for markup that cannot be
-    read, a 413 for markup too costly or with more runs than --max-texts (`what` names it: "the HTML")."""
+def parse_markup(fragments: list[str], max_texts: int, what: str,
+                 tags: html_text.Splitting = html_text.HTML) -> tuple[list, list[str]]:
+    """HTML or XML fragments parsed (shared/html_text.py; `tags`: which of them split a run) with their runs of
+    text: a 400 for markup that cannot be read, a 413 for markup too costly or with more runs than --max-texts
+    (`what` names it: "the HTML")."""
     try:
-        docs = html_text.parse_all(fragments)
+        docs = html_text.parse_all(fragments, tags)
     except html_text.MarkupError as e:
         raise ApiError(e.status, "invalid_html" if e.status == 400 else "html_too_large", e.message) from None
     runs = html_text.texts(docs, leaves=False)

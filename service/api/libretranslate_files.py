@@ -16,7 +16,6 @@ import asyncio
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.datastructures import FormData, UploadFile
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..documents.formats import EXTENSIONS, MEDIA_TYPES, format_of, load
 from ..documents.limits import DocumentError, Limits
@@ -26,7 +25,7 @@ from ..shared.glossary import GlossaryError, parse as parse_glossary
 from ..shared.schemas import AUTO, MAX_GLOSSARY_ENTRIES, TranslateRequest
 from ..worker.translate_api import ENDPOINT
 from .file_store import FileStore
-from .flavour import detection_sample
+from .flavour import detection_sample, read_file_form
 
 TRANSLATE_FILE = "/libretranslate/translate_file"
 SETTINGS = "/libretranslate/frontend/settings"
@@ -36,21 +35,11 @@ LANG = {"type": "string", "minLength": 1}     # source, target in /openapi.json
 
 
 async def read_upload(request: Request, max_bytes: int) -> FormData:
-    """The multipart form, or a 400 naming what to send, or a 413 for a body over the file limit (the
-    middleware's, declared or counted as it is read)."""
-    ctype = request.headers.get("content-type", "").lower()
-    if not ctype.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):   # the latter: no file
-        raise ApiError(400, "invalid_request", "send the file as multipart/form-data with the fields file, source "
-                       "and target (and api_key)")
-    try:
-        return await request.form(max_files=1, max_fields=16)
-    except StarletteHTTPException as e:
-        if e.status_code == 413:
-            raise ApiError(413, "file_too_large", f"the file is larger than {max_bytes} bytes (--max-file-bytes)",
-                           max_bytes, {"Connection": "close"}) from None
-        if e.status_code != 400:
-            raise
-        raise ApiError(400, "invalid_request", f"the form cannot be parsed: {e.detail}") from None
+    """The form (flavour.read_file_form); a urlencoded one is taken too, to answer "missing file" as
+    LibreTranslate does rather than a word on its type."""
+    return await read_file_form(request, max_bytes, "send the file as multipart/form-data with the fields file, "
+                                "source and target (and api_key)",
+                                types=("multipart/form-data", "application/x-www-form-urlencoded"))
 
 
 def fields_of(form: FormData) -> tuple[UploadFile, str, str]:

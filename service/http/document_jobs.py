@@ -33,8 +33,15 @@ to 1 GB; --max-file-bytes is 20 MB by default). It is in the standard library, a
 quarter of the TTL, at most a minute, in a process that has run a job). Replicas on other hosts do not share it
 (SQLite over a network file system is not safe): they need --redis-url.
 
+The cap: a key (an owner) may have --max-document-jobs-per-key jobs queued or translating at once, their leases
+live, over all replicas; create() refuses the next with DeepL's 429. The store counts and inserts in one atomic
+step (Redis: redis_bridge.CREATE_DOCUMENT over the owner's set of active jobs, scored by their leases' ends;
+SQLite: one transaction that takes the write lock first), so two replicas cannot both admit past the cap. A job
+leaves the count when it is done or failed, or once its lease has run out, read or not.
+
 A store that fails (Redis down, a disk that cannot be written) is a 503 `documents_unavailable`, logged with its
-cause, never a 500.
+cause, never a 500. A Redis call that moves a document's bytes may take the store's timeout plus its bytes at
+redis_bridge.TRANSFER_BYTES_PER_S, so a large file is not lost to a bound made for small calls.
 """
 
 from __future__ import annotations
@@ -49,7 +56,8 @@ import secrets
 import socket
 import sqlite3
 import time
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 from .redis_bridge import RedisDocuments, StoreDown, where
@@ -63,6 +71,7 @@ DOCUMENT_ID = re.compile(r"[0-9A-F]{32}")   # secrets.token_hex(16).upper(): any
 ACTIVE = ("queued", "translating")          # the states a lease covers
 NUMBERS = {"created": float, "started": float, "lease_until": float, "chars": int, "translated": int, "billed": int}
 STOPPED = "the server translating the document stopped before it finished (its lease ran out); upload it again"
+RETRY_S = 5     # a refused upload's Retry-After: DeepL's clients poll a job every 5 s, so one ends at that pace
 
 
 def not_found() -> ApiError:
@@ -85,8 +94,10 @@ class DocumentJobs:
 
     def __init__(self, settings: Settings):
         self.ttl_s, self.lease_s = settings.file_ttl_s, settings.document_lease_s
+        self.cap = settings.max_document_jobs_per_key
         if settings.redis_url:
-            # A step may carry a file of --max-file-bytes: longer than a limits check may wait (--redis-timeout-ms)
+            # A job's step may wait longer than a limits check (--redis-timeout-ms): it is no request's admission; one
+            # that carries a file gets its bytes' time on top (redis_bridge.transfer_timeout_s)
             self.backend: RedisJobs | SqliteJobs = RedisJobs(RedisDocuments(
                 settings.redis_url, max(settings.redis_timeout_ms / 1000, 5.0)))
             self.where = f"Redis at {where(settings.redis_url)}"
@@ -104,13 +115,20 @@ class DocumentJobs:
         return self.holders[pid]
 
     async def create(self, owner: str, fields: dict, source: bytes) -> tuple[str, str]:
-        """A new job, queued and held by this process, with its file; (its id, its key)."""
+        """A new job, queued and held by this process, with its file; (its id, its key). DeepL's 429 when the owner
+        has --max-document-jobs-per-key jobs queued or translating already (their leases live), on any replica:
+        the store counts and admits in one atomic step."""
         document_id, key = secrets.token_hex(16).upper(), secrets.token_hex(32).upper()
         now = time.time()
         job = fields | {"key_hash": digest(key), "status": "queued", "created": now, "holder": self.holder(),
                         "lease_until": now + self.lease_s}
-        await self.call(self.backend.create(owner, document_id, job, source, self.ttl_s))
+        admitted = await self.call(self.backend.create(owner, document_id, job, source, self.ttl_s, self.cap))
         self.start_sweeping()
+        if not admitted:
+            metrics().key_rate_limited.labels(owner, "document_jobs").inc()
+            raise ApiError(429, "too_many_documents", f"Too many documents: this key has {self.cap} queued or being "
+                           f"translated, its limit (--max-document-jobs-per-key); upload this one when one is done",
+                           self.cap, {"Retry-After": str(RETRY_S)})
         return document_id, key
 
     async def find(self, owner: str, document_id: str, document_key: str) -> dict:
@@ -200,12 +218,14 @@ class RedisJobs:
 
     @staticmethod
     def keys(owner: str, document_id: str) -> list[str]:
+        """The job's hash, its source, its result, and its owner's active set (redis_bridge.CREATE_DOCUMENT)."""
         job = f"transerve:{{{owner}}}:document:{document_id}"
-        return [job, f"{job}:source", f"{job}:result"]
+        return [job, f"{job}:source", f"{job}:result", f"transerve:{{{owner}}}:documents:active"]
 
-    async def create(self, owner: str, document_id: str, job: dict, source: bytes, ttl_s: float) -> None:
+    async def create(self, owner: str, document_id: str, job: dict, source: bytes, ttl_s: float, cap: int) -> bool:
         keys = self.keys(owner, document_id)
-        await self.redis.create(keys[0], {k: str(v) for k, v in job.items()}, keys[1], source, int(ttl_s * 1000))
+        return await self.redis.create([keys[0], keys[1], keys[3]], {k: str(v) for k, v in job.items()}, source,
+                                       int(ttl_s * 1000), cap, time.time())
 
     async def fields(self, owner: str, document_id: str) -> dict | None:
         return await self.redis.fields(self.keys(owner, document_id)[0])
@@ -233,10 +253,24 @@ CREATE TABLE IF NOT EXISTS documents (
     created REAL NOT NULL, started REAL, holder TEXT NOT NULL, lease_until REAL NOT NULL, chars INTEGER,
     translated INTEGER, billed INTEGER, error TEXT, expires REAL NOT NULL, source BLOB, result BLOB);
 CREATE INDEX IF NOT EXISTS documents_by_expiry ON documents (expires);
+CREATE INDEX IF NOT EXISTS documents_by_owner ON documents (owner, status);
 """
 FIELDS = ("key_hash", "status", "format", "source_lang", "target_lang", "glossary_id", "created", "started",
           "holder", "lease_until", "chars", "translated", "billed", "error")   # a job's state: all but its files
 BUSY_S = 5.0    # how long a write waits for another process's to finish before the 503
+
+
+@contextmanager
+def immediate(db: sqlite3.Connection) -> Iterator[None]:
+    """A transaction that takes the write lock first (BEGIN IMMEDIATE: another process's write waits for it, up to
+    BUSY_S), committed when the block ends, rolled back when it raises."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
 
 
 class SqliteJobs:
@@ -257,16 +291,25 @@ class SqliteJobs:
         db.executescript(SCHEMA)
         return db
 
-    async def create(self, owner: str, document_id: str, job: dict, source: bytes, ttl_s: float) -> None:
-        def create_now() -> None:
+    async def create(self, owner: str, document_id: str, job: dict, source: bytes, ttl_s: float, cap: int) -> bool:
+        """The job inserted, unless its owner has `cap` jobs queued or translating with their leases live (0: no
+        cap): counted and inserted in one transaction, which holds the write lock from its start, so two HTTP
+        processes cannot both admit past the cap (redis_bridge.CREATE_DOCUMENT's count, in SQL)."""
+        def create_now() -> bool:
             assert set(job) <= set(FIELDS)   # column names, never a client's text
-            with closing(self.connect()) as db:
-                db.execute("DELETE FROM documents WHERE expires < ?", (time.time(),))
+            with closing(self.connect()) as db, immediate(db):
+                now = time.time()
+                db.execute("DELETE FROM documents WHERE expires < ?", (now,))
+                held = db.execute("SELECT count(*) FROM documents WHERE owner = ? AND status IN ('queued', "
+                                  "'translating') AND lease_until >= ?", (owner, now)).fetchone()[0] if cap else 0
+                if cap and held >= cap:
+                    return False
                 db.execute(f"INSERT INTO documents (document_id, owner, expires, source, {', '.join(job)}) VALUES "
-                           f"(?, ?, ?, ?{', ?' * len(job)})", (document_id, owner, time.time() + ttl_s, source,
+                           f"(?, ?, ?, ?{', ?' * len(job)})", (document_id, owner, now + ttl_s, source,
                                                                *job.values()))
+            return True
 
-        await asyncio.to_thread(create_now)
+        return await asyncio.to_thread(create_now)
 
     async def fields(self, owner: str, document_id: str) -> dict | None:
         def read() -> dict | None:
@@ -319,18 +362,12 @@ class SqliteJobs:
 
     async def take(self, owner: str, document_id: str) -> tuple[str, bytes | None]:
         def take_now() -> tuple[str, bytes | None]:
-            with closing(self.connect()) as db:
-                db.execute("BEGIN IMMEDIATE")    # the write lock first: the read and the change as one step
-                try:
-                    row = db.execute("SELECT status, result FROM documents WHERE owner = ? AND document_id = ? AND "
-                                     "expires >= ?", (owner, document_id, time.time())).fetchone()
-                    if row is not None and row[0] == "done":
-                        db.execute("UPDATE documents SET status = 'downloaded', result = NULL WHERE owner = ? AND "
-                                   "document_id = ?", (owner, document_id))
-                    db.execute("COMMIT")
-                except BaseException:
-                    db.execute("ROLLBACK")
-                    raise
+            with closing(self.connect()) as db, immediate(db):   # the read and the change as one step
+                row = db.execute("SELECT status, result FROM documents WHERE owner = ? AND document_id = ? AND "
+                                 "expires >= ?", (owner, document_id, time.time())).fetchone()
+                if row is not None and row[0] == "done":
+                    db.execute("UPDATE documents SET status = 'downloaded', result = NULL WHERE owner = ? AND "
+                               "document_id = ?", (owner, document_id))
             return ("", None) if row is None else (row[0], row[1] if row[0] == "done" else None)
 
         return await asyncio.to_thread(take_now)

@@ -1,7 +1,7 @@
 """The one module that knows the `redis` client library: a connection per HTTP process, the counting script,
 the stored glossaries' hashes and sets (RedisGlossaries), DeepL's document jobs and their files (RedisDocuments),
-and every way Redis can fail turned into one exception, StoreDown. quota.py, glossary_store.py and document_jobs.py
-decide what a failure means and name the keys.
+the translation cache's answers (RedisCache), and every way Redis can fail turned into one exception, StoreDown.
+quota.py, glossary_store.py, document_jobs.py and translation_cache.py decide what a failure means and name the keys.
 
 The script checks and charges all of a request's counters at once, inside Redis, so that two replicas (or two
 HTTP processes) charging the same key cannot both pass a limit that only one fits under: Redis runs a script
@@ -157,11 +157,30 @@ class RedisGlossaries:
         return bool(await self.answer(lambda c: self.scripts[1](keys=[owned, key], args=[member])))
 
 
-# A document job (document_jobs.py) changed only while it is still queued or translating and, where ARGV[2] names
-# one, still held by that server; where ARGV[3] gives a time, only if its lease ended before it (a reader failing
-# the job of a server that stopped). KEYS: the job's hash, its source file, its result; ARGV: time to live (ms),
-# holder or '', time or '', '1' to delete the source, '1' to store ARGV[6] as the result, then the hash's fields
-# and values. Every key's expiry is then renewed. Returns 1, or 0 when refused.
+# Each owner's active set (a sorted set: its jobs queued or translating, by their hash's key, scored by the end of
+# their lease) is what the cap on a key's jobs counts: a job leaves it when it is done or failed, and a job whose
+# server stopped renewing its lease no longer counts once the lease has run out, whether or not a reader failed it.
+#
+# A document job (document_jobs.py) created with its source file and entered in its owner's active set, unless the
+# set holds ARGV[2] live jobs already (0: no cap): two replicas admitting uploads of one key at once cannot both
+# pass it. KEYS: the job's hash, its source file, its owner's active set; ARGV: time to live (ms), the cap, now,
+# the job's lease end (its score), the source, then the hash's fields and values. Returns 1, or 0 when refused.
+CREATE_DOCUMENT = """
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[3])
+if tonumber(ARGV[2]) > 0 and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 6))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[4], KEYS[1])
+redis.call('PEXPIRE', KEYS[3], ARGV[1])
+return 1
+"""
+# A document job changed only while it is still queued or translating and, where ARGV[2] names one, still held by
+# that server; where ARGV[3] gives a time, only if its lease ended before it (a reader failing the job of a server
+# that stopped). KEYS: the job's hash, its source file, its result, its owner's active set; ARGV: time to live
+# (ms), holder or '', time or '', '1' to delete the source, '1' to store ARGV[6] as the result, then the hash's
+# fields and values. Every key's expiry is then renewed, and the job's place in the active set with its lease (or
+# taken out: done, failed). Returns 1, or 0 when refused.
 CHANGE_DOCUMENT = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'queued' and status ~= 'translating' then return 0 end
@@ -188,9 +207,22 @@ return {'done', result}
 class RedisDocuments:
     """Document jobs in one Redis: a hash per job and its files as plain values, under the keys document_jobs.py
     names (one Redis Cluster slot: the owner's hash tag). Bytes in and out, unlike RedisGlossaries' text: a file is
-    not text; the hashes' values are decoded here. A connection per process, opened on its first use."""
+    not text; the hashes' values are decoded here. A connection per process, opened on its first use, with no
+    socket timeout of its own: each call is bounded by `timeout_s`, or by transfer_timeout_s for one that moves a
+    document (a socket timeout would cut a large file's transfer at the small calls' bound)."""
 
     def __init__(self, url: str, timeout_s: float):
+# The bandwidth a document's bytes are given to reach Redis or come back from it, on top of the store's timeout:
+# a 20 MB file (--max-file-bytes) gets 2 s more. Low on purpose: a Redis in another zone, or one link shared with
+# a burst of uploads, moves far less than a LAN's 100 MB/s, and a transfer cut short loses an upload or a finished
+# result, while a timeout too long only makes a dead Redis's 503 come later for a large file.
+TRANSFER_BYTES_PER_S = 10_000_000
+
+
+def transfer_timeout_s(base_s: float, size: int) -> float:
+    """How long a call moving `size` bytes of a document may take: the store's timeout, plus the bytes at
+    TRANSFER_BYTES_PER_S."""
+    return base_s + size / TRANSFER_BYTES_PER_S
         self.url, self.timeout_s = url, timeout_s
         self.client: aioredis.Redis | None = None
         self.scripts: tuple = ()
@@ -200,7 +232,8 @@ class RedisDocuments:
         if self.client is None or self.pid != os.getpid():
             self.client = aioredis.Redis.from_url(self.url, socket_timeout=self.timeout_s,
                                                   socket_connect_timeout=self.timeout_s)
-            self.scripts = (self.client.register_script(CHANGE_DOCUMENT), self.client.register_script(TAKE_DOCUMENT))
+            self.scripts = tuple(self.client.register_script(s) for s in (CHANGE_DOCUMENT, TAKE_DOCUMENT,
+                                                                           CREATE_DOCUMENT))
             self.pid = os.getpid()
         return self.client
 
@@ -208,30 +241,29 @@ class RedisDocuments:
         """`call(client)`'s answer, or StoreDown within the timeout, whatever Redis does."""
         client = self.connect()
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout(transfer_timeout_s(self.timeout_s, size)):
                 return await call(client)
         except (RedisError, OSError, TimeoutError) as e:
             raise StoreDown(type(e).__name__) from None
 
-    async def create(self, key: str, fields: dict[str, str], blob_key: str, blob: bytes, ttl_ms: int) -> None:
-        """The hash `key` and the value `blob_key` written, both expiring in `ttl_ms`."""
-        async def write(client):
-            async with client.pipeline(transaction=True) as pipe:
-                pipe.hset(key, mapping=fields).pexpire(key, ttl_ms).set(blob_key, blob, px=ttl_ms)
-                return await pipe.execute()
-
-        await self.answer(write)
+    async def create(self, keys: list[str], fields: dict[str, str], blob: bytes, ttl_ms: int, cap: int,
+                     now: float) -> bool:
+        """CREATE_DOCUMENT's step on the keys (hash, source, the owner's active set); whether it was taken."""
+        args = [ttl_ms, cap, repr(now), fields["lease_until"], blob, *(x for item in fields.items() for x in item)]
+        return bool(await self.answer(lambda c: self.scripts[2](keys=keys, args=args), len(blob)))
 
     async def fields(self, key: str) -> dict[str, str] | None:
         row = await self.answer(lambda c: c.hgetall(key))
         return {k.decode(): v.decode() for k, v in row.items()} if row else None
 
     async def blob(self, key: str) -> bytes | None:
-        return await self.answer(lambda c: c.get(key))
+        size = await self.answer(lambda c: c.strlen(key))     # first: how long the file's transfer may take
+        return await self.answer(lambda c: c.get(key), size)
 
     async def change(self, keys: list[str], ttl_ms: int, holder: str, before: str, drop_blob: bool,
                      result: bytes | None, fields: dict[str, str]) -> bool:
-        """CHANGE_DOCUMENT's step on the keys (hash, source, result); whether it was taken."""
+        """CHANGE_DOCUMENT's step on the keys (hash, source, result, the owner's active set); whether it was
+        taken."""
         args = [ttl_ms, holder, before, int(drop_blob), int(result is not None), result or b"",
                 *(x for item in fields.items() for x in item)]
         return bool(await self.answer(lambda c: self.scripts[0](keys=keys, args=args)))

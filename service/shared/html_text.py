@@ -24,6 +24,11 @@ a neighbouring word when the model reorders a sentence; cutting the sentence at 
 quality. Where the alone-translations would take the request over the server's text count, only the
 proportional placing is used.
 
+Which tags are inline is HTML's by default (INLINE, INLINE_POINTS); a caller may pass other sets (Splitting):
+DeepL's tag_handling=xml names its own, `non_splitting_tags` made inline (a self-closing one an inline point, as
+`<img>` is) and `splitting_tags` boundaries. Names are matched in lower case: html.parser lowers them, so an
+XML document's `<X>` and `<x>` are one tag here.
+
 Entities: a translated character that the source wrote as an entity (`&nbsp;`, `&auml;`, `&#8364;`) is
 written as that entity again; `&`, `<` and `>` are always escaped (a translation cannot inject markup).
 
@@ -54,6 +59,23 @@ SPACE = " \t\n\r\f"           # HTML's whitespace (not U+00A0, &nbsp;)
 PUNCT = ".,;:!?…\"'“”„«»()[]"
 JOINERS = "'’-"                # inside a word, not an edge of one
 ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
+@dataclass(frozen=True)
+class Splitting:
+    """Which elements stay inside a run: `inline` ones (a start and an end tag) and `points` (a void or
+    self-closing tag); every other tag ends a run. HTML's, or a request's own (xml())."""
+    inline: frozenset[str] = INLINE
+    points: frozenset[str] = INLINE_POINTS
+
+    @classmethod
+    def xml(cls, splitting: tuple[str, ...], non_splitting: tuple[str, ...]) -> Splitting:
+        """HTML's sets with `non_splitting` added and `splitting` taken away (a tag in both splits)."""
+        joins, splits = frozenset(t.lower() for t in non_splitting), frozenset(t.lower() for t in splitting)
+        return cls((INLINE | joins) - splits, (INLINE_POINTS | joins) - splits)
+
+
+HTML = Splitting()
 
 
 class MarkupError(Exception):
@@ -175,8 +197,8 @@ def keep_attrs(attrs: list) -> bool:
 class _Builder:
     """Events into a Fragment: markup as written, runs of text in between."""
 
-    def __init__(self, counter: Counter):
-        self.counter = counter
+    def __init__(self, counter: Counter, tags: Splitting = HTML):
+        self.counter, self.tags = counter, tags
         self.fragment = Fragment([])
         self.stack: list[str] = []          # open elements
         self.keep_from: int | None = None   # len(stack) once a kept element opened
@@ -196,10 +218,10 @@ class _Builder:
             self.open(tag, attrs, raw)
         elif kind == "close":
             self.track(kind, tag)
-            self.inline(raw, "close") if tag in INLINE else self.boundary(raw)
+            self.inline(raw, "close") if tag in self.tags.inline else self.boundary(raw)
         elif kind in ("text", "entity"):
             self.text(kind, raw)
-        elif kind == "comment" or (kind in ("open", "point") and tag in INLINE_POINTS):
+        elif kind == "comment" or (kind in ("open", "point") and tag in self.tags.points):
             self.inline(raw, "point")
         else:   # <br>, <hr>, declarations, malformed leftovers
             self.boundary(raw)
@@ -221,7 +243,7 @@ class _Builder:
         if tag in KEEP or keep_attrs(attrs):
             self.boundary(raw)
             self.keep_from = len(self.stack)
-        elif tag in INLINE:
+        elif tag in self.tags.inline:
             self.inline(raw, "open")
         else:
             self.boundary(raw)
@@ -284,18 +306,18 @@ def make_run(pieces: list[tuple[str, str, str]]) -> Run | None:
     return Run(text, marks, leaves, prefix, suffix)
 
 
-def parse(source: str, counter: Counter | None = None) -> Fragment:
+def parse(source: str, counter: Counter | None = None, tags: Splitting = HTML) -> Fragment:
     """A fragment's markup and runs; MarkupError (400/413) for hostile markup (see the module's docstring)."""
-    builder = _Builder(counter or Counter())
+    builder = _Builder(counter or Counter(), tags)
     for kind, tag, attrs, raw in read_events(source, builder.counter):
         builder.add(kind, tag, attrs, raw)
     builder.flush()
     return builder.fragment
 
 
-def parse_all(sources: list[str]) -> list[Fragment]:
+def parse_all(sources: list[str], tags: Splitting = HTML) -> list[Fragment]:
     counter = Counter()
-    return [parse(s, counter) for s in sources]
+    return [parse(s, counter, tags) for s in sources]
 
 
 def texts(fragments: list[Fragment], leaves: bool) -> list[str]:
