@@ -73,7 +73,8 @@ def serve(settings) -> int:
         serve_metrics(settings.host, settings.metrics_port)
     gateway.stopping.handle_in_main(on_signal)
     # SIGHUP: the HTTP processes re-read the API keys file (http/keys.py); the server goes on.
-    signal.signal(signal.SIGHUP, lambda signum, frame: gateway.keys.hup())
+    # SIGHUP: the HTTP processes re-read the admin keys file too (http/model_control.py).
+    signal.signal(signal.SIGHUP, lambda signum, frame: (gateway.keys.hup(), gateway.models.hup()))
     try:
         server.run(host=settings.host, port=settings.port,
                    num_api_servers=api_servers(settings, gateway.device, gateway.keys),

@@ -91,6 +91,15 @@ class Settings:
     # More keys: one per line (# comments, blank lines ignored), or the structured form with names and limits
     # (service/keyfile.py); re-read on SIGHUP and when it changes (service/http/keys.py).
     api_keys_file: str = ""
+    # Keys for the admin routes (/admin/models: model control, service/http/model_control.py), in a file of their
+    # own (either form of service/keyfile.py), never users' keys; re-read like api_keys_file. Empty: they answer 403.
+    admin_keys_file: str = ""
+    # What the inference workers' model versions may hold together, in bytes, checked before a version is loaded
+    # beside those serving (0: the memory the machine, or the container's cgroup, has available).
+    model_memory_bytes: int = 0
+    # The translation versions wanted (service/http/models_file.py): applied through model control when the file
+    # changes and on SIGHUP. Empty: only the admin routes change them.
+    models_file: str = ""
     # Where the keys' usage is counted, shared by every replica (service/http/quota.py); empty: in this
     # process's memory, so each replica (and each of its --api-servers) counts alone.
     redis_url: str = ""
@@ -98,6 +107,16 @@ class Settings:
     # "admit" (limits off until Redis is back) or "refuse" (429 with Retry-After: 1). Never a 5xx.
     redis_timeout_ms: float = 100.0
     redis_down: str = "admit"
+    # The translation cache (service/http/translation_cache.py; docs/serving.md, "Translation cache"): answers kept
+    # per sentence in each HTTP process's memory, and in Redis with --redis-url. Off by default (0), as LibreTranslate's
+    # --translation-cache and Triton's response cache are: it is shared by every key (a key can tell by the speed of
+    # an answer whether a sentence was asked before, by anyone), it keeps translations after their request, and load
+    # tests and benchmarks that repeat their texts would measure it instead of the engine. An operator turns it on.
+    cache_size: int = 0                 # sentences each HTTP process keeps; 0 = no cache at all (nor Redis's)
+    # Each HTTP process's cache in bytes (answers, keys and their bookkeeping): a de-en sentence's answer costs about
+    # 400, so 64 MiB holds some 150,000, beside the HTTP process's own 200-300 MB.
+    cache_bytes: int = 64 * 2**20
+    cache_ttl_s: float = 86_400.0       # how long an answer stays in Redis (memory is bounded by the two above)
     # What a key protects (README, "API keys"): everything but the probes. /metrics goes to its own port
     # for the cluster's scraper when metrics_port is set (0: on the main port, behind the key).
     metrics_port: int = 0
@@ -178,6 +197,8 @@ _HELP = {
                   "/translate_file, DeepL's /v2/document)",
     "document_lease_s": "seconds a DeepL document job's lease lasts (renewed every third of it by the server "
                         "translating it); a job whose server stops renewing is failed after it",
+    "max_document_jobs_per_key": "DeepL document jobs one key may have queued or translating at once, over all "
+                                 "replicas; beyond: 429 with Retry-After (0: no cap)",
     "file_dir": "directory for the translated files waiting to be downloaded (empty: transerve-files in the "
                 "system's temporary directory); only this host reads it",
     "data_dir": "directory for what outlives a restart without --redis-url: the stored glossaries' and DeepL "
@@ -189,6 +210,10 @@ _HELP = {
                  "give it from a Secret); none: each process counts in its own memory",
     "redis_timeout_ms": "the longest a request waits on Redis for its limits (then --redis-down applies)",
     "redis_down": "while Redis cannot answer: admit (limits off until it is back) or refuse (429 with Retry-After)",
+    "cache_size": "sentences the translation cache keeps in each HTTP process (least recently used out first); with "
+                  "--redis-url also in Redis, shared by the replicas; 0 = no translation cache",
+    "cache_bytes": "bytes each HTTP process's translation cache may hold (answers, keys and their bookkeeping)",
+    "cache_ttl_s": "seconds a translation cache answer stays in Redis (with --redis-url)",
     "log_level": "critical, error, warning, info or debug",
     "log_format": "text (lines for a terminal) or json (one object per line)",
     "access_log": "an access line per request: its id, key name, method, route (the route's template, never the "
@@ -197,12 +222,17 @@ _HELP = {
                         "(0: it takes only those already queued; under load they queue while it is busy)",
     "max_request_cost": "a request's cost at most: source tokens x beam_size for /translate, (prompt tokens + "
                         "max_new_tokens) x beams or sequences for /generate; beyond: 413 naming the limit",
-    "max_document_jobs_per_key": "DeepL document jobs one key may have queued or translating at once, over all "
-                                 "replicas; beyond: 429 with Retry-After (0: no cap)",
     "api_keys": "comma-separated API keys; when set, requests need one, as Authorization: Bearer KEY or "
                 "X-API-Key: KEY (LibreTranslate's routes: or their api_key field)",
     "api_keys_file": "file of API keys, one per line (blank lines and # comments ignored), read at start-up and "
                      "added to --api-keys; a missing, unreadable or keyless file is an error",
+    "admin_keys_file": "file of admin keys (either form of --api-keys-file) for the admin routes, /admin/models "
+                       "(model control: load, replace, canary, promote, rollback, unload); users' keys are refused "
+                       "there; none: those routes answer 403",
+    "models_file": "YAML file of the translation model versions to serve, each with an optional canary; applied "
+                   "without a restart when it changes and on SIGHUP (models it does not name are left as they are)",
+    "model_memory_bytes": "bytes the inference workers' model versions may hold together; a version whose load "
+                          "would pass it is refused (0: what the machine or the container has available)",
     "metrics_port": "serve /metrics on this port instead, with no key (for the cluster's scraper; keep the "
                     "port inside the cluster); 0 = /metrics on the main port, behind the API key when there is one",
     "public_docs": "with API keys set, leave /docs, /openapi.json and /info open (the probes always are)",
@@ -253,6 +283,17 @@ def read_api_keys_file(path: str) -> list[str]:
     return [] if structured(text) else plain_keys(text)
 
 
+def check_admin_keys_file(p: argparse.ArgumentParser, path: str) -> None:
+    """The admin keys file (--admin-keys-file, either form of the API keys file) read, or the parser's error saying
+    why it cannot be used. A file not there (yet) is no error: model control stays off until it appears (a
+    Kubernetes Secret mounted as optional), so a missing admin key never opens anything."""
+    try:
+        if path and os.path.exists(path):
+            read_keys_file(path)
+    except KeysFileError as e:
+        p.error(str(e).replace("API keys file", "admin keys file"))
+
+
 def parse_settings(argv: list[str] | None = None) -> Settings:
     defaults = Settings()
     p = argparse.ArgumentParser(prog="python -m service", description="Serve model packages over HTTP.")
@@ -283,6 +324,7 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         except KeysFileError as e:
             p.error(str(e))
         values["api_keys"] = values["api_keys"] + [k for k in file_keys if k not in values["api_keys"]]
+    check_admin_keys_file(p, values["admin_keys_file"])
     s = Settings(**values)
     if s.device not in ("auto", "cpu", "cuda"):
         p.error(f"--device must be auto, cpu or cuda, got {s.device!r}")
@@ -294,6 +336,9 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         p.error(f"--redis-down must be admit or refuse, got {s.redis_down!r}")
     if not s.redis_timeout_ms > 0:
         p.error(f"--redis-timeout-ms must be more than 0, got {s.redis_timeout_ms}")
+    if s.cache_size < 0 or s.cache_bytes < 1 or not s.cache_ttl_s > 0:
+        p.error(f"--cache-size must be 0 (off) or more, --cache-bytes at least 1 and --cache-ttl-s more than 0, got "
+                f"{s.cache_size}, {s.cache_bytes} and {s.cache_ttl_s}")
     if not 0 <= s.worker_nice <= 19:
         p.error(f"--worker-nice must be between 0 and 19, got {s.worker_nice}")
     for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "file_ttl_s", "document_lease_s"):

@@ -2,7 +2,8 @@
 operations routes, and the API flavours, each installing its own routes:
 
     FLAVOURS    native (POST /translate, /generate, GET /languages), openai_api (/v1/), libretranslate
-                (/libretranslate/), deepl (/deepl/v2/: DeepL's API), ui (GET /ui, and /docs and /redoc offline)
+                (/libretranslate/), deepl (/deepl/v2/: DeepL's API), ui (GET /ui, and /docs and /redoc offline),
+                admin (/admin/models: model control, admin keys only; api/admin.py)
     GET /health     liveness: the HTTP process answers
     GET /ready      readiness: every inference worker loaded and warmed up, not draining
     GET /info       models, versions, settings (no secrets)
@@ -23,10 +24,11 @@ import litserve as ls
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware.gzip import GZipMiddleware
 
 from . import __version__
-from .api import deepl, libretranslate, native, openai_api, ui
+from .api import admin, deepl, libretranslate, native, openai_api, ui
 from .http.auth import USAGE_PATH, open_paths
 from .http.keys import ANONYMOUS, KeyRing
 from .http.quota import WINDOWS
@@ -37,6 +39,8 @@ from .inference.device import probe_device
 from .errors import ERROR_KIND, FORM_SLACK, install_handlers, responder
 from .api.flavour import Flavour
 from .http.gateway import Gateway
+from .http.model_control import initial_table
+from .worker.model_swap import ModelTable
 from .worker.generate_api import ENDPOINT as GENERATE, GenerateAPI
 from .metrics import metrics, render
 from .http.middleware import request_context
@@ -48,7 +52,7 @@ from .http.uvicorn_bridge import hold_signals
 log = logging.getLogger("transerve")
 
 FLAVOURS: tuple[Flavour, ...] = (native.FLAVOUR, openai_api.FLAVOUR, libretranslate.FLAVOUR, deepl.FLAVOUR,
-                                 ui.FLAVOUR)
+                                 ui.FLAVOUR, admin.FLAVOUR)
 
 LITSERVE_INFO = "/litserve/info"   # LitServe always adds an info route; install() removes it
 
@@ -85,7 +89,10 @@ def build_server(settings: Settings, flavours: tuple[Flavour, ...] = FLAVOURS) -
     # One LitAPI per endpoint, each with its own workers, loading only its own packages.
     board = CancelBoard(endpoints=(ENDPOINT, GENERATE))
     stopping = Stopping()   # before LitServe starts any process
-    api = TranslateAPI(settings, board, stopping) if "translation" in tasks else None
+    # The served versions (model control), shared by the HTTP processes and the translation workers
+    models = ModelTable()
+    models.write(initial_table(packages))
+    api = TranslateAPI(settings, board, stopping, models) if "translation" in tasks else None
     generate_api = GenerateAPI(settings, board, stopping) if "generation" in tasks else None
     server = Server([a for a in (api, generate_api) if a], accelerator="cuda" if cuda else "cpu",
                           devices=1 if cuda else "auto",
@@ -94,7 +101,7 @@ def build_server(settings: Settings, flavours: tuple[Flavour, ...] = FLAVOURS) -
                           healthcheck_path="/ready", info_path=LITSERVE_INFO,
                           max_payload_size=None)  # enforced before reading: middleware.limited_receive
     gateway = Gateway(server, api, settings, packages, generate_api, board, stopping,
-                      device="cuda" if cuda else "cpu")
+                      device="cuda" if cuda else "cpu", models=models)
     server.stopping = stopping   # what its HTTP-process watcher orders when none is left
     install(server.app, gateway, flavours)
     hold_signals(server.app, stopping)   # the HTTP processes wait for the main process's drain
@@ -154,8 +161,9 @@ def install_operations(app: FastAPI, gateway: Gateway) -> None:
                 "routes": None if tenant.routes is None else sorted(tenant.routes),
                 "models": None if tenant.models is None else sorted(tenant.models)}
 
-    def ready() -> PlainTextResponse:
-        ok, why = gateway.readiness()
+    async def ready() -> PlainTextResponse:
+        gateway.models.watch()   # the models file's poller in this HTTP process (http/models_file.py)
+        ok, why = await run_in_threadpool(gateway.readiness)   # as a sync route: it asks LitServe's manager process
         return PlainTextResponse(why, status_code=200 if ok else 503)
 
     app.add_api_route("/health", lambda: PlainTextResponse("ok"), methods=["GET"], tags=["ops"],

@@ -42,6 +42,8 @@ ALLOWED = {
                      "onnxruntime"},
     # the one module that knows the redis client (the limits' counters shared by the replicas)
     "service.http.redis_bridge": {"redis"},
+    # the models file (--models-file), YAML as the keys file may be
+    "service.http.models_file": {"service.http", "service.shared", *COMMON, "pydantic", "yaml"},
     # the workers' ENDPOINT names: the metrics' endpoint label
     # (service.http.json_body: a body read as FastAPI's body parameter would, by the flavours that read their own)
     "service.api": {"service.__init__", "service.api", "service.http.gateway", "service.http.json_body",

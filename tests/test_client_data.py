@@ -191,6 +191,11 @@ def requests_of(run: Run) -> list[tuple[str, str, dict]]:
         ("POST", "/translate", {"json": {"text": s("/translate text, glossary_id"), "source_lang": "de",
                                          "target_lang": "en", "glossary_id": s("/translate glossary_id")}}),
         *deepl_requests(run),
+        # Model control's admin routes (api/admin.py): no admin keys file here, so 403 before any body is read
+        ("GET", "/admin/models", {}),
+        ("POST", "/admin/models", {"json": {"path": s("admin package path"), "version": s("admin version")}}),
+        *(("POST", f"/admin/models/{what}", {"json": {"name": s(f"admin {what} name"), "share": 0.5}})
+          for what in ("canary", "promote", "rollback", "unload")),
         ("GET", "/ui", {}), ("GET", "/docs", {}), ("GET", "/redoc", {}), ("GET", "/docs/oauth2-redirect", {}),
         ("GET", "/health", {}), ("HEAD", "/health", {}), ("GET", "/ready", {}), ("GET", "/info", {}),
         ("GET", "/usage", {}), ("GET", "/openapi.json", {}),

@@ -9,6 +9,8 @@ full), hands it to the workers (litserve_workers.Workers) and gives back typed r
     glossaries                    the stored glossaries (glossary_store.GlossaryStore), which translate() reads
                                   a request's glossary_id from
     documents                     DeepL's document jobs (document_jobs.DocumentJobs): their state and files
+    cache                         the translation cache (translation_cache.TranslationCache, --cache-size), which
+                                  translate() asks before the workers and tells what they answered
 
 Its errors are ApiError, which each flavour answers in its own shape. The flavours (api/native.py,
 openai_api.py, libretranslate.py, ui.py) install their routes over it; server.py composes them.
@@ -31,6 +33,7 @@ from .admission import Admission
 from .auth import add_fields, admit
 from .document_jobs import DocumentJobs
 from .glossary_store import GlossaryStore
+from .translation_cache import TranslationCache
 from .keys import ANONYMOUS, KeyRing, allow_model
 from .quota import Quota, charges
 from ..worker.cancel import CancelBoard
@@ -39,9 +42,12 @@ from ..errors import ERROR_KIND, ApiError, raise_worker_error
 from ..keyfile import Tenant
 from ..worker.generate_api import ENDPOINT as GENERATE, GenerateAPI
 from .litserve_workers import Workers, until_disconnected
+from .model_control import ModelControl, Route, initial_table
+from .models_file import ModelsFile
 from ..metrics import labelled, metrics
 from ..shared.schemas import AUTO, GenerateRequest, TranslateRequest
 from ..stopping import Stopping
+from ..worker.model_swap import ModelTable
 from ..worker.translate_api import ENDPOINT, TranslateAPI
 
 LANGUAGE_NAMES = {"de": "German", "en": "English", "fr": "French", "es": "Spanish", "it": "Italian",
@@ -75,7 +81,8 @@ class Gateway:
     """Checks, admits and hands work to the workers; knows no API flavour."""
 
     def __init__(self, server: ls.LitServer, api: TranslateAPI | None, settings: Settings, packages: list[dict],
-                 generate_api: GenerateAPI | None, board: CancelBoard, stopping: Stopping, device: str = "cpu"):
+                 generate_api: GenerateAPI | None, board: CancelBoard, stopping: Stopping, device: str = "cpu",
+                 models: ModelTable | None = None):
         self.settings, self.packages, self.board, self.device = settings, packages, board, device
         self.stopping = stopping
         self.workers = Workers(server, {ENDPOINT: api, GENERATE: generate_api}, board, settings.request_timeout_s)
@@ -84,8 +91,29 @@ class Gateway:
         self.quota = Quota(settings)
         self.glossaries = GlossaryStore(settings)
         self.documents = DocumentJobs(settings)
+        self.cache = TranslationCache(settings)   # --cache-size: translate() asks it first, then keeps what it sent
         self.generators = [p["name"] for p in packages if p["task"] == "generation"]
-        self.pairs = sorted({tuple(d.split("-")) for p in packages for d in p["directions"]})
+        if models is None:                      # the workers' table (server.build_server), or one of its own
+            models = ModelTable()
+            models.write(initial_table(packages))
+        # The translation packages' versions, which serves a request, their changes (http/model_control.py)
+        self.models = ModelControl(models, self.workers, settings, sorted(
+            {tuple(d.split("-")) for p in packages if p["task"] != "translation" for d in p["directions"]}))
+        self.models.file = ModelsFile(settings.models_file, self.models) if settings.models_file else None
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        """The served language pairs, as model control has them now."""
+        return self.models.pairs()
+
+    def route_for(self, request: Request, source: str, target: str) -> Route | None:
+        """The version that serves the request's source-target (a canary's share drawn once per request and pair,
+        kept in its state): its slot goes to the worker, its checksum keys what is kept of its answers."""
+        routes = request.scope["state"].setdefault("model_routes", {})
+        if (source, target) not in routes:
+            name = self.models.name_for(source, target)
+            routes[(source, target)] = None if name is None else self.models.route(name, self.tenant(request).name)
+        return routes[(source, target)]
 
     # --- checks -----------------------------------------------------------------------------------
     async def check_key(self, request: Request, body_key: str | None = None) -> None:
@@ -110,7 +138,7 @@ class Gateway:
         """403 when the request's key may not use the package that translates source-target."""
         tenant = self.tenant(request)
         if tenant.models is not None and source != target:
-            allow_model(tenant, next(p["name"] for p in self.packages if f"{source}-{target}" in p["directions"]))
+            allow_model(tenant, self.models.name_for(source, target) or f"{source}-{target}")
 
     def check_limits(self, texts: list[str]) -> None:
         s = self.settings
@@ -180,13 +208,20 @@ class Gateway:
         if not self.workers.serves(ENDPOINT):
             raise no_translation_model()
         received = time.monotonic()
-        payload = translate_payload(body, texts, self.settings.max_output_tokens, stored) | {
-            "received": received, "request_id": request.state.request_id, "number": self.board.new_number()}
-        with self.admission.admitted(endpoint):
-            out = raise_worker_error(await self.workers.call(ENDPOINT, payload, request) or {})
-        if not out:
-            return None
-        labelled(metrics().queue_wait, endpoint).observe(out["timings"]["queue_ms"] / 1000)
+        route, out = self.route_for(request, body.source_lang, body.target_lang), {}
+        fields = translate_payload(body, texts, self.settings.max_output_tokens, stored)
+        cached = await self.cache.lookup(fields, route)   # what this version answered before skips queue and worker
+        if sent := cached.sent():
+            payload = fields | {"texts": sent, "received": received, "request_id": request.state.request_id,
+                                "number": self.board.new_number(), "slot": route and route.slot}
+            with self.admission.admitted(endpoint), self.models.observed(route, out):
+                out.update(raise_worker_error(await self.workers.call(ENDPOINT, payload, request) or {}))
+            if not out:
+                return None
+            labelled(metrics().queue_wait, endpoint).observe(out["timings"]["queue_ms"] / 1000)
+            await self.cache.store(cached, out)
+        out = cached.answer(out or None)
+        request.scope["state"]["model_version"] = out.get("model_version")   # X-Model-Version (middleware)
         out["timings"]["total_ms"] = round((time.monotonic() - received) * 1000, 2)
         return self.noted(request, texts, out)
 
@@ -234,8 +269,11 @@ class Gateway:
             for i, item in zip(idx, out["translations"]):
                 items[i] = item | {"detected_lang": {"language": lang, "confidence": found[i][1]}}
         timings = {k: max(out["timings"][k] for out in outs) for k in ("queue_ms", "inference_ms")}
+        versions = "+".join(dict.fromkeys(v for out in outs if (v := out.get("model_version")))) or None
+        request.scope["state"]["model_version"] = versions
         return self.noted(request, texts, {
             "translations": items, "model": "+".join(dict.fromkeys(out["model"] for out in outs)),
+            "model_version": versions,
             "source_lang": next(iter(groups)) if len(groups) == 1 else AUTO, "target_lang": body.target_lang,
             "timings": timings | {"total_ms": round((time.monotonic() - received) * 1000, 2)}})
 

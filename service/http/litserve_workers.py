@@ -95,10 +95,16 @@ class Workers:
     def serves(self, endpoint: str) -> bool:
         return endpoint in self.handlers
 
-    async def call(self, endpoint: str, payload: dict, request: Request | None) -> dict | None:
+    def count(self, endpoint: str) -> int:
+        """The endpoint's inference workers (1 where LitServe's queues are kept)."""
+        sender = self._sender(endpoint) if self.serves(endpoint) else None
+        return sender.workers if sender is not None else 1
+
+    async def call(self, endpoint: str, payload: dict, request: Request | None,
+                   worker: int | None = None) -> dict | None:
         """The worker's answer to `payload`; None when the client went away first (its request is then
-        dropped from the worker's queue and from the engine batches not yet run)."""
-        uid = await self._enqueue(endpoint, payload)
+        dropped from the worker's queue and from the engine batches not yet run). `worker`: sent to that one."""
+        uid = await self._enqueue(endpoint, payload, worker)
         try:
             what, item = await self._outcome(endpoint, uid, request)
         finally:
@@ -213,7 +219,16 @@ class Workers:
         if (sender := self._sender(endpoint)) is not None:
             sender.done(uid)
 
-    async def _enqueue(self, endpoint: str, payload: dict) -> str:
+    async def each_worker(self, endpoint: str, payload: dict) -> list[dict]:
+        """`payload` sent to every worker of `endpoint` (model control: http/model_control.py), their answers in
+        worker order; a worker that dies meanwhile is the 503 of `call`, none listening in time its 504."""
+        sender = self._sender(endpoint)
+        if sender is None:
+            raise ApiError(501, "not_supported", "model control needs the workers' Unix sockets (not on this platform)")
+        return list(await asyncio.gather(*(self.call(endpoint, payload | {"number": self.board.new_number()}, None, w)
+                                           for w in range(sender.workers))))
+
+    async def _enqueue(self, endpoint: str, payload: dict, worker: int | None = None) -> str:
         """Sends a request to a worker (RequestSender); its uid. The queue-depth gauge goes up here and down only
         where a worker takes the request off its queue (collect), whatever happens after. With no worker
         listening for `--request-timeout-s`: 504, as a request LitServe's queue timed out.
@@ -236,7 +251,7 @@ class Workers:
             uid = str(uuid.uuid4())
             try:
                 await sender.put((self.server.app.response_queue_id, uid, time.monotonic(), payload),
-                                 self.request_timeout_s)
+                                 self.request_timeout_s, worker)
             except TimeoutError:
                 raise queue_timeout(self.request_timeout_s) from None
             return uid

@@ -182,6 +182,8 @@ def response_headers(message: dict, state: dict) -> list[tuple[bytes, bytes]]:
     headers.append((b"x-request-id", state["request_id"].encode("latin-1")))
     if state.get("trace_id") is not None:
         headers.append((b"x-trace-id", state["trace_id"].encode("latin-1")))
+    if state.get("model_version"):      # the version that translated it (Gateway.translate; model control)
+        headers.append((b"x-model-version", state["model_version"].encode("latin-1")))
     if message["status"] != 429:
         headers += [(k.lower().encode(), v.encode()) for k, v in state.get("ratelimit", {}).items()]
     return headers

@@ -190,10 +190,18 @@ redis.call('HSET', KEYS[1], unpack(ARGV, 7))
 if ARGV[4] == '1' then redis.call('DEL', KEYS[2]) end
 if ARGV[5] == '1' then redis.call('SET', KEYS[3], ARGV[6]) end
 for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
+status = redis.call('HGET', KEYS[1], 'status')
+if status == 'queued' or status == 'translating' then
+  redis.call('ZADD', KEYS[4], redis.call('HGET', KEYS[1], 'lease_until'), KEYS[1])
+  redis.call('PEXPIRE', KEYS[4], ARGV[1])
+else
+  redis.call('ZREM', KEYS[4], KEYS[1])
+end
 return 1
 """
 # A done job's result handed over once: the job marked downloaded and the result deleted in the same step, so two
-# replicas asked at once cannot both send it. KEYS as above. Returns {status} or, for a done job, {'done', result}.
+# replicas asked at once cannot both send it. KEYS as above (the active set unused: a done job is out of it).
+# Returns {status} or, for a done job, {'done', result}.
 TAKE_DOCUMENT = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'done' then return {status or ''} end
@@ -202,16 +210,6 @@ redis.call('HSET', KEYS[1], 'status', 'downloaded')
 redis.call('DEL', KEYS[3])
 return {'done', result}
 """
-
-
-class RedisDocuments:
-    """Document jobs in one Redis: a hash per job and its files as plain values, under the keys document_jobs.py
-    names (one Redis Cluster slot: the owner's hash tag). Bytes in and out, unlike RedisGlossaries' text: a file is
-    not text; the hashes' values are decoded here. A connection per process, opened on its first use, with no
-    socket timeout of its own: each call is bounded by `timeout_s`, or by transfer_timeout_s for one that moves a
-    document (a socket timeout would cut a large file's transfer at the small calls' bound)."""
-
-    def __init__(self, url: str, timeout_s: float):
 # The bandwidth a document's bytes are given to reach Redis or come back from it, on top of the store's timeout:
 # a 20 MB file (--max-file-bytes) gets 2 s more. Low on purpose: a Redis in another zone, or one link shared with
 # a burst of uploads, moves far less than a LAN's 100 MB/s, and a transfer cut short loses an upload or a finished
@@ -223,6 +221,16 @@ def transfer_timeout_s(base_s: float, size: int) -> float:
     """How long a call moving `size` bytes of a document may take: the store's timeout, plus the bytes at
     TRANSFER_BYTES_PER_S."""
     return base_s + size / TRANSFER_BYTES_PER_S
+
+
+class RedisDocuments:
+    """Document jobs in one Redis: a hash per job and its files as plain values, under the keys document_jobs.py
+    names (one Redis Cluster slot: the owner's hash tag). Bytes in and out, unlike RedisGlossaries' text: a file is
+    not text; the hashes' values are decoded here. A connection per process, opened on its first use, with no
+    socket timeout of its own: each call is bounded by `timeout_s`, or by transfer_timeout_s for one that moves a
+    document (a socket timeout would cut a large file's transfer at the small calls' bound)."""
+
+    def __init__(self, url: str, timeout_s: float):
         self.url, self.timeout_s = url, timeout_s
         self.client: aioredis.Redis | None = None
         self.scripts: tuple = ()
@@ -230,15 +238,15 @@ def transfer_timeout_s(base_s: float, size: int) -> float:
 
     def connect(self) -> aioredis.Redis:
         if self.client is None or self.pid != os.getpid():
-            self.client = aioredis.Redis.from_url(self.url, socket_timeout=self.timeout_s,
+            self.client = aioredis.Redis.from_url(self.url, socket_timeout=None,
                                                   socket_connect_timeout=self.timeout_s)
             self.scripts = tuple(self.client.register_script(s) for s in (CHANGE_DOCUMENT, TAKE_DOCUMENT,
                                                                            CREATE_DOCUMENT))
             self.pid = os.getpid()
         return self.client
 
-    async def answer(self, call):
-        """`call(client)`'s answer, or StoreDown within the timeout, whatever Redis does."""
+    async def answer(self, call, size: int = 0):
+        """`call(client)`'s answer, or StoreDown within the timeout for `size` bytes moved, whatever Redis does."""
         client = self.connect()
         try:
             async with asyncio.timeout(transfer_timeout_s(self.timeout_s, size)):
@@ -266,9 +274,52 @@ def transfer_timeout_s(base_s: float, size: int) -> float:
         taken."""
         args = [ttl_ms, holder, before, int(drop_blob), int(result is not None), result or b"",
                 *(x for item in fields.items() for x in item)]
-        return bool(await self.answer(lambda c: self.scripts[0](keys=keys, args=args)))
+        return bool(await self.answer(lambda c: self.scripts[0](keys=keys, args=args), len(result or b"")))
 
     async def take(self, keys: list[str]) -> tuple[str, bytes | None]:
         """TAKE_DOCUMENT's step: (the job's status, its result once when done; "" for a job that is gone)."""
-        out = await self.answer(lambda c: self.scripts[1](keys=keys))
+        size = await self.answer(lambda c: c.strlen(keys[2]))
+        out = await self.answer(lambda c: self.scripts[1](keys=keys), size)
         return out[0].decode(), (out[1] if len(out) > 1 else None)
+
+
+class RedisCache:
+    """The translation cache's answers in one Redis (translation_cache.py names the keys and makes a failure a miss):
+    plain values with an expiry, each key on its own (a Redis Cluster may hold them in any slot), read and written in
+    one round trip each. A connection per process, opened on its first use."""
+
+    def __init__(self, url: str, timeout_s: float):
+        self.url, self.timeout_s = url, timeout_s
+        self.client: aioredis.Redis | None = None
+        self.pid = None
+
+    async def answer(self, call):
+        """`call(client)`'s answer, or StoreDown within the timeout, whatever Redis does."""
+        if self.client is None or self.pid != os.getpid():
+            self.client = aioredis.Redis.from_url(self.url, socket_timeout=self.timeout_s,
+                                                  socket_connect_timeout=self.timeout_s)
+            self.pid = os.getpid()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await call(self.client)
+        except (RedisError, OSError, TimeoutError) as e:
+            raise StoreDown(type(e).__name__) from None
+
+    async def get_many(self, keys: list[str]) -> list[bytes | None]:
+        async def read(client):
+            async with client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.get(key)
+                return await pipe.execute()
+
+        return await self.answer(read) if keys else []
+
+    async def set_many(self, values: dict[str, bytes], ttl_ms: int) -> None:
+        async def write(client):
+            async with client.pipeline(transaction=False) as pipe:
+                for key, value in values.items():
+                    pipe.set(key, value, px=ttl_ms)
+                return await pipe.execute()
+
+        if values:
+            await self.answer(write)

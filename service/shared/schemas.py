@@ -248,6 +248,9 @@ class TranslateResponse(BaseModel):
     translations: list[TranslationItem] = Field(..., description="One per input text, in order")
     model: str = Field(..., description="Model package id that translated (\"identity\" when source_lang == "
                        "target_lang)")
+    model_version: Optional[str] = Field(None, description="The version of the package that translated (model "
+                                         "control: a canary's candidate or the active one; also the X-Model-Version "
+                                         "header); none for identity")
     source_lang: str = Field(..., description="As sent, or with \"auto\" the detected language (\"auto\" still "
                              "where the texts were detected in more than one: see each item's detected_lang)")
     target_lang: str

@@ -262,6 +262,9 @@ def collect(loop: LitLoop, lit_api: LitAPI, request_queue: Queue,
         # and a thread hop and another round trip in the HTTP process, for every request.
         if check_age and time.monotonic() - queued_at > lit_api.request_timeout:
             timed_out.append((response_queue_id, uid))
+        elif isinstance(payload, dict) and "control" in payload:   # model control (worker/model_swap.py): now
+            loop.put_response(transport, response_queue_id, uid, lit_api.control(payload), LitAPIStatus.OK,
+                              response_type(lit_api))
         else:
             payloads.append((response_queue_id, uid, payload))
 

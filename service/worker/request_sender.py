@@ -40,11 +40,11 @@ class RequestSender:
         self._where: dict[str, int] = {}           # uid -> the worker it was sent to, until done()
         self._turn = 0                             # the worker a tie goes to first
 
-    async def put(self, item: tuple, timeout_s: float) -> None:
-        """Sends LitServe's request tuple (response queue id, uid, queued at, payload) to a worker; TimeoutError
-        when no worker listened within `timeout_s`."""
+    async def put(self, item: tuple, timeout_s: float, worker: int | None = None) -> None:
+        """Sends LitServe's request tuple (response queue id, uid, queued at, payload) to a worker (`worker`: that
+        one, as model control sends to each); TimeoutError when no worker listened within `timeout_s`."""
         deadline = time.monotonic() + timeout_s
-        while not self._send(item):
+        while not self._send(item, worker):
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"no worker listened within {timeout_s:g} s")
             await asyncio.sleep(RETRY_S)
@@ -55,11 +55,12 @@ class RequestSender:
         if worker is not None:
             self._held[worker] -= 1
 
-    def _send(self, item: tuple) -> bool:
+    def _send(self, item: tuple, only: int | None = None) -> bool:
         if self._pid != os.getpid():               # a forked HTTP process: the parent's connections are not its own
             self._pid, self._out, self._where, self._held = os.getpid(), {}, {}, [0] * self.workers
         n = self.workers
-        for worker in sorted(range(n), key=lambda w: (self._held[w], (w - self._turn) % n)):
+        order = [only] if only is not None else sorted(range(n), key=lambda w: (self._held[w], (w - self._turn) % n))
+        for worker in order:
             try:
                 connection = self._out.get(worker) or self._connect(worker)
                 connection.send_bytes(pickle.dumps(item, pickle.HIGHEST_PROTOCOL))   # read by unix_listener

@@ -24,6 +24,7 @@ from pathlib import Path
 import litserve as ls
 import numpy as np
 
+from . import model_swap
 from .cancel import CancelBoard
 from ..config import Settings
 from ..inference.engine import Engine
@@ -44,12 +45,15 @@ ENDPOINT = TranslationScheduler.endpoint
 
 
 class TranslateAPI(ls.LitAPI):
-    def __init__(self, settings: Settings, board: CancelBoard, stopping: Stopping | None = None):
+    def __init__(self, settings: Settings, board: CancelBoard, stopping: Stopping | None = None,
+                 models: model_swap.ModelTable | None = None):
         super().__init__(max_batch_size=settings.max_batch_size, batch_timeout=settings.batch_timeout_ms / 1000,
                          api_path="/translate", loop=SchedulerLoop())
         self.settings = settings
         self.board = board      # shared with the HTTP processes: worker starts, requests whose client went away
         self.stopping = stopping   # None outside a server (tests): the signals are left alone
+        self.models = models    # the served versions (worker/model_swap.py); None: the command line's packages
+        self.provider = "cpu"
 
     # --- worker start-up -------------------------------------------------------------------------
     def setup(self, device: str) -> None:
@@ -57,15 +61,16 @@ class TranslateAPI(ls.LitAPI):
         provider = "cuda" if str(device).startswith("cuda") else "cpu"
         if self.settings.device == "cpu":
             provider = "cpu"
+        self.provider = provider   # a version loaded later (model_swap.load) runs where these do
         engines: dict[str, Engine] = {}
-        for path in self.settings.model_paths:
+        for slot, path in model_swap.served_paths(self):
             package = load_package(path)
             if package.meta.get("task", "translation") != "translation":
                 continue  # served by GenerateAPI's workers
             engine = Engine(package, device=provider, intra_op_threads=self.settings.threads,
                             spin_wait=self.settings.spin_wait)
-            engines[engine.package.name] = engine
-            metrics().model_info.labels(model=engine.package.name, directions=",".join(engine.directions),
+            engines[slot or engine.package.name] = engine
+            metrics().model_info.labels(model=slot or engine.package.name, directions=",".join(engine.directions),
                                         precision=engine.package.meta["precision"],
                                         provider=engine.device_type).set(1)
         self.use_engines(engines)
@@ -85,6 +90,14 @@ class TranslateAPI(ls.LitAPI):
                 src, tgt = d.split("-")
                 self.routes.setdefault((src, tgt), name)
         self.scheduler = TranslationScheduler(engines, self.board, self.settings.max_batch_tokens)
+        # Model control (worker/model_swap.py): each engine's (package name, version), the slots to unload once
+        # no request uses them.
+        self.versions: dict[str, tuple[str, str]] = self.models.versions() if self.models is not None else {}
+        self.retiring: set[str] = set()
+
+    def control(self, payload: dict) -> dict:
+        """A model control message (a version loaded or unloaded), answered at once by the worker's loop."""
+        return model_swap.control(self, payload)
 
     # --- per request -----------------------------------------------------------------------------
     def decode_request(self, request: dict) -> Job | Failure:
@@ -93,7 +106,9 @@ class TranslateAPI(ls.LitAPI):
     def _decode(self, request: dict) -> Job | Failure:
         s = self.settings
         pair = (request["source_lang"], request["target_lang"])
-        name = self.routes.get(pair)
+        if self.retiring:
+            model_swap.collect_retired(self)
+        name = model_swap.slot_for(self, request, pair)
         if name is None:
             valid = ", ".join(f"{a}-{b}" for a, b in sorted(self.routes))
             return Failure(400, "unsupported_language_pair",
@@ -164,7 +179,7 @@ class TranslateAPI(ls.LitAPI):
                 items[-1]["glossary"] = report(job.terms, (start, end), translated, job.model)
         metrics().input_tokens.labels(ENDPOINT, job.model).inc(n_in)
         metrics().output_tokens.labels(ENDPOINT, job.model).inc(n_out)
-        return {"translations": items, "model": job.model, "source_lang": job.source_lang,
+        return {"translations": items, **model_swap.answer_fields(self, job.model), "source_lang": job.source_lang,
                 "target_lang": job.target_lang,
                 "timings": {"queue_ms": round((job.started - job.received) * 1000, 2),
                             "inference_ms": round((job.finished - job.started) * 1000, 2)}}

@@ -1,0 +1,264 @@
+"""The translation cache (--cache-size): a worker's answers kept per sentence, so that a sentence asked again (a
+document's repeated paragraphs, a catalog's recurring labels, a page many users open, a client's retry) is answered
+without the queue or a worker.
+
+What is kept: the worker's answer to one unit as a text (its item: text, score, alternatives, tokens, glossary
+report). A text's units are its sentences, split here by shared/text.py's `split_sentences`, the function the worker
+splits with; a sentence is sent to the worker as a text of its own, which the worker splits into itself again. Each
+sentence is searched alone in the worker (its kept spans, glossary matches and terms are its own, and a search's
+answer does not depend on its batch-mates: tests/test_batch_invariance.py), so a text's item joined here from its
+sentences' items (`joined`, the worker's own arithmetic: translate_api._encode) is the one the worker would answer
+for the text whole. A text one of whose sentences would split differently on its own (never seen; checked for every
+sentence) is a unit whole.
+
+The key: a hash of everything the worker reads of the request but the texts (translate_payload's fields: the pair,
+the SearchOptions as mapped once in the Gateway (beam size, length penalty, n-best, max length, sampling and its
+seed, ...), the glossary's entries, a stored glossary's too), the checksum of the model.json of the version that will
+serve it (Gateway.route_for's Route, a canary's too: another version never reads this one's answers), this server's
+version (the code that keeps spans and joins sentences) and the unit's text. Never the API key: two keys asking the
+same get the same answer, and a key's glossary is in its key through its entries. Sampling without a seed is never
+cached (each run is meant to differ); with one it is (each sentence samples from its own generator seeded by it:
+shared/search.py).
+
+Where: each HTTP process's memory, least recently used first out, bounded by entries (--cache-size) and bytes
+(--cache-bytes); with --redis-url also in Redis, with an expiry (--cache-ttl-s), so that replicas share it. Redis
+is asked for what memory lacks, within --redis-timeout-ms; a Redis that fails or is slow makes misses, never an
+error. `--cache-size 0` (the default) turns both off. Nothing here logs or labels a text, a key or a term: the keys
+are hashes; Redis holds the answers (translations, and the glossary terms a report names) under them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import __version__
+from .redis_bridge import RedisCache, StoreDown, where
+from ..config import Settings
+from ..metrics import labelled, metrics
+from ..shared.options import SearchOptions
+from ..shared.text import join_sentences, split_sentences
+from ..tracing import child_span
+
+log = logging.getLogger("transerve")
+
+# Bumped when what a kept answer holds changes shape, so a Redis shared with older servers is not read.
+CACHE_FORMAT = 1
+REDIS_PREFIX = "transerve:translation:"
+# What an entry costs the process beyond its value's bytes: its 64-character key as a str (113 bytes), the value's
+# bytes object (33) and the ordered dict's slot and link: 237 bytes measured with tracemalloc over 100,000 entries
+# of 135-byte answers (372 bytes each in all).
+ENTRY_OVERHEAD = 250
+ITEM = {"text", "score", "alternatives", "input_tokens", "output_tokens"}   # what `joined` reads of each answer
+
+
+def _plain(value):
+    """JSON for what a payload holds beside JSON's own types: SearchOptions (every field, so a new option is in the
+    key without a change here); anything else by its repr (a key that never matches is only a miss)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return repr(value)
+
+
+def request_key(fields: dict, package: str) -> str | None:
+    """The hash of what decides a request's answers but its texts, or None when they are not to be cached
+    (sampling without a seed)."""
+    options = fields.get("options")
+    if isinstance(options, SearchOptions) and options.strategy == "sampling" and options.seed is None:
+        return None
+    what = {k: v for k, v in fields.items() if k != "texts"}
+    blob = json.dumps([CACHE_FORMAT, __version__, package, what], default=_plain, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def units(text: str) -> tuple[list[str], list[str] | None]:
+    """A text's cache units and their separators: its sentences, or the text itself (separators None) when one of
+    them would not come back from split_sentences as itself (the worker splits what it is sent)."""
+    sentences, separators = split_sentences(text)
+    if all(split_sentences(s) == ([s], []) for s in sentences):
+        return sentences, separators
+    return [text], None
+
+
+def joined(items: list[dict], separators: list[str] | None) -> dict:
+    """A text's item from its sentences' items, as translate_api._encode makes it from the sentences' hypotheses: the
+    texts joined, the scores' mean, each alternative joined and averaged, tokens summed, glossary reports merged (an
+    entry held where it held in every sentence that has it, in the order first found)."""
+    if separators is None:
+        return dict(items[0])
+    out = {"text": join_sentences([i["text"] for i in items], separators),
+           "score": float(np.mean([i["score"] for i in items])),
+           "alternatives": [{"text": join_sentences([i["alternatives"][a]["text"] for i in items], separators),
+                             "score": float(np.mean([i["alternatives"][a]["score"] for i in items]))}
+                            for a in range(len(items[0]["alternatives"]))],
+           "input_tokens": sum(i["input_tokens"] for i in items),
+           "output_tokens": sum(i["output_tokens"] for i in items)}
+    if "glossary" in items[0]:
+        report: dict[str, dict] = {}
+        for item in items:
+            for entry in item["glossary"]:
+                before = report.get(entry["source"])
+                report[entry["source"]] = entry | {"held": entry["held"] and (before is None or before["held"])}
+        out["glossary"] = list(report.values())
+    return out
+
+
+def parsed(value: bytes) -> dict | None:
+    """A kept answer, or None for a value that is not one (a Redis key of ours written by something else): a miss,
+    never a 500."""
+    try:
+        item = json.loads(value)
+    except ValueError:
+        return None
+    return item if isinstance(item, dict) and ITEM <= item.keys() else None
+
+
+@dataclass
+class Lookup:
+    """One request as the cache sees it: each text's unit keys and separators, the answers found, and what the
+    worker is sent (each missing unit once). Passed through (`keys` None): the texts go as they are and the
+    worker's answer is the answer."""
+    fields: dict
+    served: object = None                                    # model_control.Route: name, version, checksum
+    keys: list[tuple[list[str], list[str] | None]] | None = None
+    found: dict[str, dict] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)     # key -> the unit's text, in order
+
+    def sent(self) -> list[str]:
+        return self.fields["texts"] if self.keys is None else list(self.missing.values())
+
+    def answer(self, out: dict | None) -> dict:
+        """The request's answer: the worker's (`out`, None when nothing was sent) with each text's item made from
+        its units' items, found or computed. Timings are the worker's, or 0 when no worker ran."""
+        if self.keys is None:
+            return out
+        items = self.found | dict(zip(self.missing, out["translations"] if out else []))
+        base = out or {"model": self.served.name, "model_version": getattr(self.served, "version", None),
+                       "source_lang": self.fields["source_lang"], "target_lang": self.fields["target_lang"],
+                       "timings": {"queue_ms": 0.0, "inference_ms": 0.0}}
+        return base | {"translations": [joined([items[k] for k in keys], seps) for keys, seps in self.keys]}
+
+
+class MemoryCache:
+    """Values by key, least recently used out first, within `entries` and `most_bytes` (ENTRY_OVERHEAD each
+    beside the value)."""
+
+    def __init__(self, entries: int, most_bytes: int):
+        self.entries, self.most_bytes = entries, most_bytes
+        self.kept: OrderedDict[str, bytes] = OrderedDict()
+        self.bytes = 0
+
+    def get(self, key: str) -> bytes | None:
+        value = self.kept.get(key)
+        if value is not None:
+            self.kept.move_to_end(key)
+        return value
+
+    def put(self, key: str, value: bytes) -> int:
+        """Keeps `value` (one larger than the whole bound is not kept); how many entries went to make room."""
+        size = len(value) + ENTRY_OVERHEAD
+        if size > self.most_bytes:
+            return 0
+        old = self.kept.pop(key, None)
+        self.bytes += size - (0 if old is None else len(old) + ENTRY_OVERHEAD)
+        self.kept[key] = value
+        evicted = 0
+        while len(self.kept) > self.entries or self.bytes > self.most_bytes:
+            _, gone = self.kept.popitem(last=False)
+            self.bytes -= len(gone) + ENTRY_OVERHEAD
+            evicted += 1
+        return evicted
+
+
+class TranslationCache:
+    """The Gateway's translation cache: `lookup` before a request goes to the workers, `store` after."""
+
+    def __init__(self, settings: Settings):
+        self.on = settings.cache_size > 0
+        self.memory = MemoryCache(settings.cache_size, settings.cache_bytes)
+        self.redis = RedisCache(settings.redis_url, settings.redis_timeout_ms / 1000) \
+            if self.on and settings.redis_url else None
+        self.redis_at = where(settings.redis_url) if settings.redis_url else ""
+        self.ttl_ms = max(1, int(settings.cache_ttl_s * 1000))
+        self.redis_down = False
+        m = metrics()
+        for tier in ("memory", "redis"):   # series at 0 from the start: a dashboard's rate() has them
+            labelled(m.translation_cache_hits, tier)
+
+    async def lookup(self, fields: dict, served) -> Lookup:
+        """What of a request (translate_payload's `fields`) is kept for the version that will serve it (`served`:
+        Gateway.route_for's Route, its name, version and package checksum; None: not cached)."""
+        key = request_key(fields, served.checksum) if self.on and served is not None else None
+        if key is None:
+            return Lookup(fields)
+        out = Lookup(fields, served, [])
+        wanted: dict[str, str] = {}
+        for text in fields["texts"]:
+            pieces, seps = units(text)
+            keys = [hashlib.sha256(f"{key}\n{p}".encode("utf-8", "surrogatepass")).hexdigest() for p in pieces]
+            out.keys.append((keys, seps))
+            wanted.update(zip(keys, pieces))
+        with child_span("transerve.cache") as span:   # a request's lookup in its trace: counts only
+            values = {k: v for k in wanted if (v := self.memory.get(k)) is not None}
+            labelled(metrics().translation_cache_hits, "memory").inc(len(values))
+            if self.redis is not None and len(values) < len(wanted):
+                values |= await self.from_redis([k for k in wanted if k not in values])
+            out.found = {k: item for k, v in values.items() if (item := parsed(v)) is not None}
+            out.missing = {k: p for k, p in wanted.items() if k not in out.found}
+            span.set(hits=len(out.found), misses=len(out.missing))
+        metrics().translation_cache_misses.inc(len(out.missing))
+        return out
+
+    async def from_redis(self, keys: list[str]) -> dict[str, bytes]:
+        """The values Redis holds of `keys` (none when it fails), kept in memory too."""
+        try:
+            values = await self.redis.get_many([REDIS_PREFIX + k for k in keys])
+            self.answered()
+        except StoreDown as e:
+            self.failed(e)
+            return {}
+        found = {k: v for k, v in zip(keys, values) if v is not None}
+        labelled(metrics().translation_cache_hits, "redis").inc(len(found))
+        for k, v in found.items():
+            self.keep(k, v)
+        return found
+
+    async def store(self, lookup: Lookup, out: dict) -> None:
+        """The worker's answers to what `lookup` sent it, kept in memory and Redis; not when another version than
+        the one it was routed to answered (a worker that had unloaded it): its key names the routed one."""
+        if lookup.keys is None or out.get("model_version") not in (None, getattr(lookup.served, "version", None)):
+            return
+        values = {k: json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+                  for k, item in zip(lookup.missing, out["translations"])}
+        for k, v in values.items():
+            self.keep(k, v)
+        if self.redis is not None:
+            try:
+                await self.redis.set_many({REDIS_PREFIX + k: v for k, v in values.items()}, self.ttl_ms)
+                self.answered()
+            except StoreDown as e:
+                self.failed(e)
+
+    def keep(self, key: str, value: bytes) -> None:
+        m = metrics()
+        m.translation_cache_evictions.inc(self.memory.put(key, value))
+        m.translation_cache_bytes.set(self.memory.bytes)
+        m.translation_cache_entries.set(len(self.memory.kept))
+
+    def failed(self, e: StoreDown) -> None:
+        metrics().translation_cache_store_errors.inc()
+        if not self.redis_down:
+            self.redis_down = True
+            log.warning("Redis at %s does not answer the translation cache (%s): its answers are misses until it "
+                        "is back", self.redis_at, e)
+
+    def answered(self) -> None:
+        if self.redis_down:
+            self.redis_down = False
+            log.info("Redis at %s answers the translation cache again", self.redis_at)
