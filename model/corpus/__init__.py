@@ -16,6 +16,8 @@ test set) and test-software from the sources it was first drawn from (``split.SO
 - packages read by their own format (``sources.STRUCTURED_DEBS``): ``hedgewars`` (Lua table, keyed text,
   Qt catalog), ``freeorion`` (stringtables), ``firefox`` (Fluent and .properties by key), ``mallard``
   (GNOME's help, block for block), ``handbook`` (the Debian Handbook's and GnuCash's HTML, block for block)
+- ``fortunes``: monolingual sentences of Debian's fortune cookie packages, for back-translation
+  (``model.back_translate``)
 - ``sources``: the parallel readers the command-line flags ask for
 - ``clean``: normalise, filter and deduplicate pairs; ``split``: train/dev/test without leaks
 - ``tsv``: the parallel corpus files (``de<TAB>en<TAB>origin``) written and read

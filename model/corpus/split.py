@@ -16,7 +16,7 @@ from typing import Sequence
 from .text import Pair, normalize_text
 
 
-def _match_key(text: str) -> str:
+def match_key(text: str) -> str:
     """Key used for the leak check: case-insensitive, ignoring final punctuation/quotes.
 
     ``Don't worry`` (a phrase entry) and ``Don't worry.`` (a sentence) must count as the same
@@ -102,12 +102,12 @@ def split_corpus(
             group = groups[ordered[pos]]
             pos += 1
             chosen.update((p.de, p.en) for p in group)
-            if {_match_key(s) for p in group for s in (p.de, p.en)} & held:
+            if {match_key(s) for p in group for s in (p.de, p.en)} & held:
                 leaks += len(group)  # shares a side with an earlier split: usable for neither
                 continue
             splits[name].extend(group)
         positions[id(groups)] = pos
-        held |= {_match_key(s) for p in splits[name] for s in (p.de, p.en)}
+        held |= {match_key(s) for p in splits[name] for s in (p.de, p.en)}
     for name, size, _ in plan:
         if len(splits[name]) < size:
             print(
@@ -119,7 +119,7 @@ def split_corpus(
     for pair in pairs:
         if (pair.de, pair.en) in chosen:
             continue
-        if _match_key(pair.de) in held or _match_key(pair.en) in held:
+        if match_key(pair.de) in held or match_key(pair.en) in held:
             leaks += 1
             continue
         splits["train"].append(pair)

@@ -46,3 +46,11 @@ def read_pairs(path: str | os.PathLike[str], direction: str = "de-en") -> list[t
             else:
                 out.append((cols[0], cols[1]))
     return out
+
+
+def read_origins(path: str | os.PathLike[str]) -> list[str]:
+    """Each pair's origin (the third column; "" where a line has none), in read_pairs' order (blank lines
+    skipped likewise)."""
+    with open(path, encoding="utf-8") as fh:
+        return [(cols[2] if len(cols) >= 3 else "") for cols in
+                (line.rstrip("\r\n").split("\t") for line in fh) if cols != [""]]
