@@ -26,6 +26,16 @@ POLL_S = 0.25            # a changed file or a SIGHUP takes effect within this (
 ANONYMOUS = Tenant("anonymous", b"")   # every request of a server without keys: counted, never limited
 
 
+def file_identity(path: str) -> tuple | None:
+    """What changes when a watched file does (the keys file, the models file): a Secret's or ConfigMap's update
+    points its link at a new file (another inode); None while it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+
+
 class KeyRing:
     def __init__(self, given: list[str], path: str = ""):
         self.path = path
@@ -56,12 +66,7 @@ class KeyRing:
             self.hups.value += 1
 
     def identity(self) -> tuple | None:
-        """What changes when the file does: a Secret's update points its link at a new file (another inode)."""
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+        return file_identity(self.path)
 
     def watch(self) -> None:
         """The polling thread of this process, started on its first request (a thread does not survive fork),

@@ -35,6 +35,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .keys import file_identity
 from .model_control import ModelControl
 from ..errors import ApiError
 
@@ -113,11 +114,7 @@ class ModelsFile:
             self.task_pid, self.task = os.getpid(), asyncio.get_running_loop().create_task(self.poll())
 
     def identity(self) -> tuple | None:
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None
-        return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+        return file_identity(self.path)
 
     async def poll(self) -> None:
         while True:
