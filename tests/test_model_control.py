@@ -175,6 +175,20 @@ def test_bad_admin_bodies_are_4xx_in_our_shape(server):
     assert r.status_code == 409 and "served already" in r.json()["error"]["message"]
 
 
+def test_a_path_with_a_nul_or_a_model_json_of_another_shape_is_a_409_naming_no_path(server):
+    _, url, root = server
+    odd = root / "odd-packages"
+    for name, meta in (("a-list", "[]"), ("no-name", json.dumps({"format": "transerve-model/1"})),
+                       ("number-name", json.dumps({"format": "transerve-model/1", "name": 7}))):
+        (odd / name).mkdir(parents=True)
+        (odd / name / "model.json").write_text(meta)
+    for path in (f"{odd}/\u0000x", str(odd / "a-list"), str(odd / "no-name"), str(odd / "number-name")):
+        r = admin(url, "", {"path": path})
+        assert r.status_code == 409 and r.json()["error"]["type"] == "model_load_failed", (path, r.text)
+        assert str(odd) not in r.text
+    assert translate(url).status_code == 200
+
+
 def test_admin_keys_are_not_users_keys(server):
     _, url, root = server
     assert httpx.get(url + "/admin/models", headers=USER).status_code == 401     # a user's key is not an admin's
@@ -234,6 +248,17 @@ def test_admin_routes_refused_without_admin_keys_and_a_swap_that_would_not_fit_r
         assert r.status_code == 409 and "not enough memory" in r.json()["error"]["message"], r.text
         assert translate(url, headers={}).json()["model_version"] != "too-big"
         assert 'transerve_model_loads_total{result="refused"} 1.0' in httpx.get(url + "/metrics").text
+    finally:
+        stop_server(proc)
+
+
+def test_a_server_with_no_translation_worker_refuses_a_load_with_a_409(tmp_path):
+    _, admins = keys_files(tmp_path)
+    proc, url = start_server(ROOT / "models" / "lm-small", "--admin-keys-file", str(admins))
+    try:
+        r = admin(url, "", {"path": str(PACKAGE)})
+        assert r.status_code == 409 and r.json()["error"]["type"] == "model_load_failed", r.text
+        assert admin(url).json() == {"models": []}
     finally:
         stop_server(proc)
 
@@ -320,3 +345,50 @@ def test_the_cluster_gets_the_admin_keys_the_models_file_and_the_versions_volume
     assert any(o["kind"] == "PersistentVolumeClaim" and o["metadata"]["name"] == claim for o in objs)
     job = yaml.safe_load((k8s / "model-versions" / "copy-version-job.yaml").read_text())
     assert job["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim
+
+
+def test_a_late_unload_of_a_version_the_table_lists_again_leaves_it_serving():
+    """An unload is sent after the table dropped the slot; a load of that version again (same slot) may switch the
+    table back first. The worker then keeps it: what the table lists is served."""
+    from types import SimpleNamespace
+
+    from service.worker import model_swap
+
+    table = model_swap.ModelTable()
+    table.write({"models": {"de-en": {"active": "v1", "candidate": None, "share": 0.0, "keys": [], "versions": {
+        "v1": {"slot": "de-en@v1", "checksum": "c", "path": "/nowhere", "directions": ["de-en"]}}}}, "busy": None})
+    engine = SimpleNamespace(directions=["de-en"], package=SimpleNamespace(meta={"precision": "int8"}),
+                             device_type="cpu")
+    api = SimpleNamespace(models=table, engines={"de-en@v1": engine}, versions={"de-en@v1": ("de-en", "v1")},
+                          retiring=set(), routes={("de", "en"): "de-en@v1"},
+                          scheduler=SimpleNamespace(jobs={}, batches={}, endpoint="translate", watch=None))
+    assert model_swap.control(api, {"control": "unload", "slot": "de-en@v1"})["ok"]
+    assert api.engines == {"de-en@v1": engine} and not api.retiring
+    table.write({"models": {}, "busy": None})                   # no longer listed: the unload takes it
+    assert model_swap.control(api, {"control": "unload", "slot": "de-en@v1"})["removed"] == ["de-en@v1"]
+    assert api.engines == {}
+
+
+def test_the_models_file_outlives_a_model_unloaded_while_it_applies_an_entry(tmp_path):
+    """An admin's unload between the file's promotion of a candidate and its next look at the table (a race the
+    SIGHUP test above met under load) neither ends the file's poller nor raises: the entry is applied again at
+    the next change or SIGHUP."""
+    from types import SimpleNamespace
+
+    from service.http.models_file import ModelsFile
+    from service.worker.model_swap import ModelTable
+
+    package = tmp_path / "v3"
+    package.mkdir()
+    (package / "model.json").write_text(json.dumps({"name": "m"}))
+    v3 = hashlib.sha256((package / "model.json").read_bytes()).hexdigest()
+    (tmp_path / "models.yaml").write_text(f"models:\n  - path: {package}\n")
+    table = ModelTable()
+    table.write({"models": {"m": {"active": "v2", "candidate": "v3", "share": 0.5, "keys": [], "versions": {
+        "v2": {"slot": "m", "checksum": "other"}, "v3": {"slot": "m@v3", "checksum": v3}}}}, "busy": None})
+
+    async def promote(name, who):   # promoted, then unloaded by an admin before the file looks again
+        table.write({"models": {}, "busy": None})
+
+    control = SimpleNamespace(table=table, promote=promote)
+    assert asyncio.run(ModelsFile(str(tmp_path / "models.yaml"), control).apply()) is True

@@ -222,6 +222,9 @@ class Workers:
     async def each_worker(self, endpoint: str, payload: dict) -> list[dict]:
         """`payload` sent to every worker of `endpoint` (model control: http/model_control.py), their answers in
         worker order; a worker that dies meanwhile is the 503 of `call`, none listening in time its 504."""
+        if not self.serves(endpoint):   # e.g. a server of generation packages only: no such worker to tell
+            raise ApiError(409, "no_workers", f"this server runs no {endpoint} workers (none of its packages at "
+                           "start-up was of that task)")
         sender = self._sender(endpoint)
         if sender is None:
             raise ApiError(501, "not_supported", "model control needs the workers' Unix sockets (not on this platform)")

@@ -271,8 +271,12 @@ class ModelControl:
         where = Path(path)
         try:
             package = await asyncio.to_thread(load_package, where)
-        except (PackageError, OSError) as e:
+            if not isinstance(package.meta.get("name"), str) or not package.meta["name"]:
+                raise PackageError("model.json: no \"name\" (a model package's is its model's name)")
+        except (PackageError, OSError, ValueError) as e:   # ValueError: a NUL in the path
             self._refused("refused", None, version, without_path(str(e), where), None)
+        except (AttributeError, KeyError, TypeError):      # model.json not an object, or its files not model.export's
+            self._refused("refused", None, version, "model.json: not a model package's (model.export writes it)", None)
         if package.meta.get("task", "translation") != "translation":
             self._refused("refused", package.name, version, "not a translation package (model control serves "
                           "translation packages; a generation package changes with a restart)", None)

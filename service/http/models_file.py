@@ -120,7 +120,13 @@ class ModelsFile:
         while True:
             now = (self.hups.value, self.identity())
             if now != self.seen:
-                if await self.apply():
+                try:
+                    applied = await self.apply()
+                except Exception as e:            # the poller never ends: only a readiness probe would start it again
+                    log.error("models file: applying it failed (%s); tried again at its next change or SIGHUP",
+                              type(e).__name__)
+                    applied = True
+                if applied:
                     self.seen = now
             await asyncio.sleep(POLL_S)
 
@@ -156,7 +162,9 @@ class ModelsFile:
                 await control.promote(name, WHO)
             else:
                 await control.load(entry.path, entry.version, None, None, WHO)
-        model = control.table.read()["models"][name]
+        model = control.table.read().get("models", {}).get(name)
+        if model is None:               # unloaded meanwhile (an admin's call): applied again at the next change
+            return
         canary = entry.canary
         if canary is None:
             if model["candidate"]:

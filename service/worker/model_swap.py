@@ -151,6 +151,10 @@ def _control(api: TranslateAPI, payload: dict) -> dict:
         return load(api, payload["slot"], payload["name"], payload["version"], Path(payload["path"]),
                     payload.get("checksum"))
     if what == "unload":
+        # Sent once the table no longer lists the slot; listed again, it was loaded again since (a load of the same
+        # version between the switch and this message): it serves, and is kept.
+        if api.models is not None and payload["slot"] in api.models.versions():
+            return {"ok": True, "removed": []}
         api.retiring.add(payload["slot"])
         return {"ok": True, "removed": collect_retired(api)}
     return {"ok": False, "reason": f"unknown control message {what!r}"}
@@ -288,6 +292,10 @@ def resident_bytes() -> int:
 
 def without_path(message: str, path: Path) -> str:
     """A refusal's reason without the package's directory: a file is named by its name in the package."""
-    for p in {str(path), str(path.resolve())}:
+    try:
+        where = {str(path), str(path.resolve())}
+    except (OSError, ValueError):   # a path with a NUL, or a symlink loop: as given
+        where = {str(path)}
+    for p in where:
         message = message.replace(p + os.sep, "").replace(p, "the package")
     return message
