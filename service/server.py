@@ -139,6 +139,7 @@ def install(app: FastAPI, gateway: Gateway, flavours: tuple[Flavour, ...]) -> No
     direct_paths = frozenset().union(*(f.direct_paths for f in flavours))
     direct = {r.path: r.endpoint for r in app.router.routes
               if isinstance(r, APIRoute) and r.path in direct_paths and "POST" in r.methods}
+    app.add_middleware(at_startup, start=gateway.models.watch)
     app.add_middleware(request_context, respond=respond, endpoints=endpoints,
                        max_payload_bytes=settings.max_payload_bytes, body_limits=body_limits,
                        keys=gateway.keys, quota=gateway.quota,
@@ -149,6 +150,17 @@ def install(app: FastAPI, gateway: Gateway, flavours: tuple[Flavour, ...]) -> No
                        direct=direct, gzip=any(m.cls is GZipMiddleware for m in app.user_middleware),
                        plain=frozenset(r.path for r in app.router.routes
                                        if not isinstance(r, APIRoute) and "{" not in getattr(r, "path", "{")))
+
+
+def at_startup(app, start):
+    """`app` wrapped so that `start()` runs in each HTTP process as its server starts (the ASGI lifespan's scope,
+    on its event loop): the models file's poller must not wait for a first /ready probe, which a server run
+    without probes never gets."""
+    async def wrapped(scope, receive, send):
+        if scope["type"] == "lifespan":
+            start()
+        return await app(scope, receive, send)
+    return wrapped
 
 
 def install_operations(app: FastAPI, gateway: Gateway) -> None:

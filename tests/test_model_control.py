@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT, server_log, start_server, stop_server
+from conftest import ROOT, free_port, server_log, start_server, stop_server
 
 PACKAGE = ROOT / "models" / "de-en"
 ADMIN_KEY, USER_KEY = "admin-key-0001", "user-key-0001"
@@ -308,6 +309,37 @@ def test_the_models_file_is_applied_when_it_changes_and_again_on_sighup(tmp_path
         assert 'transerve_model_loads_total{result="loaded"} 3.0' in httpx.get(url + "/metrics").text
     finally:
         stop_server(proc)
+
+
+def test_a_server_never_probed_for_readiness_still_applies_its_models_file(tmp_path):
+    """The models file's poller starts with each HTTP process, not with a first /ready (a plain `python -m
+    service`, or a container without a health check, is never probed): only /health and the admin route are asked."""
+    _, admins = keys_files(tmp_path)
+    models = tmp_path / "models.yaml"
+    models.write_text(f"models:\n  - path: {new_version(tmp_path, 'v2')}\n")
+    port = free_port()
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "service", "--model", str(PACKAGE), "--host", "127.0.0.1",
+                                 "--port", str(port), "--threads", "1", "--admin-keys-file", str(admins),
+                                 "--models-file", str(models)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "TRANSERVE_DATA_DIR": str(tmp_path / "data")},
+                                start_new_session=True)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 180
+    try:
+        while True:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        assert wait_for(url, lambda m: m["active"] == "v2")["active"] == "v2"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
 
 
 def test_the_cluster_gets_the_admin_keys_the_models_file_and_the_versions_volume(tmp_path):

@@ -16,7 +16,8 @@ listing one model does not unload the others. A version that fails to load leave
 log line and transerve_model_loads_total{result} of any refused load; the file is applied again when it changes or
 on SIGHUP, not in a loop. Comparisons are by checksum: applying a file twice changes nothing.
 
-Every HTTP process polls the file (the first readiness probe it answers starts its poller); the table is shared, so
+Every HTTP process polls the file (its poller starts with the process, server.at_startup; a readiness probe
+restarts one that ended); the table is shared, so
 whichever applies a change first does it for all, and the others, finding another change under way (409), try again
 at their next poll and then find nothing to do. In a cluster the file is a ConfigMap every pod mounts: each pod
 applies it to itself (deploy/README.md, "Model versions without a restart").
@@ -109,7 +110,8 @@ class ModelsFile:
             self.hups.value += 1
 
     def watch(self) -> None:
-        """Starts this process's poller on its event loop, once (called from a coroutine: the readiness route)."""
+        """Starts this process's poller on its event loop, once (from a coroutine: server.at_startup at the
+        process's start, and the readiness route)."""
         if self.task_pid != os.getpid() or self.task is None or self.task.done():
             self.task_pid, self.task = os.getpid(), asyncio.get_running_loop().create_task(self.poll())
 
@@ -122,7 +124,7 @@ class ModelsFile:
             if now != self.seen:
                 try:
                     applied = await self.apply()
-                except Exception as e:            # the poller never ends: only a readiness probe would start it again
+                except Exception as e:   # the poller never ends (one that did would wait for a readiness probe)
                     log.error("models file: applying it failed (%s); tried again at its next change or SIGHUP",
                               type(e).__name__)
                     applied = True
