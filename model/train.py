@@ -494,8 +494,10 @@ def weights_of_package(package: Path, tok: Tokenizer) -> Transformer:
 
     model, meta = load_weights(package)
     own = Tokenizer(package / meta["tokenizer"]["source"])
-    if tok.vocab_size > own.vocab_size and all(tok.sp.id_to_piece(i) == own.sp.id_to_piece(i)
-                                               for i in range(own.vocab_size)):
+    appended = tok.vocab_size > own.vocab_size and all(tok.sp.id_to_piece(i) == own.sp.id_to_piece(i)
+                                                       for i in range(own.vocab_size))
+    # The new rows go at the end, so only a model with one row a piece (not one padded past its tokenizer) takes them
+    if appended and model.config.vocab_size == own.vocab_size:
         # The run's tokenizer is the package's with pieces appended (model/vocab.py): rows for them, as it adds.
         from .vocab import extend_model
         return extend_model(model, tok.vocab_size - own.vocab_size).train()

@@ -76,6 +76,10 @@ def extend_package(package: Path, pieces: Sequence[str], out: Path, *, precision
     if meta["tokenizer"].get("target", meta["tokenizer"]["source"]) != meta["tokenizer"]["source"]:
         raise ValueError(f"{package} has separate source and target tokenizers; this extends a joint one")
     spm_name = meta["tokenizer"]["source"]
+    if (pieces_now := Tokenizer(package / spm_name).vocab_size) != model.config.vocab_size:
+        # the new rows go at the end: a model padded past its tokenizer would put them at other ids than the pieces
+        raise ValueError(f"{package}: {model.config.vocab_size} embedding rows for {pieces_now} pieces; this "
+                         "extends a model with one row a piece")
     bigger = extend_model(model, len(pieces)).eval()
     quantize = "int8" if precision == "int8" else None
     texts = read_calibration(calibration, meta) if quantize and calibration else None
