@@ -289,6 +289,9 @@ def test_the_models_file_is_applied_when_it_changes_and_again_on_sighup(tmp_path
     try:
         wait_for(url, lambda m: m["active"] == "v2" and len(m["versions"]) == 1)
         assert translate(url, headers={}).json()["model_version"] == "v2"
+        # /info and OpenAI's /v1/models list what serves now, not what served at start-up
+        assert [(m["name"], m["version"]) for m in httpx.get(url + "/info").json()["models"]] == [("de-en", "v2")]
+        assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["de-en"]
         replace(f"models:\n  - path: {v2}\n    canary: {{path: {v3}, share: 0.5}}\n")
         wait_for(url, lambda m: m["candidate"] == "v3" and m["canary_share"] == 0.5)
         replace(f"models:\n  - path: {v2}\n    canary: {{path: {v3}, share: 0.25}}\n")
@@ -298,6 +301,7 @@ def test_the_models_file_is_applied_when_it_changes_and_again_on_sighup(tmp_path
         assert [v["version"] for v in model["versions"]] == ["v3"]
         # Unloaded through the admin route, the file unchanged: SIGHUP applies it again
         assert admin(url, "/unload", {"name": "de-en"}).json() == {"models": []}
+        assert httpx.get(url + "/info").json()["models"] == [] and httpx.get(url + "/v1/models").json()["data"] == []
         os.kill(proc.pid, signal.SIGHUP)
         wait_for(url, lambda m: m["active"] == "v3")
         assert translate(url, headers={}).json()["model_version"] == "v3"

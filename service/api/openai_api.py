@@ -193,7 +193,17 @@ class OpenAIRoutes:
 
     def __init__(self, gateway: Gateway):
         self.gateway = gateway
-        self.models = [_card(p) for p in gateway.packages]
+        self._cards: tuple[tuple, list[dict]] = ((), [])
+
+    @property
+    def models(self) -> list[dict]:
+        """A card per package serving now (model control loads and unloads translation models while the server
+        runs), made again only when they change: model.json's time is read once a package."""
+        packages = self.gateway.served_packages()
+        served = tuple((p["name"], p["path"]) for p in packages)
+        if served != self._cards[0]:
+            self._cards = (served, [_card(p) for p in packages])
+        return self._cards[1]
 
     def check(self, body: CompletionRequest) -> list[str]:
         """The prompts, once the model and the request's size are checked (OpenAI's statuses: 404 for an

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
@@ -347,7 +348,18 @@ class Gateway:
                 "versions": {"litserve": ls.__version__, "onnxruntime": onnxruntime.__version__,
                              "pydantic": pydantic.__version__},
                 "providers": onnxruntime.get_available_providers(), "device": self.device,
-                "models": self.packages, "settings": self.settings.public()}
+                "models": self.served_packages(), "settings": self.settings.public()}
+
+    def served_packages(self) -> list[dict]:
+        """The packages serving now: generation's as started; translation's as model control has them (each
+        model's active version, its version id beside): after a load or an unload, not as at start-up."""
+        started = {str(Path(p["path"]).resolve()): p for p in self.packages}   # the table's paths are resolved
+        out = []
+        for name, model in sorted(self.models.table.read().get("models", {}).items()):
+            version = model["versions"][model["active"]]
+            out.append(started.get(version["path"], {"path": version["path"]}) | {
+                "name": name, "task": "translation", "directions": version["directions"], "version": model["active"]})
+        return out + [p for p in self.packages if p["task"] != "translation"]
 
 
 # --- a generation's typed events ---------------------------------------------------------------------
