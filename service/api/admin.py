@@ -23,19 +23,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from .flavour import Flavour
 from ..http.gateway import Gateway
 from ..http.json_body import add_schema, read_model, request_body
-from ..shared.schemas import ErrorResponse
+from ..shared.schemas import Canary, ErrorResponse
 
 MODELS = "/admin/models"
 CANARY, PROMOTE, ROLLBACK, UNLOAD = (f"{MODELS}/{x}" for x in ("canary", "promote", "rollback", "unload"))
 ERRORS = {c: {"model": ErrorResponse} for c in (400, 401, 403, 404, 409, 422, 503)}
 TAGS = ["admin"]
-
-
-class Canary(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    share: float = Field(0.0, ge=0.0, le=1.0, description="The candidate's share of the other keys' requests, 0-1")
-    keys: list[str] = Field([], max_length=256, description="Names of the keys (keys file) whose requests all go "
-                            "to the candidate")
 
 
 class LoadRequest(BaseModel):

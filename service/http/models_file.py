@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .keys import file_identity
 from .model_control import ModelControl
 from ..errors import ApiError
+from ..shared.schemas import Canary
 
 log = logging.getLogger("transerve")
 
@@ -50,12 +51,10 @@ class ModelsFileError(ValueError):
     """Why the models file cannot be used (never quoting a path it names)."""
 
 
-class _Canary(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Canary(Canary):
+    """A canary in the file names its candidate's package too (the admin route loads it with the body's path)."""
     path: str = Field(..., min_length=1)
     version: str | None = None
-    share: float = Field(0.0, ge=0.0, le=1.0)
-    keys: list[str] = []
 
 
 class _Entry(BaseModel):

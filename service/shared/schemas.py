@@ -263,6 +263,15 @@ class ErrorBody(BaseModel):
     limit: Optional[int] = None
 
 
+class Canary(BaseModel):
+    """A candidate version's share of traffic, as the admin routes (service/api/admin.py) and the models file
+    (service/http/models_file.py) both take it."""
+    model_config = ConfigDict(extra="forbid")
+    share: float = Field(0.0, ge=0.0, le=1.0, description="The candidate's share of the other keys' requests, 0-1")
+    keys: list[str] = Field([], max_length=256, description="Names of the keys (keys file) whose requests all go "
+                            "to the candidate")
+
+
 class ErrorResponse(BaseModel):
     error: ErrorBody
     request_id: Optional[str] = None
