@@ -129,6 +129,13 @@ def _translation_cache_metrics(p: str) -> dict:
             p + "translation_cache_store_errors_total", "Translation cache reads and writes Redis failed or did not "
             "answer in time (a read: misses)"),
         # livesum: the caches of the HTTP processes alive now
+        "translation_cache_redis_skipped": Counter(
+            p + "translation_cache_redis_skipped_total", "Translation cache reads and writes not sent to Redis: "
+            "backed off after a failure (backoff; a read: misses), or the writes' queue full (queue_full)",
+            ["reason"]),
+        "translation_cache_resent": Counter(
+            p + "translation_cache_resent_total", "Requests partly kept sent again whole: another version answered "
+            "their misses than the one their kept sentences came from (a swap in between)"),
         "translation_cache_bytes": Gauge(
             p + "translation_cache_bytes", "Memory the HTTP processes' translation caches hold (answers, keys and "
             "their bookkeeping)", multiprocess_mode="livesum"),

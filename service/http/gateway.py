@@ -213,18 +213,30 @@ class Gateway:
         fields = translate_payload(body, texts, self.settings.max_output_tokens, stored)
         cached = await self.cache.lookup(fields, route)   # what this version answered before skips queue and worker
         if sent := cached.sent():
-            payload = fields | {"texts": sent, "received": received, "request_id": request.state.request_id,
-                                "number": self.board.new_number(), "slot": route and route.slot}
-            with self.admission.admitted(endpoint), self.models.observed(route, out):
-                out.update(raise_worker_error(await self.workers.call(ENDPOINT, payload, request) or {}))
+            out = await self.computed(fields | {"texts": sent, "received": received}, route, request, endpoint)
+            if out and cached.mixed(out):   # a swap unloaded the routed version: all of it from the one answering
+                metrics().translation_cache_resent.inc()
+                cached = cached.whole()
+                out = await self.computed(fields | {"received": received}, route, request, endpoint)
             if not out:
                 return None
-            labelled(metrics().queue_wait, endpoint).observe(out["timings"]["queue_ms"] / 1000)
-            await self.cache.store(cached, out)
+            self.cache.store(cached, out)
         out = cached.answer(out or None)
         request.scope["state"]["model_version"] = out.get("model_version")   # X-Model-Version (middleware)
         out["timings"]["total_ms"] = round((time.monotonic() - received) * 1000, 2)
         return self.noted(request, texts, out)
+
+    async def computed(self, payload: dict, route: Route | None, request: Request, endpoint: str) -> dict:
+        """The workers' answer to a translation's `payload` (translate_payload's fields, its texts to send and when it
+        was received), admitted and counted by the version it was routed to; {} when the client went away."""
+        out: dict = {}
+        payload |= {"request_id": request.state.request_id, "number": self.board.new_number(),
+                    "slot": route and route.slot}
+        with self.admission.admitted(endpoint), self.models.observed(route, out):
+            out.update(raise_worker_error(await self.workers.call(ENDPOINT, payload, request) or {}))
+        if out:
+            labelled(metrics().queue_wait, endpoint).observe(out["timings"]["queue_ms"] / 1000)
+        return out
 
     @staticmethod
     def noted(request: Request, texts: list[str], out: dict) -> dict:

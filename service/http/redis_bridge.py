@@ -323,3 +323,7 @@ class RedisCache:
 
         if values:
             await self.answer(write)
+
+    async def ping(self) -> None:
+        """Whether Redis answers (StoreDown if not): the cache's probe at the end of a back-off."""
+        await self.answer(lambda c: c.ping())

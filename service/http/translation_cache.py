@@ -23,16 +23,26 @@ shared/search.py).
 Where: each HTTP process's memory, least recently used first out, bounded by entries (--cache-size) and bytes
 (--cache-bytes); with --redis-url also in Redis, with an expiry (--cache-ttl-s), so that replicas share it. Redis
 is asked for what memory lacks, within --redis-timeout-ms; a Redis that fails or is slow makes misses, never an
-error. `--cache-size 0` (the default) turns both off. Nothing here logs or labels a text, a key or a term: the keys
-are hashes; Redis holds the answers (translations, and the glossary terms a report names) under them.
+error, and after a failure it is not asked at all for a back-off (RedisTier), so that a Redis down costs one
+request its timeout, not every request; answers are written to Redis off the request's path. A value under our
+key that is not an answer is a miss (and is overwritten by the answer computed). `--cache-size 0` (the default)
+turns both off. Nothing here logs or labels a text, a key or a term: the keys are hashes; Redis holds the answers
+(translations, and the glossary terms a report names) under them.
+
+One version per answer: the kept sentences are the routed version's (its checksum is in their keys); should
+another version answer what was sent (the routed one unloaded by a swap in between), the Gateway sends the whole
+request again (`Lookup.mixed`, `Lookup.whole`), so that every sentence of an answer comes from the version it
+names.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import asyncio
 import hashlib
 import json
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -56,6 +66,13 @@ REDIS_PREFIX = "transerve:translation:"
 # of 135-byte answers (372 bytes each in all).
 ENTRY_OVERHEAD = 250
 ITEM = {"text", "score", "alternatives", "input_tokens", "output_tokens"}   # what `joined` reads of each answer
+# After a Redis failure the cache asks Redis nothing for BACKOFF_S, then one probe (a PING, in the background)
+# decides: a failed probe doubles the back-off, up to BACKOFF_MOST_S. Requests meanwhile neither wait the timeout
+# nor pile connections on a Redis that does not answer; a Redis back is used again within the back-off.
+BACKOFF_S, BACKOFF_MOST_S = 1.0, 30.0
+# Answers waiting to be written to Redis, per HTTP process: one task writes them in order, so a slow Redis holds
+# one connection, not one per request; beyond this many they are dropped (Redis only misses them later).
+WRITES_QUEUED = 256
 
 
 def _plain(value):
@@ -133,6 +150,16 @@ class Lookup:
     def sent(self) -> list[str]:
         return self.fields["texts"] if self.keys is None else list(self.missing.values())
 
+    def mixed(self, out: dict) -> bool:
+        """Whether the worker's answer `out` comes from another version than the kept sentences (the routed one,
+        unloaded in between by a swap): joined, the answer would name one version and hold another's sentences."""
+        return bool(self.keys is not None and self.found
+                    and out.get("model_version") != getattr(self.served, "version", None))
+
+    def whole(self) -> Lookup:
+        """The request passed through: its texts sent whole, the answer the worker's alone, nothing kept."""
+        return Lookup(self.fields)
+
     def answer(self, out: dict | None) -> dict:
         """The request's answer: the worker's (`out`, None when nothing was sent) with each text's item made from
         its units' items, found or computed. Timings are the worker's, or 0 when no worker ran."""
@@ -176,20 +203,123 @@ class MemoryCache:
         return evicted
 
 
+class RedisTier:
+    """The cache's Redis (redis_bridge.RedisCache) as requests see it: a read within --redis-timeout-ms while it
+    answers; after a failure none at all for a back-off (BACKOFF_S, doubled by each failed probe up to
+    BACKOFF_MOST_S) that one probe in the background ends; writes queued (WRITES_QUEUED at most) and made by a
+    task of their own, never on a request's path. A failure is logged once, until Redis answers again."""
+
+    def __init__(self, url: str, timeout_s: float, ttl_ms: int):
+        self.redis, self.at, self.ttl_ms = RedisCache(url, timeout_s), where(url), ttl_ms
+        self.backoff_s = 0.0          # 0: up; else the back-off now, since the last failure
+        self.until = 0.0              # time.monotonic() the back-off ends
+        self.probing = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.writes: asyncio.Queue | None = None
+        self.tasks: set[asyncio.Task] = set()   # the writer and a probe, held: a task only weakly held may vanish
+
+    @property
+    def down(self) -> bool:
+        return self.backoff_s > 0
+
+    def usable(self) -> bool:
+        """Whether to ask Redis now: not while backed off (a skip, counted); once the back-off ends, a probe starts
+        and Redis is asked again when it answers."""
+        if not self.down:
+            return True
+        if time.monotonic() >= self.until and not self.probing:
+            self.probing = True
+            self.start(self.probe())
+        return False
+
+    async def read(self, keys: list[str]) -> dict[str, bytes]:
+        """The values Redis holds of `keys` (none when it fails or is backed off)."""
+        if not self.usable():
+            labelled(metrics().translation_cache_redis_skipped, "backoff").inc()
+            return {}
+        try:
+            values = await self.redis.get_many([REDIS_PREFIX + k for k in keys])
+        except StoreDown as e:
+            self.failed(e)
+            return {}
+        self.answered()
+        return {k: v for k, v in zip(keys, values) if v is not None}
+
+    def write(self, values: dict[str, bytes]) -> None:
+        """`values` queued for Redis, or dropped (counted) while it is backed off or the queue is full."""
+        if not values:
+            return
+        if self.down:
+            labelled(metrics().translation_cache_redis_skipped, "backoff").inc()
+            return
+        loop = asyncio.get_running_loop()
+        if self.loop is not loop:                 # the queue and its writer live on the loop that fills them
+            self.loop, self.writes = loop, asyncio.Queue(WRITES_QUEUED)
+            self.start(self.writer(self.writes))
+        try:
+            self.writes.put_nowait(values)
+        except asyncio.QueueFull:
+            labelled(metrics().translation_cache_redis_skipped, "queue_full").inc()
+
+    async def writer(self, queue: asyncio.Queue) -> None:
+        while True:
+            values = await queue.get()
+            if self.down:                          # queued before the failure: Redis is not asked meanwhile
+                labelled(metrics().translation_cache_redis_skipped, "backoff").inc()
+                continue
+            try:
+                await self.redis.set_many({REDIS_PREFIX + k: v for k, v in values.items()}, self.ttl_ms)
+            except StoreDown as e:
+                self.failed(e)
+            else:
+                self.answered()
+
+    async def probe(self) -> None:
+        try:
+            await self.redis.ping()
+        except StoreDown as e:
+            self.failed(e, probe=True)
+        else:
+            self.answered()
+        finally:
+            self.probing = False
+
+    def start(self, work) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def failed(self, e: StoreDown, probe: bool = False) -> None:
+        """A failure starts the back-off, a failed probe doubles it; another request's failure while backed off (it
+        asked before the first failed) only restarts it."""
+        metrics().translation_cache_store_errors.inc()
+        if not self.down:
+            log.warning("Redis at %s does not answer the translation cache (%s): its answers are misses, and it is "
+                        "asked again in %.0f s and then less often until it answers", self.at, e, BACKOFF_S)
+            self.backoff_s = BACKOFF_S
+        elif probe:
+            self.backoff_s = min(BACKOFF_MOST_S, self.backoff_s * 2)
+        self.until = time.monotonic() + self.backoff_s
+
+    def answered(self) -> None:
+        if self.down:
+            self.backoff_s = 0.0
+            log.info("Redis at %s answers the translation cache again", self.at)
+
+
 class TranslationCache:
     """The Gateway's translation cache: `lookup` before a request goes to the workers, `store` after."""
 
     def __init__(self, settings: Settings):
         self.on = settings.cache_size > 0
         self.memory = MemoryCache(settings.cache_size, settings.cache_bytes)
-        self.redis = RedisCache(settings.redis_url, settings.redis_timeout_ms / 1000) \
-            if self.on and settings.redis_url else None
-        self.redis_at = where(settings.redis_url) if settings.redis_url else ""
-        self.ttl_ms = max(1, int(settings.cache_ttl_s * 1000))
-        self.redis_down = False
+        self.redis = RedisTier(settings.redis_url, settings.redis_timeout_ms / 1000,
+                               max(1, int(settings.cache_ttl_s * 1000))) if self.on and settings.redis_url else None
         m = metrics()
         for tier in ("memory", "redis"):   # series at 0 from the start: a dashboard's rate() has them
             labelled(m.translation_cache_hits, tier)
+        for reason in ("backoff", "queue_full"):
+            labelled(m.translation_cache_redis_skipped, reason)
 
     async def lookup(self, fields: dict, served) -> Lookup:
         """What of a request (translate_payload's `fields`) is kept for the version that will serve it (`served`:
@@ -205,33 +335,31 @@ class TranslationCache:
             out.keys.append((keys, seps))
             wanted.update(zip(keys, pieces))
         with child_span("transerve.cache") as span:   # a request's lookup in its trace: counts only
-            values = {k: v for k in wanted if (v := self.memory.get(k)) is not None}
-            labelled(metrics().translation_cache_hits, "memory").inc(len(values))
-            if self.redis is not None and len(values) < len(wanted):
-                values |= await self.from_redis([k for k in wanted if k not in values])
-            out.found = {k: item for k, v in values.items() if (item := parsed(v)) is not None}
+            # Memory holds only what parsed (answers computed here, or read from Redis and checked)
+            out.found = {k: parsed(v) for k in wanted if (v := self.memory.get(k)) is not None}
+            labelled(metrics().translation_cache_hits, "memory").inc(len(out.found))
+            if self.redis is not None and len(out.found) < len(wanted):
+                out.found |= await self.from_redis([k for k in wanted if k not in out.found])
             out.missing = {k: p for k, p in wanted.items() if k not in out.found}
             span.set(hits=len(out.found), misses=len(out.missing))
         metrics().translation_cache_misses.inc(len(out.missing))
         return out
 
-    async def from_redis(self, keys: list[str]) -> dict[str, bytes]:
-        """The values Redis holds of `keys` (none when it fails), kept in memory too."""
-        try:
-            values = await self.redis.get_many([REDIS_PREFIX + k for k in keys])
-            self.answered()
-        except StoreDown as e:
-            self.failed(e)
-            return {}
-        found = {k: v for k, v in zip(keys, values) if v is not None}
+    async def from_redis(self, keys: list[str]) -> dict[str, dict]:
+        """The answers Redis holds of `keys`, kept in memory too. A value that is not an answer is a miss only
+        (not a hit as well): the answer computed for it is written over it."""
+        found = {}
+        for k, v in (await self.redis.read(keys)).items():
+            if (item := parsed(v)) is not None:
+                found[k] = item
+                self.keep(k, v)
         labelled(metrics().translation_cache_hits, "redis").inc(len(found))
-        for k, v in found.items():
-            self.keep(k, v)
         return found
 
-    async def store(self, lookup: Lookup, out: dict) -> None:
-        """The worker's answers to what `lookup` sent it, kept in memory and Redis; not when another version than
-        the one it was routed to answered (a worker that had unloaded it): its key names the routed one."""
+    def store(self, lookup: Lookup, out: dict) -> None:
+        """The worker's answers to what `lookup` sent it, kept in memory and queued for Redis; not when another
+        version than the one it was routed to answered (a worker that had unloaded it): its key names the routed
+        one."""
         if lookup.keys is None or out.get("model_version") not in (None, getattr(lookup.served, "version", None)):
             return
         values = {k: json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
@@ -239,26 +367,10 @@ class TranslationCache:
         for k, v in values.items():
             self.keep(k, v)
         if self.redis is not None:
-            try:
-                await self.redis.set_many({REDIS_PREFIX + k: v for k, v in values.items()}, self.ttl_ms)
-                self.answered()
-            except StoreDown as e:
-                self.failed(e)
+            self.redis.write(values)
 
     def keep(self, key: str, value: bytes) -> None:
         m = metrics()
         m.translation_cache_evictions.inc(self.memory.put(key, value))
         m.translation_cache_bytes.set(self.memory.bytes)
         m.translation_cache_entries.set(len(self.memory.kept))
-
-    def failed(self, e: StoreDown) -> None:
-        metrics().translation_cache_store_errors.inc()
-        if not self.redis_down:
-            self.redis_down = True
-            log.warning("Redis at %s does not answer the translation cache (%s): its answers are misses until it "
-                        "is back", self.redis_at, e)
-
-    def answered(self) -> None:
-        if self.redis_down:
-            self.redis_down = False
-            log.info("Redis at %s answers the translation cache again", self.redis_at)
