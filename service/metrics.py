@@ -15,6 +15,7 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Callable
 
 PREFIX = "transerve_"
 
@@ -128,7 +129,6 @@ def _translation_cache_metrics(p: str) -> dict:
         "translation_cache_store_errors": Counter(
             p + "translation_cache_store_errors_total", "Translation cache reads and writes Redis failed or did not "
             "answer in time (a read: misses)"),
-        # livesum: the caches of the HTTP processes alive now
         "translation_cache_redis_skipped": Counter(
             p + "translation_cache_redis_skipped_total", "Translation cache reads and writes not sent to Redis: "
             "backed off after a failure (backoff; a read: misses), or the writes' queue full (queue_full)",
@@ -136,6 +136,7 @@ def _translation_cache_metrics(p: str) -> dict:
         "translation_cache_resent": Counter(
             p + "translation_cache_resent_total", "Requests partly kept sent again whole: another version answered "
             "their misses than the one their kept sentences came from (a swap in between)"),
+        # livesum: the caches of the HTTP processes alive now
         "translation_cache_bytes": Gauge(
             p + "translation_cache_bytes", "Memory the HTTP processes' translation caches hold (answers, keys and "
             "their bookkeeping)", multiprocess_mode="livesum"),
@@ -198,12 +199,40 @@ def _scheduler_metrics(p: str) -> dict:
     }
 
 
+# Series left out of every exposition, by what hides them: set in the main process before the HTTP processes fork,
+# so that each one's /metrics and serve_metrics's thread leave out the same.
+_HIDDEN: dict[str, Callable[[], Callable[[dict], bool]]] = {}
+
+
+def hide_series(what: str, rule: Callable[[], Callable[[dict], bool]]) -> None:
+    """At each exposition, `rule()` says by its labels which series have gone (model control's versions no longer
+    served). This is what a labelled metric's remove() would do, which multiprocess mode cannot: remove() only forgets
+    the calling process's child (prometheus_client warns so); its value stays in that process's file, which every
+    exposition merges (a counter's even once the process has died). So a series that has gone is dropped where the
+    files are merged, and its label is bounded by what serves now."""
+    _HIDDEN[what] = rule
+
+
+class _Without:
+    """A collector's families less the samples `gone` names."""
+
+    def __init__(self, collector, gone: list[Callable[[dict], bool]]):
+        self.collector, self.gone = collector, gone
+
+    def collect(self):
+        for family in self.collector.collect():
+            family.samples = [s for s in family.samples if not any(g(s.labels) for g in self.gone)]
+            yield family
+
+
 def render() -> tuple[bytes, str]:
-    """The merged exposition of every process, for GET /metrics."""
+    """The merged exposition of every process, for GET /metrics, less the series that have gone (hide_series)."""
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 
     registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry)
+    merged = multiprocess.MultiProcessCollector(None)
+    gone = [rule() for rule in _HIDDEN.values()]
+    registry.register(_Without(merged, gone) if gone else merged)
     return generate_latest(registry), CONTENT_TYPE_LATEST
 
 

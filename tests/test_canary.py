@@ -1,13 +1,14 @@
 """A canary (service/http/model_control.py): a candidate version beside the active one, on a real server. At 10% it
 serves 8-12% of 2,000 requests, each answer naming its version in the body and the X-Model-Version header; a named
 key's requests all go to it; the requests are counted by version in /metrics; promote and rollback are one call
-each, after which one version serves every request."""
+each, after which one version serves every request and /metrics no longer lists the other."""
 
 import asyncio
 import re
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import start_server, stop_server
 from test_model_control import ADMIN, PACKAGE, keys_files, new_version
@@ -56,6 +57,14 @@ def versions_served(url: str, n: int, key: str = "team-b", clients: int = 16) ->
     return out
 
 
+def version_labels(url: str) -> set:
+    """The versions /metrics names: (model, version) of the HTTP processes' series, the slot (a `model` label) of
+    the workers'."""
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {KEYS['team-a']}"}).text
+    return {(s.labels["model"], s.labels["version"]) if "version" in s.labels else s.labels["model"]
+            for family in text_string_to_metric_families(text) for s in family.samples if "model" in s.labels}
+
+
 def test_a_canary_at_10_percent_serves_8_to_12_percent_of_2000_requests_each_naming_its_version(server):
     url, root = server
     active = httpx.get(url + "/admin/models", headers=ADMIN).json()["models"][0]["active"]
@@ -82,11 +91,18 @@ def test_named_keys_get_the_candidate_and_rollback_then_promote_are_one_call_eac
     admin(url, "/canary", {"name": "de-en", "share": 0.0, "keys": ["team-a"]})
     assert {v for v, _ in versions_served(url, 40, key="team-a", clients=4)} == {candidate}
     assert {v for v, _ in versions_served(url, 40, key="team-b", clients=4)} == {active}
+    assert {("de-en", candidate), "de-en@cand-1", ("de-en", active), "de-en"} <= version_labels(url)
     model = admin(url, "/rollback", {"name": "de-en"})
     assert model["candidate"] is None and [v["version"] for v in model["versions"]] == [active]
+    served = version_labels(url)
+    assert ("de-en", candidate) not in served and "de-en@cand-1" not in served      # unloaded: its labels gone
+    assert {("de-en", active), "de-en"} <= served
     assert {v for v, _ in versions_served(url, 40, key="team-a", clients=4)} == {active}
     admin(url, "", {"path": str(new_version(root, "cand-2")), "canary": {"keys": ["team-a"]}})
     assert {v for v, _ in versions_served(url, 40, key="team-a", clients=4)} == {"cand-2"}
     model = admin(url, "/promote", {"name": "de-en"})
     assert model["active"] == "cand-2" and [v["version"] for v in model["versions"]] == ["cand-2"]
     assert {v for v, _ in versions_served(url, 40, key="team-b", clients=4)} == {"cand-2"}
+    served = version_labels(url)     # the start-up version's too: its slot was the model's name
+    assert {("de-en", "cand-2"), "de-en@cand-2"} <= served and not {("de-en", active), "de-en"} & served
+    assert {label for label in served if "de-en" in label} == {("de-en", "cand-2"), "de-en@cand-2"}

@@ -176,6 +176,17 @@ def test_bad_admin_bodies_are_4xx_in_our_shape(server):
     assert r.status_code == 409 and "served already" in r.json()["error"]["message"]
 
 
+def test_a_canary_share_of_true_or_a_string_is_a_422_not_a_share_of_1(server):
+    _, url, _ = server
+    for share in (True, False, "0.5"):
+        r = admin(url, "", {"path": str(PACKAGE), "canary": {"share": share}})
+        assert r.status_code == 422 and r.json()["error"]["type"] == "invalid_request", r.text
+        assert r.json()["error"]["message"] == "canary.share: Input should be a valid number"
+        r = admin(url, "/canary", {"name": "de-en", "share": share})
+        assert r.status_code == 422 and r.json()["error"]["message"] == "share: Input should be a valid number"
+    assert admin(url).json()["models"][0]["candidate"] is None      # nothing was loaded
+
+
 def test_a_path_with_a_nul_or_a_model_json_of_another_shape_is_a_409_naming_no_path(server):
     _, url, root = server
     odd = root / "odd-packages"
@@ -187,6 +198,25 @@ def test_a_path_with_a_nul_or_a_model_json_of_another_shape_is_a_409_naming_no_p
         r = admin(url, "", {"path": path})
         assert r.status_code == 409 and r.json()["error"]["type"] == "model_load_failed", (path, r.text)
         assert str(odd) not in r.text
+    assert translate(url).status_code == 200
+
+
+def test_a_model_json_naming_a_file_outside_its_package_is_a_409_quoting_no_path(server):
+    proc, url, root = server
+    real = json.loads((PACKAGE / "model.json").read_text())["files"]["spm.model"]
+    for i, name in enumerate(["/etc/hostname", str(PACKAGE / "spm.model"), "../de-en/spm.model", "a/../../x",
+                              "spm.model\nforged log line"]):
+        package = root / "outside" / f"p{i}"
+        package.mkdir(parents=True)
+        (package / "model.json").write_text(json.dumps({"format": "transerve-model/1", "name": "de-en",
+                                                        "files": {name: real}}))
+        r = admin(url, "", {"path": str(package)})
+        assert r.status_code == 409 and r.json()["error"]["message"] == (
+            "not loaded: model.json: a file entry is not a relative path inside the package; the versions serving "
+            "go on"), r.text
+        assert not [part for part in ("/etc", "hostname", "de-en/", "../", "forged", str(root)) if part in r.text]
+    log = server_log(proc)
+    assert "/etc/hostname" not in log and "forged" not in log and str(root) not in log
     assert translate(url).status_code == 200
 
 
@@ -253,6 +283,36 @@ def test_admin_routes_refused_without_admin_keys_and_a_swap_that_would_not_fit_r
         stop_server(proc)
 
 
+def test_an_admin_keys_file_that_appears_after_start_is_read_and_re_read_on_sighup(tmp_path):
+    _, admins = keys_files(tmp_path)
+    later = tmp_path / "later" / "admins.keys"
+    proc, url = start_server(PACKAGE, "--admin-keys-file", str(later))
+    try:
+        r = admin(url)
+        assert r.status_code == 403 and r.json()["error"]["type"] == "model_control_off"
+        later.parent.mkdir()
+        os.replace(admins, later)        # as a Secret's update swaps its file in
+        os.kill(proc.pid, signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while admin(url).status_code != 200:
+            assert time.monotonic() < deadline, "the admin keys file was not read when it appeared"
+            time.sleep(0.3)
+        assert httpx.get(url + "/admin/models", headers={"Authorization": "Bearer admin-key-0009"}).status_code == 401
+        # A change only SIGHUP tells (rewritten in place, same size and mtime): the SIGHUP reaches this file too
+        before = os.stat(later)
+        later.write_text("admin-key-0009\n")
+        os.utime(later, ns=(before.st_atime_ns, before.st_mtime_ns))
+        time.sleep(1)
+        assert admin(url).status_code == 200                      # the poller saw no change
+        os.kill(proc.pid, signal.SIGHUP)
+        while httpx.get(url + "/admin/models", headers={"Authorization": "Bearer admin-key-0009"}).status_code != 200:
+            assert time.monotonic() < deadline + 10, "SIGHUP did not re-read the admin keys file"
+            time.sleep(0.3)
+        assert admin(url).status_code == 401
+    finally:
+        stop_server(proc)
+
+
 def test_a_server_with_no_translation_worker_refuses_a_load_with_a_409(tmp_path):
     _, admins = keys_files(tmp_path)
     proc, url = start_server(ROOT / "models" / "lm-small", "--admin-keys-file", str(admins))
@@ -308,8 +368,13 @@ def test_the_models_file_is_applied_when_it_changes_and_again_on_sighup(tmp_path
         replace("models: [{path: 3}\n")                # malformed: nothing changes, the log says why
         time.sleep(3)
         assert admin(url).json()["models"][0]["active"] == "v3"
+        replace(f"models:\n  - path: {v3}\n    canary: {{path: {v2}, share: true}}\n")   # true is no share
+        time.sleep(3)
+        assert admin(url).json()["models"][0]["candidate"] is None
         log = server_log(proc)
         assert "models file not applied: the models file is not valid YAML" in log and str(tmp_path) not in log
+        assert "models file not applied: the models file is malformed: models.0.canary.share: Input should be a " \
+               "valid number" in log
         assert 'transerve_model_loads_total{result="loaded"} 3.0' in httpx.get(url + "/metrics").text
     finally:
         stop_server(proc)

@@ -37,15 +37,18 @@ def file_identity(path: str) -> tuple | None:
 
 
 class KeyRing:
-    def __init__(self, given: list[str], path: str = ""):
+    def __init__(self, given: list[str], path: str = "", optional: bool = False):
+        """`optional`: a file not there yet holds no key until it appears, then is read as a changed one is (the
+        admin keys file: a Secret mounted as optional)."""
         self.path = path
-        file_tenants = read_keys_file(path) if path else []
+        absent = bool(path) and optional and file_identity(path) is None
+        file_tenants = read_keys_file(path) if path and not absent else []
         in_file = {t.digest for t in file_tenants}
         # config.py adds a plain file's keys to --api-keys; those stay the file's, to go when it drops them
         self.given = {t.digest: t for t in map(plain_tenant, given) if t.digest not in in_file}
         self.tenants = self.given | {t.digest: t for t in file_tenants}
         self.hups = mp.Value("i", 0)     # bumped by SIGHUP in the main process, read by every HTTP process
-        self.seen = (0, self.identity())
+        self.seen = (0, None if absent else self.identity())   # absent: one there by the first check is read
         self.watching_in: int | None = None
 
     def __bool__(self) -> bool:

@@ -14,8 +14,12 @@ server reads the same one, and one change at a time is made (`changing`: 409 whi
 (other pods) share nothing: each is changed on its own (docs/serving.md, "Model control and canary").
 
 Admin keys are not users' keys: they come from --admin-keys-file only (a keys file of either form,
-service/keyfile.py, re-read on SIGHUP and when it changes as the users' is), work on the admin routes only, and a
-users' key is refused there; with no admin keys file the admin routes answer 403.
+service/keyfile.py, re-read on SIGHUP and when it changes as the users' is, and read when it first appears), work
+on the admin routes only, and a users' key is refused there; with no admin keys file (or none there yet) the admin
+routes answer 403.
+
+A version that stops serving takes its series out of /metrics (`gone_series`): the workers' (labelled by its slot)
+and the HTTP processes' (by model and version), so that the labels stay those of the versions served.
 """
 
 from __future__ import annotations
@@ -31,18 +35,18 @@ import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Callable
 
 from fastapi import Request
 
 from .auth import CHALLENGE, given_key
 from .keys import KeyRing
-from ..keyfile import KeysFileError
 from .litserve_workers import Workers
 from ..config import Settings
 from ..errors import ERROR_KIND, ApiError
-from ..metrics import labelled, metrics
-from ..shared.package import PackageError, load_package
+from ..metrics import hide_series, labelled, metrics
+from ..shared.package import ModelPackage, PackageError, load_package
 from ..stopping import main_alive
 from ..worker.model_swap import ModelTable, without_path
 from ..worker.translate_api import ENDPOINT
@@ -71,6 +75,25 @@ def package_record(package_path: Path, meta: dict, version: str | None = None) -
     return {"version": vid, "checksum": checksum, "path": str(package_path.resolve()),
             "directions": list(meta.get("directions", [])),
             "bytes": sum(f.get("bytes", 0) for f in meta.get("files", {}).values()), "resident_bytes": 0}
+
+
+def checked_package(where: Path) -> ModelPackage:
+    """The package at `where` read and checked (load_package), once model.json's "files" are known to name files
+    inside it: an absolute path or one through ".." would be read and hashed wherever it points, and the error
+    would quote it (a path the admin's client chose, or one of the server's)."""
+    try:
+        files = json.loads((where / "model.json").read_text(encoding="utf-8")).get("files", {})
+    except (OSError, ValueError, AttributeError):   # load_package says why (AttributeError: not an object, _readable)
+        files = {}
+    if isinstance(files, dict) and not all(map(inside_package, files)):
+        raise PackageError("model.json: a file entry is not a relative path inside the package")
+    return load_package(where)
+
+
+def inside_package(name) -> bool:
+    """Whether a model.json "files" name is a relative path that stays inside the package, in printable text."""
+    parts = PurePosixPath(name).parts if isinstance(name, str) else ()
+    return bool(parts) and name.isprintable() and not PurePosixPath(name).is_absolute() and ".." not in parts
 
 
 def initial_table(packages: list[dict]) -> dict:
@@ -110,13 +133,18 @@ class ModelControl:
     def __init__(self, table: ModelTable, workers: Workers, settings: Settings, others: list[tuple[str, str]]):
         self.table, self.workers, self.settings = table, workers, settings
         self.others = others       # the pairs of packages outside the table (generation's)
-        # Made here, before the HTTP processes fork, so that SIGHUP reaches theirs; or once the file appears (admin())
+        # Made here, before the HTTP processes fork, so that SIGHUP reaches theirs, the file there or not (a file that
+        # appears later is read by each process's poller, or at SIGHUP, as a changed one is)
         path = settings.admin_keys_file
-        self.admin_keys = KeyRing([], path) if path and os.path.exists(path) else None
+        self.admin_keys = KeyRing([], path, optional=True) if path else None
         self.file = None           # the models file's poller (http/models_file.py), when --models-file is given
         for result in ("loaded", "refused", "failed"):   # at 0 from the start, as the errors are (server.install)
             metrics().model_loads.labels(result)
         self._routing: tuple[int, dict, list] = (-1, {}, [])
+        # The start-up versions' slots are their models' names: once such a version stops serving, its name as a
+        # worker's model label has gone too (gone_series)
+        self.first_slots = set(table.versions())
+        hide_series("model versions", self.gone_series)
 
     # --- every request ---------------------------------------------------------------------------
     def _current(self) -> tuple[dict, list]:
@@ -164,16 +192,28 @@ class ModelControl:
                 labelled(metrics().version_requests, route.name, version, outcome).inc()
                 labelled(metrics().version_duration, route.name, version).observe(time.monotonic() - t0)
 
+    def gone_series(self) -> Callable[[dict], bool]:
+        """At each exposition of /metrics (metrics.hide_series): whether a series' labels are those of a version no
+        longer served. A worker's name it by the version's slot (`model`: name@version, or a start-up version's
+        name), the HTTP processes' by `model` and `version`; any other series stays (a generation package's too)."""
+        served = self.table.versions()
+        slots, versions = set(served), set(served.values())
+
+        def gone(labels: dict) -> bool:
+            model = labels.get("model")
+            if model is None:
+                return False
+            if "version" in labels:
+                return (model, labels["version"]) not in versions
+            return model not in slots and ("@" in model or model in self.first_slots)
+        return gone
+
     # --- admin -----------------------------------------------------------------------------------
     def admin(self, request: Request) -> str:
         """The name of the request's admin key; 403 when no admin key is configured, 401 without a good one."""
-        path = self.settings.admin_keys_file
-        if self.admin_keys is None and path and os.path.exists(path):   # missing at start: off until it appears
-            try:
-                self.admin_keys = KeyRing([], path)
-            except KeysFileError as e:
-                log.warning("admin keys not read: %s", e)
-        if self.admin_keys is None:
+        if self.admin_keys is not None:
+            self.admin_keys.watch()   # this process's poller: at its first call, what changed since the fork is read
+        if not self.admin_keys:
             raise ApiError(403, "model_control_off", "model control is off: no admin key is configured "
                            "(--admin-keys-file)")
         h = request.headers
@@ -270,7 +310,7 @@ class ModelControl:
             raise ApiError(422, "invalid_request", "version: 1 to 64 letters, digits, '.', '_', '+' or '-'")
         where = Path(path)
         try:
-            package = await asyncio.to_thread(load_package, where)
+            package = await asyncio.to_thread(checked_package, where)
             if not isinstance(package.meta.get("name"), str) or not package.meta["name"]:
                 raise PackageError("model.json: no \"name\" (a model package's is its model's name)")
         except (PackageError, OSError, ValueError) as e:   # ValueError: a NUL in the path

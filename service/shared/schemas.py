@@ -11,7 +11,7 @@ import functools
 import json
 from typing import Annotated, Literal, Optional, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator, model_validator
 
 from .options import DEFAULTS, SearchOptions
 
@@ -266,8 +266,10 @@ class ErrorBody(BaseModel):
 class Canary(BaseModel):
     """A candidate version's share of traffic, as the admin routes (service/api/admin.py) and the models file
     (service/http/models_file.py) both take it."""
-    model_config = ConfigDict(extra="forbid")
-    share: float = Field(0.0, ge=0.0, le=1.0, description="The candidate's share of the other keys' requests, 0-1")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # Strict: a lax float takes JSON true (YAML's too) as 1.0, every request to the candidate; an int stays a number
+    share: StrictFloat = Field(0.0, ge=0.0, le=1.0, description="The candidate's share of the other keys' requests, "
+                               "0-1")
     keys: list[str] = Field([], max_length=256, description="Names of the keys (keys file) whose requests all go "
                             "to the candidate")
 
