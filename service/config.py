@@ -208,7 +208,8 @@ _HELP = {
     "max_prompt_tokens": "tokens a generation prompt may have; beyond: 413",
     "redis_url": "Redis to count the keys' usage in, shared by every replica (redis://[:password@]host:6379/0; "
                  "give it from a Secret); none: each process counts in its own memory",
-    "redis_timeout_ms": "the longest a request waits on Redis for its limits (then --redis-down applies)",
+    "redis_timeout_ms": ("the longest a request waits on Redis for its limits (then --redis-down applies) or a "
+                         "translation cache lookup (then a miss, and the cache backs off)"),
     "redis_down": "while Redis cannot answer: admit (limits off until it is back) or refuse (429 with Retry-After)",
     "cache_size": "sentences the translation cache keeps in each HTTP process (least recently used out first); with "
                   "--redis-url also in Redis, shared by the replicas; 0 = no translation cache",
