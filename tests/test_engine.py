@@ -219,6 +219,27 @@ def test_the_pool_counts_the_bytes_lent_to_running_searches():
     assert pool.lent_bytes == 40
 
 
+def test_a_relayout_told_each_rows_written_columns_copies_those_and_no_more():
+    """InPlaceCache.fit(rows, width, filled) (the running batch's, its rows at different positions): kept row i
+    is source row rows[i]'s first filled[i] columns in every tensor; the columns past them and a new row (-1) are
+    not copied (their search writes each before reading it), so they keep what the block held."""
+    from service.inference.device_memory import BlockPool, InPlaceCache
+
+    names = ["a", "b"]
+    cache = InPlaceCache(BlockPool(np.float32, "cpu"), names, names, 3, 2, 4, max_rows=4, max_positions=16)
+    cache.reserve(7)                                                           # W = 8
+    src = cache.read.host()[:2 * 3 * 2 * 8 * 4].reshape(2, 3, 2, 8, 4)
+    src[:] = np.arange(src.size, dtype=np.float32).reshape(src.shape)
+    before = src.copy()
+    cache.write.host()[:] = -1.0
+    cache.fit(np.array([2, 0, -1, 2]), 16, np.array([3, 8, 5, 1]))
+    out = cache.read.host()[:2 * 4 * 2 * 16 * 4].reshape(2, 4, 2, 16, 4)
+    for i, (r, c) in enumerate([(2, 3), (0, 8), (None, 0), (2, 1)]):
+        if r is not None:
+            np.testing.assert_array_equal(out[:, i, :, :c], before[:, r, :, :c])
+        assert (out[:, i, :, c:] == -1.0).all()
+
+
 def test_one_binding_serves_full_and_top_k_steps_in_turn(engine, ids):
     """A search's binding is reused, so a top-k step after a full one (and the reverse) must not write
     into the other kind's arrays: each step's values match a decoder that only ever takes full steps."""

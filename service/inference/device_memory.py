@@ -221,6 +221,19 @@ class KVCache:
             self.read = self.write = None
 
 
+def _prefixes(src: np.ndarray, dst: np.ndarray, rows: np.ndarray, filled: np.ndarray) -> None:
+    """dst's row i = src's row rows[i], its first filled[i] columns only (-1: a new row, nothing), a numpy call a
+    row. A running batch's rows are at different positions and its width W is the furthest one's, so one gather of
+    W columns a row moved three times the bytes written (mean position 5 of W 15, issue 50's measurement); the copy
+    is memory-bound, and the bytes it does not move also leave the caches to the model's weights. Measured against
+    the one gather: the relayout's CPU 0.24-0.36 -> 0.13-0.23 s, the scheduler's tokens a CPU second +5-8%
+    (benchmarks/results/serving-cpu.md, 2026-12-03)."""
+    cols = np.minimum(np.where(rows < 0, 0, filled), min(src.shape[3], dst.shape[3]))
+    for i, (r, c) in enumerate(zip(rows.tolist(), cols.tolist())):
+        if c:
+            dst[:, i, :, :c] = src[:, r, :, :c]
+
+
 class InPlaceCache:
     """The translation decoder's self-attention cache: one (rows, h, W, d_k) tensor per past_*/present_*
     pair, bound to one address for both, so a step writes its new column where it reads (model/export.py).
@@ -269,19 +282,20 @@ class InPlaceCache:
             return
         self._relayout(rows, self.width)
 
-    def fit(self, rows: np.ndarray, width: int) -> None:
+    def fit(self, rows: np.ndarray, width: int, filled: np.ndarray | None = None) -> None:
         """Keeps rows `rows` (int64) of every tensor, in that order, at `width` columns (wider or narrower);
         a row -1 is a new one, its columns left as they happen to be (its search writes each column before it
         reads it). Nothing is copied when they are all the rows in order at the same width (a running batch,
-        service/inference/decoders.py: rows join and leave between its steps)."""
+        service/inference/decoders.py: rows join and leave between its steps). `filled`: each kept row's columns
+        written so far (its next position), when known: only those are copied (`_prefixes`)."""
         if width == self.width and np.array_equal(rows, np.arange(self.rows)):
             return
-        self._relayout(rows, width)
+        self._relayout(rows, width, filled)
 
-    def _relayout(self, rows: np.ndarray | None, width: int) -> None:
+    def _relayout(self, rows: np.ndarray | None, width: int, filled: np.ndarray | None = None) -> None:
         """Copies the cache into the second block with rows `rows` (None: the same; -1: any) at `width`
         columns. The tensors lie back to back, so one numpy call (or one gather graph, RowGather) moves all
-        of them."""
+        of them, or one call a row for its `filled` columns only (`_prefixes`)."""
         read, write = self.blocks
         L2, M = len(self.names), self.rows if rows is None else len(rows)
         n, m = self._tensor_size(self.rows, self.width), self._tensor_size(M, width)
@@ -297,7 +311,9 @@ class InPlaceCache:
             src = read.host()[:L2 * n].reshape(L2, self.rows, self.h, self.width, self.d_k)
             host = write.host(contents=False)
             dst = host[:L2 * m].reshape(L2, M, self.h, width, self.d_k)
-            if width <= self.width and rows is not None:         # the same or narrower: one gather
+            if filled is not None and rows is not None:
+                _prefixes(src, dst, rows, filled)
+            elif width <= self.width and rows is not None:       # the same or narrower: one gather
                 np.take(src[:, :, :, :width], rows, axis=1, out=dst, mode="clip")   # "raise" would buffer; -1 -> 0
             else:
                 w = min(width, self.width)

@@ -366,7 +366,7 @@ class RunningBatch:
         rows = np.concatenate([m.rows for m in live])
         if not same:                         # the call's rows in slot order
             tokens, positions, rows = tokens[order], positions[order], rows[order]
-        self.cache.fit(rows, columns_for(int(positions.max()) + 1))
+        self.cache.fit(rows, columns_for(int(positions.max()) + 1), positions)
         outs = self._run(tokens, positions, [m.k for m in live], any(m.whole for m in live))
         if not same:                         # back in the members' order
             outs = {name: a[call_row] for name, a in outs.items()}
