@@ -122,6 +122,37 @@ def test_a_worker_that_died_is_skipped_and_a_restarted_one_takes_its_address(tmp
     assert uids(restarted) == ["e"]
 
 
+def test_a_request_for_a_lone_worker_that_died_waits_for_its_successor(tmp_path):
+    """In one event loop, as an HTTP process's: a request and a control message sent after the lone worker's death
+    (its old connection still held) wait for a worker to listen, none lost on the dead one's connection, and its
+    successor at the same address takes both."""
+    spawn = multiprocessing.get_context("spawn")
+    out = spawn.Queue()
+    dying = spawn.Process(target=serve_inbox, args=(str(tmp_path), 0, out), daemon=True)
+    dying.start()
+    until_listening(request_address(str(tmp_path), 0))
+    sender = RequestSender(str(tmp_path), workers=1)
+
+    async def run():
+        await sender.put(item("a"), timeout_s=5)
+        assert await asyncio.to_thread(out.get, timeout=30) == "a"
+        dying.kill()
+        await asyncio.to_thread(dying.join, 30)
+        await asyncio.sleep(0.1)
+        sender.done("a")
+        put = asyncio.ensure_future(sender.put(item("b"), timeout_s=10))
+        control = asyncio.ensure_future(sender.put(item("c"), timeout_s=10, worker=0))
+        await asyncio.sleep(0.3)
+        assert not put.done() and not control.done()      # no worker listens: they wait
+        restarted = worker(str(tmp_path), 0)
+        await asyncio.wait_for(asyncio.gather(put, control), 5)
+        await asyncio.sleep(0)
+        return restarted
+    restarted = asyncio.run(run())
+    assert sorted(uids(restarted)) == ["b", "c"]
+    assert sender._held == [2]
+
+
 def test_with_no_worker_listening_a_request_waits_for_one_without_blocking_the_loop(tmp_path):
     sender = RequestSender(str(tmp_path), workers=1)
     inboxes = []
