@@ -153,6 +153,7 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[Transformer,
     model = Transformer(TransformerConfig(**state["config"])).to(device)
     model.load_state_dict(state["model"])
     model.eval()
-    info = {k: state.get(k) for k in ("step", "target_tokens", "tagged", "directions", "langs", "metrics")}
+    info = {k: state.get(k) for k in ("step", "target_tokens", "tagged", "directions", "langs", "metrics",
+                                      "averaged_steps")}
     info["file"] = str(path)
     return model, Tokenizer(run / "spm.model"), info

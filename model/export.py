@@ -322,7 +322,9 @@ def export_package(checkpoint: str | Path, out: str | Path, *, quantize: str | N
                   "schedule": {k: config.get("train", {}).get(k) for k in ("lr", "warmup")},
                   "checkpoint": Path(info["file"]).name,
                   # Longest training sequence: language-model perplexity is measured in such windows.
-                  "max_positions": config.get("train", {}).get("max_positions")},
+                  "max_positions": config.get("train", {}).get("max_positions"),
+                  # model.average's: the steps whose weights were averaged (the step above is the newest's)
+                  **({"averaged_steps": info["averaged_steps"]} if info.get("averaged_steps") else {})},
         model_card=run / "MODEL_CARD.md", quantize=quantize, calibration=texts, fp16=fp16, name=name)
 
 

@@ -140,6 +140,7 @@ def test_averaged_checkpoints_hold_the_mean_weights_and_load_for_export(tiny_run
             assert torch.allclose(averaged["model"][name], tensor + 0.25, atol=1e-6), name
     model, _, info = load_checkpoint(tmp_path / "average.pt")
     assert info["step"] == state["step"] + 200 and sum(p.numel() for p in model.parameters()) > 0
+    assert info["averaged_steps"] == [state["step"], state["step"] + 200]      # model.json's training records them
 
     other = state | {"config": state["config"] | {"d_ff": state["config"]["d_ff"] * 2}}
     save_atomically(other, tmp_path / "other.pt")
