@@ -3,7 +3,8 @@ sentences in turn) while the package is replaced by another version three times 
 encoder.onnx whose checksum was rewritten to match, so that only onnxruntime in the workers can refuse it) is tried
 once between. Printed: the requests answered and failed, the versions that answered (each must be one that was
 loaded; the broken one never), each load call's status and time (and the broken one's reason), the latency
-percentiles in the windows around the swaps and outside them, and each worker version's measured resident cost.
+percentiles in the windows around the swaps and outside them, and of the requests in flight while a load call ran,
+and each worker version's measured resident cost.
 
     python benchmarks/model_swap.py [--seconds 60] [--clients 16] [--workers 2]
 """
@@ -98,8 +99,11 @@ def main() -> None:
         print(f"  load {version}: {status} in {took:.2f} s {message}")
     near = [a[1] for a in answers if any(t0 - 1 <= a[0] <= t0 + took + 1 for _, t0, took, _, _ in calls)]
     far = [a[1] for a in answers if not any(t0 - 1 <= a[0] <= t0 + took + 1 for _, t0, took, _, _ in calls)]
+    # In flight while a load call ran (its span overlapping the call's): those a worker's load could hold up.
+    during = [a[1] for a in answers if any(a[0] < t0 + took and a[0] + a[1] > t0 for _, t0, took, _, _ in calls)]
     print(f"  latency within 1 s of a load: {percentiles(near)}")
     print(f"  latency otherwise:            {percentiles(far)}")
+    print(f"  latency in flight during one: {percentiles(during)}")
     for v in listing["models"][0]["versions"]:
         print(f"  version {v['version']}: files {v['bytes'] >> 20} MiB, measured resident {v['resident_bytes'] >> 20} "
               "MiB a worker")

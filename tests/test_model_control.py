@@ -265,6 +265,65 @@ def test_a_restarted_worker_serves_the_versions_the_table_lists(server):
     assert all(r.status_code == 200 and r.json()["model_version"] == "v5" for r in answers)
 
 
+SLOW_BYTES = 1 << 30     # a sparse file: no disk taken, yet its sha256 is computed in full (about 1 s of one core)
+
+
+def slow_version(root: Path, version: str) -> Path:
+    """A copy of the package with a 1 GiB file of zeros (sparse) that model.json lists: the worker checks its sha256
+    as it loads the version, which takes a second or more whatever else the machine runs."""
+    out = new_version(root, version)
+    with open(out / "padding.bin", "wb") as f:
+        f.truncate(SLOW_BYTES)
+    digest, zeros = hashlib.sha256(), bytes(1 << 24)
+    for _ in range(SLOW_BYTES // len(zeros)):
+        digest.update(zeros)
+    meta = json.loads((out / "model.json").read_text())
+    meta["files"]["padding.bin"] = {"sha256": digest.hexdigest(), "bytes": SLOW_BYTES}
+    (out / "model.json").write_text(json.dumps(meta, indent=2))
+    return out
+
+
+def test_a_request_sent_while_the_worker_loads_a_version_is_answered_before_the_load_ends(tmp_path):
+    """A worker loads a version in a thread and serves between its steps (worker/model_swap.py): with one worker,
+    requests sent after it began loading are answered while it still loads. The load is slow for real (a large
+    file's checksum, the step a package's size makes long), not a mocked pause, so the worker's own code runs as in
+    production; how long it took is what the worker logs (JSON: a spawned worker logs as the main process only then)."""
+    _, admins = keys_files(tmp_path)
+    path = slow_version(tmp_path, "slow")
+    proc, url = start_server(PACKAGE, "--workers", "1", "--admin-keys-file", str(admins), "--log-format", "json")
+    try:
+        async def run() -> tuple[httpx.Response, float, list[tuple[float, float, int]]]:
+            done, answers = asyncio.Event(), []
+
+            async def client(k: int) -> None:
+                async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+                    while not done.is_set():
+                        sent = time.monotonic()
+                        r = await http.post("/translate", json={"text": TEXTS[k % len(TEXTS)], "source_lang": "de",
+                                                                "target_lang": "en"})
+                        answers.append((sent, time.monotonic(), r.status_code))
+                        k += 1
+
+            clients = [asyncio.create_task(client(k)) for k in range(4)]
+            r = await asyncio.to_thread(admin, url, "", {"path": str(path)})
+            ended = time.monotonic()
+            done.set()
+            await asyncio.gather(*clients)
+            return r, ended, answers
+
+        r, ended, answers = asyncio.run(run())
+        assert r.status_code == 200 and r.json()["active"] == "slow", r.text
+        assert {status for _, _, status in answers} == {200}
+        took = float(re.search(r"model version slow of de-en loaded beside .* in ([0-9.]+) s", server_log(proc))[1])
+        assert took > 0.5                      # the checksum alone takes that: the load was slow
+        # The worker loaded within [ended - took, ended]: requests sent and answered inside it, with a margin for the
+        # HTTP process's switch of the table after the worker's answer.
+        inside = [1 for sent, answered, _ in answers if sent >= ended - took and answered <= ended - 0.25]
+        assert inside, (took, [(round(s - ended, 2), round(a - ended, 2)) for s, a, _ in answers[-12:]])
+    finally:
+        stop_server(proc)
+
+
 def test_admin_routes_refused_without_admin_keys_and_a_swap_that_would_not_fit_refused(tmp_path):
     proc, url = start_server(PACKAGE, "--model-memory-bytes", "40000000")
     try:
@@ -493,3 +552,39 @@ def test_the_models_file_outlives_a_model_unloaded_while_it_applies_an_entry(tmp
 
     control = SimpleNamespace(table=table, promote=promote)
     assert asyncio.run(ModelsFile(str(tmp_path / "models.yaml"), control).apply()) is True
+
+
+def test_messages_for_the_version_loading_wait_for_its_load_and_the_others_are_answered_at_once(tmp_path):
+    """A worker loads one version at a time, in a thread (model_swap.begin): an unload of that version and the same
+    load sent again wait for it and are answered in order once it is installed; an unload of another version is
+    answered at once. The load is slow for real (the 1 GiB file's checksum), so the messages arrive while it runs."""
+    from types import SimpleNamespace
+
+    from service.worker import model_swap
+
+    path = slow_version(tmp_path, "slow")
+    table = model_swap.ModelTable()
+    table.write({"models": {"de-en": {"active": "slow", "candidate": None, "share": 0.0, "keys": [], "versions": {
+        "slow": {"slot": "de-en@slow", "checksum": "c", "path": str(path), "directions": ["de-en"]}}}}, "busy": None})
+    old = SimpleNamespace(directions=["de-en"], package=SimpleNamespace(meta={"precision": "int8"}), device_type="cpu")
+    api = SimpleNamespace(models=table, engines={"de-en@old": old}, versions={"de-en@old": ("de-en", "old")},
+                          retiring=set(), routes={("de", "en"): "de-en@old"}, provider="cpu",
+                          settings=SimpleNamespace(threads=1, spin_wait=False), loads=model_swap.Loads(),
+                          scheduler=SimpleNamespace(jobs={}, batches={}, endpoint="translate", watch=None))
+    answers = []
+    load = {"control": "load", "slot": "de-en@slow", "name": "de-en", "version": "slow", "path": str(path),
+            "checksum": "c"}
+    for n, payload in enumerate([load, {"control": "unload", "slot": "de-en@slow"}, load,
+                                 {"control": "unload", "slot": "de-en@old"}]):
+        model_swap.begin(api, payload, lambda a, n=n: answers.append((n, a)))
+    assert answers == [(3, {"ok": True, "removed": ["de-en@old"]})] and api.loads.running is not None
+    deadline = time.monotonic() + 120
+    while model_swap.finish_loads(api):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert [n for n, _ in answers] == [3, 0, 1, 2]
+    examples = model_swap.card_examples(path, json.loads((path / "model.json").read_text())["directions"])
+    assert answers[1][1]["ok"] and answers[1][1]["checked"] == len(examples) > 0, answers
+    assert answers[2][1] == {"ok": True, "removed": []}           # the table lists it: it serves on
+    assert answers[3][1] == {"ok": True, "resident_bytes": 0, "checked": 0}
+    assert list(api.engines) == ["de-en@slow"] and api.routes[("de", "en")] == "de-en@slow"

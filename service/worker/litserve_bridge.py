@@ -22,6 +22,7 @@ and another for every look from a worker between steps.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import shutil
 import sys
@@ -51,6 +52,7 @@ IDLE_WAKE_S = 1.0   # an idle worker still returns to its loop this often
 HTTP_WATCH_S = 1.0  # the main process looks at its HTTP processes this often
 POLL_S = 0.005      # a busy translation worker looks for new requests this often at most (between steps)
 QUEUE_CHECK_S = 0.1  # ... and, when the board counts nothing queued, this often (should the count be off)
+LOAD_POLL_S = 0.01  # an idle worker loading a model version (worker/model_swap.py) looks for its end this often
 
 
 # --- the worker side -----------------------------------------------------------------------------
@@ -70,8 +72,9 @@ class SchedulerLoop(LitLoop):
             request_queue.listen(worker_id)
         try:
             while True:
+                idle_s = LOAD_POLL_S if finish_loads(lit_api) else IDLE_WAKE_S
                 try:
-                    payloads, timed_out = collect(self, lit_api, request_queue, transport)
+                    payloads, timed_out = collect(self, lit_api, request_queue, transport, idle_s=idle_s)
                 except _StopLoopError:
                     return
                 self._time_out(lit_api, transport, timed_out)
@@ -167,6 +170,7 @@ class SchedulerLoop(LitLoop):
                         since >= QUEUE_CHECK_S or queued(lit_api) > 0):
                     more = self._admit_arrivals(lit_api, request_queue, transport, waiting)
                     polled = time.monotonic()
+                finish_loads(lit_api)
                 scheduler.step()
         except Exception as e:
             log.exception("the %s worker's scheduler failed; its %d unanswered requests fail",
@@ -233,19 +237,30 @@ def response_type(lit_api: LitAPI) -> LoopResponseType:
     return LoopResponseType.STREAMING if lit_api.stream else LoopResponseType.REGULAR
 
 
-def collect(loop: LitLoop, lit_api: LitAPI, request_queue: Queue,
-            transport: MessageTransport, wait: bool = True, expect: int | None = None) -> tuple[list, list]:
+def finish_loads(lit_api: LitAPI) -> bool:
+    """A model version whose load in its thread has ended is served and its control message answered
+    (worker/model_swap.py); whether a load still runs. A LitAPI without model control has none."""
+    finish = getattr(lit_api, "finish_loads", None)
+    return finish is not None and finish()
+
+
+def collect(loop: LitLoop, lit_api: LitAPI, request_queue: Queue, transport: MessageTransport, wait: bool = True,
+            expect: int | None = None, idle_s: float = IDLE_WAKE_S) -> tuple[list, list]:
     """(payloads, timed_out): up to `max_batch_size` requests as `(response_queue_id, uid, payload)`,
     and `(response_queue_id, uid)` of those that waited longer than `request_timeout` (LitServe
-    answers them 504). Both empty when nothing arrived within IDLE_WAKE_S (wait=False: only what is
-    already queued, no window). `expect`: how many the board counts queued; having taken that many it does
-    not ask the queue again (what arrived since waits for the next look; on LitServe's queue each ask was a round
-    trip to its manager process)."""
+    answers them 504). Both empty when nothing arrived within `idle_s` (wait=False: only what is
+    already queued, no window). A model control message is handed to `lit_api.control` with the means to answer
+    it, now or once its load is done (worker/model_swap.py). `expect`: how many the board counts queued; having
+    taken that many it does not ask the queue again (what arrived since waits for the next look; on LitServe's
+    queue each ask was a round trip to its manager process)."""
     payloads: list = []
     timed_out: list = []
     check_age = lit_api.request_timeout not in (-1, False)
     endpoint = lit_api.api_path.strip("/")
     queue_depth, board = metrics().queue_depth.labels(endpoint), getattr(lit_api, "board", None)
+
+    def answer(response_queue_id: int, uid: str, response: dict) -> None:
+        loop.put_response(transport, response_queue_id, uid, response, LitAPIStatus.OK, response_type(lit_api))
 
     def take(item) -> None:
         if item == _SENTINEL_VALUE:
@@ -262,14 +277,13 @@ def collect(loop: LitLoop, lit_api: LitAPI, request_queue: Queue,
         # and a thread hop and another round trip in the HTTP process, for every request.
         if check_age and time.monotonic() - queued_at > lit_api.request_timeout:
             timed_out.append((response_queue_id, uid))
-        elif isinstance(payload, dict) and "control" in payload:   # model control (worker/model_swap.py): now
-            loop.put_response(transport, response_queue_id, uid, lit_api.control(payload), LitAPIStatus.OK,
-                              response_type(lit_api))
+        elif isinstance(payload, dict) and "control" in payload:   # model control (worker/model_swap.py)
+            lit_api.control(payload, functools.partial(answer, response_queue_id, uid))
         else:
             payloads.append((response_queue_id, uid, payload))
 
     try:
-        take(request_queue.get(timeout=IDLE_WAKE_S if wait else 0.0))
+        take(request_queue.get(timeout=idle_s if wait else 0.0))
     except Empty:
         return payloads, timed_out
     window_ends = time.monotonic() + (lit_api.batch_timeout if wait else 0.0)

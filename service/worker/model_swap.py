@@ -13,8 +13,12 @@ served since start-up (so the metrics' `model` label stays the package's name), 
 since. A request names the slot the HTTP process routed it to; a worker that has unloaded that slot since serves it
 on the model's active version and says so in the answer (`model_version`).
 
-A control message runs in the worker's loop, between two decoder steps: while a version loads and is checked (a
-second or two for models/de-en on 2 cores) the worker's requests wait; none fails.
+A load runs in a thread of the worker (`begin`, `prepare`) while its loop goes on serving: reading the package and
+checking its checksums, opening the sessions and tokenizers, warming and checking the engine touch only the new
+engine, and hashlib, onnxruntime and SentencePiece release the GIL while they work. Only what changes the worker's
+engines and routing (`installed`) runs in the loop, between two decoder steps, where the answer is sent
+(`finish_loads`). One load at a time: another load, and any message naming the version loading, waits for it. Any
+other control message (an unload of another version) is answered at once, between two steps.
 """
 
 from __future__ import annotations
@@ -25,8 +29,12 @@ import logging
 import multiprocessing as mp
 import os
 import re
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..inference.engine import Engine
 from ..metrics import metrics
@@ -136,10 +144,15 @@ def answer_fields(api: TranslateAPI, slot: str) -> dict:
 
 
 def control(api: TranslateAPI, payload: dict) -> dict:
-    """A control message's answer: {"ok": True, ...} or {"ok": False, "reason": ...} (never quoting a path); it runs
-    in the worker's loop, which an exception here would end."""
+    """A control message's answer, the load done here and now (a LitAPI outside a server's loop, a test; the loop
+    takes its messages through `begin`): {"ok": True, ...} or {"ok": False, "reason": ...} (never quoting a path)."""
+    return guarded(_control, api, payload)
+
+
+def guarded(step, *args) -> dict:
+    """`step`'s answer, or the failure's: it runs in the worker's loop, which an exception here would end."""
     try:
-        return _control(api, payload)
+        return step(*args)
     except Exception as e:
         log.exception("a model control message failed in the worker")
         return {"ok": False, "reason": f"the worker failed ({type(e).__name__}); its log says why"}
@@ -160,34 +173,119 @@ def _control(api: TranslateAPI, payload: dict) -> dict:
     return {"ok": False, "reason": f"unknown control message {what!r}"}
 
 
+@dataclass
+class Loading:
+    """A version being loaded (`prepare`: in a thread of its own when the worker's loop took the message) and what
+    it came to: its engine and the examples checked, or why it was refused."""
+    slot: str
+    name: str
+    version: str
+    path: Path
+    checksum: str | None                         # model.json's sha256, which the engine keeps (`transerve_checksum`)
+    answer: Callable[[dict], None] | None = None  # sends the control message's answer (the loop's)
+    engine: Engine | None = None
+    checked: int = 0
+    refusal: str | None = None
+    resident_before: int = 0
+    took_s: float = 0.0
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class Loads:
+    """A worker's load under way (one at a time) and the control messages that wait for it, answered in order once
+    it is: another load, and any naming the version loading (an unload the HTTP process sent after it gave up
+    waiting, or the same load tried again), which would otherwise act on a version half there."""
+    running: Loading | None = None
+    waiting: deque = field(default_factory=deque)    # (payload, answer)
+
+
+def begin(api: TranslateAPI, payload: dict, answer: Callable[[dict], None]) -> None:
+    """A control message the worker's loop took: a load starts in a thread and is answered by `finish_loads` once
+    done, the loop serving meanwhile; what must wait for a load under way waits; anything else is answered now."""
+    loads: Loads = api.loads
+    what, slot = payload.get("control"), payload.get("slot")
+    if loads.running is not None and (what == "load" or slot == loads.running.slot):
+        loads.waiting.append((payload, answer))
+        return
+    try:
+        loading = Loading(slot, payload["name"], payload["version"], Path(payload["path"]), payload.get("checksum"),
+                          answer) if what == "load" and slot not in api.engines else None
+    except (KeyError, TypeError):
+        loading = None
+    if loading is None:       # an unload, a version this worker has already (restarted), a malformed message
+        answer(control(api, payload))
+        return
+    loads.running = loading
+    threading.Thread(target=prepare, args=(api, loading), name="model-load", daemon=True).start()
+
+
+def finish_loads(api: TranslateAPI) -> bool:
+    """In the worker's loop, between two steps: a load whose thread has ended is installed and answered, then the
+    messages that waited for it are taken in order. Whether a load still runs."""
+    loads: Loads = api.loads
+    while loads.running is not None and loads.running.done.is_set():
+        loading, loads.running = loads.running, None
+        loading.answer(guarded(installed, api, loading))
+        while loads.waiting and loads.running is None:
+            begin(api, *loads.waiting.popleft())
+    return loads.running is not None
+
+
 def load(api: TranslateAPI, slot: str, name: str, version: str, path: Path, checksum: str | None = None) -> dict:
     """The version loaded beside the others, warmed and checked (check_engine), its resident cost measured; on any
-    failure nothing of it stays. `checksum`: model.json's sha256, which the engine keeps (`transerve_checksum`)."""
+    failure nothing of it stays. All in this thread (the loop's loads go through `begin`)."""
     if slot in api.engines:                  # a restarted worker loaded it from the table already
         if getattr(api.engines[slot], "transerve_checksum", checksum) != checksum:
             return {"ok": False, "reason": f"version {version} of {name} was another package, still finishing its "
                     "requests here; retry in a moment, or give this one another version id"}
         api.retiring.discard(slot)
         return {"ok": True, "resident_bytes": 0, "checked": 0}
-    before = resident_bytes()
+    loading = Loading(slot, name, version, path, checksum)
+    prepare(api, loading)
+    return installed(api, loading)
+
+
+def prepare(api: TranslateAPI, loading: Loading) -> None:
+    """The package read and its checksums checked, its sessions and tokenizers opened, the engine warmed and checked:
+    all on the new engine alone, nothing the worker's running batch or routing holds, so that a thread may do it
+    while the loop serves. hashlib, onnxruntime's session creation and runs and SentencePiece's load release the GIL
+    as they work (measured: docs/serving.md, "Model control and canary"); the sessions take the worker's settings."""
+    t0 = time.monotonic()
+    loading.resident_before = resident_bytes()
     try:
-        package = load_package(path)
-        if package.meta.get("task", "translation") != "translation" or package.name != name:
-            raise PackageError(f"model.json: a translation package named {name!r} was expected")
-        engine = Engine(package, device=api.provider, intra_op_threads=api.settings.threads,
-                        spin_wait=api.settings.spin_wait)
-        checked = check_engine(engine)
+        loading.engine, loading.checked = checked_engine(api, loading)
     except Exception as e:                   # onnxruntime's own errors too: a graph it cannot load
-        gc.collect()
-        reason = without_path(str(e) or type(e).__name__, path)
-        log.warning("model version %s of %s refused by the worker: %s", version, name, reason)
+        loading.refusal = without_path(str(e) or type(e).__name__, loading.path)
+    finally:
+        loading.took_s = time.monotonic() - t0
+        if loading.engine is None:
+            gc.collect()                     # a refused engine's sessions, once the exception has let them go
+        loading.done.set()
+
+
+def checked_engine(api: TranslateAPI, loading: Loading) -> tuple[Engine, int]:
+    package = load_package(loading.path)
+    if package.meta.get("task", "translation") != "translation" or package.name != loading.name:
+        raise PackageError(f"model.json: a translation package named {loading.name!r} was expected")
+    engine = Engine(package, device=api.provider, intra_op_threads=api.settings.threads,
+                    spin_wait=api.settings.spin_wait)
+    return engine, check_engine(engine)
+
+
+def installed(api: TranslateAPI, loading: Loading) -> dict:
+    """A prepared version served beside the others (in the worker's loop: the routing changes between two steps),
+    or its refusal logged; the control message's answer."""
+    if loading.refusal is not None or loading.engine is None:
+        reason = loading.refusal or "the load did not finish"
+        log.warning("model version %s of %s refused by the worker: %s", loading.version, loading.name, reason)
         return {"ok": False, "reason": reason}
-    engine.transerve_checksum = checksum
-    install(api, slot, name, version, engine)
-    cost = max(0, resident_bytes() - before)
-    log.info("model version %s of %s loaded beside %s (about %d MB resident, %d examples checked)", version, name,
-             sorted(api.engines), cost >> 20, checked)
-    return {"ok": True, "resident_bytes": cost, "checked": checked}
+    loading.engine.transerve_checksum = loading.checksum
+    install(api, loading.slot, loading.name, loading.version, loading.engine)
+    cost = max(0, resident_bytes() - loading.resident_before)
+    log.info("model version %s of %s loaded beside %s in %.2f s (about %d MB resident, %d examples checked)",
+             loading.version, loading.name, sorted(api.engines), loading.took_s, cost >> 20, loading.checked)
+    return {"ok": True, "resident_bytes": cost, "checked": loading.checked}
 
 
 def install(api: TranslateAPI, slot: str, name: str, version: str, engine: Engine) -> None:

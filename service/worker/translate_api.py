@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Callable
 
 import litserve as ls
 import numpy as np
@@ -54,6 +55,7 @@ class TranslateAPI(ls.LitAPI):
         self.stopping = stopping   # None outside a server (tests): the signals are left alone
         self.models = models    # the served versions (worker/model_swap.py); None: the command line's packages
         self.provider = "cpu"
+        self.loads = model_swap.Loads()   # a version loading in a thread, and the control messages waiting for it
 
     # --- worker start-up -------------------------------------------------------------------------
     def setup(self, device: str) -> None:
@@ -95,9 +97,17 @@ class TranslateAPI(ls.LitAPI):
         self.versions: dict[str, tuple[str, str]] = self.models.versions() if self.models is not None else {}
         self.retiring: set[str] = set()
 
-    def control(self, payload: dict) -> dict:
-        """A model control message (a version loaded or unloaded), answered at once by the worker's loop."""
-        return model_swap.control(self, payload)
+    def control(self, payload: dict, answer: Callable[[dict], None] | None = None) -> dict | None:
+        """A model control message (a version loaded or unloaded). From the worker's loop (`answer` given): a load runs
+        in a thread and is answered by `finish_loads` once done, the rest at once; without `answer`, here and now."""
+        if answer is None:
+            return model_swap.control(self, payload)
+        model_swap.begin(self, payload, answer)
+        return None
+
+    def finish_loads(self) -> bool:
+        """Between the loop's steps: a load done is installed and answered; whether one still runs."""
+        return model_swap.finish_loads(self)
 
     # --- per request -----------------------------------------------------------------------------
     def decode_request(self, request: dict) -> Job | Failure:
