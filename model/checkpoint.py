@@ -125,6 +125,19 @@ def save_best(path: Path, model: Transformer, step: int, metrics: dict, labels: 
                 **labels}, path)
 
 
+def keep_snap(out: Path, model: Transformer, progress: Progress, labels: dict, keep: int) -> Path:
+    """out/snap-STEP.pt: the weights alone (as best.pt, with the step and target tokens), for model.average; the
+    snaps past the newest `keep` are removed. Returns the new one's path."""
+    path = out / f"snap-{progress.step}.pt"
+    save_atomically({"model": model.state_dict(), "config": model.config.to_dict(), "step": progress.step,
+                     "target_tokens": progress.target_tokens,
+                     "metrics": progress.history[-1] if progress.history else None, **labels}, path)
+    snaps = sorted((p for p in out.glob("snap-*.pt") if p.stem[5:].isdigit()), key=lambda p: int(p.stem[5:]))
+    for old in snaps[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
 def load_training_checkpoint(path: Path) -> dict:
     """checkpoint.pt as saved, on the CPU."""
     return torch.load(path, map_location="cpu", weights_only=False)

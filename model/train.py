@@ -59,7 +59,7 @@ from service.shared.options import SearchOptions
 
 from .batching import (Batch, IdBatch, Prefetcher, TokenArrays, batch_indices, cached_token_arrays,
                        collate_ids, concat_ranges, flatten, select_rows)
-from .checkpoint import (Progress, load_training_checkpoint, restore_training, save_best,
+from .checkpoint import (Progress, keep_snap, load_training_checkpoint, restore_training, save_best,
                          save_training_checkpoint)
 from .back_translate import synthetic_lang
 from .corpus.tsv import read_origins, read_pairs
@@ -103,6 +103,9 @@ class TrainConfig:
     eval_every: int = 1000          # steps between dev evaluations (0 = only at the end)
     eval_sentences: int = 300       # dev sentences decoded (greedy) for the periodic BLEU
     save_every_minutes: float = 10.0
+    # Each save also keeps the weights alone as snap-STEP.pt, the newest this many (0 = none): what
+    # model.average means to ship from a run whose single saves move more than its trend (models/de-en's phase 20)
+    keep_saves: int = 0
     max_positions: int = 200        # drop training pairs longer than this many pieces
     seed: int = 1
 
@@ -823,6 +826,8 @@ class Trainer:
     def save(self) -> None:
         t, cpu = time.time(), time.process_time()
         save_training_checkpoint(self.ckpt_path, self.model, self.optimizer, self.progress, self.corpus.labels)
+        if self.settings.keep_saves:
+            keep_snap(self.out, self.model, self.progress, self.corpus.labels, self.settings.keep_saves)
         self.save_seconds = max(self.save_seconds or 0.0, time.time() - t)
         self.cpu_not_training += time.process_time() - cpu
 

@@ -64,6 +64,26 @@ def run_args(data_dir, out, *extra):
             *TINY, "--max-tokens", "300", "--threads", "1", "--seed", "1", *extra]
 
 
+def test_keep_saves_keeps_the_newest_saves_weights_for_averaging(data_dir, tmp_path):
+    """--keep-saves N: every save also writes snap-STEP.pt (weights, config, step; no optimizer), the newest N
+    kept (a file that only looks like one stays); model.average takes them."""
+    from model.average import main as average_main
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "snap-notes.pt").write_bytes(b"not a save")
+    train.main(run_args(data_dir, out, "--max-steps", "4", "--eval-every", "0", "--save-every-minutes", "0",
+                        "--keep-saves", "2"))
+    snaps = sorted(p.name for p in out.glob("snap-*.pt"))
+    assert snaps == ["snap-3.pt", "snap-4.pt", "snap-notes.pt"], snaps
+    snap = torch.load(out / "snap-4.pt", weights_only=False)
+    final = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert snap["step"] == 4 and "optimizer" not in snap and snap["config"] == final["config"]
+    assert all(torch.equal(snap["model"][k], v) for k, v in final["model"].items())
+    average_main([str(out / "snap-3.pt"), str(out / "snap-4.pt"), "--out", str(out / "average.pt")])
+    assert torch.load(out / "average.pt", weights_only=False)["averaged_steps"] == [3, 4]
+
+
 def test_a_resumed_run_continues_the_schedule_and_the_data(data_dir, tmp_path):
     """12 steps in one run against 6 + 6 in two: the same step, epoch and batch position, Adam's step
     count and the learning rate of step 12, weights as far along, dev loss alike."""
