@@ -328,6 +328,9 @@ def test_no_secret_a_client_sends_is_in_a_log_line_a_span_or_a_metric(run):
     lines = [line for line in log.splitlines() if "/libretranslate/download_file" in line]
     assert lines and all("/libretranslate/download_file/{filename}" in line for line in lines), lines[:3]
     assert "POST /translate" in spans and "(unmatched)" in log
+    # The inference workers' own lines are in the log searched, in either format (a spawned worker configures its
+    # logging as the main process was told to; in text it once left them to Python's last resort, warnings only).
+    assert "worker ready" in log
     # Every route of the API's schema was asked (and the hidden ones: /v1/chat/completions, /ui, /docs, /metrics).
     access = re.compile(r"transerve\.access: [A-Z]+ (\S+) \d{3} ")
     routes = {json.loads(line)["route"] for line in log.splitlines() if line.startswith('{"') and '"route"' in line} \

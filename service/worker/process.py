@@ -17,5 +17,4 @@ def start_worker(endpoint: str, settings: Settings, board: CancelBoard, stopping
     if stopping is not None:
         stopping.guard(die)
     lower_worker_priority(settings)
-    if settings.log_format == "json":
-        configure_logs(settings.log_level, "json")
+    configure_logs(settings.log_level, settings.log_format)
