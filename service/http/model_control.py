@@ -35,7 +35,7 @@ import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Callable
 
 from fastapi import Request
@@ -46,7 +46,7 @@ from .litserve_workers import Workers
 from ..config import Settings
 from ..errors import ERROR_KIND, ApiError
 from ..metrics import hide_series, labelled, metrics
-from ..shared.package import ModelPackage, PackageError, load_package
+from ..shared.package import PackageError, load_package
 from ..stopping import main_alive
 from ..worker.model_swap import ModelTable, without_path
 from ..worker.translate_api import ENDPOINT
@@ -75,25 +75,6 @@ def package_record(package_path: Path, meta: dict, version: str | None = None) -
     return {"version": vid, "checksum": checksum, "path": str(package_path.resolve()),
             "directions": list(meta.get("directions", [])),
             "bytes": sum(f.get("bytes", 0) for f in meta.get("files", {}).values()), "resident_bytes": 0}
-
-
-def checked_package(where: Path) -> ModelPackage:
-    """The package at `where` read and checked (load_package), once model.json's "files" are known to name files
-    inside it: an absolute path or one through ".." would be read and hashed wherever it points, and the error
-    would quote it (a path the admin's client chose, or one of the server's)."""
-    try:
-        files = json.loads((where / "model.json").read_text(encoding="utf-8")).get("files", {})
-    except (OSError, ValueError, AttributeError):   # load_package says why (AttributeError: not an object, _readable)
-        files = {}
-    if isinstance(files, dict) and not all(map(inside_package, files)):
-        raise PackageError("model.json: a file entry is not a relative path inside the package")
-    return load_package(where)
-
-
-def inside_package(name) -> bool:
-    """Whether a model.json "files" name is a relative path that stays inside the package, in printable text."""
-    parts = PurePosixPath(name).parts if isinstance(name, str) else ()
-    return bool(parts) and name.isprintable() and not PurePosixPath(name).is_absolute() and ".." not in parts
 
 
 def initial_table(packages: list[dict]) -> dict:
@@ -310,7 +291,7 @@ class ModelControl:
             raise ApiError(422, "invalid_request", "version: 1 to 64 letters, digits, '.', '_', '+' or '-'")
         where = Path(path)
         try:
-            package = await asyncio.to_thread(checked_package, where)
+            package = await asyncio.to_thread(load_package, where)
             if not isinstance(package.meta.get("name"), str) or not package.meta["name"]:
                 raise PackageError("model.json: no \"name\" (a model package's is its model's name)")
         except (PackageError, OSError, ValueError) as e:   # ValueError: a NUL in the path

@@ -37,8 +37,8 @@ names.
 
 from __future__ import annotations
 
-import dataclasses
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging

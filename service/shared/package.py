@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 PACKAGE_FORMAT = "transerve-model/1"
 # int8 packages the engine serves (model/quantize.py): activations quantized per row at run time, or with
@@ -53,7 +53,12 @@ def load_package(path: str | Path, *, verify: bool = True) -> ModelPackage:
         raise PackageError(f"{meta_file}: not readable JSON ({e})") from None
     if meta.get("format") != PACKAGE_FORMAT:
         raise PackageError(f"{meta_file}: format is {meta.get('format')!r}, expected {PACKAGE_FORMAT!r}")
-    for name, info in meta.get("files", {}).items():
+    files = meta.get("files", {})
+    # Before any file is read: an absolute name or one through ".." would be read and hashed wherever it points, and
+    # an error would quote it (a path a client of model control chose, or one of the server's)
+    if isinstance(files, dict) and not all(map(inside_package, files)):
+        raise PackageError("model.json: a file entry is not a relative path inside the package")
+    for name, info in files.items():
         f = path / name
         if not f.is_file():
             raise PackageError(f"{f}: missing from the model package")
@@ -62,6 +67,12 @@ def load_package(path: str | Path, *, verify: bool = True) -> ModelPackage:
         if verify and sha256(f) != info["sha256"]:
             raise PackageError(f"{f}: sha256 does not match model.json (corrupt or modified)")
     return ModelPackage(path, meta)
+
+
+def inside_package(name) -> bool:
+    """Whether a model.json "files" name is a relative path that stays inside the package, in printable text."""
+    parts = PurePosixPath(name).parts if isinstance(name, str) else ()
+    return bool(parts) and name.isprintable() and not PurePosixPath(name).is_absolute() and ".." not in parts
 
 
 def sha256(path: Path) -> str:
