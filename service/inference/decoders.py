@@ -221,11 +221,13 @@ class OrtDecoder:
 
     def select(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.int64)
-        if not len(rows) or rows.min() < 0 or rows.max() >= len(self.row_source):
+        # Checked and compared as lists: a step's few rows cost numpy's calls several µs each (a beam step's).
+        order = rows.tolist()
+        if not order or min(order) < 0 or max(order) >= len(self.row_source):
             raise ValueError(f"select() takes 1 or more rows among 0..{len(self.row_source) - 1}, got {rows}")
-        self.cache.select(rows)
+        self.cache.select(rows, order)
         row_source = self.row_source[rows]
-        if np.array_equal(row_source, self.row_source):
+        if row_source.tolist() == self.row_source.tolist():
             return                                        # beams reordered within their sentences
         self.row_source = row_source
         groups = source_groups(self.row_source)

@@ -358,16 +358,18 @@ def beam_step(beam_scores: np.ndarray, logp: np.ndarray, ids: np.ndarray | None,
     K = options.beam_size
     cand, cand_scores = _best_2k(beam_scores, logp, K)                 # (A, C) each, best first; C = 2K
     A, C = cand.shape
-    beam, column = np.divmod(cand, logp.shape[1])                      # (A, C)
-    row = np.arange(A)[:, None] * K + beam                             # (A, C) the row each extends
+    row, column = np.divmod(cand, logp.shape[1])                       # (A, C) the beam each extends, its column
+    row += np.arange(0, A * K, K)[:, None]                             # (A, C) the row each extends
     token = column if ids is None else ids[row, column]                # (A, C)
     # Scores sorted best first: the finite ones are a prefix (an -inf candidate was banned or not a beam).
     valid = np.isfinite(cand_scores)
-    ends = (token == eos_id) | last[np.arange(A) * K][:, None]         # (A, C)
-    hypothesis = ends & valid & (np.arange(C) < K)                     # (A, C) finished here
+    ends = token == eos_id
+    ends |= last[::K, None]                                            # (A, C) each sentence's rows share it
+    hypothesis = ends & valid                                          # (A, C) finished here: among the first K
+    hypothesis[:, K:] = False
     top_ended[active] |= hypothesis[:, 0]
     goes_on = valid & ~ends
-    chosen = goes_on & (np.cumsum(goes_on, axis=1) <= K)               # (A, C) the first K that go on
+    chosen = goes_on & (goes_on.cumsum(axis=1) <= K)                   # (A, C) the first K that go on
     lp = options.length_penalty
     for a, c in zip(*np.nonzero(hypothesis)):
         r, tok, score = int(row[a, c]), int(token[a, c]), float(cand_scores[a, c])
@@ -378,8 +380,10 @@ def beam_step(beam_scores: np.ndarray, logp: np.ndarray, ids: np.ndarray | None,
     counts = np.fromiter((len(finished[s]) for s in active.tolist()), dtype=np.int64, count=A)
     done = (top_ended[active] & (counts >= options.num_hypotheses)) if early_exit else counts >= K
     still = np.flatnonzero(~done & (chosen.sum(axis=1) == K))
-    keep = chosen[still]                                               # K each, in candidate order
-    return Picked(row[still][keep], token[still][keep], cand_scores[still][keep].reshape(len(still), K)), still
+    if len(still) < A:                                                 # some sentences leave
+        row, token, cand_scores, chosen = row[still], token[still], cand_scores[still], chosen[still]
+    # K each, in candidate order
+    return Picked(row[chosen], token[chosen], cand_scores[chosen].reshape(len(still), K)), still
 
 
 def terms_beam_step(beam_scores: np.ndarray, logp: np.ndarray, ids: np.ndarray | None, whole: np.ndarray | None,
