@@ -91,10 +91,12 @@ from common import (ROOT, batches, best_passes, build_marian, calibration_senten
                     ct2_runner, describe_cpu, describe_threads, gpu_name, measure, read_sentences, served,
                     target_tag, thread_candidates)
 
+from service.shared.package import INT8_WEIGHT_BITS
 
-def int8_static_copy(fp32: Path, out: Path, calibration: list[tuple[str, str | None]]) -> Path:
+
+def int8_static_copy(fp32: Path, out: Path, calibration: list[tuple[str, str | None]], weight_bits: int = 8) -> Path:
     """The fp32 package at `fp32` copied to `out` and quantized there as model.export.write_package quantizes
-    one (model.export.quantize_package: int8-static, calibrated on `calibration`)."""
+    one (model.export.quantize_package: int8-static, calibrated on `calibration`, weights in `weight_bits`)."""
     from model.export import quantize_package
 
     shutil.rmtree(out, ignore_errors=True)
@@ -102,7 +104,7 @@ def int8_static_copy(fp32: Path, out: Path, calibration: list[tuple[str, str | N
     meta_file = out / "model.json"
     meta_file.write_text(json.dumps(json.loads(meta_file.read_text(encoding="utf-8")) | {"name": out.name}, indent=2)
                          + "\n", encoding="utf-8")
-    quantize_package(out, "int8", calibration)
+    quantize_package(out, "int8", calibration, weight_bits=weight_bits)
     return out
 
 
@@ -274,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration", type=Path, help="TSV whose first column sets our int8 package's activation "
                    "scales (default: sentences not measured: --data's other rows, dev.tsv beside --data, or the "
                    "German side of tests/fixtures/langid-heldout.tsv)")
+    p.add_argument("--int8-weight-bits", type=int, choices=INT8_WEIGHT_BITS, default=8,
+                   help="our int8 package's weight bits (model.export's --int8-weight-bits: 7 runs exact without "
+                        "widening on x86 CPUs without VNNI)")
     p.add_argument("--max-length", type=int, default=48, help="output budget in tokens, eos included")
     p.add_argument("--device", choices=sorted(DEVICE_PLAN), default="cpu", help="cpu: fp32 and int8 at batch 32; "
                    "cuda: fp32 and fp16 at batch 64 (CTranslate2 and onnxruntime-gpu on the first GPU)")
@@ -357,9 +362,10 @@ def marian_weights(args: argparse.Namespace, work: Path) -> tuple[Path, str]:
 
 
 def convert_models(marian: Path, work: Path, precisions: tuple[str, ...], tag: list[int],
-                   calibration: list[str] | None = None) -> None:
+                   calibration: list[str] | None = None, weight_bits: int = 8) -> None:
     """work/ct2-{precision} (ct2-transformers-converter) and work/ours-{precision}: model.import_marian, and
-    for int8 the fp32 package made int8-static over the `calibration` sentences (int8_static_copy)."""
+    for int8 the fp32 package made int8-static over the `calibration` sentences (int8_static_copy), its weights
+    in `weight_bits`."""
     from model.import_marian import import_marian
 
     def ours(precision: str) -> Path:
@@ -380,7 +386,7 @@ def convert_models(marian: Path, work: Path, precisions: tuple[str, ...], tag: l
         if not calibration:
             raise ValueError("int8 needs calibration sentences")
         fp32 = work / "ours-fp32" if (work / "ours-fp32" / "model.json").is_file() else ours("fp32")
-        int8_static_copy(fp32, work / "ours-int8", [(s, "en") for s in calibration])
+        int8_static_copy(fp32, work / "ours-int8", [(s, "en") for s in calibration], weight_bits)
 
 
 @dataclass
@@ -482,9 +488,10 @@ def run_all(args: argparse.Namespace, plan: Plan) -> Measured:
         if "int8" in plan.precisions:
             calibration, named = calibration_sentences(args.data, read_sentences(args.data, args.sentences),
                                                        args.calibration)
-            int8 = f"int8-static (constant activation scales, model/quantize.py), calibrated on {named}"
+            int8 = (f"int8-static (constant activation scales, model/quantize.py), {args.int8_weight_bits}-bit "
+                    f"weights, calibrated on {named}")
             print(f"our int8: {int8}", flush=True)
-        convert_models(marian, work, plan.precisions, tag, calibration)
+        convert_models(marian, work, plan.precisions, tag, calibration, args.int8_weight_bits)
         inputs = encode_inputs(args, tok, tag)
         env, env_rows = {}, []
         if plan.tune:

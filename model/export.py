@@ -71,7 +71,7 @@ import torch
 import torch.nn as nn
 
 from .checkpoint import load_checkpoint
-from service.shared.package import CACHE_BY_POSITION, PACKAGE_FORMAT, file_entries
+from service.shared.package import CACHE_BY_POSITION, INT8_WEIGHT_BITS, PACKAGE_FORMAT, file_entries
 
 from .calibrate import Calibration, activation_ranges, read_calibration
 from .fused import TRANSLATIONS, cached_attention, cross_attention
@@ -294,9 +294,10 @@ def export_generation(model: Transformer, out: Path, dtype: torch.dtype = torch.
 
 
 def export_package(checkpoint: str | Path, out: str | Path, *, quantize: str | None = None, fp16: bool = False,
-                   name: str | None = None, calibration: str | Path | None = None) -> Path:
+                   name: str | None = None, calibration: str | Path | None = None, weight_bits: int = 8) -> Path:
     """Checkpoint (run directory) -> model package directory. Returns the model.json path. int8's calibration
-    text: `calibration`, else the dev split of the data the run trained on (its config.json)."""
+    text: `calibration`, else the dev split of the data the run trained on (its config.json); its weights in
+    `weight_bits` (model/quantize.py: 7 for CPUs without VNNI)."""
     model, tok, info = load_checkpoint(checkpoint)
     generation = model.config.arch == "decoder"
     run = Path(checkpoint) if Path(checkpoint).is_dir() else Path(checkpoint).parent
@@ -325,7 +326,8 @@ def export_package(checkpoint: str | Path, out: str | Path, *, quantize: str | N
                   "max_positions": config.get("train", {}).get("max_positions"),
                   # model.average's: the steps whose weights were averaged (the step above is the newest's)
                   **({"averaged_steps": info["averaged_steps"]} if info.get("averaged_steps") else {})},
-        model_card=run / "MODEL_CARD.md", quantize=quantize, calibration=texts, fp16=fp16, name=name)
+        model_card=run / "MODEL_CARD.md", quantize=quantize, calibration=texts, fp16=fp16, name=name,
+        weight_bits=weight_bits)
 
 
 def dev_split(config: dict) -> Path | None:
@@ -339,12 +341,12 @@ def write_package(model: Transformer, out: str | Path, *, files: dict[str, Path]
                   special_ids: dict[str, int], languages: list[str], directions: list[str],
                   target_tags: dict[str, int], training: dict, model_card: Path | None = None,
                   quantize: str | None = None, calibration: Calibration | None = None, fp16: bool = False,
-                  name: str | None = None, extra: dict | None = None) -> Path:
+                  name: str | None = None, extra: dict | None = None, weight_bits: int = 8) -> Path:
     """Exports `model`'s graphs into `out`, copies `files` (tokenizer files, by their name in the package)
     and writes model.json. Shared by model.export (our checkpoints), model.import_marian and model.upgrade.
     quantize "int8" (int8-static) needs `calibration`: the package is written in fp32 first, run over it
-    (model/calibrate.py), then quantized."""
-    _check_quantize(quantize, calibration)
+    (model/calibrate.py), then quantized, its weights in `weight_bits`."""
+    _check_quantize(quantize, calibration, weight_bits)
     if quantize and fp16:
         raise ValueError("choose one of --quantize (CPU) and --fp16 (GPU)")
     generation = model.config.arch == "decoder"
@@ -374,12 +376,16 @@ def write_package(model: Transformer, out: str | Path, *, files: dict[str, Path]
     }
     meta |= {k: v for k, v in (extra or {}).items() if k not in meta}   # extra adds keys, never replaces
     if quantize:
-        meta = quantize_package(out, quantize, calibration, meta=meta)
+        meta = quantize_package(out, quantize, calibration, meta=meta, weight_bits=weight_bits)
     meta["export_seconds"] = round(time.time() - t0, 1)
     return _write_meta(out, meta)
 
 
-def _check_quantize(quantize: str | None, calibration: Calibration | None) -> None:
+def _check_quantize(quantize: str | None, calibration: Calibration | None, weight_bits: int = 8) -> None:
+    if weight_bits not in INT8_WEIGHT_BITS:
+        raise ValueError(f"int8 weight bits must be one of {INT8_WEIGHT_BITS}, got {weight_bits!r}")
+    if weight_bits != 8 and not quantize:
+        raise ValueError("--int8-weight-bits applies to an int8 package: pass --quantize too")
     if quantize not in (None, *SCHEMES):
         raise ValueError(f"quantize must be None or one of {', '.join(SCHEMES)}, got {quantize!r}")
     if quantize == "int8" and not calibration:
@@ -388,19 +394,19 @@ def _check_quantize(quantize: str | None, calibration: Calibration | None) -> No
 
 
 def quantize_package(out: Path, quantize: str, calibration: Calibration | None = None, *,
-                     meta: dict | None = None) -> dict:
+                     meta: dict | None = None, weight_bits: int = 8) -> dict:
     """Quantizes the fp32 package in `out` in place ("int8": int8-static, its activation ranges measured over
-    `calibration` first; "int8-rows"); returns its model.json, written. `meta`: the model.json to write,
-    where the caller has it (else read from `out`)."""
-    _check_quantize(quantize, calibration)
+    `calibration` first; "int8-rows"), its weights in `weight_bits`; returns its model.json, written. `meta`:
+    the model.json to write, where the caller has it (else read from `out`)."""
+    _check_quantize(quantize, calibration, weight_bits)
     if meta is None:
         meta = json.loads((out / "model.json").read_text())
     elif quantize == "int8":
         _write_meta(out, meta)                       # calibration runs the package as fp32 first
     ranges = activation_ranges(out, calibration) if quantize == "int8" else {}
     for graph in meta["graphs"]:
-        quantize_int8(out / f"{graph}.onnx", ranges.get(graph))
-    meta |= {"precision": "int8", "quantization": SCHEMES[quantize]}
+        quantize_int8(out / f"{graph}.onnx", ranges.get(graph), weight_bits=weight_bits)
+    meta |= {"precision": "int8", "quantization": SCHEMES[quantize], "weight_bits": weight_bits}
     if ranges:
         meta["calibration"] = {"sentences": len(calibration)}
     _write_meta(out, meta)
@@ -436,11 +442,15 @@ def main(argv=None) -> None:
     p.add_argument("--calibration", default=None,
                    help="text that sets int8's activation scales: a TSV as model.evaluate reads (default: "
                         "dev.tsv of the data the run trained on)")
+    p.add_argument("--int8-weight-bits", type=int, choices=INT8_WEIGHT_BITS, default=8,
+                   help="bits of each int8 weight: 7 lets x86 CPUs without VNNI (AVX2 only) use their fast "
+                        "uint8 x int8 instruction exactly (8-18%% faster there; model/quantize.py), for up to a "
+                        "few tenths of BLEU either way (default 8)")
     p.add_argument("--fp16", action="store_true", help="half-precision graphs (GPU serving)")
     p.add_argument("--name", default=None, help="model id shown by the service (default: the directory name)")
     args = p.parse_args(argv)
     path = export_package(args.checkpoint, args.out, quantize=args.quantize, fp16=args.fp16, name=args.name,
-                          calibration=args.calibration)
+                          calibration=args.calibration, weight_bits=args.int8_weight_bits)
     print(summary(path))
 
 

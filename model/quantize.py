@@ -32,6 +32,14 @@ shifts and casts in one pass; MatMulIntegerToFloat takes the weight's per-column
 activation scale must be one number, so the row scale follows as a Mul); inputs whose rows have the same shape
 share one tensor of zero points. Signed activations (int8 without a zero point) would need no zero points at
 all, but onnxruntime 1.31 multiplies int8 by int8 4-38x slower than uint8 by int8 on x86.
+
+Weights take 8 bits (|W_q| <= 127) or, with `--int8-weight-bits 7`, 7 (|W_q| <= 63). On x86 CPUs without VNNI
+onnxruntime multiplies uint8 by int8 with VPMADDUBSW, whose pairs of products are summed in 16 bits and
+saturate (2 x 255 x 127 = 64,770 > 32,767), so the engine widens such products first
+(`session.x64quantprecision`, service/inference/device.py), which costs those CPUs 8-18% of int8's speed. With
+7-bit weights a pair stays below it (2 x 255 x 63 = 32,130): the fast instruction is exact and the engine
+skips the widening for a package whose model.json says "weight_bits": 7. One bit less per weight moves BLEU
+either way by up to a few tenths (docs/training.md).
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from service.shared.package import INT8_ROWS, INT8_STATIC
+from service.shared.package import INT8_ROWS, INT8_STATIC, INT8_WEIGHT_BITS
 
 # --quantize values -> model.json "quantization"
 SCHEMES = {"int8": INT8_STATIC, "int8-rows": INT8_ROWS}
@@ -50,11 +58,15 @@ OPSET = 21                  # QuantizeLinear's block_size; the ops our graphs us
 _ZERO = 128                 # uint8 zero point of the symmetric activations: q - 128 is in [-127, 127]
 
 
-def quantize_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(K, N) float -> (int8 (K, N), scale (N,)): symmetric, one scale per output column."""
+def quantize_weight(w: np.ndarray, bits: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """(K, N) float -> (int8 (K, N), scale (N,)): symmetric, one scale per output column, in [-127, 127] for 8
+    bits, [-63, 63] for 7."""
+    if bits not in INT8_WEIGHT_BITS:
+        raise ValueError(f"int8 weight bits must be one of {INT8_WEIGHT_BITS}, got {bits!r}")
+    levels = 2 ** (bits - 1) - 1
     largest = np.abs(w).max(axis=0)
-    scale = np.where(largest > 0, largest / 127, 1.0).astype(np.float32)
-    return np.clip(np.round(w / scale), -127, 127).astype(np.int8), scale
+    scale = np.where(largest > 0, largest / levels, 1.0).astype(np.float32)
+    return np.clip(np.round(w / scale), -levels, levels).astype(np.int8), scale
 
 
 def row_scale(x: str) -> list[onnx.NodeProto]:
@@ -156,12 +168,12 @@ def quantizable_weight(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto])
 
 
 def rewrite_matmuls(path: Path, *, quantizer, product, constants: list[onnx.TensorProto],
-                    fold_bias: bool = False) -> int:
+                    fold_bias: bool = False, weight_bits: int = 8) -> int:
     """Rewrites an fp32 graph file in place: each MatMul by a constant 2D fp32 weight gets its input quantized
     once (`quantizer(model)(x, K)` -> nodes, uint8 name, scale name), its weight quantized per column
     (`<weight>_quantized`, `<weight>_scale`) and `product(q, scale, weight, y)`'s nodes. Returns the MatMuls
-    rewritten. fold_bias: each product's bias Add joins the product (fold_biases). quantize_int8 is this with
-    either current form; benchmarks/int8_graph.py passes the previous one."""
+    rewritten. fold_bias: each product's bias Add joins the product (fold_biases). weight_bits: quantize_weight's.
+    quantize_int8 is this with either current form; benchmarks/int8_graph.py passes the previous one."""
     model = onnx.load(str(path))
     inits = {i.name: i for i in model.graph.initializer}
     quantize = quantizer(model)
@@ -179,7 +191,7 @@ def rewrite_matmuls(path: Path, *, quantizer, product, constants: list[onnx.Tens
             nodes += chain
             quantized[x] = (q, scale)
         if weight.name not in weights:
-            w_q, w_scale = quantize_weight(numpy_helper.to_array(weight))
+            w_q, w_scale = quantize_weight(numpy_helper.to_array(weight), weight_bits)
             new_inits += [numpy_helper.from_array(w_q, f"{weight.name}_quantized"),
                           numpy_helper.from_array(w_scale, f"{weight.name}_scale")]
             weights.add(weight.name)
@@ -242,10 +254,12 @@ def fold_biases(nodes: list[onnx.NodeProto], inits: dict[str, onnx.TensorProto],
     return kept
 
 
-def quantize_int8(path: Path, ranges: dict[str, tuple[float, float]] | None = None) -> int:
+def quantize_int8(path: Path, ranges: dict[str, tuple[float, float]] | None = None, *, weight_bits: int = 8) -> int:
     """Rewrites an fp32 graph file in place (see the module docstring): int8-static with `ranges` (each
-    quantized input's (min, max) from model.calibrate), int8-rows without. Returns the MatMuls quantized."""
+    quantized input's (min, max) from model.calibrate), int8-rows without; weights in `weight_bits` (8 or 7).
+    Returns the MatMuls quantized."""
     if ranges is None:
-        return rewrite_matmuls(path, quantizer=_rows_quantizer, product=_scaled_product, constants=_constants())
+        return rewrite_matmuls(path, quantizer=_rows_quantizer, product=_scaled_product, constants=_constants(),
+                               weight_bits=weight_bits)
     return rewrite_matmuls(path, quantizer=_static_quantizer, product=_static_product,
-                           constants=static_constants(ranges), fold_bias=True)
+                           constants=static_constants(ranges), fold_bias=True, weight_bits=weight_bits)

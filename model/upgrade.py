@@ -165,8 +165,9 @@ def upgrade_package(package: str | Path, out: str | Path, *, precision: str | No
         languages=meta["languages"], directions=meta["directions"], target_tags=meta.get("target_tags", {}),
         training=meta.get("training", {}), model_card=package / "MODEL_CARD.md",
         quantize=quantize, calibration=calibration, fp16=precision == "fp16", name=meta.get("name"),
+        weight_bits=meta.get("weight_bits", 8) if quantize else 8,      # 7-bit int8 stays 7-bit
         # Keys write_package does not write itself (an importer's note) are kept; how int8 was made is its own.
-        extra={k: v for k, v in meta.items() if k not in ("quantization", "calibration")})
+        extra={k: v for k, v in meta.items() if k not in ("quantization", "calibration", "weight_bits")})
 
 
 def int8_form(package: Path, meta: dict, calibration) -> str:

@@ -585,22 +585,80 @@ def test_int8_products_are_exact_with_the_engines_session_options():
     """uint8 x int8 products whose 16-bit pair sums would saturate (VPMADDUBSW on x86 CPUs without VNNI: 8,160
     for 1,032,256 here) come out exact with the engine's sessions, on every CPU (session.x64quantprecision where
     there is no VNNI)."""
+    k = 64
+    session = ort.InferenceSession(product_graph(np.full((k, 1), 127, np.int8)), session_options(1),
+                                   providers=["CPUExecutionProvider"])
+    got = session.run(None, {"A": np.full((1, k), 255, np.uint8)})[0]
+    assert got[0, 0] == k * (255 - 128) * 127
+
+
+def product_graph(weights: np.ndarray) -> bytes:
+    """y = (A - 128) . weights as onnxruntime's MatMulIntegerToFloat (int8 packages' product), scales 1."""
     from onnx import TensorProto, helper, numpy_helper
 
-    k = 64
-    weights = {"B": np.full((k, 1), 127, np.int8), "a_scale": np.array(1, np.float32),
-               "b_scale": np.array([1], np.float32), "a_zero": np.array(128, np.uint8)}
-    node = helper.make_node("MatMulIntegerToFloat", ["A", *weights], ["Y"],
-                            domain="com.microsoft")
+    k, n = weights.shape
+    inits = {"B": weights, "a_scale": np.array(1, np.float32), "b_scale": np.ones(n, np.float32),
+             "a_zero": np.array(128, np.uint8)}
+    node = helper.make_node("MatMulIntegerToFloat", ["A", *inits], ["Y"], domain="com.microsoft")
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.UINT8, [1, k])],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 1])],
-                              initializer=[numpy_helper.from_array(v, n) for n, v in weights.items()])
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, n])],
+                              initializer=[numpy_helper.from_array(v, name) for name, v in inits.items()])
     opsets = [helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)]
     model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 8
-    session = ort.InferenceSession(model.SerializeToString(), session_options(1), providers=["CPUExecutionProvider"])
-    got = session.run(None, {"A": np.full((1, k), 255, np.uint8)})[0]
-    assert got[0, 0] == k * (255 - 128) * 127
+    return model.SerializeToString()
+
+
+def widening(options: ort.SessionOptions) -> bool:
+    """Whether these session options widen int8 products first (session.x64quantprecision)."""
+    try:
+        return options.get_session_config_entry("session.x64quantprecision") == "1"
+    except RuntimeError:       # onnxruntime: no such entry
+        return False
+
+
+def test_7_bit_int8_weights_multiply_exactly_without_the_widening():
+    """A 7-bit package's session skips session.x64quantprecision, and its largest products stay exact: 2 x 255 x 63 =
+    32,130 fits VPMADDUBSW's 16-bit pair sums on x86 CPUs without VNNI (model/quantize.py), where 127 did not."""
+    from service.inference.device import int8_products_saturate
+
+    assert not widening(session_options(1, int8_weight_bits=7))
+    assert widening(session_options(1)) == int8_products_saturate()
+    k = 64
+    weights = np.stack([np.full(k, 63), np.full(k, -63), np.tile([63, -63], k // 2)], axis=1).astype(np.int8)
+    session = ort.InferenceSession(product_graph(weights), session_options(1, int8_weight_bits=7),
+                                   providers=["CPUExecutionProvider"])
+    for a in (np.full((1, k), 255, np.uint8), np.zeros((1, k), np.uint8), np.arange(k, dtype=np.uint8)[None] * 4):
+        got = session.run(None, {"A": a})[0]
+        assert np.array_equal(got, (a.astype(np.int64) - 128) @ weights.astype(np.int64)), a[0, :4]
+
+
+def test_an_int8_package_exported_with_7_bit_weights_says_so_and_serves_without_the_widening(tiny_run, tmp_path):
+    out = tmp_path / "w7"
+    export_package(tiny_run, out, quantize="int8", weight_bits=7)
+    assert json.loads((out / "model.json").read_text())["weight_bits"] == 7
+    for graph in ("encoder.onnx", "decoder.onnx"):
+        weights = [onnx.numpy_helper.to_array(i) for i in onnx.load(str(out / graph)).graph.initializer
+                   if i.data_type == onnx.TensorProto.INT8]
+        assert weights and max(int(np.abs(w.astype(np.int16)).max()) for w in weights) == 63
+    seen = []
+
+    def opening(path, options, providers):
+        seen.append(widening(options))
+        return device_module.open_session(path, options, providers)
+    engine = Engine(out, device="cpu", intra_op_threads=1, open_session=opening)
+    assert seen == [False, False]
+    texts = [de for de, _ in pairs64()[:12]]
+    alone = [engine.translate([t], source_lang="de", target_lang="en", beam_size=4)[0].text for t in texts]
+    assert [t.text for t in engine.translate(texts, source_lang="de", target_lang="en", beam_size=4)] == alone
+    with pytest.raises(ValueError, match="--int8-weight-bits applies to an int8 package"):
+        export_package(tiny_run, tmp_path / "fp32", weight_bits=7)
+    with pytest.raises(ValueError, match="weight bits must be one of"):
+        export_package(tiny_run, tmp_path / "w6", quantize="int8", weight_bits=6)
+    meta = json.loads((out / "model.json").read_text())
+    (out / "model.json").write_text(json.dumps(meta | {"weight_bits": 6}))
+    with pytest.raises(PackageError, match="weight_bits is 6"):
+        Engine(out, device="cpu")
 
 
 def test_a_target_tag_in_a_clients_text_reads_as_unknown():

@@ -55,12 +55,13 @@ def int8_package(tiny_run, tmp_path_factory):
     """quantize -> tiny_run exported in that int8 form (int8: calibrated on the run's dev.tsv), made once."""
     made = {}
 
-    def get(quantize):
-        if quantize not in made:
-            made[quantize] = tmp_path_factory.mktemp(quantize) / "tiny-int8"
-            export_package(tiny_run, made[quantize], quantize=quantize)
-            (made[quantize] / "MODEL_CARD.md").write_text("# tiny\n")
-        return made[quantize]
+    def get(quantize, weight_bits=8):
+        key = quantize, weight_bits
+        if key not in made:
+            made[key] = tmp_path_factory.mktemp(quantize) / "tiny-int8"
+            export_package(tiny_run, made[key], quantize=quantize, weight_bits=weight_bits)
+            (made[key] / "MODEL_CARD.md").write_text("# tiny\n")
+        return made[key]
     return get
 
 
@@ -70,22 +71,23 @@ def greedy(package) -> list[tuple[str, float]]:
     return [(t.text, t.score) for t in out]
 
 
-@pytest.mark.parametrize("quantize, scheme", [("int8", "int8-static"), ("int8-rows", "int8-rows")])
+@pytest.mark.parametrize("quantize, scheme, weight_bits", [("int8", "int8-static", 8), ("int8-rows", "int8-rows", 8),
+                                                         ("int8", "int8-static", 7)])
 def test_an_upgraded_int8_package_keeps_its_form_int8_weights_metadata_and_answers(
-        quantize, scheme, int8_package, data_dir, tmp_path, capsys):
+        quantize, scheme, weight_bits, int8_package, data_dir, tmp_path, capsys):
     """int8-rows: the same graph with the same weights, so the same scores to the bit. int8-static is
     calibrated again on fp32 graphs whose weights are the dequantized int8 ones, so its activation scales
     move a little: the same translations, scores within 1e-3 (measured at most 5e-6 on an AMD EPYC, 1.1e-4 on an
     Intel Xeon with AMX; 64 of 64 not equal)."""
-    old, new = int8_package(quantize), tmp_path / "new"
+    old, new = int8_package(quantize, weight_bits), tmp_path / "new"
     calibration = ["--calibration", str(data_dir / "dev.tsv")] if quantize == "int8" else []
     upgrade_main([str(old), "--out", str(new), *calibration])
     assert "wrote" in capsys.readouterr().out
     assert int8_weights(new) == int8_weights(old) and len(int8_weights(old)) > 10
     meta_old, meta_new = (json.loads((p / "model.json").read_text()) for p in (old, new))
-    assert meta_new["quantization"] == scheme
+    assert meta_new["quantization"] == scheme and meta_new["weight_bits"] == weight_bits
     for key in ("precision", "quantization", "calibration", "directions", "config", "special_ids", "tokenizer",
-                "training", "name"):
+                "training", "name", "weight_bits"):
         assert meta_new.get(key) == meta_old.get(key), key
     assert (new / "MODEL_CARD.md").read_text() == "# tiny\n"
     products = [n for n in onnx.load(str(new / "decoder.onnx")).graph.node if n.op_type == "MatMulIntegerToFloat"]

@@ -29,12 +29,13 @@ class DeviceError(RuntimeError):
     """device=cuda was asked for and onnxruntime's CUDA provider is not the one running."""
 
 
-def session_options(intra_op_threads: int = 0, inter_op_threads: int = 1, *, spin_wait: bool = False
-                    ) -> ort.SessionOptions:
+def session_options(intra_op_threads: int = 0, inter_op_threads: int = 1, *, spin_wait: bool = False,
+                    int8_weight_bits: int = 8) -> ort.SessionOptions:
     """`spin_wait=False` (the default) makes idle intra-op threads sleep instead of busy-waiting for the
     next operator. Spinning took the cores the HTTP process needed, and even alone it did not pay: on 2
     threads, one sentence at beam 4 took 19.2 ms spinning against 17.0 ms not, and batch 32 ran at the
-    same speed (benchmarks/results/vs-ctranslate2-cpu.md)."""
+    same speed (benchmarks/results/vs-ctranslate2-cpu.md). `int8_weight_bits`: the package's (model.json's
+    "weight_bits"; 8 where it has none): 7-bit weights need no widening (model/quantize.py)."""
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = intra_op_threads       # 0 = one per physical core
@@ -42,7 +43,7 @@ def session_options(intra_op_threads: int = 0, inter_op_threads: int = 1, *, spi
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     if not spin_wait:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if int8_products_saturate():
+    if int8_products_saturate() and int8_weight_bits > 7:
         # Widen to 16 bits first, as exact as VNNI. Only there: on a VNNI CPU the answers are the same with and
         # without it (models/de-en, 64 sentences, greedy and beam 4: equal tokens and scores) and it cost 25-35%
         # of the CPU time (AMD EPYC with AVX-512 VNNI, 2026-11-27). It takes effect at ORT_ENABLE_EXTENDED and

@@ -42,7 +42,7 @@ from .running_batch import Encoded, RunningBatch
 from ..shared.constraints import Terms
 from ..shared.kept_spans import QUOTES
 from ..shared.options import SearchOptions
-from ..shared.package import ModelPackage, PackageError, load_package
+from ..shared.package import ModelPackage, PackageError, load_package, weight_bits
 from ..shared.search import Hypothesis, Search, Step, continuation_budgets, decode, finish, max_lengths
 
 log = logging.getLogger(__name__)
@@ -86,8 +86,8 @@ class Engine:
                                "this engine serves translation and generation packages")
         # The decoder class of this package's graph layout, which refuses other layouts.
         self.layout = OrtDecoder if self.task == "translation" else OrtLmDecoder
-        self._open_sessions(device, session_options(intra_op_threads, inter_op_threads, spin_wait=spin_wait),
-                            open_session)
+        self._open_sessions(device, session_options(intra_op_threads, inter_op_threads, spin_wait=spin_wait,
+                                                    int8_weight_bits=weight_bits(self.package)), open_session)
         self.layout.check_layout(self.package, [i.name for i in self.decoder.get_inputs()])
         self.float_dtype = np.float16 if meta["precision"] == "fp16" else np.float32
         if self.device_type == "cuda" and self.task == "translation":

@@ -18,6 +18,9 @@ INT8_ROWS = "int8-rows"
 INT8_STATIC = "int8-static"
 INT8_SCHEMES = (INT8_STATIC, INT8_ROWS)
 CACHE_BY_POSITION = "by-position"   # a generation package's cache layout (model/export.py, LMDecoderGraph)
+# Bits of an int8 package's weights (model.json "weight_bits"; packages without it have 8): 7 keeps x86's
+# uint8 x int8 instruction without VNNI exact (model/quantize.py)
+INT8_WEIGHT_BITS = (8, 7)
 
 
 class PackageError(RuntimeError):
@@ -67,6 +70,16 @@ def load_package(path: str | Path, *, verify: bool = True) -> ModelPackage:
         if verify and sha256(f) != info["sha256"]:
             raise PackageError(f"{f}: sha256 does not match model.json (corrupt or modified)")
     return ModelPackage(path, meta)
+
+
+def weight_bits(package: ModelPackage) -> int:
+    """Bits of an int8 package's weights: model.json's "weight_bits", 8 where it has none (and for fp32 and fp16,
+    where none are int8)."""
+    bits = package.meta.get("weight_bits", 8) if package.meta.get("precision") == "int8" else 8
+    if bits not in INT8_WEIGHT_BITS:
+        raise PackageError(f"{package.path / 'model.json'}: weight_bits is {bits!r}, expected one of "
+                           f"{INT8_WEIGHT_BITS}")
+    return bits
 
 
 def inside_package(name) -> bool:
