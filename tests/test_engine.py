@@ -633,7 +633,10 @@ def test_7_bit_int8_weights_multiply_exactly_without_the_widening():
         assert np.array_equal(got, (a.astype(np.int64) - 128) @ weights.astype(np.int64)), a[0, :4]
 
 
-def test_an_int8_package_exported_with_7_bit_weights_says_so_and_serves_without_the_widening(tiny_run, tmp_path):
+def test_an_int8_package_exported_with_7_bit_weights_says_so_and_serves_without_the_widening(tiny_run, tmp_path,
+                                                                                             caplog):
+    from service.inference.device import int8_products_saturate
+
     out = tmp_path / "w7"
     export_package(tiny_run, out, quantize="int8", weight_bits=7)
     assert json.loads((out / "model.json").read_text())["weight_bits"] == 7
@@ -646,7 +649,11 @@ def test_an_int8_package_exported_with_7_bit_weights_says_so_and_serves_without_
     def opening(path, options, providers):
         seen.append(widening(options))
         return device_module.open_session(path, options, providers)
-    engine = Engine(out, device="cpu", intra_op_threads=1, open_session=opening)
+    with caplog.at_level("INFO", logger="service.inference.engine"):
+        engine = Engine(out, device="cpu", intra_op_threads=1, open_session=opening)
+        assert "are widened first" not in caplog.text
+        Engine(ROOT / "models" / "de-en", device="cpu", intra_op_threads=1)   # 8-bit: the hint where it widens
+        assert ("model de-en: this CPU has no VNNI" in caplog.text) == int8_products_saturate()
     assert seen == [False, False]
     texts = [de for de, _ in pairs64()[:12]]
     alone = [engine.translate([t], source_lang="de", target_lang="en", beam_size=4)[0].text for t in texts]

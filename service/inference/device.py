@@ -43,13 +43,19 @@ def session_options(intra_op_threads: int = 0, inter_op_threads: int = 1, *, spi
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     if not spin_wait:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if int8_products_saturate() and int8_weight_bits > 7:
+    if widens_int8(int8_weight_bits):
         # Widen to 16 bits first, as exact as VNNI. Only there: on a VNNI CPU the answers are the same with and
         # without it (models/de-en, 64 sentences, greedy and beam 4: equal tokens and scores) and it cost 25-35%
         # of the CPU time (AMD EPYC with AVX-512 VNNI, 2026-11-27). It takes effect at ORT_ENABLE_EXTENDED and
         # above only (measured: the unoptimised graph still saturates).
         so.add_session_config_entry("session.x64quantprecision", "1")
     return so
+
+
+def widens_int8(weight_bits: int = 8) -> bool:
+    """Whether the engine's sessions widen int8 products here: on CPUs where they saturate, for weights of more
+    than 7 bits (2 x 255 x 63 = 32,130 fits 16 bits; model/quantize.py)."""
+    return weight_bits > 7 and int8_products_saturate()
 
 
 def int8_products_saturate(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:

@@ -34,7 +34,7 @@ import sentencepiece as spm
 
 from .decoders import DecoderGraph, OrtDecoder, OrtLmDecoder, SearchIds, columns_for
 from .device import SessionFactory, open_session, pick_providers, running_device
-from .device import session_options
+from .device import session_options, widens_int8
 from .device_memory import BlockPool, Tensors
 from .lm_batch import LmBatch
 from .onnxruntime_bridge import Binder
@@ -99,6 +99,10 @@ class Engine:
             log.warning("%s is fp32: onnxruntime's GroupQueryAttention has CUDA kernels for fp16 only, so the "
                         "decoder's self-attention runs on the CPU and its cache crosses to the host every step; "
                         "export with --fp16 for the GPU", self.package.path)
+        if self.device_type == "cpu" and meta["precision"] == "int8" and widens_int8(weight_bits(self.package)):
+            log.info("model %s: this CPU has no VNNI, so its 8-bit int8 products are widened first to stay exact "
+                     "(8-18%% of int8's speed); a package exported with --int8-weight-bits 7 needs no widening "
+                     "(docs/training.md)", self.package.name)
         self.pool = BlockPool(self.float_dtype, self.device_type)   # the cache's and the encoder outputs' memory
         self.host = Binder("cpu")                                    # for what the searches read on the host
         self.graph = DecoderGraph.read(self.package, self.decoder, self.encoder, self.pool, self.host)
