@@ -91,7 +91,7 @@ from common import (ROOT, batches, best_passes, build_marian, calibration_senten
                     ct2_runner, describe_cpu, describe_threads, gpu_name, measure, read_sentences, served,
                     target_tag, thread_candidates)
 
-from service.shared.package import INT8_WEIGHT_BITS
+from model.quantize import add_weight_bits_flag
 
 
 def int8_static_copy(fp32: Path, out: Path, calibration: list[tuple[str, str | None]], weight_bits: int = 8) -> Path:
@@ -276,9 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration", type=Path, help="TSV whose first column sets our int8 package's activation "
                    "scales (default: sentences not measured: --data's other rows, dev.tsv beside --data, or the "
                    "German side of tests/fixtures/langid-heldout.tsv)")
-    p.add_argument("--int8-weight-bits", type=int, choices=INT8_WEIGHT_BITS, default=8,
-                   help="our int8 package's weight bits (model.export's --int8-weight-bits: 7 runs exact without "
-                        "widening on x86 CPUs without VNNI)")
+    add_weight_bits_flag(p)                 # our int8 package's, as model.export takes it
     p.add_argument("--max-length", type=int, default=48, help="output budget in tokens, eos included")
     p.add_argument("--device", choices=sorted(DEVICE_PLAN), default="cpu", help="cpu: fp32 and int8 at batch 32; "
                    "cuda: fp32 and fp16 at batch 64 (CTranslate2 and onnxruntime-gpu on the first GPU)")

@@ -75,7 +75,7 @@ from service.shared.package import CACHE_BY_POSITION, INT8_WEIGHT_BITS, PACKAGE_
 
 from .calibrate import Calibration, activation_ranges, read_calibration
 from .fused import TRANSLATIONS, cached_attention, cross_attention
-from .quantize import SCHEMES, quantize_int8
+from .quantize import SCHEMES, add_weight_bits_flag, quantize_int8
 from .tokenizer import Tokenizer
 from .transformer import Transformer, padding_mask
 
@@ -442,10 +442,7 @@ def main(argv=None) -> None:
     p.add_argument("--calibration", default=None,
                    help="text that sets int8's activation scales: a TSV as model.evaluate reads (default: "
                         "dev.tsv of the data the run trained on)")
-    p.add_argument("--int8-weight-bits", type=int, choices=INT8_WEIGHT_BITS, default=8,
-                   help="bits of each int8 weight: 7 lets x86 CPUs without VNNI (AVX2 only) use their fast "
-                        "uint8 x int8 instruction exactly (8-18%% faster there; model/quantize.py), for up to a "
-                        "few tenths of BLEU either way (default 8)")
+    add_weight_bits_flag(p)
     p.add_argument("--fp16", action="store_true", help="half-precision graphs (GPU serving)")
     p.add_argument("--name", default=None, help="model id shown by the service (default: the directory name)")
     args = p.parse_args(argv)

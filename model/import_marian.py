@@ -1,7 +1,7 @@
 """Import a Hugging Face Marian checkpoint (the OPUS-MT family) as a model package.
 
     python -m model.import_marian path/to/opus-mt-de-en --out models/opus-mt-de-en \
-        [--quantize int8 --calibration data/de-en/dev.tsv | --quantize int8-rows]
+        [--quantize int8 --calibration data/de-en/dev.tsv | --quantize int8-rows] [--int8-weight-bits 7]
     python -m model.import_marian Helsinki-NLP/opus-mt-de-en --out models/opus-mt-de-en   # needs a network
 
 SRC is a directory written by `save_pretrained` (config.json, the weights, source.spm, target.spm,
@@ -36,7 +36,7 @@ import torch
 
 from .calibrate import Calibration, read_calibration
 from .export import write_package
-from .quantize import SCHEMES
+from .quantize import SCHEMES, add_weight_bits_flag
 from .transformer import Transformer, TransformerConfig
 
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "relu": "relu", "gelu": "gelu"}
@@ -148,10 +148,10 @@ def resolve(src: str | Path) -> Path:
 
 def import_marian(src: str | Path, out: str | Path, *, source_lang: str | None = None, target_lang: str | None = None,
                   quantize: str | None = None, calibration: str | Path | Calibration | None = None,
-                  fp16: bool = False, name: str | None = None) -> Path:
+                  fp16: bool = False, name: str | None = None, weight_bits: int = 8) -> Path:
     """Converts a Marian checkpoint into a model package; returns the model.json path. quantize "int8"
     needs `calibration`: a TSV path (see calibration_text) or model.calibrate's list of (source, target
-    language)."""
+    language); int8's weights in `weight_bits` (model/quantize.py)."""
     _require_transformers()
     from transformers import MarianMTModel
 
@@ -184,7 +184,7 @@ def import_marian(src: str | Path, out: str | Path, *, source_lang: str | None =
         special_ids={"pad": c.pad_id, "unk": unk, "bos": c.bos_id, "eos": c.eos_id},
         languages=sorted(set(langs)), directions=[direction], target_tags={},
         training={"imported_from": str(src), "format": "marian"}, model_card=path / "README.md",
-        quantize=quantize, calibration=calibration, fp16=fp16, name=name or Path(out).name)
+        quantize=quantize, calibration=calibration, fp16=fp16, name=name or Path(out).name, weight_bits=weight_bits)
 
 
 def calibration_text(path: str | Path, direction: str) -> Calibration:
@@ -206,11 +206,13 @@ def main(argv=None) -> None:
     p.add_argument("--calibration", default=None,
                    help="text that sets --quantize int8's activation scales: a TSV, source<TAB>target or "
                         "model.data's de/en/origin file (read in the package's direction), e.g. data/de-en/dev.tsv")
+    add_weight_bits_flag(p)
     p.add_argument("--fp16", action="store_true", help="half-precision graphs (GPU serving)")
     p.add_argument("--name", default=None, help="model id shown by the service (default: the directory name)")
     args = p.parse_args(argv)
     path = import_marian(args.src, args.out, source_lang=args.source_lang, target_lang=args.target_lang,
-                         quantize=args.quantize, calibration=args.calibration, fp16=args.fp16, name=args.name)
+                         quantize=args.quantize, calibration=args.calibration, fp16=args.fp16, name=args.name,
+                         weight_bits=args.int8_weight_bits)
     meta = json.loads(path.read_text())
     sizes = ", ".join(f"{k} {v['bytes'] / 1e6:.1f} MB" for k, v in meta["files"].items())
     print(f"wrote {path.parent} ({meta['precision']}, {meta['directions'][0]}): {sizes}")

@@ -44,6 +44,7 @@ either way by up to a few tenths (docs/training.md).
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,14 @@ from service.shared.package import INT8_ROWS, INT8_STATIC, INT8_WEIGHT_BITS
 SCHEMES = {"int8": INT8_STATIC, "int8-rows": INT8_ROWS}
 OPSET = 21                  # QuantizeLinear's block_size; the ops our graphs use mean the same since 18
 _ZERO = 128                 # uint8 zero point of the symmetric activations: q - 128 is in [-127, 127]
+
+
+def add_weight_bits_flag(p: argparse.ArgumentParser) -> None:
+    """--int8-weight-bits, as model.export and model.import_marian take it."""
+    p.add_argument("--int8-weight-bits", type=int, choices=INT8_WEIGHT_BITS, default=8,
+                   help="bits of each int8 weight: 7 lets x86 CPUs without VNNI (AVX2 only) use their fast uint8 x "
+                        "int8 instruction exactly (8-18%% faster there; model/quantize.py), for up to a few tenths "
+                        "of BLEU either way (default 8)")
 
 
 def quantize_weight(w: np.ndarray, bits: int = 8) -> tuple[np.ndarray, np.ndarray]:
