@@ -92,9 +92,11 @@ from common import (ROOT, batches, best_passes, build_marian, calibration_senten
                     target_tag, thread_candidates)
 
 from model.quantize import add_weight_bits_flag
+from service.shared.package import INT8_DEFAULT_WEIGHT_BITS
 
 
-def int8_static_copy(fp32: Path, out: Path, calibration: list[tuple[str, str | None]], weight_bits: int = 8) -> Path:
+def int8_static_copy(fp32: Path, out: Path, calibration: list[tuple[str, str | None]],
+                     weight_bits: int = INT8_DEFAULT_WEIGHT_BITS) -> Path:
     """The fp32 package at `fp32` copied to `out` and quantized there as model.export.write_package quantizes
     one (model.export.quantize_package: int8-static, calibrated on `calibration`, weights in `weight_bits`)."""
     from model.export import quantize_package
@@ -360,7 +362,7 @@ def marian_weights(args: argparse.Namespace, work: Path) -> tuple[Path, str]:
 
 
 def convert_models(marian: Path, work: Path, precisions: tuple[str, ...], tag: list[int],
-                   calibration: list[str] | None = None, weight_bits: int = 8) -> None:
+                   calibration: list[str] | None = None, weight_bits: int = INT8_DEFAULT_WEIGHT_BITS) -> None:
     """work/ct2-{precision} (ct2-transformers-converter) and work/ours-{precision}: model.import_marian, and
     for int8 the fp32 package made int8-static over the `calibration` sentences (int8_static_copy), its weights
     in `weight_bits`."""

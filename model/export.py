@@ -71,7 +71,8 @@ import torch
 import torch.nn as nn
 
 from .checkpoint import load_checkpoint
-from service.shared.package import CACHE_BY_POSITION, INT8_WEIGHT_BITS, PACKAGE_FORMAT, file_entries
+from service.shared.package import (CACHE_BY_POSITION, INT8_DEFAULT_WEIGHT_BITS, INT8_WEIGHT_BITS, PACKAGE_FORMAT,
+                                    file_entries)
 
 from .calibrate import Calibration, activation_ranges, read_calibration
 from .fused import TRANSLATIONS, cached_attention, cross_attention
@@ -294,7 +295,8 @@ def export_generation(model: Transformer, out: Path, dtype: torch.dtype = torch.
 
 
 def export_package(checkpoint: str | Path, out: str | Path, *, quantize: str | None = None, fp16: bool = False,
-                   name: str | None = None, calibration: str | Path | None = None, weight_bits: int = 8) -> Path:
+                   name: str | None = None, calibration: str | Path | None = None,
+                   weight_bits: int = INT8_DEFAULT_WEIGHT_BITS) -> Path:
     """Checkpoint (run directory) -> model package directory. Returns the model.json path. int8's calibration
     text: `calibration`, else the dev split of the data the run trained on (its config.json); its weights in
     `weight_bits` (model/quantize.py: 7 for CPUs without VNNI)."""
@@ -341,7 +343,8 @@ def write_package(model: Transformer, out: str | Path, *, files: dict[str, Path]
                   special_ids: dict[str, int], languages: list[str], directions: list[str],
                   target_tags: dict[str, int], training: dict, model_card: Path | None = None,
                   quantize: str | None = None, calibration: Calibration | None = None, fp16: bool = False,
-                  name: str | None = None, extra: dict | None = None, weight_bits: int = 8) -> Path:
+                  name: str | None = None, extra: dict | None = None,
+                  weight_bits: int = INT8_DEFAULT_WEIGHT_BITS) -> Path:
     """Exports `model`'s graphs into `out`, copies `files` (tokenizer files, by their name in the package)
     and writes model.json. Shared by model.export (our checkpoints), model.import_marian and model.upgrade.
     quantize "int8" (int8-static) needs `calibration`: the package is written in fp32 first, run over it
@@ -381,10 +384,11 @@ def write_package(model: Transformer, out: str | Path, *, files: dict[str, Path]
     return _write_meta(out, meta)
 
 
-def _check_quantize(quantize: str | None, calibration: Calibration | None, weight_bits: int = 8) -> None:
+def _check_quantize(quantize: str | None, calibration: Calibration | None,
+                    weight_bits: int = INT8_DEFAULT_WEIGHT_BITS) -> None:
     if weight_bits not in INT8_WEIGHT_BITS:
         raise ValueError(f"int8 weight bits must be one of {INT8_WEIGHT_BITS}, got {weight_bits!r}")
-    if weight_bits != 8 and not quantize:
+    if weight_bits != INT8_DEFAULT_WEIGHT_BITS and not quantize:
         raise ValueError("--int8-weight-bits applies to an int8 package: pass --quantize too")
     if quantize not in (None, *SCHEMES):
         raise ValueError(f"quantize must be None or one of {', '.join(SCHEMES)}, got {quantize!r}")
@@ -394,7 +398,7 @@ def _check_quantize(quantize: str | None, calibration: Calibration | None, weigh
 
 
 def quantize_package(out: Path, quantize: str, calibration: Calibration | None = None, *,
-                     meta: dict | None = None, weight_bits: int = 8) -> dict:
+                     meta: dict | None = None, weight_bits: int = INT8_DEFAULT_WEIGHT_BITS) -> dict:
     """Quantizes the fp32 package in `out` in place ("int8": int8-static, its activation ranges measured over
     `calibration` first; "int8-rows"), its weights in `weight_bits`; returns its model.json, written. `meta`:
     the model.json to write, where the caller has it (else read from `out`)."""

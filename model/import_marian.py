@@ -37,6 +37,7 @@ import torch
 from .calibrate import Calibration, read_calibration
 from .export import write_package
 from .quantize import SCHEMES, add_weight_bits_flag
+from service.shared.package import INT8_DEFAULT_WEIGHT_BITS
 from .transformer import Transformer, TransformerConfig
 
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "relu": "relu", "gelu": "gelu"}
@@ -148,7 +149,8 @@ def resolve(src: str | Path) -> Path:
 
 def import_marian(src: str | Path, out: str | Path, *, source_lang: str | None = None, target_lang: str | None = None,
                   quantize: str | None = None, calibration: str | Path | Calibration | None = None,
-                  fp16: bool = False, name: str | None = None, weight_bits: int = 8) -> Path:
+                  fp16: bool = False, name: str | None = None,
+                  weight_bits: int = INT8_DEFAULT_WEIGHT_BITS) -> Path:
     """Converts a Marian checkpoint into a model package; returns the model.json path. quantize "int8"
     needs `calibration`: a TSV path (see calibration_text) or model.calibrate's list of (source, target
     language); int8's weights in `weight_bits` (model/quantize.py)."""

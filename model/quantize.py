@@ -51,7 +51,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from service.shared.package import INT8_ROWS, INT8_STATIC, INT8_WEIGHT_BITS
+from service.shared.package import INT8_DEFAULT_WEIGHT_BITS, INT8_ROWS, INT8_STATIC, INT8_WEIGHT_BITS
 
 # --quantize values -> model.json "quantization"
 SCHEMES = {"int8": INT8_STATIC, "int8-rows": INT8_ROWS}
@@ -61,13 +61,13 @@ _ZERO = 128                 # uint8 zero point of the symmetric activations: q -
 
 def add_weight_bits_flag(p: argparse.ArgumentParser) -> None:
     """--int8-weight-bits, as model.export and model.import_marian take it."""
-    p.add_argument("--int8-weight-bits", type=int, choices=INT8_WEIGHT_BITS, default=8,
+    p.add_argument("--int8-weight-bits", type=int, choices=INT8_WEIGHT_BITS, default=INT8_DEFAULT_WEIGHT_BITS,
                    help="bits of each int8 weight: 7 lets x86 CPUs without VNNI (AVX2 only) use their fast uint8 x "
                         "int8 instruction exactly (8-18%% faster there; model/quantize.py), for up to a few tenths "
                         "of BLEU either way (default 8)")
 
 
-def quantize_weight(w: np.ndarray, bits: int = 8) -> tuple[np.ndarray, np.ndarray]:
+def quantize_weight(w: np.ndarray, bits: int = INT8_DEFAULT_WEIGHT_BITS) -> tuple[np.ndarray, np.ndarray]:
     """(K, N) float -> (int8 (K, N), scale (N,)): symmetric, one scale per output column, in [-127, 127] for 8
     bits, [-63, 63] for 7."""
     if bits not in INT8_WEIGHT_BITS:
@@ -177,7 +177,7 @@ def quantizable_weight(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto])
 
 
 def rewrite_matmuls(path: Path, *, quantizer, product, constants: list[onnx.TensorProto],
-                    fold_bias: bool = False, weight_bits: int = 8) -> int:
+                    fold_bias: bool = False, weight_bits: int = INT8_DEFAULT_WEIGHT_BITS) -> int:
     """Rewrites an fp32 graph file in place: each MatMul by a constant 2D fp32 weight gets its input quantized
     once (`quantizer(model)(x, K)` -> nodes, uint8 name, scale name), its weight quantized per column
     (`<weight>_quantized`, `<weight>_scale`) and `product(q, scale, weight, y)`'s nodes. Returns the MatMuls
@@ -263,7 +263,8 @@ def fold_biases(nodes: list[onnx.NodeProto], inits: dict[str, onnx.TensorProto],
     return kept
 
 
-def quantize_int8(path: Path, ranges: dict[str, tuple[float, float]] | None = None, *, weight_bits: int = 8) -> int:
+def quantize_int8(path: Path, ranges: dict[str, tuple[float, float]] | None = None, *,
+                  weight_bits: int = INT8_DEFAULT_WEIGHT_BITS) -> int:
     """Rewrites an fp32 graph file in place (see the module docstring): int8-static with `ranges` (each
     quantized input's (min, max) from model.calibrate), int8-rows without; weights in `weight_bits` (8 or 7).
     Returns the MatMuls quantized."""

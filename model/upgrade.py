@@ -39,7 +39,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from service.shared.package import INT8_STATIC
+from service.shared.package import INT8_DEFAULT_WEIGHT_BITS, INT8_STATIC, ModelPackage, weight_bits
 
 from .calibrate import Calibration, read_calibration
 from .export import summary, write_package
@@ -165,7 +165,7 @@ def upgrade_package(package: str | Path, out: str | Path, *, precision: str | No
         languages=meta["languages"], directions=meta["directions"], target_tags=meta.get("target_tags", {}),
         training=meta.get("training", {}), model_card=package / "MODEL_CARD.md",
         quantize=quantize, calibration=calibration, fp16=precision == "fp16", name=meta.get("name"),
-        weight_bits=meta.get("weight_bits", 8) if quantize else 8,      # 7-bit int8 stays 7-bit
+        weight_bits=weight_bits(ModelPackage(package, meta)) if quantize else INT8_DEFAULT_WEIGHT_BITS,  # 7 stays 7
         # Keys write_package does not write itself (an importer's note) are kept; how int8 was made is its own.
         extra={k: v for k, v in meta.items() if k not in ("quantization", "calibration", "weight_bits")})
 

@@ -27,6 +27,8 @@ from typing import Sequence
 import torch
 from sentencepiece import sentencepiece_model_pb2 as spm_pb
 
+from service.shared.package import INT8_DEFAULT_WEIGHT_BITS, ModelPackage, weight_bits
+
 from .export import summary, write_package
 from .tokenizer import EOS_ID, Tokenizer
 from .transformer import Transformer, TransformerConfig
@@ -90,6 +92,7 @@ def extend_package(package: Path, pieces: Sequence[str], out: Path, *, precision
             special_ids=meta["special_ids"], languages=meta["languages"], directions=meta["directions"],
             target_tags=meta.get("target_tags", {}), training=meta.get("training", {}), quantize=quantize,
             calibration=texts, name=meta.get("name"),
+            weight_bits=weight_bits(ModelPackage(package, meta)) if quantize else INT8_DEFAULT_WEIGHT_BITS,
             extra={"vocabulary_extended": {"from": str(package), "pieces": list(pieces),
                                            "ids": [tok.sp.piece_to_id(p) for p in pieces], "rows": "mean"}})
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 import onnxruntime as ort
 
-from ..shared.package import load_package
+from ..shared.package import INT8_DEFAULT_WEIGHT_BITS, load_package
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class DeviceError(RuntimeError):
 
 
 def session_options(intra_op_threads: int = 0, inter_op_threads: int = 1, *, spin_wait: bool = False,
-                    int8_weight_bits: int = 8) -> ort.SessionOptions:
+                    int8_weight_bits: int = INT8_DEFAULT_WEIGHT_BITS) -> ort.SessionOptions:
     """`spin_wait=False` (the default) makes idle intra-op threads sleep instead of busy-waiting for the
     next operator. Spinning took the cores the HTTP process needed, and even alone it did not pay: on 2
     threads, one sentence at beam 4 took 19.2 ms spinning against 17.0 ms not, and batch 32 ran at the
@@ -52,7 +52,7 @@ def session_options(intra_op_threads: int = 0, inter_op_threads: int = 1, *, spi
     return so
 
 
-def widens_int8(weight_bits: int = 8) -> bool:
+def widens_int8(weight_bits: int = INT8_DEFAULT_WEIGHT_BITS) -> bool:
     """Whether the engine's sessions widen int8 products here: on CPUs where they saturate, for weights of more
     than 7 bits (2 x 255 x 63 = 32,130 fits 16 bits; model/quantize.py)."""
     return weight_bits > 7 and int8_products_saturate()

@@ -86,23 +86,12 @@ class Engine:
                                "this engine serves translation and generation packages")
         # The decoder class of this package's graph layout, which refuses other layouts.
         self.layout = OrtDecoder if self.task == "translation" else OrtLmDecoder
+        bits = weight_bits(self.package)
         self._open_sessions(device, session_options(intra_op_threads, inter_op_threads, spin_wait=spin_wait,
-                                                    int8_weight_bits=weight_bits(self.package)), open_session)
+                                                    int8_weight_bits=bits), open_session)
         self.layout.check_layout(self.package, [i.name for i in self.decoder.get_inputs()])
         self.float_dtype = np.float16 if meta["precision"] == "fp16" else np.float32
-        if self.device_type == "cuda" and self.task == "translation":
-            log.warning("%s runs on CUDA, where translations are known to differ from the CPU's: on an H200 with "
-                        "onnxruntime 1.31.1, fp16 wrote fp32's tokens on 0 of 64 sentences and fp32 went wrong too, "
-                        "the encoder agreeing (benchmarks/results/gpu-h200.md); serve translation with --device cpu "
-                        "until benchmarks/cuda_agreement.py agrees", self.package.path)
-        if self.device_type == "cuda" and self.task == "translation" and self.float_dtype == np.float32:
-            log.warning("%s is fp32: onnxruntime's GroupQueryAttention has CUDA kernels for fp16 only, so the "
-                        "decoder's self-attention runs on the CPU and its cache crosses to the host every step; "
-                        "export with --fp16 for the GPU", self.package.path)
-        if self.device_type == "cpu" and meta["precision"] == "int8" and widens_int8(weight_bits(self.package)):
-            log.info("model %s: this CPU has no VNNI, so its 8-bit int8 products are widened first to stay exact "
-                     "(8-18%% of int8's speed); a package exported with --int8-weight-bits 7 needs no widening "
-                     "(docs/training.md)", self.package.name)
+        self._note_the_device(bits)
         self.pool = BlockPool(self.float_dtype, self.device_type)   # the cache's and the encoder outputs' memory
         self.host = Binder("cpu")                                    # for what the searches read on the host
         self.graph = DecoderGraph.read(self.package, self.decoder, self.encoder, self.pool, self.host)
@@ -136,6 +125,23 @@ class Engine:
         self.piece_texts = [("" if self.sp.is_control(i) else " ⁇ " if self.sp.is_unknown(i)
                              else self.sp.id_to_piece(i).replace("▁", " "))
                             for i in range(self.sp.get_piece_size())]
+
+    def _note_the_device(self, bits: int) -> None:
+        """What serving this package on this device costs, said once at load."""
+        meta = self.package.meta
+        if self.device_type == "cuda" and self.task == "translation":
+            log.warning("%s runs on CUDA, where translations are known to differ from the CPU's: on an H200 with "
+                        "onnxruntime 1.31.1, fp16 wrote fp32's tokens on 0 of 64 sentences and fp32 went wrong too, "
+                        "the encoder agreeing (benchmarks/results/gpu-h200.md); serve translation with --device cpu "
+                        "until benchmarks/cuda_agreement.py agrees", self.package.path)
+        if self.device_type == "cuda" and self.task == "translation" and self.float_dtype == np.float32:
+            log.warning("%s is fp32: onnxruntime's GroupQueryAttention has CUDA kernels for fp16 only, so the "
+                        "decoder's self-attention runs on the CPU and its cache crosses to the host every step; "
+                        "export with --fp16 for the GPU", self.package.path)
+        if self.device_type == "cpu" and meta["precision"] == "int8" and widens_int8(bits):
+            log.info("model %s: this CPU has no VNNI, so its 8-bit int8 products are widened first to stay exact "
+                     "(8-18%% of int8's speed); a package exported with --int8-weight-bits 7 needs no widening "
+                     "(docs/training.md)", self.package.name)
 
     def _open_sessions(self, device: str, so: ort.SessionOptions, open_session: SessionFactory) -> None:
         self.providers = pick_providers(device)

@@ -21,6 +21,7 @@ CACHE_BY_POSITION = "by-position"   # a generation package's cache layout (model
 # Bits of an int8 package's weights (model.json "weight_bits"; packages without it have 8): 7 keeps x86's
 # uint8 x int8 instruction without VNNI exact (model/quantize.py)
 INT8_WEIGHT_BITS = (8, 7)
+INT8_DEFAULT_WEIGHT_BITS = 8
 
 
 class PackageError(RuntimeError):
@@ -75,7 +76,8 @@ def load_package(path: str | Path, *, verify: bool = True) -> ModelPackage:
 def weight_bits(package: ModelPackage) -> int:
     """Bits of an int8 package's weights: model.json's "weight_bits", 8 where it has none (and for fp32 and fp16,
     where none are int8)."""
-    bits = package.meta.get("weight_bits", 8) if package.meta.get("precision") == "int8" else 8
+    int8 = package.meta.get("precision") == "int8"
+    bits = package.meta.get("weight_bits", INT8_DEFAULT_WEIGHT_BITS) if int8 else INT8_DEFAULT_WEIGHT_BITS
     if bits not in INT8_WEIGHT_BITS:
         raise PackageError(f"{package.path / 'model.json'}: weight_bits is {bits!r}, expected one of "
                            f"{INT8_WEIGHT_BITS}")

@@ -45,6 +45,8 @@ class SuppressTokens:
 
     def __init__(self, ids: Sequence[int]):
         self.ids = np.asarray(ids, dtype=np.int64)
+        if (self.ids < 0).any():
+            raise ValueError(f"token ids to suppress must be 0 or more, got {sorted(set(self.ids.tolist()))}")
         self.removes = len(self.ids)
         # True at each banned id, one False past the last: take(mode="clip") maps every larger id there.
         self._banned = np.zeros(int(self.ids.max(initial=-1)) + 2, dtype=bool)
