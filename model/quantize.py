@@ -64,7 +64,7 @@ def add_weight_bits_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--int8-weight-bits", type=int, choices=INT8_WEIGHT_BITS, default=INT8_DEFAULT_WEIGHT_BITS,
                    help="bits of each int8 weight: 7 lets x86 CPUs without VNNI (AVX2 only) use their fast uint8 x "
                         "int8 instruction exactly (8-18%% faster there; model/quantize.py), for up to a few tenths "
-                        "of BLEU either way (default 8)")
+                        "of BLEU either way (default %(default)s)")
 
 
 def quantize_weight(w: np.ndarray, bits: int = INT8_DEFAULT_WEIGHT_BITS) -> tuple[np.ndarray, np.ndarray]:
