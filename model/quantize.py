@@ -36,10 +36,10 @@ all, but onnxruntime 1.31 multiplies int8 by int8 4-38x slower than uint8 by int
 Weights take 8 bits (|W_q| <= 127) or, with `--int8-weight-bits 7`, 7 (|W_q| <= 63). On x86 CPUs without VNNI
 onnxruntime multiplies uint8 by int8 with VPMADDUBSW, whose pairs of products are summed in 16 bits and
 saturate (2 x 255 x 127 = 64,770 > 32,767), so the engine widens such products first
-(`session.x64quantprecision`, service/inference/device.py), which costs those CPUs 8-18% of int8's speed. With
-7-bit weights a pair stays below it (2 x 255 x 63 = 32,130): the fast instruction is exact and the engine
-skips the widening for a package whose model.json says "weight_bits": 7. One bit less per weight moves BLEU
-either way by up to a few tenths (docs/training.md).
+(`session.x64quantprecision`, service/inference/device.py); without it int8 ran 13-23% faster on an AVX2-only
+EPYC (benchmarks/results/vs-ctranslate2-cpu.md, runs 25-26). With 7-bit weights a pair stays below it (2 x 255
+x 63 = 32,130): the fast instruction is exact and the engine skips the widening for a package whose model.json
+says "weight_bits": 7. One bit less per weight moves BLEU either way by up to a few tenths (docs/training.md).
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def add_weight_bits_flag(p: argparse.ArgumentParser) -> None:
     """--int8-weight-bits, as model.export and model.import_marian take it."""
     p.add_argument("--int8-weight-bits", type=int, choices=INT8_WEIGHT_BITS, default=INT8_DEFAULT_WEIGHT_BITS,
                    help="bits of each int8 weight: 7 lets x86 CPUs without VNNI (AVX2 only) use their fast uint8 x "
-                        "int8 instruction exactly (8-18%% faster there; model/quantize.py), for up to a few tenths "
-                        "of BLEU either way (default %(default)s)")
+                        "int8 instruction exactly (13-23%% faster on an AVX2-only EPYC; model/quantize.py), for up "
+                        "to a few tenths of BLEU either way (default %(default)s)")
 
 
 def quantize_weight(w: np.ndarray, bits: int = INT8_DEFAULT_WEIGHT_BITS) -> tuple[np.ndarray, np.ndarray]:

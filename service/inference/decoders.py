@@ -225,7 +225,7 @@ class OrtDecoder:
         order = rows.tolist()
         if not order or min(order) < 0 or max(order) >= len(self.row_source):
             raise ValueError(f"select() takes 1 or more rows among 0..{len(self.row_source) - 1}, got {rows}")
-        self.cache.select(rows, order)
+        self.cache.select(rows)
         row_source = self.row_source[rows]
         if row_source.tolist() == self.row_source.tolist():
             return                                        # beams reordered within their sentences

@@ -275,10 +275,10 @@ class InPlaceCache:
         if position >= self.width:
             self._relayout(None, -(-(position + 1) // self.columns) * self.columns)
 
-    def select(self, rows: np.ndarray, order: list[int] | None = None) -> None:
+    def select(self, rows: np.ndarray) -> None:
         """Keeps rows `rows` (int64) of every tensor, in that order; nothing is copied when they are all
-        the rows in order. `order`: rows.tolist(), where the caller has it."""
-        if (rows.tolist() if order is None else order) == list(range(self.rows)):
+        the rows in order (compared as lists: a beam step's few rows cost numpy's calls more)."""
+        if rows.tolist() == list(range(self.rows)):
             return
         self._relayout(rows, self.width)
 
