@@ -56,11 +56,12 @@ import secrets
 import socket
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing
 from pathlib import Path
 
+from . import sqlite_file
 from .redis_bridge import RedisDocuments, StoreDown, where
+from .sqlite_file import immediate
 from ..config import Settings
 from ..errors import ApiError
 from ..metrics import metrics
@@ -257,39 +258,16 @@ CREATE INDEX IF NOT EXISTS documents_by_owner ON documents (owner, status);
 """
 FIELDS = ("key_hash", "status", "format", "source_lang", "target_lang", "glossary_id", "created", "started",
           "holder", "lease_until", "chars", "translated", "billed", "error")   # a job's state: all but its files
-BUSY_S = 5.0    # how long a write waits for another process's to finish before the 503
-
-
-@contextmanager
-def immediate(db: sqlite3.Connection) -> Iterator[None]:
-    """A transaction that takes the write lock first (BEGIN IMMEDIATE: another process's write waits for it, up to
-    BUSY_S), committed when the block ends, rolled back when it raises."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
 
 
 class SqliteJobs:
-    """Jobs in one SQLite file, made (0600, in a 0700 directory) with the first job; each call opens its own
-    connection in a thread (a connection is not to cross threads or a fork), as glossary_store.SqliteStore's."""
+    """Jobs in one SQLite file (sqlite_file.py), made with the first job; each call runs in a thread."""
 
     def __init__(self, path: Path):
         self.path = path
 
     def connect(self) -> sqlite3.Connection:
-        """A connection in autocommit mode (a transaction is begun by hand where one takes two statements); the
-        file made first where there is none."""
-        if not self.path.exists():
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
-        db = sqlite3.connect(self.path, timeout=BUSY_S, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")   # readers go on while one process writes
-        db.executescript(SCHEMA)
-        return db
+        return sqlite_file.connect(self.path, SCHEMA)
 
     async def create(self, owner: str, document_id: str, job: dict, source: bytes, ttl_s: float, cap: int) -> bool:
         """The job inserted, unless its owner has `cap` jobs queued or translating with their leases live (0: no

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import secrets
 import sqlite3
@@ -33,7 +32,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
+from . import sqlite_file
 from .redis_bridge import RedisGlossaries, StoreDown, where
+from .sqlite_file import immediate
 from ..config import Settings
 from ..errors import ApiError
 from ..shared.glossary import Entry
@@ -200,45 +201,30 @@ CREATE TABLE IF NOT EXISTS glossaries (
     target_lang TEXT NOT NULL, entry_count INTEGER NOT NULL, creation_time TEXT NOT NULL, entries TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS glossaries_by_owner ON glossaries (owner);
 """
-BUSY_S = 5.0    # how long a write waits for another process's to finish before the 503
 
 
 class SqliteStore:
-    """Glossaries in one SQLite file, made (0600, in a 0700 directory) with the first glossary; each call opens its
-    own connection in a thread (a connection is not to cross threads or a fork, and opening one costs ~0.1 ms)."""
+    """Glossaries in one SQLite file (sqlite_file.py), made with the first glossary; each call runs in a thread."""
 
     def __init__(self, path: Path):
         self.path = path
 
     def connect(self, write: bool) -> sqlite3.Connection | None:
-        """A connection in autocommit mode (transactions are begun by hand), or None for a read before any
-        glossary was stored."""
-        if not self.path.exists():
-            if not write:
-                return None
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
-        db = sqlite3.connect(self.path, timeout=BUSY_S, isolation_level=None)
-        if write:
-            db.execute("PRAGMA journal_mode=WAL")   # readers go on while one process writes
-            db.executescript(SCHEMA)
-        return db
+        """A connection, or None for a read before any glossary was stored."""
+        if not write and not self.path.exists():
+            return None
+        return sqlite_file.connect(self.path, SCHEMA)
 
     async def add(self, owner: str, info: dict, tsv: str, most: int) -> bool:
         return await asyncio.to_thread(self.add_now, owner, info, tsv, most)
 
     def add_now(self, owner: str, info: dict, tsv: str, most: int) -> bool:
         with closing(self.connect(write=True)) as db:
-            db.execute("BEGIN IMMEDIATE")    # the write lock first: the count and the insert as one step
-            try:
+            with immediate(db):     # the write lock first: the count and the insert as one step
                 (n,) = db.execute("SELECT count(*) FROM glossaries WHERE owner = ?", (owner,)).fetchone()
                 if n < most:
                     db.execute("INSERT INTO glossaries VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (
                         info["glossary_id"], owner, *(info[k] for k in META), tsv))
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
             return n < most
 
     async def infos(self, owner: str) -> list[dict]:

@@ -1,0 +1,54 @@
+"""One SQLite file shared by every HTTP process of a server (--api-servers) without Redis: glossary_store.py's
+glossaries and document_jobs.py's jobs. Each call opens its own connection (a connection is not to cross threads
+or a fork, and opening one costs ~0.1 ms) in autocommit mode; a transaction of two statements is begun by hand."""
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+BUSY_S = 5.0    # how long a write waits for another process's to finish before the 503
+
+
+def connect(path: Path, schema: str) -> sqlite3.Connection:
+    """A connection to `path` in WAL with `schema` made; the file made first (0600, in a 0700 directory) where
+    there is none."""
+    if not path.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    db = sqlite3.connect(path, timeout=BUSY_S, isolation_level=None)
+    use_wal(db)
+    db.executescript(schema)
+    return db
+
+
+def use_wal(db: sqlite3.Connection) -> None:
+    """Write-ahead logging, so that readers go on while one process writes. Switching a new file to it while another
+    connection holds the write lock fails at once (SQLite does not consult its busy timeout there: CI once saw one of
+    twelve concurrent first writes answered 'database is locked'), so it is retried for up to BUSY_S; once switched,
+    the file stays in WAL and the pragma takes no lock."""
+    deadline = time.monotonic() + BUSY_S
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if e.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
+@contextmanager
+def immediate(db: sqlite3.Connection) -> Iterator[None]:
+    """A transaction that takes the write lock first (BEGIN IMMEDIATE: another process's write waits for it, up to
+    BUSY_S), committed when the block ends, rolled back when it raises."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
