@@ -71,8 +71,7 @@ def greedy(package) -> list[tuple[str, float]]:
     return [(t.text, t.score) for t in out]
 
 
-@pytest.mark.parametrize("quantize, scheme, weight_bits", [("int8", "int8-static", 8), ("int8-rows", "int8-rows", 8),
-                                                         ("int8-rows", "int8-rows", 7)])
+@pytest.mark.parametrize("quantize, scheme, weight_bits", [("int8", "int8-static", 7), ("int8-rows", "int8-rows", 8)])
 def test_an_upgraded_int8_package_keeps_its_form_int8_weights_metadata_and_answers(
         quantize, scheme, weight_bits, int8_package, data_dir, tmp_path, capsys):
     """int8-rows: the same graph with the same weights, so the same scores to the bit. int8-static is
@@ -101,7 +100,7 @@ def test_an_upgraded_int8_package_keeps_its_form_int8_weights_metadata_and_answe
 
 def test_an_int8_static_package_is_upgraded_only_with_calibration_text(int8_package, tmp_path):
     with pytest.raises(ValueError, match=r"int8-static.*--calibration FILE"):
-        upgrade_main([str(int8_package("int8")), "--out", str(tmp_path / "new")])
+        upgrade_main([str(int8_package("int8", 7)), "--out", str(tmp_path / "new")])
     assert not (tmp_path / "new").exists()
 
 
