@@ -263,6 +263,20 @@ def tiny_package(tiny_run, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_int8(tiny_run, tmp_path_factory):
+    """(quantize, weight_bits=8) -> tiny_run exported in that int8 form (int8: calibrated on the dev split its
+    config.json names), in a directory named after the form ("int8", "int8-rows", "int8-w7"), made once for the
+    session: test_engine, test_calibrate and test_upgrade read the same exports (each took 10-35 s)."""
+    from model.export import export_package
+
+    def get(quantize: str, weight_bits: int = 8) -> Path:
+        name = quantize if weight_bits == 8 else f"{quantize}-w{weight_bits}"
+        return made_once(tmp_path_factory, f"tiny-{name}", name, lambda out: export_package(
+            tiny_run, out, quantize=quantize, weight_bits=weight_bits))
+    return get
+
+
+@pytest.fixture(scope="session")
 def mono_dir(tmp_path_factory):
     """The 128 sentences of pairs64.tsv as monolingual text (what model.data --monolingual writes)."""
     d = tmp_path_factory.mktemp("mono")

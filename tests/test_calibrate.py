@@ -34,11 +34,9 @@ GENERATION = {"task": "generation", "directions": []}
 
 
 @pytest.fixture(scope="module")
-def static_package(tiny_run, tmp_path_factory):
+def static_package(tiny_int8):
     """tiny_run with --quantize int8: calibrated on the dev split its config.json names (the 64 pairs)."""
-    out = tmp_path_factory.mktemp("static") / "tiny-de-en"
-    export_package(tiny_run, out, quantize="int8")
-    return out
+    return tiny_int8("int8")
 
 
 @pytest.fixture(scope="module")

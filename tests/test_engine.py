@@ -450,11 +450,9 @@ def test_repetition_penalty_lowers_the_score_of_repeating_outputs(engine, ids):
 # --- int8, broken packages, directions, the torch-free service ---------------------------------------
 
 @pytest.fixture(scope="module", params=list(SCHEMES))
-def int8_package(request, tiny_run, tmp_path_factory):
-    """tiny_run exported with each --quantize (int8: calibrated on the dev split its config.json names)."""
-    out = tmp_path_factory.mktemp("int8") / request.param
-    export_package(tiny_run, out, quantize=request.param)
-    return out
+def int8_package(request, tiny_int8):
+    """tiny_run exported with each --quantize, named after it."""
+    return tiny_int8(request.param)
 
 
 def test_int8_package_is_smaller_and_keeps_the_graph_signatures(int8_package, tiny_package):
@@ -634,11 +632,9 @@ def test_7_bit_int8_weights_multiply_exactly_without_the_widening():
 
 
 @pytest.fixture(scope="module")
-def seven_bit_package(tiny_run, tmp_path_factory):
+def seven_bit_package(tiny_int8):
     """tiny_run exported int8 with 7-bit weights."""
-    out = tmp_path_factory.mktemp("w7") / "tiny-w7"
-    export_package(tiny_run, out, quantize="int8", weight_bits=7)
-    return out
+    return tiny_int8("int8", 7)
 
 
 def test_an_int8_package_exported_with_7_bit_weights_says_so_and_holds_them(seven_bit_package):

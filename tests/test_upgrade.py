@@ -7,6 +7,7 @@ older-layout package (tests/fixtures/old-layout-tiny, exported by the code of th
 
 import json
 import re
+import shutil
 
 import onnx
 import pytest
@@ -51,15 +52,15 @@ def int8_weights(package) -> list[bytes]:
 
 
 @pytest.fixture(scope="module")
-def int8_package(tiny_run, tmp_path_factory):
-    """quantize -> tiny_run exported in that int8 form (int8: calibrated on the run's dev.tsv), made once."""
+def int8_package(tiny_int8, tmp_path_factory):
+    """(quantize, weight_bits=8) -> conftest's tiny_int8 export, copied with a model card (carried by an upgrade)."""
     made = {}
 
     def get(quantize, weight_bits=8):
         key = quantize, weight_bits
         if key not in made:
             made[key] = tmp_path_factory.mktemp(quantize) / "tiny-int8"
-            export_package(tiny_run, made[key], quantize=quantize, weight_bits=weight_bits)
+            shutil.copytree(tiny_int8(quantize, weight_bits), made[key])
             (made[key] / "MODEL_CARD.md").write_text("# tiny\n")
         return made[key]
     return get
