@@ -254,6 +254,18 @@ def tiny_run(data_dir, tmp_path_factory):
         "--eval-every", "0", "--eval-sentences", "64", *TINY]))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def tiny_models_side_by_side(request):
+    """Under pytest-xdist, the first two processes each make one of the tiny models first, side by side, when the
+    run needs both: else both processes' first tests asked for the same one, and one process sat idle for a
+    minute or more while the other trained it, then trained the second alone (made_once; the models are the
+    same either way: seed 1, one thread)."""
+    first = {"gw0": "tiny_run", "gw1": "tiny_lm_run"}.get(os.environ.get("PYTEST_XDIST_WORKER", ""))
+    needed = {name for item in request.session.items for name in item.fixturenames}
+    if first and {"tiny_run", "tiny_lm_run"} <= needed:
+        request.getfixturevalue(first)
+
+
 @pytest.fixture(scope="session")
 def tiny_package(tiny_run, tmp_path_factory):
     """tiny_run exported to an fp32 model package."""
