@@ -211,9 +211,7 @@ class SqliteStore:
 
     def connect(self, write: bool) -> sqlite3.Connection | None:
         """A connection, or None for a read before any glossary was stored."""
-        if not write and not self.path.exists():
-            return None
-        return sqlite_file.connect(self.path, SCHEMA)
+        return sqlite_file.connect(self.path, SCHEMA) if write else sqlite_file.reader(self.path)
 
     async def add(self, owner: str, info: dict, tsv: str, most: int) -> bool:
         return await asyncio.to_thread(self.add_now, owner, info, tsv, most)

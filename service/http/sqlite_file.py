@@ -14,8 +14,8 @@ BUSY_S = 5.0    # how long a write waits for another process's to finish before 
 
 
 def connect(path: Path, schema: str) -> sqlite3.Connection:
-    """A connection to `path` in WAL with `schema` made; the file made first (0600, in a 0700 directory) where
-    there is none."""
+    """A connection to write `path`, in WAL with `schema` made; the file made first (0600, in a 0700 directory)
+    where there is none."""
     if not path.exists():
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
@@ -23,6 +23,11 @@ def connect(path: Path, schema: str) -> sqlite3.Connection:
     use_wal(db)
     db.executescript(schema)
     return db
+
+
+def reader(path: Path) -> sqlite3.Connection | None:
+    """A connection to read `path` as it is (no WAL switch, no schema), or None where no file was made yet."""
+    return sqlite3.connect(path, timeout=BUSY_S, isolation_level=None) if path.exists() else None
 
 
 def use_wal(db: sqlite3.Connection) -> None:
