@@ -263,7 +263,10 @@ def tiny_models_side_by_side(request):
     first = {"gw0": "tiny_run", "gw1": "tiny_lm_run"}.get(os.environ.get("PYTEST_XDIST_WORKER", ""))
     needed = {name for item in request.session.items for name in item.fixturenames}
     if first and {"tiny_run", "tiny_lm_run"} <= needed:
-        request.getfixturevalue(first)
+        try:
+            request.getfixturevalue(first)
+        except (Exception, pytest.skip.Exception, pytest.fail.Exception):
+            pass    # the tests that need it ask again and report it; the others run on
 
 
 @pytest.fixture(scope="session")

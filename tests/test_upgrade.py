@@ -72,7 +72,8 @@ def greedy(package) -> list[tuple[str, float]]:
     return [(t.text, t.score) for t in out]
 
 
-@pytest.mark.parametrize("quantize, scheme, weight_bits", [("int8", "int8-static", 7), ("int8-rows", "int8-rows", 8)])
+@pytest.mark.parametrize("quantize, scheme, weight_bits", [("int8", "int8-static", 8), ("int8", "int8-static", 7),
+                                                         ("int8-rows", "int8-rows", 8)])   # the exports test_engine's
 def test_an_upgraded_int8_package_keeps_its_form_int8_weights_metadata_and_answers(
         quantize, scheme, weight_bits, int8_package, data_dir, tmp_path, capsys):
     """int8-rows: the same graph with the same weights, so the same scores to the bit. int8-static is

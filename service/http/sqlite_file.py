@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Iterator
 
 BUSY_S = 5.0    # how long a write waits for another process's to finish before the 503
+SQLITE_BUSY = 5     # SQLite's result code (sqlite3.SQLITE_BUSY from Python 3.11; pyproject allows 3.10)
 
 
 def connect(path: Path, schema: str) -> sqlite3.Connection:
@@ -41,9 +42,16 @@ def use_wal(db: sqlite3.Connection) -> None:
             db.execute("PRAGMA journal_mode=WAL")
             return
         except sqlite3.OperationalError as e:
-            if e.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+            if not busy(e) or time.monotonic() > deadline:
                 raise
             time.sleep(0.005)
+
+
+def busy(e: sqlite3.OperationalError) -> bool:
+    """Whether SQLite answered SQLITE_BUSY (its primary code, 5, under any extended one); Python 3.10's errors carry
+    no code, only the message."""
+    code = getattr(e, "sqlite_errorcode", None)
+    return code & 0xFF == SQLITE_BUSY if code is not None else "locked" in str(e)
 
 
 @contextmanager
