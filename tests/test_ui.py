@@ -204,8 +204,10 @@ def test_a_stored_glossary_is_listed_for_its_pair_and_sent_by_its_id(server, bro
                                                        "glossary_id": made["glossary_id"]}, timeout=WAIT_S).json()
     open_page(browser, server)
     browser.find_element("css selector", "#glossary-box summary").click()
-    options = browser.find_element("id", "glossary-id").find_elements("tag name", "option")
-    assert [o.text for o in options] == ["none"]                                  # source "auto": no pair yet
+    # Read in one script: the page may rebuild the list as its glossaries arrive, and an option element read
+    # one by one then goes stale (CI, once: StaleElementReferenceException).
+    options = browser.execute_script("return [...document.getElementById('glossary-id').options].map(o => o.text)")
+    assert options == ["none"]                                                    # source "auto": no pair yet
     select(browser, "source", "de")
     wait_for(browser, lambda d: "ui words (1 entry)" in text(d, "glossary-id"), "the glossary listed")
     select(browser, "glossary-id", made["glossary_id"])
