@@ -61,7 +61,6 @@ from pathlib import Path
 
 from . import sqlite_file
 from .redis_bridge import RedisDocuments, StoreDown, where
-from .sqlite_file import immediate
 from ..config import Settings
 from ..errors import ApiError
 from ..metrics import metrics
@@ -275,7 +274,7 @@ class SqliteJobs:
         processes cannot both admit past the cap (redis_bridge.CREATE_DOCUMENT's count, in SQL)."""
         def create_now() -> bool:
             assert set(job) <= set(FIELDS)   # column names, never a client's text
-            with closing(self.connect()) as db, immediate(db):
+            with closing(self.connect()) as db, sqlite_file.immediate(db):
                 now = time.time()
                 db.execute("DELETE FROM documents WHERE expires < ?", (now,))
                 held = db.execute("SELECT count(*) FROM documents WHERE owner = ? AND status IN ('queued', "
@@ -340,7 +339,7 @@ class SqliteJobs:
 
     async def take(self, owner: str, document_id: str) -> tuple[str, bytes | None]:
         def take_now() -> tuple[str, bytes | None]:
-            with closing(self.connect()) as db, immediate(db):   # the read and the change as one step
+            with closing(self.connect()) as db, sqlite_file.immediate(db):   # the read and the change as one step
                 row = db.execute("SELECT status, result FROM documents WHERE owner = ? AND document_id = ? AND "
                                  "expires >= ?", (owner, document_id, time.time())).fetchone()
                 if row is not None and row[0] == "done":

@@ -34,7 +34,6 @@ from typing import Sequence
 
 from . import sqlite_file
 from .redis_bridge import RedisGlossaries, StoreDown, where
-from .sqlite_file import immediate
 from ..config import Settings
 from ..errors import ApiError
 from ..shared.glossary import Entry
@@ -218,7 +217,7 @@ class SqliteStore:
 
     def add_now(self, owner: str, info: dict, tsv: str, most: int) -> bool:
         with closing(self.connect(write=True)) as db:
-            with immediate(db):     # the write lock first: the count and the insert as one step
+            with sqlite_file.immediate(db):     # the write lock first: the count and the insert as one step
                 (n,) = db.execute("SELECT count(*) FROM glossaries WHERE owner = ?", (owner,)).fetchone()
                 if n < most:
                     db.execute("INSERT INTO glossaries VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (
