@@ -23,7 +23,10 @@ With --cpu-minutes M the budget is CPU time instead: each setting trains for M C
 steps (`--max-cpu-minutes`: the training process's own CPU time, so neither the machine's load nor a SIGSTOP
 pause counts; evaluations and saves are left out), and the table adds the target tokens each reached, for
 comparing model shapes per CPU hour (`--setting "wide=--shape d_model=384,h=6,d_ff=1536"`:
-benchmarks/results/size-cpu.md).
+benchmarks/results/size-cpu.md). A budget of hours, on cores shared with other work, outlasts a session: with
+--keep DIR --resume, a setting whose run DIR/NAME holds a checkpoint goes on from it (checkpoint.pt keeps the
+CPU minutes spent, so it trains what is left), and one whose budget is spent is only read: the same command,
+run again in each session, ends with the table.
 
 "before" reproduces the schedule model.train had until the defaults changed (the paper's, factor 2 and
 4,000 warm-up steps at d_model 256: peak 0.001976 at step 4,000; every pair every epoch).
@@ -50,10 +53,27 @@ from benchmarks.train_speed import cpu_name, publish  # noqa: E402
 
 def tokens_already_trained(extra: list[str]) -> int:
     """The target tokens of the package an --init-from setting starts from (its model.json), else 0."""
+    return int(package_training(extra).get("target_tokens", 0))
+
+
+def package_training(extra: list[str]) -> dict:
+    """model.json's `training` of the package an --init-from setting starts from, else {}."""
     if "--init-from" not in extra:
-        return 0
-    meta = json.loads((ROOT / extra[extra.index("--init-from") + 1] / "model.json").read_text())
-    return int(meta.get("training", {}).get("target_tokens", 0))
+        return {}
+    return json.loads((ROOT / extra[extra.index("--init-from") + 1] / "model.json").read_text()).get("training", {})
+
+
+def cpu_minutes_already(extra: list[str]) -> float:
+    """The CPU minutes of training the package an --init-from setting starts from records (its last
+    evaluation's), else 0: model.train's --max-cpu-minutes counts on from them."""
+    return float(package_training(extra).get("dev_metrics", {}).get("cpu_minutes", 0.0))
+
+
+def finished(out: Path, cpu_minutes: float) -> bool:
+    """Whether a kept run's last evaluation (train_log.jsonl) is past `cpu_minutes`: its budget spent."""
+    log = out / "train_log.jsonl"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return bool(lines) and json.loads(lines[-1]).get("cpu_minutes", 0.0) >= cpu_minutes
 
 
 def test_bleu(run: Path, test: str, direction: str, sentences: int) -> float:
@@ -68,15 +88,19 @@ def test_bleu(run: Path, test: str, direction: str, sentences: int) -> float:
 
 def run_setting(name: str, extra: list[str], args: argparse.Namespace, work: Path) -> dict:
     out = work / name
-    budget = (["--max-cpu-minutes", str(args.cpu_minutes)] if args.cpu_minutes else
+    # --resume: a kept run goes on from its checkpoint.pt, which keeps the CPU minutes and tokens it spent
+    resumed = args.resume and (out / "checkpoint.pt").exists()
+    cpu_budget = cpu_minutes_already(extra) + args.cpu_minutes
+    budget = (["--max-cpu-minutes", str(cpu_budget)] if args.cpu_minutes else
               ["--max-target-tokens", str(tokens_already_trained(extra) + args.target_tokens)])
     cmd = [sys.executable, "-m", "model.train", "--data", args.data, "--out", str(out), "--tokenizer",
            args.tokenizer, "--preset", args.preset, "--threads", str(args.threads), "--seed", str(args.seed),
            *budget, "--eval-every", "0",
-           "--eval-sentences", str(args.eval_sentences), "--no-resume", *extra]
+           "--eval-sentences", str(args.eval_sentences), *([] if resumed else ["--no-resume"]), *extra]
     t = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
+    if resumed and args.cpu_minutes and finished(out, cpu_budget):   # its last evaluation is its result
+        print(f"{name}: {args.cpu_minutes:g} CPU minutes spent already; not trained further", file=sys.stderr)
+    elif (proc := subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)).returncode != 0:
         raise SystemExit(f"{name}: model.train failed:\n{proc.stderr[-3000:]}")
     last = json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])
     # checkpoint.pt, the run's end: a run directory alone would give model.evaluate best.pt, which a run saves
@@ -103,8 +127,12 @@ def main(argv=None) -> None:
                    help="also score each run on this held-out split, both directions (repeatable)")
     p.add_argument("--test-sentences", type=int, default=500, help="pairs of each --test split scored")
     p.add_argument("--keep", default=None, metavar="DIR", help="keep each setting's run in DIR/NAME")
+    p.add_argument("--resume", action="store_true", help="with --keep: a setting whose run DIR/NAME holds a "
+                   "checkpoint goes on from it (a budget of hours spread over sessions), else each starts afresh")
     p.add_argument("--out", default=None, help="append the report (markdown) to this file")
     args = p.parse_args(argv)
+    if args.resume and not args.keep:
+        p.error("--resume needs --keep DIR (where the runs to resume are kept)")
     settings = args.setting or ["before=--lr 0.001976 --warmup 4000 --short-weight 1", "after="]
     header = [f"## {datetime.date.today()}: `python benchmarks/learning.py {shlex.join(sys.argv[1:])}`", "",
               f"CPU: {cpu_name()}; preset {args.preset}, "

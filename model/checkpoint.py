@@ -104,6 +104,9 @@ class Progress:
     # The step at which a fresh optimizer joined a schedule already under way (--init-from a package):
     # the learning rate climbs back to the schedule's over TrainConfig.rewarm steps from here. 0: none.
     rewarm_from: int = 0
+    # CPU seconds of training steps so far, every resume's (--init-from: the package's run's, as its last
+    # evaluation counted them), for --max-cpu-minutes and the curve's cpu_minutes
+    cpu_seconds: float = 0.0
 
 
 def save_training_checkpoint(path: Path, model: Transformer, optimizer: torch.optim.Optimizer,
@@ -116,7 +119,7 @@ def save_training_checkpoint(path: Path, model: Transformer, optimizer: torch.op
                      # The key keeps its first name so that every checkpoint written so far resumes.
                      "best_bleu": progress.best_score, "history": progress.history,
                      "metrics": progress.history[-1] if progress.history else None,
-                     "rewarm_from": progress.rewarm_from, **labels}, path)
+                     "rewarm_from": progress.rewarm_from, "cpu_seconds": progress.cpu_seconds, **labels}, path)
 
 
 def save_best(path: Path, model: Transformer, step: int, metrics: dict, labels: dict) -> None:
@@ -150,8 +153,11 @@ def restore_training(state: dict, model: Transformer, optimizer: torch.optim.Opt
     for g in state["optimizer"]["param_groups"]:   # this device's implementation, whichever saved it
         g["fused"], g["foreach"] = fused, None
     optimizer.load_state_dict(expand_optimizer_state(state["optimizer"]))
-    return Progress(state["step"], state["epoch"], state["batch_pos"], state["best_bleu"], state["history"],
-                    state.get("target_tokens", 0), state.get("rewarm_from", 0))
+    history = state["history"]
+    # A checkpoint written before cpu_seconds was kept: its last evaluation's count (what followed it is lost)
+    cpu = state.get("cpu_seconds", history[-1].get("cpu_minutes", 0.0) * 60 if history else 0.0)
+    return Progress(state["step"], state["epoch"], state["batch_pos"], state["best_bleu"], history,
+                    state.get("target_tokens", 0), state.get("rewarm_from", 0), cpu)
 
 
 def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[Transformer, Tokenizer, dict]:

@@ -25,8 +25,9 @@ on monolingual text from `model.data --monolingual`: paragraphs cut into windows
 - --deadline-minutes: a wall-clock budget counted from the process's start, so that the tokenizer,
   loading, training, the final evaluation and the save all fit in it (the loop stops early by the
   measured time of an evaluation and a save); SIGTERM stops training and saves the checkpoint at once;
-  --max-cpu-minutes: a CPU-time budget of the training steps (the process's own CPU time, evaluations and
-  saves left out: the machine's load and SIGSTOP pauses do not count), for comparing shapes per CPU hour
+  --max-cpu-minutes: a CPU-time budget of the run's training steps (the processes' own CPU time, evaluations
+  and saves left out: the machine's load and SIGSTOP pauses do not count; kept in checkpoint.pt, so a resumed
+  run spends what is left), for comparing shapes per CPU hour
 - --shape d_model=384,h=6,d_ff=1536 (or n_encoder_layers=6,n_decoder_layers=2): a preset with another shape
 - a progress bar with loss, target tokens/s and ETA; dev loss and greedy dev BLEU every --eval-every steps
 - several GPUs or nodes through `torchrun --nproc-per-node N -m model.train …` (DistributedDataParallel)
@@ -96,7 +97,8 @@ class TrainConfig:
     max_steps: int = 0              # 0 = no step limit
     max_target_tokens: int = 0      # stop once this many target tokens were trained on (0 = no limit)
     max_minutes: float = 0.0        # minutes of the training loop alone, after loading (0 = no limit)
-    # CPU minutes of this process's training steps (all its threads; evaluations and saves not counted), so
+    # CPU minutes of the run's training steps (all threads; evaluations and saves not counted), resumes
+    # included and counted on from an --init-from package's (as --max-target-tokens counts its tokens), so
     # that a budget buys the same training whatever the machine's load or a SIGSTOP pause (0 = no limit)
     max_cpu_minutes: float = 0.0
     deadline_minutes: float = 0.0   # the whole run's wall clock from the process's start (0 = no deadline)
@@ -546,7 +548,8 @@ def progress_of_package(package: Path) -> Progress:
     step = training.get("step") or 0
     last = training.get("dev_metrics") or {}
     tokens = training.get("target_tokens") or last.get("target_tokens") or 0
-    return Progress(step=step, target_tokens=tokens, rewarm_from=step, history=[last] if last else [])
+    return Progress(step=step, target_tokens=tokens, rewarm_from=step, history=[last] if last else [],
+                    cpu_seconds=last.get("cpu_minutes", 0.0) * 60)
 
 
 @dataclass
@@ -683,7 +686,7 @@ class Trainer:
         self.loop_deadline = self.t_start + settings.max_minutes * 60 if settings.max_minutes else math.inf
         # CPU seconds of the training steps: the process's CPU time since here, less evaluations and saves
         self.cpu_start, self.cpu_not_training = time.process_time(), 0.0
-        self.cpu_before = progress.history[-1].get("cpu_minutes", 0.0) * 60 if progress.history else 0.0
+        self.cpu_before = progress.cpu_seconds
         self.probe_at = self.t_start + PROBE_AT_SHARE * (deadline - self.t_start)   # inf without a deadline
 
     def host_batches(self, epoch: int, batch_pos: int) -> Iterator[tuple[int, int, IdBatch]]:
@@ -787,7 +790,7 @@ class Trainer:
         save."""
         if now >= self.loop_deadline:
             return True
-        if self.settings.max_cpu_minutes and self.training_cpu_seconds() >= self.settings.max_cpu_minutes * 60:
+        if self.settings.max_cpu_minutes and self.run_cpu_seconds() >= self.settings.max_cpu_minutes * 60:
             return True
         if self.deadline == math.inf or self.eval_seconds is None or self.save_seconds is None:
             return now >= self.deadline
@@ -798,6 +801,10 @@ class Trainer:
         """This process's CPU seconds in training steps since the loop started (all threads, the batch
         prefetcher's too; evaluations and saves left out)."""
         return time.process_time() - self.cpu_start - self.cpu_not_training
+
+    def run_cpu_seconds(self) -> float:
+        """The run's CPU seconds in training steps: the resumed checkpoint's (or package's) and this process's."""
+        return self.cpu_before + self.training_cpu_seconds()
 
     def evaluate(self) -> None:
         """Dev metrics into the history, the log and train_log.jsonl; best.pt when they are the best yet."""
@@ -811,7 +818,7 @@ class Trainer:
                                    s.eval_sentences, device)
             score = sum(v for k, v in metrics.items() if k.startswith("bleu")) / max(1, len(data.dev_refs))
         minutes = round((time.time() - self.t_start + self.elapsed_before) / 60, 1)
-        cpu_minutes = round((self.training_cpu_seconds() - (time.process_time() - cpu) + self.cpu_before) / 60, 2)
+        cpu_minutes = round((self.run_cpu_seconds() - (time.process_time() - cpu)) / 60, 2)
         metrics.update(step=p.step, target_tokens=p.target_tokens, minutes=minutes, cpu_minutes=cpu_minutes)
         p.history.append(metrics)
         tqdm.write(json.dumps(metrics))
@@ -825,6 +832,7 @@ class Trainer:
 
     def save(self) -> None:
         t, cpu = time.time(), time.process_time()
+        self.progress.cpu_seconds = self.run_cpu_seconds()
         save_training_checkpoint(self.ckpt_path, self.model, self.optimizer, self.progress, self.corpus.labels)
         if self.settings.keep_saves:
             keep_snap(self.out, self.model, self.progress, self.corpus.labels, self.settings.keep_saves)
