@@ -69,11 +69,12 @@ def cpu_minutes_already(extra: list[str]) -> float:
     return float(package_training(extra).get("dev_metrics", {}).get("cpu_minutes", 0.0))
 
 
-def finished(out: Path, cpu_minutes: float) -> bool:
-    """Whether a kept run's last evaluation (train_log.jsonl) is past `cpu_minutes`: its budget spent."""
+def finished(out: Path, key: str, budget: float) -> bool:
+    """Whether a kept run's last evaluation (train_log.jsonl) has its `key` (cpu_minutes, logged to 0.01, or
+    target_tokens) at `budget` or past it: the run is done (model.train would train a step more before it looked)."""
     log = out / "train_log.jsonl"
     lines = log.read_text().splitlines() if log.exists() else []
-    return bool(lines) and json.loads(lines[-1]).get("cpu_minutes", 0.0) >= cpu_minutes
+    return bool(lines) and json.loads(lines[-1]).get(key, 0) >= budget - 0.005
 
 
 def test_bleu(run: Path, test: str, direction: str, sentences: int) -> float:
@@ -90,16 +91,16 @@ def run_setting(name: str, extra: list[str], args: argparse.Namespace, work: Pat
     out = work / name
     # --resume: a kept run goes on from its checkpoint.pt, which keeps the CPU minutes and tokens it spent
     resumed = args.resume and (out / "checkpoint.pt").exists()
-    cpu_budget = cpu_minutes_already(extra) + args.cpu_minutes
-    budget = (["--max-cpu-minutes", str(cpu_budget)] if args.cpu_minutes else
-              ["--max-target-tokens", str(tokens_already_trained(extra) + args.target_tokens)])
+    key, limit = (("cpu_minutes", cpu_minutes_already(extra) + args.cpu_minutes) if args.cpu_minutes else
+                  ("target_tokens", tokens_already_trained(extra) + args.target_tokens))
+    budget = ["--max-cpu-minutes" if args.cpu_minutes else "--max-target-tokens", str(limit)]
     cmd = [sys.executable, "-m", "model.train", "--data", args.data, "--out", str(out), "--tokenizer",
            args.tokenizer, "--preset", args.preset, "--threads", str(args.threads), "--seed", str(args.seed),
            *budget, "--eval-every", "0",
            "--eval-sentences", str(args.eval_sentences), *([] if resumed else ["--no-resume"]), *extra]
     t = time.time()
-    if resumed and args.cpu_minutes and finished(out, cpu_budget):   # its last evaluation is its result
-        print(f"{name}: {args.cpu_minutes:g} CPU minutes spent already; not trained further", file=sys.stderr)
+    if resumed and finished(out, key, limit):   # its last evaluation is its result
+        print(f"{name}: its budget was spent already; not trained further", file=sys.stderr)
     elif (proc := subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)).returncode != 0:
         raise SystemExit(f"{name}: model.train failed:\n{proc.stderr[-3000:]}")
     last = json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])
@@ -107,7 +108,8 @@ def run_setting(name: str, extra: list[str], args: argparse.Namespace, work: Pat
     # only at its periodic evaluations (with --eval-every 0, the weights it started from)
     tests = {f"{Path(test).stem} {d}": test_bleu(out / "checkpoint.pt", test, d, args.test_sentences)
              for test in args.test for d in ("de-en", "en-de")}
-    return {**last, "wall_min": (time.time() - t) / 60, "tests": tests}
+    # a resumed run's wall time is spread over sessions: its training minutes in all, as it logged them
+    return {**last, "wall_min": last["minutes"] if resumed else (time.time() - t) / 60, "tests": tests}
 
 
 def main(argv=None) -> None:

@@ -327,14 +327,12 @@ def test_a_run_stops_at_its_cpu_time_budget_evaluations_left_out(data_dir, tmp_p
     # The count is the run's, kept in checkpoint.pt: resumed with a budget of 0.08, it trains 0.03 minutes more
     first = torch.load(out / "checkpoint.pt", weights_only=False)
     assert first["cpu_seconds"] == pytest.approx(log[-1]["cpu_minutes"] * 60, abs=0.6)
-    started = time.process_time()
     train.main(["--data", str(data_dir), "--out", str(out), "--direction", "de-en", "--eval-sentences", "8", *TINY,
                 "--max-tokens", "300", "--threads", "1", "--max-cpu-minutes", "0.08", "--eval-every", "5",
                 "--shape", "d_ff=128,n_decoder_layers=1"])
     resumed = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()][len(log):]
-    assert resumed and resumed[-1]["step"] > first["step"]
+    assert resumed and first["step"] < resumed[-1]["step"] < 2 * first["step"]   # 0.03 more minutes, not 0.08
     assert 0.08 <= resumed[-1]["cpu_minutes"] < 0.08 + 0.02
-    assert time.process_time() - started < 0.08 * 60 + 15        # not 0.08 minutes more: what was left
     assert torch.load(out / "checkpoint.pt", weights_only=False)["cpu_seconds"] >= 0.08 * 60
 
 
