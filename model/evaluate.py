@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import sacrebleu
 import torch
 
-from service.shared.options import SearchOptions
+from service.shared.options import DEFAULTS, SearchOptions
 
 from .checkpoint import load_checkpoint
 from .corpus.tsv import read_pairs
@@ -229,8 +229,9 @@ def main(argv=None) -> None:
     p.add_argument("--data", required=True, help="TSV: de<TAB>en[<TAB>origin] from model.data, or source<TAB>target; "
                    "for a language model lang<TAB>text[<TAB>origin] from model.data --monolingual")
     p.add_argument("--direction", default=None, help="e.g. de-en or en-de (default: the model's first direction)")
-    p.add_argument("--beam", type=int, default=4, help="beam size for the beam-search pass (greedy always runs)")
-    p.add_argument("--length-penalty", type=float, default=1.0)
+    p.add_argument("--beam", type=int, default=DEFAULTS.beam_size,
+                   help="beam size for the beam-search pass (greedy always runs)")
+    p.add_argument("--length-penalty", type=float, default=DEFAULTS.length_penalty)
     p.add_argument("--limit", type=int, default=0, help="evaluate only the first N pairs (0 = all)")
     p.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
     p.add_argument("--device", default="cpu", help="cpu or cuda (a package also accepts auto)")

@@ -229,8 +229,9 @@ def test_ruff_finds_nothing():
 
 
 # A search's strategy (sampling, greedy, beam) is decided by SearchOptions.strategy alone; the request mappings
-# in shared/schemas.py decide `sampling` from a request's fields, which is what a mapping is for.
-STRATEGY_TEST = re.compile(r"\.sampling\b|\bbeam(_size)? *(>|==|<=|<) *1\b")
+# in shared/schemas.py decide `sampling` from a request's fields, which is what a mapping is for ("temperature 0
+# is greedy" among them: a flavour asks the mapping's options, as /v1/completions does).
+STRATEGY_TEST = re.compile(r"\.sampling\b|\bbeam(_size)? *(>|==|<=|<) *1\b|\btemperature *== *0\b")
 STRATEGY_HOMES = {"service/shared/options.py", "service/shared/schemas.py"}
 
 
@@ -246,3 +247,5 @@ def test_the_strategy_is_decided_in_one_place():
     assert found == [], "ask SearchOptions.strategy (or rows_per_input) instead:\n" + "\n".join(found)
     planted = strategy_decisions(Path("x.py"), "if options.sampling or options.beam_size == 1:\n    pass\n")
     assert planted == ["x.py:1: if options.sampling or options.beam_size == 1:"]
+    planted = strategy_decisions(Path("y.py"), "greedy = body.temperature == 0\n")
+    assert planted == ["y.py:1: greedy = body.temperature == 0"]

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..shared import html_text
+from ..shared.options import DEFAULTS
 from ..errors import ApiError, declares_json, first_error, parse_error
 from . import libretranslate_files as files
 from .flavour import Flavour, describe_pairs, parse_markup
@@ -139,8 +140,9 @@ def to_request(data: dict, form: bool) -> TranslateRequest:
         raise ApiError(400, "invalid_request", f"format must be text or html, got {fmt!r}")
     alternatives, glossary = alternatives_of(data, form), glossary_of(data)
     try:
-        return TranslateRequest(text=q, source_lang=source, target_lang=target, beam_size=max(4, alternatives + 1),
-                                num_alternatives=alternatives, glossary=glossary)
+        return TranslateRequest(text=q, source_lang=source, target_lang=target,
+                                beam_size=max(DEFAULTS.beam_size, alternatives + 1), num_alternatives=alternatives,
+                                glossary=glossary)
     except ValidationError as e:
         raise ApiError(400, "invalid_request", first_error(e)) from None
 

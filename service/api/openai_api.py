@@ -35,7 +35,7 @@ from ..errors import NOT_JSON, ApiError, declares_json, parse_error
 from .flavour import Flavour
 from ..http.gateway import Finished, Gateway, GenerationStream
 from ..shared.options import DEFAULTS
-from ..shared.schemas import GenerateRequest, StopSequence, _json_types
+from ..shared.schemas import GenerateRequest, StopSequence, _json_types, generation_options
 
 ENDPOINT = "completions"      # the metrics' endpoint label of POST /v1/completions
 OWNER = "transerve"
@@ -226,14 +226,16 @@ class OpenAIRoutes:
         """The /generate requests of `body`, one per prompt, and how many choices each of their sequences
         stands for: greedy search (temperature 0) has one answer, which OpenAI repeats n times."""
         n = body.n or 1
-        greedy = body.temperature == 0
         # temperature and top_p sent as null take GenerateRequest's defaults, as left out.
         given = {name: value for name, value in (("temperature", body.temperature), ("top_p", body.top_p))
                  if value is not None}
         common = dict(model=body.model, max_new_tokens=body.max_tokens or DEFAULT_MAX_TOKENS, seed=body.seed,
-                      stop=body.stop or [], num_return_sequences=1 if greedy else n, stream=bool(body.stream), **given)
+                      stop=body.stop or [], stream=bool(body.stream), **given)
         try:
-            return [GenerateRequest(prompt=p, **common) for p in prompts], (n if greedy else 1)
+            one = GenerateRequest(prompt=prompts[0], **common)   # its strategy decided where /generate's is
+            greedy = generation_options(one, one.max_new_tokens).strategy == "greedy"
+            return ([GenerateRequest(prompt=p, num_return_sequences=1 if greedy else n, **common) for p in prompts],
+                    (n if greedy else 1))
         except ValidationError as e:   # CompletionRequest's bounds are within GenerateRequest's: not expected
             raise OpenAIError(400, "invalid_request", str(e.errors()[0].get("msg"))) from None
 

@@ -41,7 +41,7 @@ from .onnxruntime_bridge import Binder
 from .running_batch import Encoded, RunningBatch
 from ..shared.constraints import Terms
 from ..shared.kept_spans import QUOTES
-from ..shared.options import SearchOptions
+from ..shared.options import GENERATION_MAX_NEW_TOKENS, GENERATION_MIN_LENGTH, SearchOptions
 from ..shared.package import ModelPackage, PackageError, load_package, weight_bits
 from ..shared.search import Hypothesis, Search, Step, continuation_budgets, decode, finish, max_lengths
 
@@ -319,10 +319,11 @@ class Engine:
         return LmBatch(self.graph, SearchIds(self.bos_id, self.eos_id, tuple(self.banned_ids), self.search_top_k),
                        max_positions=self.max_positions)
 
-    def generate(self, texts: Sequence[str], *, max_new_tokens: int = 64, **options) -> list[Generation]:
+    def generate(self, texts: Sequence[str], *, max_new_tokens: int = GENERATION_MAX_NEW_TOKENS,
+                 **options) -> list[Generation]:
         """Continues each text (best hypothesis). Options: see SearchOptions; e.g. sampling=True, seed=1.
         min_length defaults to 0 here, as the generation API's min_new_tokens: a continuation may stop at once."""
-        opts = SearchOptions(**{"min_length": 0} | options | {"max_length": max_new_tokens + 1})
+        opts = SearchOptions(**{"min_length": GENERATION_MIN_LENGTH} | options | {"max_length": max_new_tokens + 1})
         prompts = self.prompt_ids(texts)
         hyps = finish(self.generate_steps(prompts, opts))
         out = []

@@ -68,3 +68,7 @@ class SearchOptions:
 
 
 DEFAULTS = SearchOptions()   # the one place the defaults are written; the API's schemas show these
+# Generation's own, where a continuation differs from a translation (the generation API's and Engine.generate's):
+# its length budget is counted in new pieces, 64 unless asked, and it may end at once (min_length 0, "off")
+GENERATION_MAX_NEW_TOKENS = 64
+GENERATION_MIN_LENGTH = 0

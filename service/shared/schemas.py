@@ -13,7 +13,7 @@ from typing import Annotated, Literal, Optional, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator, model_validator
 
-from .options import DEFAULTS, SearchOptions
+from .options import DEFAULTS, GENERATION_MAX_NEW_TOKENS, GENERATION_MIN_LENGTH, SearchOptions
 
 LangCode = Annotated[str, Field(min_length=2, max_length=8, pattern=r"^[a-z]{2,3}(-[A-Za-z]{2,4})?$",
                                 examples=["de"])]
@@ -192,8 +192,9 @@ SEARCH_FIELDS = ("beam_size", "length_penalty", "max_length", "no_repeat_ngram_s
 
 def search_options(request: dict, max_output_tokens: int) -> SearchOptions:
     """POST /translate's fields (those given; the others take the schema's defaults) -> the engine's options:
-    the one mapping, used by the translate worker and by the bulk command, so a file translated in-process
-    gets what the service would answer. max_output_tokens caps max_length (the server's setting)."""
+    the one mapping, called once for a request, in the Gateway (translate_payload: the options travel to the
+    worker in its payload), and by the bulk command, so a file translated in-process gets what the service would
+    answer. max_output_tokens caps max_length (the server's setting)."""
     d = DEFAULTS
     beam = request.get("beam_size", d.beam_size)
     n_alt = request.get("num_alternatives", 0)   # < beam_size: TranslateRequest checked it
@@ -329,9 +330,10 @@ class GenerateRequest(BaseModel):
     prompt: str = Field(..., description="Text to continue; an empty prompt starts a new text",
                         examples=["Die Datei wird"])
     model: Optional[str] = Field(None, description="Generation package id (default: the first one loaded)")
-    max_new_tokens: int = Field(64, ge=1, le=4096, description="Pieces to generate at most (capped by the server)")
-    min_new_tokens: int = Field(0, ge=0, le=4096, description="Pieces to generate before the end of text may "
-                                "come, at most max_new_tokens; 0 = off")
+    max_new_tokens: int = Field(GENERATION_MAX_NEW_TOKENS, ge=1, le=4096,
+                                description="Pieces to generate at most (capped by the server)")
+    min_new_tokens: int = Field(GENERATION_MIN_LENGTH, ge=0, le=4096, description="Pieces to generate before the "
+                                "end of text may come, at most max_new_tokens; 0 = off")
     temperature: float = Field(DEFAULTS.temperature, ge=0.0, le=5.0, description="Sampling temperature; 0 = "
                                "greedy (no sampling); 0 or 1.0 with beam_size > 1")
     top_k: int = Field(DEFAULTS.top_k, ge=0, le=1000, description="Sample among the k most likely pieces; 0 = "

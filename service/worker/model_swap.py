@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 from ..inference.engine import Engine
 from ..metrics import metrics
+from ..shared.options import DEFAULTS
 from ..shared.package import PackageError, load_package
 from .watch import SchedulerWatch
 
@@ -370,7 +371,7 @@ def check_engine(engine: Engine) -> int:
         return 0
     same = 0
     for src, tgt, text, expected in examples:
-        got = engine.translate([text], source_lang=src, target_lang=tgt, beam_size=4)[0].text
+        got = engine.translate([text], source_lang=src, target_lang=tgt, beam_size=DEFAULTS.beam_size)[0].text
         if not got.strip():
             raise PackageError(f"MODEL_CARD.md: an example ({src}-{tgt}) translated to nothing")
         same += got.strip() == expected.strip()
