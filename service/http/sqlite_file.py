@@ -1,6 +1,7 @@
-"""One SQLite file shared by every HTTP process of a server (--api-servers) without Redis: glossary_store.py's
-glossaries and document_jobs.py's jobs. Each call opens its own connection (a connection is not to cross threads
-or a fork, and opening one costs ~0.1 ms) in autocommit mode; a transaction of two statements is begun by hand."""
+"""A store's SQLite file, shared by every HTTP process of a server (--api-servers) without Redis:
+glossary_store.py's glossaries and document_jobs.py's jobs, each in a file of its own. Each call opens its own
+connection (a connection is not to cross threads or a fork, and opening one costs ~0.1 ms) in autocommit mode; a
+transaction of two statements is begun by hand."""
 from __future__ import annotations
 
 import os

@@ -3,7 +3,7 @@
 LitServe's request queue lives in its manager process: each put from an HTTP process was a round trip there that
 blocked the event loop (18-25% of the HTTP process's samples in a py-spy profile), and each get or look from a
 worker another, between decoder steps. Here an HTTP process writes a request to the socket of the worker it
-picks (service/http/request_sender.py, the other side), and the worker's threads read what arrives into a queue
+picks (service/worker/request_sender.py, the other side), and the worker's threads read what arrives into a queue
 in its own memory: a put is one write, a worker's look at what is queued costs a lock, not a trip to another
 process. The worker loop (litserve_bridge.SchedulerLoop) reads `RequestInbox` as it read LitServe's queue.
 
