@@ -232,12 +232,13 @@ class OpenAIRoutes:
         common = dict(model=body.model, max_new_tokens=body.max_tokens or DEFAULT_MAX_TOKENS, seed=body.seed,
                       stop=body.stop or [], stream=bool(body.stream), **given)
         try:
-            one = GenerateRequest(prompt=prompts[0], **common)   # its strategy decided where /generate's is
-            greedy = generation_options(one, one.max_new_tokens).strategy == "greedy"
-            return ([GenerateRequest(prompt=p, num_return_sequences=1 if greedy else n, **common) for p in prompts],
-                    (n if greedy else 1))
+            runs = [GenerateRequest(prompt=p, **common) for p in prompts]   # one sequence each
         except ValidationError as e:   # CompletionRequest's bounds are within GenerateRequest's: not expected
             raise OpenAIError(400, "invalid_request", str(e.errors()[0].get("msg"))) from None
+        # the strategy asked where /generate's is decided; sampling draws n sequences (n <= 8 as GenerateRequest's)
+        if generation_options(runs[0], runs[0].max_new_tokens).strategy == "greedy":
+            return runs, n
+        return [r.model_copy(update={"num_return_sequences": n}) for r in runs], 1
 
     async def completions(self, request: Request) -> Response:
         body = await read_request(request)
