@@ -25,9 +25,9 @@ on monolingual text from `model.data --monolingual`: paragraphs cut into windows
 - --deadline-minutes: a wall-clock budget counted from the process's start, so that the tokenizer,
   loading, training, the final evaluation and the save all fit in it (the loop stops early by the
   measured time of an evaluation and a save); SIGTERM stops training and saves the checkpoint at once;
-  --max-cpu-minutes: a CPU-time budget of the run's training steps (the processes' own CPU time, evaluations
-  and saves left out: the machine's load and SIGSTOP pauses do not count; kept in checkpoint.pt, so a resumed
-  run spends what is left), for comparing shapes per CPU hour
+  --max-cpu-minutes: a CPU-time budget of the run's training steps (the processes' own CPU time, summed over
+  torchrun's processes, evaluations and saves left out: the machine's load and SIGSTOP pauses do not count; kept
+  in checkpoint.pt, so a resumed run spends what is left), for comparing shapes per CPU hour
 - --shape d_model=384,h=6,d_ff=1536 (or n_encoder_layers=6,n_decoder_layers=2): a preset with another shape
 - a progress bar with loss, target tokens/s and ETA; dev loss and greedy dev BLEU every --eval-every steps
 - several GPUs or nodes through `torchrun --nproc-per-node N -m model.train …` (DistributedDataParallel)
@@ -684,9 +684,12 @@ class Trainer:
         self.elapsed_before = progress.history[-1]["minutes"] * 60 if progress.history else 0.0
         self.t_start = self.last_save = time.time()
         self.loop_deadline = self.t_start + settings.max_minutes * 60 if settings.max_minutes else math.inf
-        # CPU seconds of the training steps: the process's CPU time since here, less evaluations and saves
+        # CPU seconds of the training steps: the process's CPU time since here, less evaluations and saves.
+        # With several processes the run's is their sum, taken when they next decide whether to stop:
+        # `cpu_summed` (all processes' at that sum) and `cpu_own_summed` (this one's share of it).
         self.cpu_start, self.cpu_not_training = time.process_time(), 0.0
         self.cpu_before = progress.cpu_seconds
+        self.cpu_summed = self.cpu_own_summed = 0.0
         self.probe_at = self.t_start + PROBE_AT_SHARE * (deadline - self.t_start)   # inf without a deadline
 
     def host_batches(self, epoch: int, batch_pos: int) -> Iterator[tuple[int, int, IdBatch]]:
@@ -774,12 +777,14 @@ class Trainer:
         if c.distributed:
             if p.step % STOP_CHECK_EVERY and not at_max_steps:   # all reach --max-steps together: the last sum
                 return False
-            # One sum: the processes that want to stop, and the target tokens of all since the last check.
-            shared = torch.tensor([float(self.sigterm.raised or self.out_of_time(now)), self.tokens_unshared],
+            # One sum: the processes that want to stop, the target tokens of all since the last check and the
+            # CPU seconds each has spent in training steps.
+            own_cpu = self.training_cpu_seconds()
+            shared = torch.tensor([float(self.sigterm.raised or self.out_of_time(now)), self.tokens_unshared, own_cpu],
                                   dtype=torch.float64, device=c.device)
             dist.all_reduce(shared, op=dist.ReduceOp.SUM)
-            wanting, tokens = shared.tolist()
-            p.target_tokens, self.tokens_unshared = p.target_tokens + int(tokens), 0
+            wanting, tokens, self.cpu_summed = shared.tolist()
+            p.target_tokens, self.tokens_unshared, self.cpu_own_summed = p.target_tokens + int(tokens), 0, own_cpu
             stop = wanting > 0 or at_max_steps
         else:
             stop = at_max_steps or self.sigterm.raised or self.out_of_time(now)
@@ -803,8 +808,11 @@ class Trainer:
         return time.process_time() - self.cpu_start - self.cpu_not_training
 
     def run_cpu_seconds(self) -> float:
-        """The run's CPU seconds in training steps: the resumed checkpoint's (or package's) and this process's."""
-        return self.cpu_before + self.training_cpu_seconds()
+        """The run's CPU seconds in training steps: the resumed checkpoint's (or package's) and this run's, summed
+        over its processes: exact at their last sum (should_stop), then this process's since, times their number
+        (they take the same steps)."""
+        since = self.training_cpu_seconds() - self.cpu_own_summed
+        return self.cpu_before + self.cpu_summed + since * self.cluster.world
 
     def evaluate(self) -> None:
         """Dev metrics into the history, the log and train_log.jsonl; best.pt when they are the best yet."""

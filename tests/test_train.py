@@ -4,6 +4,7 @@ from Debian's trans-de-en, GPL-2+)."""
 import json
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -84,6 +85,7 @@ def test_torchrun_processes_stop_together(stop, data_dir, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "model.train", "--data", str(data_dir), "--out", str(out), "--direction", "de-en", "--eval-every", "0",
            "--eval-sentences", "4", *TINY, "--max-tokens", "300", "--threads", "1", *limits]
+    children_cpu = children_cpu_seconds()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -109,6 +111,22 @@ def test_torchrun_processes_stop_together(stop, data_dir, tmp_path):
         assert budget <= state["target_tokens"] < budget + 25 * 2 * 300
     if stop == "max-steps":    # before the processes' first sum (every 25 steps): their tokens are counted all the same
         assert state["step"] == 3 and 0 < state["target_tokens"] <= 3 * 2 * 300
+    if stop == "max-cpu-minutes":
+        # The budget is the run's, both processes' CPU summed: what the two spent beyond a one-step run's start,
+        # evaluation and save is the 6 CPU seconds counted (before 2026-12-03 each spent 6 of its own, 12 in all).
+        spent = children_cpu_seconds() - children_cpu
+        step_cmd = [*cmd[:-2], "--max-steps", "1", "--out", str(tmp_path / "one-step")]
+        subprocess.run(step_cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=180)
+        start = children_cpu_seconds() - children_cpu - spent
+        assert 6 <= state["cpu_seconds"] < 6 + 6, state["cpu_seconds"]
+        assert spent - start < 1.5 * state["cpu_seconds"], (spent, start, state["cpu_seconds"])
+
+
+def children_cpu_seconds() -> float:
+    """User + system CPU seconds of this process's children that have ended."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 # --- the flat-array input pipeline against the per-example reference code it replaced -----------------
