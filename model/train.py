@@ -778,29 +778,33 @@ class Trainer:
             if p.step % STOP_CHECK_EVERY and not at_max_steps:   # all reach --max-steps together: the last sum
                 return False
             # One sum: the processes that want to stop, the target tokens of all since the last check and the
-            # CPU seconds each has spent in training steps.
+            # CPU seconds each has spent in training steps. The CPU budget is checked on that exact sum, the same
+            # number on every process (their estimates between sums differ, and processes that decided apart
+            # would hang in the next all-reduce).
             own_cpu = self.training_cpu_seconds()
-            shared = torch.tensor([float(self.sigterm.raised or self.out_of_time(now)), self.tokens_unshared, own_cpu],
-                                  dtype=torch.float64, device=c.device)
+            wants = self.sigterm.raised or self.out_of_time(now, cpu=False)
+            shared = torch.tensor([float(wants), self.tokens_unshared, own_cpu], dtype=torch.float64, device=c.device)
             dist.all_reduce(shared, op=dist.ReduceOp.SUM)
             wanting, tokens, self.cpu_summed = shared.tolist()
             p.target_tokens, self.tokens_unshared, self.cpu_own_summed = p.target_tokens + int(tokens), 0, own_cpu
-            stop = wanting > 0 or at_max_steps
+            stop = wanting > 0 or at_max_steps or self.cpu_spent(self.cpu_before + self.cpu_summed)
         else:
             stop = at_max_steps or self.sigterm.raised or self.out_of_time(now)
         return stop or bool(s.max_target_tokens and p.target_tokens >= s.max_target_tokens)
 
-    def out_of_time(self, now: float) -> bool:
-        """Past --max-minutes or --max-cpu-minutes, or too close to the deadline for the final evaluation and
-        save."""
-        if now >= self.loop_deadline:
-            return True
-        if self.settings.max_cpu_minutes and self.run_cpu_seconds() >= self.settings.max_cpu_minutes * 60:
+    def out_of_time(self, now: float, cpu: bool = True) -> bool:
+        """Past --max-minutes or (`cpu`) --max-cpu-minutes, or too close to the deadline for the final evaluation
+        and save."""
+        if now >= self.loop_deadline or (cpu and self.cpu_spent(self.run_cpu_seconds())):
             return True
         if self.deadline == math.inf or self.eval_seconds is None or self.save_seconds is None:
             return now >= self.deadline
         tail = DEADLINE_TAIL_FACTOR * (self.eval_seconds + 2 * self.save_seconds) + DEADLINE_MARGIN_S
         return now >= self.deadline - tail
+
+    def cpu_spent(self, run_cpu_seconds: float) -> bool:
+        """Whether a run at `run_cpu_seconds` has spent --max-cpu-minutes (never without one)."""
+        return bool(self.settings.max_cpu_minutes) and run_cpu_seconds >= self.settings.max_cpu_minutes * 60
 
     def training_cpu_seconds(self) -> float:
         """This process's CPU seconds in training steps since the loop started (all threads, the batch
@@ -816,7 +820,7 @@ class Trainer:
 
     def evaluate(self) -> None:
         """Dev metrics into the history, the log and train_log.jsonl; best.pt when they are the best yet."""
-        t, cpu = time.time(), time.process_time()
+        t, cpu, run_cpu = time.time(), time.process_time(), self.run_cpu_seconds()
         s, p, data, device = self.settings, self.progress, self.data, self.cluster.device
         if self.corpus.lm:                  # the best language model has the lowest dev loss
             metrics = evaluate_lm_dev(self.model, data.dev, s.max_tokens, device)
@@ -826,8 +830,7 @@ class Trainer:
                                    s.eval_sentences, device)
             score = sum(v for k, v in metrics.items() if k.startswith("bleu")) / max(1, len(data.dev_refs))
         minutes = round((time.time() - self.t_start + self.elapsed_before) / 60, 1)
-        cpu_minutes = round((self.run_cpu_seconds() - (time.process_time() - cpu)) / 60, 2)
-        metrics.update(step=p.step, target_tokens=p.target_tokens, minutes=minutes, cpu_minutes=cpu_minutes)
+        metrics.update(step=p.step, target_tokens=p.target_tokens, minutes=minutes, cpu_minutes=round(run_cpu / 60, 2))
         p.history.append(metrics)
         tqdm.write(json.dumps(metrics))
         if score > p.best_score:

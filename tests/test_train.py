@@ -85,9 +85,9 @@ def test_torchrun_processes_stop_together(stop, data_dir, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "model.train", "--data", str(data_dir), "--out", str(out), "--direction", "de-en", "--eval-every", "0",
            "--eval-sentences", "4", *TINY, "--max-tokens", "300", "--threads", "1", *limits]
-    children_cpu = children_cpu_seconds()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    children_cpu = children_cpu_seconds()   # after Popen(), which reaps earlier tests' ended children
     try:
         if stop == "sigterm":
             deadline = time.monotonic() + 120
