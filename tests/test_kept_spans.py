@@ -35,6 +35,15 @@ def test_restore_drops_copies_and_appends_what_the_model_left_out():
     assert k.restore("XQ1 and XQ") == "😀😀😀 and ☃"          # a placeholder the budget cut: not left in the text
 
 
+def test_restore_leaves_no_mangled_placeholder_in_the_text():
+    """A search that need not place them (greedy) may write a placeholder run together with more: the previous
+    package wrote "The ☁ ☂ ☃ ☄ ★ XQ07088XXQ ☉Q10 here." for twelve marks; no word holding the prefix comes back."""
+    marks = "☀☁☂☃☄★☆☇☈☉☊☋"
+    k = keep(" ".join(marks), ASCII)
+    out = k.restore("Hello XQ01 XQ07088XXQ there.")
+    assert out == "Hello ☀ there. ☁ ☂ ☃ ☄ ★ ☆ ☇ ☈ ☉ ☊ ☋"
+
+
 def test_placeholders_are_as_wide_as_the_last_so_none_begins_another():
     marks = "☀☁☂☃☄★☆☇☈☉☊☋"
     k = keep(" ".join(marks), ASCII)

@@ -65,8 +65,10 @@ class Kept:
                 translation = translation[:m.start()] + translation[m.end():]
             translation = (translation[:first.start()] + (" " if spaced else "") + self.spans[i]
                            + translation[first.end():])
-        # What is left of a placeholder the search began and its budget cut ("XQ"): not the client's text.
-        translation = re.sub(rf" ?(?<![A-Za-z]){re.escape(self.prefix)}[0-9]*(?![A-Za-z0-9])", "", translation)
+        # What is left of a placeholder the search began and its budget cut ("XQ"), or one a search that need not
+        # place them wrote mangled ("XQ07088XXQ", greedy search): not the client's text. The prefix stands in no
+        # source, so any word holding it now is one of ours.
+        translation = re.sub(rf" ?[A-Za-z0-9]*{re.escape(self.prefix)}[A-Za-z0-9]*", "", translation)
         return " ".join([translation.rstrip(), *reversed(missing)]).strip() if missing else translation
 
 
