@@ -44,6 +44,16 @@ def test_restore_leaves_no_mangled_placeholder_in_the_text():
     assert out == "Hello ☀ there. ☁ ☂ ☃ ☄ ★ ☆ ☇ ☈ ☉ ☊ ☋"
 
 
+def test_restore_reads_a_placeholder_the_search_stuttered_as_one():
+    """The previous package wrote "☉Q10" for "XQ10Q10": the stutter's rest is the placeholder's, not the text's; what
+    merely follows a placeholder (a plural's "s") is the model's and stays."""
+    marks = "☀☁☂☃☄★☆☇☈☉☊☋"
+    k = keep(" ".join(marks), ASCII)
+    out = k.restore(" ".join(k.placeholders()[:9]) + " XQ10Q10 here XQ11 XQ1212.")
+    assert out == "☀ ☁ ☂ ☃ ☄ ★ ☆ ☇ ☈ ☉ here ☊ ☋."
+    assert keep("Ein 😀 und", ASCII).restore("An XQ1s and") == "An 😀s and"
+
+
 def test_placeholders_are_as_wide_as_the_last_so_none_begins_another():
     marks = "☀☁☂☃☄★☆☇☈☉☊☋"
     k = keep(" ".join(marks), ASCII)

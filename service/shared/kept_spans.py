@@ -54,22 +54,32 @@ class Kept:
             return translation
         missing = []
         for i in reversed(range(len(self.spans))):
-            pattern = re.compile(rf" ?(?<![A-Za-z]){re.escape(self.placeholder(i))}(?![0-9])")
-            found = list(pattern.finditer(translation))
+            placeholder = self.placeholder(i)
+            pattern = re.compile(rf" ?(?<![A-Za-z]){re.escape(placeholder)}(?P<tail>[A-Za-z]*[0-9]*)")
+            found = [(m.start(), end, m.group().startswith(" ")) for m in pattern.finditer(translation)
+                     if (end := _end(m, placeholder)) is not None]
             if not found:
                 missing.append(self.spans[i])
                 continue
-            first = found[0]
-            spaced = first.group().startswith(" ")
-            for m in reversed(found[1:]):
-                translation = translation[:m.start()] + translation[m.end():]
-            translation = (translation[:first.start()] + (" " if spaced else "") + self.spans[i]
-                           + translation[first.end():])
+            (start, end, spaced), *copies = found
+            for a, b, _ in reversed(copies):
+                translation = translation[:a] + translation[b:]
+            translation = translation[:start] + (" " if spaced else "") + self.spans[i] + translation[end:]
         # What is left of a placeholder the search began and its budget cut ("XQ"), or one a search that need not
         # place them wrote mangled ("XQ07088XXQ", greedy search): not the client's text. The prefix stands in no
         # source, so any word holding it now is one of ours.
         translation = re.sub(rf" ?[A-Za-z0-9]*{re.escape(self.prefix)}[A-Za-z0-9]*", "", translation)
         return " ".join([translation.rstrip(), *reversed(missing)]).strip() if missing else translation
+
+
+def _end(m: re.Match, placeholder: str) -> int | None:
+    """Where a placeholder's match ends: past the letters and digits run on to it when they repeat its end (a
+    search's stutter: "XQ10Q10" and "XQ1010" are XQ10 once), else right after it ("XQ1s": the "s" is the model's);
+    None when a digit follows that is no such repeat (another number, not this placeholder)."""
+    tail = m.group("tail")
+    if tail and placeholder.endswith(tail):
+        return m.end()
+    return None if tail[:1].isdigit() else m.start("tail")
 
 
 def keep(sentence: str, writable: Callable[[str], bool], avoid: str = "") -> Kept:
