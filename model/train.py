@@ -112,9 +112,12 @@ class TrainConfig:
     seed: int = 1
 
 
-# With several processes and a time limit, the ranks agree to stop every this many steps (an all-reduce
-# that waits for the device): at most this many steps past the limit.
-STOP_CHECK_EVERY = 25
+# With several processes, the ranks agree to stop (a SIGTERM, a time limit) every this many steps on GPUs (an
+# all-reduce that waits for the device): at most this many steps past the limit. On CPUs at every step: there it
+# costs a gloo round trip against a step of seconds, and 25 steps (minutes at nice 19) outlast the 30 s torchrun
+# gives its ranks between the SIGTERM it passes on and a SIGKILL, so a stopped run lost everything since its last
+# save (2026-12-04: the default's run, stopped by a SIGTERM to torchrun, saved nothing).
+STOP_CHECK_EVERY = {"cuda": 25, "cpu": 1}
 # Under a deadline, the first evaluation and save are timed this far into the training time (unless
 # --eval-every came first): the loop then stops early enough for a final evaluation and save
 # (DEADLINE_TAIL_FACTOR times their measured time, plus DEADLINE_MARGIN_S).
@@ -769,13 +772,14 @@ class Trainer:
 
     def should_stop(self, now: float) -> bool:
         """--max-steps or --max-target-tokens reached, a SIGTERM, or out of time. Several processes decide
-        together every STOP_CHECK_EVERY steps (an all-reduce that waits for the device, so not every step):
+        together every STOP_CHECK_EVERY steps (on a GPU an all-reduce that waits for the device, so not every step):
         each has its own clock, signals and batch sizes, and one that left alone would hang the others in
         the next gradient all-reduce. The step count is the same on all of them, so --max-steps is exact."""
         s, p, c = self.settings, self.progress, self.cluster
         at_max_steps = bool(s.max_steps and p.step >= s.max_steps)
         if c.distributed:
-            if p.step % STOP_CHECK_EVERY and not at_max_steps:   # all reach --max-steps together: the last sum
+            every = STOP_CHECK_EVERY.get(c.device.type, 1)
+            if p.step % every and not at_max_steps:          # all reach --max-steps together: the last sum
                 return False
             # One sum: the processes that want to stop, the target tokens of all since the last check and the
             # CPU seconds each has spent in training steps. The CPU budget is checked on that exact sum, the same

@@ -4,6 +4,7 @@ from Debian's trans-de-en, GPL-2+)."""
 import json
 import os
 import random
+import re
 import resource
 import signal
 import subprocess
@@ -73,6 +74,36 @@ def test_evaluate_rejects_a_direction_the_model_does_not_have(tiny_run, data_dir
 
 
 @pytest.mark.slow
+def test_a_sigterm_to_torchrun_stops_its_cpu_ranks_at_the_next_step(data_dir, tmp_path):
+    """A job runner (Kubernetes, `docker stop`, a spot machine's end) sends SIGTERM to torchrun alone, which passes it
+    on and kills its ranks 30 s later: CPU ranks must agree to stop at the next step, not at the next 25th (minutes
+    at nice 19, where the default's run, so stopped, saved nothing). SIGTERM goes out just past a 25th step, as the
+    progress bar shows it; the ranks must stop a few steps on, far short of the next 25th."""
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "model.train", "--data", str(data_dir), "--out", str(out), "--direction", "de-en", "--eval-every", "0",
+           "--eval-sentences", "4", *TINY, "--max-tokens", "300", "--threads", "1", "--max-steps", "100000"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen, output = None, []
+    try:
+        shown = ""
+        while seen is None and proc.poll() is None:
+            shown += proc.stdout.read(1)
+            steps = re.findall(r"(\d+)/100000 \[", shown[-200:])
+            if steps and int(steps[-1]) % 25 in (1, 2, 3, 4) and int(steps[-1]) > 25:
+                seen = int(steps[-1])
+                os.kill(proc.pid, signal.SIGTERM)                       # torchrun's pid only
+        output = shown + proc.communicate(timeout=120)[0]
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    stopped = re.search(r"SIGTERM: stopped at step (\d+)", output)
+    assert seen is not None and stopped, output[-3000:]
+    assert seen <= int(stopped.group(1)) <= seen + 12, (seen, stopped.group())
+    assert torch.load(out / "checkpoint.pt", weights_only=False)["step"] == int(stopped.group(1))
+
+
 @pytest.mark.parametrize("stop", ["max-target-tokens", "max-minutes", "max-cpu-minutes", "sigterm", "max-steps"])
 def test_torchrun_processes_stop_together(stop, data_dir, tmp_path):
     """Each stop condition is decided by both processes together, so they end together, within a minute, with
