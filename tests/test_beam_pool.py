@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from service.shared.beam_pool import BeamPool
+from service.shared.constraints import Terms
 from service.shared.options import SearchOptions
 from service.shared.search import decode, finish
 
@@ -71,6 +72,34 @@ def test_inputs_joining_a_pool_at_different_steps_get_their_hypotheses_alone(opt
         got, want = pool.done(number), hypotheses_alone(options, budget, seed)
         assert [h.tokens for h in got] == [h.tokens for h in want] and got, (number, options)
         assert [h.score for h in got] == [h.score for h in want]
+
+
+def test_a_phrase_excluded_by_an_input_that_joins_later_is_never_written_by_it():
+    """A pool looks for excluded phrases only once an input brings one (BeamPool.excludes): one that joins a pool of
+    unconstrained inputs at a later step still never writes its phrase, and the others keep their hypotheses."""
+    options = SearchOptions(beam_size=4, num_hypotheses=4)
+    alone = hypotheses_alone(options, 8, 2)
+    phrase = tuple(alone[0].tokens[:2])                        # what it writes best when free
+    pool = BeamPool(options, eos_id=EOS)
+    pool.add(np.array([BOS]), np.array([8]))                   # seed 1, unconstrained
+    assert not pool.excludes
+    seeds, prefixes = {0: 1}, [()] * 4
+    for step in range(20):
+        if step == 2:
+            (number,) = pool.add(np.array([BOS]), np.array([8]), [Terms.of(exclude=[phrase])])
+            seeds[number], prefixes = 2, prefixes + [()] * 4
+        if not len(pool.live):
+            break
+        prefixes = [p + (int(t),) for p, t in zip(prefixes, pool.tokens)]
+        rows = np.repeat(pool.live, 4)
+        logp = np.concatenate([log_probs([p], seeds[int(n)]) for p, n in zip(prefixes, rows)])
+        k = pool.want()
+        keep = pool.step(logp, None, None) if k is None else pool.step(*top(logp, k))
+        prefixes = [prefixes[r] for r in keep]
+    assert pool.excludes
+    free, excluded = pool.done(0), pool.done(1)
+    assert [h.tokens for h in free] == [h.tokens for h in hypotheses_alone(options, 8, 1)]
+    assert excluded and not any(tuple(h.tokens[i:i + 2]) == phrase for h in excluded for i in range(len(h.tokens)))
 
 
 def test_an_input_dropped_leaves_with_its_rows_and_the_others_go_on():
