@@ -62,6 +62,7 @@ from .batching import (Batch, IdBatch, Prefetcher, TokenArrays, batch_indices, c
                        collate_ids, concat_ranges, flatten, select_rows)
 from .checkpoint import (Progress, keep_snap, load_training_checkpoint, restore_training, save_best,
                          save_training_checkpoint)
+from . import jemalloc
 from .back_translate import synthetic_lang
 from .corpus.tsv import read_origins, read_pairs
 from .decoding import translate
@@ -118,6 +119,9 @@ class TrainConfig:
 # gives its ranks between the SIGTERM it passes on and a SIGKILL, so a stopped run lost everything since its last
 # save (2026-12-04: the default's run, stopped by a SIGTERM to torchrun, saved nothing).
 STOP_CHECK_EVERY = {"cuda": 25, "cpu": 1}
+# Under jemalloc told never to hand pages back on its own (docs/training.md), the loop hands them back every this
+# many steps (model/jemalloc.py): the page faults of a purge once in so many steps, and a bounded footprint.
+PURGE_EVERY = 25
 # Under a deadline, the first evaluation and save are timed this far into the training time (unless
 # --eval-every came first): the loop then stops early enough for a final evaluation and save
 # (DEADLINE_TAIL_FACTOR times their measured time, plus DEADLINE_MARGIN_S).
@@ -743,6 +747,8 @@ class Trainer:
                 if c.is_main and (now - self.last_save >= s.save_every_minutes * 60 or probe) and not stop:
                     self.save()
                     self.last_save = now
+                if p.step % PURGE_EVERY == 0:
+                    jemalloc.purge()
                 if stop:
                     break
             else:

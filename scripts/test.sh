@@ -51,6 +51,13 @@ if ! command -v redis-server >/dev/null && can_apt; then
     || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends redis-server >/dev/null 2>&1; }) \
     || echo "warning: could not install redis-server; the shared-limits tests will be skipped" >&2
 fi
+# jemalloc (Debian's libjemalloc2), the allocator CPU training runs under (docs/training.md): tests/test_jemalloc.py
+# preloads it into a process of its own; without it that test skips.
+if [[ ! -e /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 ]] && can_apt; then
+  (apt-get install -y -q --no-install-recommends libjemalloc2 >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends libjemalloc2 >/dev/null 2>&1; }) \
+    || echo "warning: could not install libjemalloc2; its test will be skipped" >&2
+fi
 # Debian's chromium and its chromedriver run the translate page in a headless browser (tests/test_ui.py,
 # driven by selenium from the dev extra); without them, as without root, those tests skip and say why.
 if ! { command -v chromium && command -v chromedriver; } >/dev/null && can_apt; then
