@@ -6,6 +6,7 @@ import os
 import random
 import re
 import resource
+import select
 import signal
 import subprocess
 import sys
@@ -84,17 +85,17 @@ def test_a_sigterm_to_torchrun_stops_its_cpu_ranks_at_the_next_step(data_dir, tm
            "-m", "model.train", "--data", str(data_dir), "--out", str(out), "--direction", "de-en", "--eval-every", "0",
            "--eval-sentences", "4", *TINY, "--max-tokens", "300", "--threads", "1", "--max-steps", "100000"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    seen, output = None, []
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    seen, shown, deadline = None, b"", time.monotonic() + 120
     try:
-        shown = ""
-        while seen is None and proc.poll() is None:
-            shown += proc.stdout.read(1)
-            steps = re.findall(r"(\d+)/100000 \[", shown[-200:])
+        while seen is None and proc.poll() is None and time.monotonic() < deadline:
+            if select.select([proc.stdout], [], [], 1.0)[0]:            # never blocks past the deadline
+                shown += os.read(proc.stdout.fileno(), 65536)
+            steps = re.findall(rb"(\d+)/100000 \[", shown[-400:])
             if steps and int(steps[-1]) % 25 in (1, 2, 3, 4) and int(steps[-1]) > 25:
                 seen = int(steps[-1])
                 os.kill(proc.pid, signal.SIGTERM)                       # torchrun's pid only
-        output = shown + proc.communicate(timeout=120)[0]
+        output = (shown + proc.communicate(timeout=120)[0]).decode(errors="replace")
     finally:
         with suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
