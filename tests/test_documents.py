@@ -124,6 +124,14 @@ def test_text_and_html_files():
     assert out.decode() == "<p>This is a sentence with <b>bold words</b> in it.</p>"
 
 
+def test_an_html_run_of_non_breaking_spaces_alone_is_kept_not_translated():
+    # &nbsp; is not HTML's white space, so such a run was a text of its own, which no request accepts
+    html = "<p>Zelle eins</p><p>&nbsp;</p><td>\u00a0&emsp;</td><p>Zelle vier&nbsp;</p>"
+    out, texts = translated("html", html.encode())
+    assert texts == ["Zelle eins", "Zelle vier\u00a0"]
+    assert out.decode() == "<p>Cell one</p><p>&nbsp;</p><td>\u00a0&emsp;</td><p>ZELLE VIER&nbsp;</p>"
+
+
 def test_the_formats_by_extension():
     assert [format_of(n) for n in ("a.DOCX", "b.pptx", "c.odt", "d.odp", "e.htm", "f.pot", "g.exe", "noext")] == \
         ["docx", "pptx", "odt", "odp", "html", "po", None, None]

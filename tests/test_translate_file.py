@@ -87,6 +87,13 @@ def test_a_catalog_keeps_its_placeholders_and_source_auto_is_detected(server, en
     assert out[1].msgstr == "Kept as it was." and "fuzzy" not in out[1].flags
 
 
+def test_an_html_file_with_a_cell_of_nbsp_alone_comes_back_translated_the_cell_kept(server, english):
+    # a run of non-breaking spaces alone was a text of its own, which the request refused: a 500 for a common
+    # file (Word's HTML), and the document's texts in the logged traceback
+    got = download(send(server, "table.html", f"<p>{GERMAN[13]}</p><td>&nbsp;</td>".encode()))
+    assert got.text == f"<p>{english[GERMAN[13]]}</p><td>&nbsp;</td>"
+
+
 def test_the_download_is_for_the_key_that_sent_the_file_and_is_deleted_after_its_time(server, files_dir, english):
     answer = send(server, "notes.txt", f"{GERMAN[11]}\n\n{GERMAN[12]}\n".encode())
     assert download(answer).text == f"{english[GERMAN[11]]}\n\n{english[GERMAN[12]]}\n"

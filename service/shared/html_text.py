@@ -296,7 +296,7 @@ def make_run(pieces: list[tuple[str, str, str]]) -> Run | None:
             opened.append([len(marks), True])
         marks.append(Mark(len(out) + (1 if pending and out else 0), raw, value))
     text = "".join(out)
-    if not text:
+    if not text.strip():        # nothing to translate: a cell of &nbsp; (not HTML's white space) stays as it was
         return None
     for m in marks:
         m.pos = min(m.pos, len(text))
