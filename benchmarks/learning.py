@@ -15,9 +15,11 @@ wall time is printed beside it. The whole table must fit in about 30 minutes on 
 
 With --test FILE (repeatable) each run's checkpoint is also scored on held-out test splits: greedy BLEU in each
 direction on the first --test-sentences pairs (`python -m model.evaluate --checkpoint`), so a setting that adds a
-corpus source shows what it adds to each test split, not only to dev. Settings may pass their own `--data`
-(model.train keeps the last one given) and `--init-from PACKAGE` (the budget then counts on from the package's
-target tokens: --target-tokens is what each setting trains beyond it).
+corpus source shows what it adds to each test split, not only to dev; and its loss on every pair of the split in
+each direction (teacher-forced, as the dev loss), which moves far less between seeds and samples than BLEU on a
+few hundred sentences, so that small differences between settings can be told from noise. Settings may pass
+their own `--data` (model.train keeps the last one given) and `--init-from PACKAGE` (the budget then counts on from
+the package's target tokens: --target-tokens is what each setting trains beyond it).
 
 With --cpu-minutes M the budget is CPU time instead: each setting trains for M CPU minutes of its training
 steps (`--max-cpu-minutes`: the training process's own CPU time, so neither the machine's load nor a SIGSTOP
@@ -87,6 +89,22 @@ def test_bleu(run: Path, test: str, direction: str, sentences: int) -> float:
     return json.loads(proc.stdout)["greedy"]["bleu"]
 
 
+def test_loss(checkpoint: Path, test: str, direction: str, threads: int) -> float:
+    """A checkpoint's cross-entropy per target token (eos included) on every pair of a test split in one
+    direction, teacher-forced, computed as model.train computes its dev loss."""
+    import torch
+
+    from model.checkpoint import load_checkpoint
+    from model.train import dev_loss_sum, encode_pairs
+
+    torch.set_num_threads(threads)
+    model, tok, info = load_checkpoint(checkpoint)
+    pairs = encode_pairs(Path(test), tok, [tuple(direction.split("-"))], bool(info.get("tagged")),
+                         model.config.max_len)
+    total, count = dev_loss_sum(model, pairs, 4096, "cpu", decoder_only=False)
+    return total / max(count, 1)
+
+
 def run_setting(name: str, extra: list[str], args: argparse.Namespace, work: Path) -> dict:
     out = work / name
     # --resume: a kept run goes on from its checkpoint.pt, which keeps the CPU minutes and tokens it spent
@@ -108,8 +126,11 @@ def run_setting(name: str, extra: list[str], args: argparse.Namespace, work: Pat
     # only at its periodic evaluations (with --eval-every 0, the weights it started from)
     tests = {f"{Path(test).stem} {d}": test_bleu(out / "checkpoint.pt", test, d, args.test_sentences)
              for test in args.test for d in ("de-en", "en-de")}
+    losses = {f"{Path(test).stem} {d}": test_loss(out / "checkpoint.pt", test, d, args.threads)
+              for test in args.test for d in ("de-en", "en-de")}
     # a resumed run's wall time is spread over sessions: its training minutes in all, as it logged them
-    return {**last, "wall_min": last["minutes"] if resumed else (time.time() - t) / 60, "tests": tests}
+    return {**last, "wall_min": last["minutes"] if resumed else (time.time() - t) / 60, "tests": tests,
+            "losses": losses}
 
 
 def main(argv=None) -> None:
@@ -141,11 +162,13 @@ def main(argv=None) -> None:
               + (f"{args.cpu_minutes:g} CPU minutes of training" if args.cpu_minutes else
                  f"{args.target_tokens:,} target tokens") + f", seed {args.seed}, "
               f"{args.threads} thread(s); BLEU greedy on the first {args.eval_sentences} dev pairs of each direction"
-              + (f"; test splits greedy BLEU on their first {args.test_sentences} pairs" if args.test else ""),
+              + (f"; test splits greedy BLEU on their first {args.test_sentences} pairs, and loss on every pair"
+                 if args.test else ""),
               "", "| setting | model.train options | dev loss | BLEU de-en | BLEU en-de | "
               + "".join(f"{Path(t).stem} {d} | " for t in args.test for d in ("de-en", "en-de"))
+              + "".join(f"{Path(t).stem} {d} loss | " for t in args.test for d in ("de-en", "en-de"))
               + "steps | target tokens | CPU minutes | minutes |",
-              "|---|---|---:|---:|---:|" + "---:|" * (2 * len(args.test)) + "---:|---:|---:|---:|"]
+              "|---|---|---:|---:|---:|" + "---:|" * (4 * len(args.test)) + "---:|---:|---:|---:|"]
     rows = []
     with tempfile.TemporaryDirectory(prefix="learning-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
@@ -154,6 +177,7 @@ def main(argv=None) -> None:
             r = run_setting(name, shlex.split(opts), args, work)
             rows.append(f"| {name} | `{opts or '(defaults)'}` | {r['dev_loss']:.3f} | {r.get('bleu_de-en', '-')} | "
                         f"{r.get('bleu_en-de', '-')} | " + "".join(f"{b:.2f} | " for b in r["tests"].values())
+                        + "".join(f"{x:.4f} | " for x in r["losses"].values())
                         + f"{r['step']} | {r['target_tokens']:,} | {r.get('cpu_minutes', '-')} | {r['wall_min']:.1f} |")
             print(rows[-1], flush=True)
     publish("\n".join(header + rows) + f"\n\nload average at the end: {os.getloadavg()[0]:.1f}\n", args.out)
