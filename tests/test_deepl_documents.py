@@ -8,7 +8,8 @@ document_key is the same 404 as an unknown id; an inference worker killed under 
 a server killed under one leaves a lease that runs out, so the other server reports the job failed, never
 translating; hostile uploads each a 4xx in DeepL's shape; a key at --max-document-jobs-per-key gets DeepL's 429
 (TooManyRequestsException) from either server until its jobs end, and transerve_document_jobs_active shows a job
-translating, then none, however it ended. The store itself (SQLite and Redis): leases, a result taken once,
+translating, then none, however it ended; a failed job's error quotes nothing of its document, in its status or
+in the store's file. The store itself (SQLite and Redis): leases, a result taken once,
 expiry, the cap kept by ten uploads at once through two stores, a 20 MB result through Redis under a 50 ms budget.
 
 The servers serve the committed package (models/de-en; TRANSERVE_TEST_PACKAGE names another): nothing to train.
@@ -21,8 +22,10 @@ import dataclasses
 import html
 import io
 import os
+import secrets
 import signal
 import time
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 
 import deepl
@@ -33,7 +36,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT, pairs64, start_server, stop_server
-from documents_help import slides, word
+from documents_help import replaced, slides, word
 from service.config import Settings
 from service.errors import ApiError
 from service.http.document_jobs import STOPPED, DocumentJobs, RedisJobs
@@ -51,14 +54,20 @@ BIG = "\n\n".join(f"{GERMAN[i % 64]} Absatz {i}." for i in range(3000)).encode()
 
 
 @pytest.fixture(scope="module")
-def servers(redis, tmp_path_factory):
+def jobs_dir(tmp_path_factory):
+    """C's --data-dir: its document store's SQLite file (and that file's WAL) are read byte for byte."""
+    return tmp_path_factory.mktemp("jobs")
+
+
+@pytest.fixture(scope="module")
+def servers(redis, jobs_dir):
     """A and B on one redis-server (A with a short lease), C alone on SQLite under a --data-dir of its own; keyed,
     started together."""
     redis.flush()
     keyed = ("--api-keys", ",".join(KEYS.values()))
     shared = (*keyed, "--redis-url", redis.url, "--redis-timeout-ms", "2000", "--max-document-jobs-per-key", str(CAP))
     args = {"a": (*shared, "--document-lease-s", str(LEASE_S)), "b": shared,
-            "c": (*keyed, "--max-file-bytes", str(MAX_FILE), "--data-dir", str(tmp_path_factory.mktemp("jobs")))}
+            "c": (*keyed, "--max-file-bytes", str(MAX_FILE), "--data-dir", str(jobs_dir))}
     with ThreadPoolExecutor(3) as pool:
         started = {name: pool.submit(start_server, PACKAGE, *extra) for name, extra in args.items()}
         procs = {name: future.result() for name, future in started.items()}
@@ -174,6 +183,36 @@ def test_a_document_that_cannot_be_read_fails_its_job_and_an_unknown_type_its_up
     assert "Brief" not in str(failed.value)       # the file's name is not in its error
     with pytest.raises(deepl.DeepLException, match="Bad request.*type is not supported"):
         translator(urls["c"]).translate_document_upload(b"MZ", target_lang="EN-US", filename="setup.exe")
+
+
+def hostile_documents() -> dict[str, tuple[str, bytes]]:
+    """secret -> (format, a document with it where its refusal would quote it): an archive entry's name, an
+    unterminated .po line, HTML markup that never closes, lxml's words (a tag name), python-docx's (a part's name)."""
+    docx_file = word(("a", "b", "c"), "Kopf", [["Zelle"]])
+    rels = "word/_rels/document.xml.rels"
+    with zipfile.ZipFile(io.BytesIO(docx_file)) as z:
+        links = z.read(rels).decode()
+    s = ["zq" + secrets.token_hex(8) for _ in range(5)]
+    return {s[0]: ("docx", replaced(docx_file, {f"word/{s[0]}.xml": "<!DOCTYPE x><x/>"})),
+            s[1]: ("po", f'msgid "Patient {s[1]}\nmsgstr ""\n'.encode()),
+            s[2]: ("html", (f"<p>Hallo</p><{s[2]} " + "<a <b <c " * 1100).encode()),
+            s[3]: ("docx", replaced(docx_file, {"word/document.xml": f"<{s[3]}>Befund</Diagnose>"})),
+            s[4]: ("docx", replaced(docx_file, {rels: links.replace("header1.xml", f"{s[4]}.xml")}))}
+
+
+def test_a_failed_job_stores_and_serves_no_word_of_its_document(servers, jobs_dir):
+    """Its error is stored and served on every poll, long after the upload: what it says of the document it says
+    without quoting it (an answer within the request, LibreTranslate's translate_file, may quote it)."""
+    urls, _ = servers
+    failed = {}
+    for secret, (fmt, data) in hostile_documents().items():
+        handle = translator(urls["c"]).translate_document_upload(data, target_lang="EN-US", filename=f"a.{fmt}")
+        failed[secret] = wait_for(urls["c"], handle, {"done", "error"})
+    assert all(body["status"] == "error" and body["error_message"] for body in failed.values()), failed
+    stored = b"".join(f.read_bytes() for f in jobs_dir.iterdir() if f.name.startswith("documents.sqlite3"))
+    assert b"cannot be translated" in stored                 # the errors are in what was read
+    for secret, body in failed.items():
+        assert secret not in str(body) and secret.encode() not in stored, body
 
 
 def test_one_replica_translates_another_answers_and_hands_the_result_over_once(servers, monkeypatch):

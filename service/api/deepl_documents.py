@@ -14,7 +14,8 @@ The upload checks what it can at once: the key, the fields, the languages (deepl
 source_language), the file's type and size, the glossary; a 4xx in DeepL's shape. The document is read by the job:
 one that cannot be read, or is over a --max-file-* limit, fails its job with the reason (status "error": DeepL's
 clients raise DocumentTranslationException), as DeepL reports a document it cannot open. No file name goes into a
-log, a metric, an error or the store (document_jobs.py); the result comes back as "translated.<format>".
+log, a metric, an error or the store (document_jobs.py), nor a word of the document: a refusal's message quotes
+none (its quoted detail, DocumentError.detail, is left out); the result comes back as "translated.<format>".
 
 A job runs on the HTTP process that took its upload, JOBS_AT_ONCE at a time (the others wait, queued), its texts
 translated through the Gateway as requests of at most --max-texts texts, IN_FLIGHT at a time: the same queue,

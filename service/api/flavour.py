@@ -99,7 +99,7 @@ def parse_markup(fragments: list[str], max_texts: int, what: str,
     try:
         docs = html_text.parse_all(fragments, tags)
     except html_text.MarkupError as e:
-        raise ApiError(e.status, "invalid_html" if e.status == 400 else "html_too_large", e.message) from None
+        raise ApiError(e.status, "invalid_html" if e.status == 400 else "html_too_large", str(e)) from None
     runs = html_text.texts(docs, leaves=False)
     if len(runs) > max_texts:
         raise ApiError(413, "too_many_texts", f"{what} has {len(runs)} runs of text to translate (a paragraph, "

@@ -99,8 +99,8 @@ async def translate_file(gateway: Gateway, store: FileStore, request: Request) -
         await form.close()
     try:
         document = await asyncio.to_thread(load, fmt, data, Limits(**gateway.settings.document_limits()))
-    except DocumentError as e:
-        raise ApiError(e.status, e.code, f"{upload.filename}: {e.message}", e.limit) from None
+    except DocumentError as e:   # str(e): with the detail that quotes the file, as this answer ends the request
+        raise ApiError(e.status, e.code, f"{upload.filename}: {e}", e.limit) from None
     translations = await translate_texts(gateway, request, document.texts, source, target, glossary)
     if translations is None:
         return Response(status_code=499)

@@ -18,7 +18,7 @@ def run_document(options: BulkOptions, translator) -> int:
     try:
         document = load(options.format, data, Limits(**Settings().document_limits()))
     except DocumentError as e:
-        raise ValueError(e.message) from None
+        raise ValueError(str(e)) from None
     progress = Progress(options.progress, len(document.texts))
     result = document.render(translate_whole(document.texts, options, translator, progress))
     if options.output == "-":

@@ -66,7 +66,7 @@ def check_strings(text: str) -> None:
         keyword = m.group(1) or keyword                    # a continuation line continues the last keyword's
         if not QUOTED.match(m.group(2)):
             raise DocumentError(400, "invalid_catalog", f"the .po file's {keyword} on line {n} is not terminated "
-                                f"(its string has no closing quote: {line.strip()[:60]!r})")
+                                "(its string has no closing quote)", detail=repr(line.strip()[:60]))
 
 
 def parse(text: str) -> polib.POFile:
@@ -80,7 +80,8 @@ def parse(text: str) -> polib.POFile:
     try:
         return polib.pofile(text, wrapwidth=0)
     except (OSError, ValueError, UnicodeError) as e:   # polib's syntax errors are OSErrors
-        raise DocumentError(400, "invalid_catalog", f"the catalog cannot be read: {e}") from None
+        raise DocumentError(400, "invalid_catalog", "the catalog cannot be read (a syntax error)", detail=str(e)) \
+            from None
 
 
 def untranslated(catalog: polib.POFile) -> list[polib.POEntry]:

@@ -32,8 +32,8 @@ def open_zip(data: bytes, kind: str, limits: Limits) -> zipfile.ZipFile:
         archive = zipfile.ZipFile(io.BytesIO(data))
         entries = archive.infolist()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError) as e:
-        raise DocumentError(400, "not_a_document", f"the file is not {NAMES[kind]}: not a zip archive ({e})") \
-            from None
+        raise DocumentError(400, "not_a_document", f"the file is not {NAMES[kind]}: not a zip archive",
+                            detail=str(e)) from None
     if len(entries) > limits.max_entries:
         raise DocumentError(413, "too_many_entries", f"the archive has {len(entries)} entries; the limit is "
                             f"{limits.max_entries}", limits.max_entries)
@@ -63,7 +63,9 @@ class Counter:
                 self.read(entry)
             except (zipfile.BadZipFile, NotImplementedError, RuntimeError, OSError, EOFError,
                     zipfile.zlib.error) as e:   # a bad CRC, an unknown compression, an encrypted entry
-                raise DocumentError(400, "broken_archive", f"entry {entry.filename!r} cannot be read: {e}") from None
+                raise DocumentError(400, "broken_archive", "an entry of the archive cannot be read (a bad CRC, an "
+                                    "unknown compression or an encrypted entry)", detail=f"{entry.filename!r}: {e}") \
+                    from None
 
     def read(self, entry: zipfile.ZipInfo) -> None:
         xml = entry.filename.endswith((".xml", ".rels"))
@@ -80,12 +82,12 @@ class Counter:
         """Counts the start tags in buf and looks for a DTD; returns the bytes to look at again with the next
         chunk (a tag or keyword cut at the chunk's end)."""
         if first and (buf[:2] in (b"\xff\xfe", b"\xfe\xff") or b"\x00" in buf[:4]):
-            raise DocumentError(400, "unsupported_encoding", f"the XML part {name!r} is not UTF-8; only UTF-8 "
-                                "parts are read")
+            raise DocumentError(400, "unsupported_encoding", "an XML part of the archive is not UTF-8; only UTF-8 "
+                                "parts are read", detail=repr(name))
         keep = 9 if len(buf) > 9 else len(buf)          # len("<!DOCTYPE"): a keyword cut in two is seen whole
         if b"<!DOCTYPE" in buf or b"<!ENTITY" in buf:
-            raise DocumentError(400, "xml_dtd", f"the XML part {name!r} declares a DTD (<!DOCTYPE or <!ENTITY>): "
-                                "documents never need one, and entity expansion is refused")
+            raise DocumentError(400, "xml_dtd", "an XML part of the archive declares a DTD (<!DOCTYPE or <!ENTITY>): "
+                                "documents never need one, and entity expansion is refused", detail=repr(name))
         counted = buf[:-keep]                           # the kept tail is counted with the next chunk
         self.elements += counted.count(b"<") - counted.count(b"</") - counted.count(b"<?") - counted.count(b"<!")
         if self.elements > self.limits.max_elements:

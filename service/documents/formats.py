@@ -45,10 +45,11 @@ def load(fmt: str, data: bytes, limits: Limits):
     except DocumentError:
         raise
     except html_text.MarkupError as e:     # a paragraph of more differently formatted runs than it takes
-        raise DocumentError(e.status, "too_complex", f"a paragraph is too complex: {e.message}") from None
+        raise DocumentError(e.status, "too_complex", f"a paragraph is too complex: {e.message}", detail=e.detail) \
+            from None
     except (zipfile.BadZipFile, KeyError, ValueError, TypeError, AttributeError, IndexError, OSError,
             SyntaxError) as e:   # lxml's XMLSyntaxError is a SyntaxError; python-docx's missing parts KeyErrors
-        raise DocumentError(400, "unreadable_document", f"the .{fmt} file cannot be read: {e}") from None
+        raise DocumentError(400, "unreadable_document", f"the .{fmt} file cannot be read", detail=str(e)) from None
     if len(document.texts) > limits.max_texts:
         raise DocumentError(413, "too_many_texts", f"the document has {len(document.texts)} texts to translate "
                             f"(paragraphs, cells, runs in other formatting); the limit is {limits.max_texts}",

@@ -16,8 +16,12 @@ class Limits:
 
 
 class DocumentError(Exception):
-    """A file refused: `status` 400 (unreadable, wrong kind, DTD) or 413 (over a limit), `code` a short name."""
+    """A file refused: `status` 400 (unreadable, wrong kind, DTD) or 413 (over a limit), `code` a short name.
+    `message` says what is wrong without a word of the file: a DeepL job stores it and serves it on every poll
+    (api/deepl_documents.py). `detail` is the part of the file that shows it (an entry's name, a line, a
+    library's words, which quote part names): only an answer given within the request (LibreTranslate's
+    translate_file, the translate command) shows it, as str(e)."""
 
-    def __init__(self, status: int, code: str, message: str, limit: int | None = None):
-        super().__init__(message)
-        self.status, self.code, self.message, self.limit = status, code, message, limit
+    def __init__(self, status: int, code: str, message: str, limit: int | None = None, detail: str | None = None):
+        super().__init__(f"{message} ({detail})" if detail else message)
+        self.status, self.code, self.message, self.limit, self.detail = status, code, message, limit, detail

@@ -56,7 +56,7 @@ class Html:
         try:
             self.document = html_text.parse(text)     # an internal DTD subset refused there (html_dtd)
         except html_text.MarkupError as e:
-            raise DocumentError(e.status, e.code, e.message) from None
+            raise DocumentError(e.status, e.code, e.message, detail=e.detail) from None
         self.texts = html_text.texts([self.document], leaves=True)
 
     def render(self, translations: list[str]) -> bytes:

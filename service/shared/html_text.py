@@ -79,9 +79,12 @@ HTML = Splitting()
 
 
 class MarkupError(Exception):
-    def __init__(self, status: int, message: str, code: str = "invalid_html"):
-        super().__init__(message)
-        self.status, self.message, self.code = status, message, code
+    """`message` quotes none of the markup: a DeepL document job stores it (documents.limits.DocumentError).
+    `detail`, the markup that shows the problem, is for an answer given within the request: str(e) has both."""
+
+    def __init__(self, status: int, message: str, code: str = "invalid_html", detail: str | None = None):
+        super().__init__(f"{message} ({detail})" if detail else message)
+        self.status, self.message, self.code, self.detail = status, message, code, detail
 
 
 @dataclass
@@ -181,8 +184,8 @@ def read_events(source: str, counter: Counter) -> list[tuple[str, str, str, list
     counter.work += len(left) * left.count("<")
     if counter.work > MAX_UNPARSED_WORK:
         at = len(source) - len(left)
-        raise MarkupError(400, f"the HTML has markup that never closes ({left[:20]!r} at character {at}, with "
-                          f"{left.count('<')} '<' after it); close it, or write a literal < as &lt;")
+        raise MarkupError(400, f"the HTML has markup that never closes (at character {at}, with {left.count('<')} "
+                          "'<' after it); close it, or write a literal < as &lt;", detail=repr(left[:20]))
     reader.closing = True
     reader.close()
     ends = [e[0] for e in reader.events[1:]] + [len(source)]
