@@ -9,8 +9,9 @@ a server killed under one leaves a lease that runs out, so the other server repo
 translating; hostile uploads each a 4xx in DeepL's shape; a key at --max-document-jobs-per-key gets DeepL's 429
 (TooManyRequestsException) from either server until its jobs end, and transerve_document_jobs_active shows a job
 translating, then none, however it ended; a failed job's error quotes nothing of its document, in its status or
-in the store's file. The store itself (SQLite and Redis): leases, a result taken once,
-expiry, the cap kept by ten uploads at once through two stores, a 20 MB result through Redis under a 50 ms budget.
+in the store's file, and its log lines name its upload's request id, never its document id. The store itself
+(SQLite and Redis): leases, a result taken once, expiry, the cap kept by ten uploads at once through two stores, a
+20 MB result through Redis under a 50 ms budget.
 
 The servers serve the committed package (models/de-en; TRANSERVE_TEST_PACKAGE names another): nothing to train.
 redis-server comes from Debian's package (scripts/test.sh installs it); without it the Redis tests skip."""
@@ -35,7 +36,7 @@ import pptx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT, pairs64, start_server, stop_server
+from conftest import ROOT, pairs64, server_log, start_server, stop_server
 from documents_help import replaced, slides, word
 from service.config import Settings
 from service.errors import ApiError
@@ -215,6 +216,20 @@ def test_a_failed_job_stores_and_serves_no_word_of_its_document(servers, jobs_di
         assert secret not in str(body) and secret.encode() not in stored, body
 
 
+def test_a_failed_jobs_log_lines_name_its_upload_by_request_id_never_its_document_id(servers):
+    """A document's id is half of its download's credential: a job's lines name the upload's request id."""
+    urls, procs = servers
+    rid = "rid" + secrets.token_hex(8)
+    r = post(urls["c"], "/deepl/v2/document", headers={"X-Request-ID": rid}, data={"target_lang": "EN-US"},
+             files={"file": ("a.docx", b"Hallo Welt")})
+    assert r.status_code == 200, r.text
+    handle = deepl.DocumentHandle(r.json()["document_id"], r.json()["document_key"])
+    assert wait_for(urls["c"], handle, {"done", "error"})["status"] == "error"
+    log = server_log(procs["c"])
+    assert handle.document_id.lower() not in log.lower()
+    assert any("document job failed" in line and f"request_id={rid}" in line for line in log.splitlines())
+
+
 def test_one_replica_translates_another_answers_and_hands_the_result_over_once(servers, monkeypatch):
     urls, _ = servers
     want = english(urls["b"], GERMAN[20:22])
@@ -325,6 +340,8 @@ def test_a_server_killed_under_a_job_leaves_it_failed_once_its_lease_runs_out(se
     assert status(urls["b"], handle)["status"] == "translating"    # until its lease runs out
     failed = wait_for(urls["b"], handle, {"error"}, seconds=LEASE_S + 10)
     assert failed["error_message"] == STOPPED
+    log = server_log(procs["b"])
+    assert "lease ran out" in log and handle.document_id.lower() not in log.lower()
 
 
 # --- the store alone ---------------------------------------------------------------------------------------------

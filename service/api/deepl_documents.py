@@ -238,7 +238,7 @@ async def run_job(gateway: Gateway, jobs: Jobs, job: Job) -> None:
     except (ApiError, DocumentError) as e:
         await fail(gateway, job, progress, e.message, e.status)
     except Exception as e:              # its type only: a reader's message or traceback may quote the document
-        log.error("document job %s failed: %s", job.document_id, type(e).__name__)
+        log.error("a document job failed: %s (request_id=%s)", type(e).__name__, job.request_id)
         await fail(gateway, job, progress, "internal error", 500)
     finally:
         lease.cancel()
@@ -258,15 +258,17 @@ def active(state: str) -> Iterator[None]:
 
 async def fail(gateway: Gateway, job: Job, progress: Progress, message: str, status: int) -> None:
     """The job's error written (if it is still this process's), or left to its lease where the store cannot
-    answer: the next reader fails it then. Logged by its status alone: the message may quote the document."""
+    answer: the next reader fails it then. Logged by its status alone (the message may quote the document), and by
+    its upload's request id, never its document id: that is half of the download's credential."""
     progress.ending = True
-    log.info("document job %s failed (%d)", job.document_id, status)
+    log.info("a document job failed with status %d (request_id=%s)", status, job.request_id)
     try:
         if await gateway.documents.change(job.tenant.name, job.document_id, {"status": "error", "error": message},
                                           drop_source=True):
             metrics().document_jobs.labels("error").inc()
     except ApiError:
-        log.warning("document job %s: its failure could not be written; its lease will run out", job.document_id)
+        log.warning("a document job's failure could not be written; its lease will run out (request_id=%s)",
+                    job.request_id)
 
 
 async def hold(gateway: Gateway, job: Job, progress: Progress, work: asyncio.Task) -> None:
@@ -281,7 +283,7 @@ async def hold(gateway: Gateway, job: Job, progress: Progress, work: asyncio.Tas
         except ApiError:
             continue         # the store down a moment: the next renewal may pass, else the lease runs out
         if not held and not progress.ending:
-            log.warning("document job %s: its lease was lost; stopped", job.document_id)
+            log.warning("a document job's lease was lost; stopped (request_id=%s)", job.request_id)
             work.cancel()
             return
 

@@ -137,7 +137,8 @@ class DocumentJobs:
         if job["status"] in ACTIVE and job["lease_until"] < time.time():
             if await self.call(self.backend.change(owner, document_id, self.ttl_s, "", time.time(), True, None,
                                                    {"status": "error", "error": STOPPED})):
-                log.warning("document job %s: its server's lease ran out; failed", document_id)
+                # Not its id, half of the download's credential; its upload's request id is not stored
+                log.warning("a document job's server's lease ran out; failed")
                 metrics().document_jobs.labels("error").inc()
             job = await self.read(owner, document_id, document_key)
         return job
