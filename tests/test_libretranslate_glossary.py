@@ -1,22 +1,28 @@
 """LibreTranslate's POST /translate with a glossary, a field of ours (service/api/libretranslate.py): a list of
 {source, target} objects in JSON, DeepL's TSV in a form, kept as POST /translate's glossary is, on a real server
 over models/de-en; the answer in LibreTranslate's shape, a bad glossary refused in its error shape naming the
-line or entry, and the OpenAPI schema's references resolvable."""
+line or entry, and the OpenAPI schema's references resolvable. A form's alternatives field that is no number from 0
+to 3 is refused likewise, and not logged."""
 
 import httpx
 import pytest
 
-from conftest import ROOT, start_server, stop_server
+from conftest import ROOT, server_log, start_server, stop_server
 
 PATH = "/libretranslate/translate"
 TEXT = "Der Auftrag wurde gestern erteilt."
 
 
 @pytest.fixture(scope="module")
-def server():
+def started():
     proc, url = start_server(ROOT / "models" / "de-en")
-    yield url
+    yield proc, url
     stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def server(started):
+    return started[1]
 
 
 def libre(url: str, **fields) -> httpx.Response:
@@ -53,6 +59,16 @@ def test_a_bad_glossary_is_a_400_in_libretranslates_shape_naming_the_line_or_ent
     r = send(server, glossary=glossary)
     assert r.status_code == 400, r.text
     assert r.json().keys() == {"error"} and message in r.json()["error"], r.text
+
+
+@pytest.mark.parametrize("value", ["²³⁴₅₆⁷", "①", "1" * 5000])
+def test_a_form_alternatives_that_is_no_number_from_0_to_3_is_a_400_not_logged(started, value):
+    """Each is str.isdigit() and refused by int(): it was a 500, its traceback in the log quoting the value."""
+    proc, url = started
+    r = libre_form(url, alternatives=value)
+    assert r.status_code == 400, r.text
+    assert r.json() == {"error": "alternatives must be an integer from 0 to 3"}
+    assert value not in server_log(proc)
 
 
 def test_the_openapi_schema_documents_the_field_with_resolvable_references(server):

@@ -112,8 +112,9 @@ async def lenient_key(request: Request) -> str | None:
 
 def alternatives_of(data: dict, form: bool) -> int:
     alternatives = data.get("alternatives", 0)
-    if form and isinstance(alternatives, str) and alternatives.isdigit():
-        alternatives = int(alternatives)      # a form's fields are all text
+    # A form's fields are all text. isdecimal, not isdigit (true of "²"), and short: int() refuses "²" and 5000 digits
+    if form and isinstance(alternatives, str) and alternatives.isdecimal() and len(alternatives) <= 3:
+        alternatives = int(alternatives)
     if isinstance(alternatives, float) and alternatives.is_integer():
         alternatives = int(alternatives)      # 2.0: JSON Schema's integers include it
     if isinstance(alternatives, bool) or not isinstance(alternatives, int) or not 0 <= alternatives <= 3:
