@@ -2,11 +2,13 @@
 packages): a lone UTF-16 surrogate beside valid requests fails alone, on every batch path; the gauges
 come back to idle; bodies over the limit are refused before they are read; every error the service or
 the stack under it produces has the documented JSON shape. And, without a server, a worker hook that
-raises for one request fails that request alone."""
+raises for one request fails that request alone, and every failure line names the request as request_id= only."""
 
 import asyncio
 import concurrent.futures as cf
 import json
+import logging
+import re
 import socket
 import time
 from types import SimpleNamespace
@@ -527,7 +529,8 @@ def test_nothing_raised_in_the_server(server):
 # --- without a server: a worker hook that raises fails its own request only ---------------------------
 
 class Exploding:
-    """An engine that fails on the text "boom" (tokenizing) and on token 99 (detokenizing)."""
+    """An engine that fails on the text "boom" (tokenizing) and on token 99 (detokenizing); its generations fail
+    to join with top_k 7, get token 99 with top_k 9, and fail in their search with top_k 11."""
     eos_id, max_positions, task, directions = 3, 64, "generation", ["de-en"]
 
     def source_ids(self, texts, target_lang):
@@ -609,13 +612,18 @@ class SteppedBatch:
         if options.top_k == 7:
             raise RuntimeError("engine failure")
         tokens = (99 if options.top_k == 9 else 5, 5, 3)
-        member = SimpleNamespace(steps=iter(tokens), rows=len(prompts), step=None, error=None, result=None)
+        member = SimpleNamespace(steps=iter(tokens), rows=len(prompts), step=None, error=None, result=None,
+                                 fails=options.top_k == 11)
         self.members.append(member)
         return member
 
     def step(self):
         ended = []
         for m in self.members:
+            if m.fails:
+                m.error = RuntimeError("search failed")
+                ended.append(m)
+                continue
             tok = next(m.steps)
             m.step = SimpleNamespace(sentence=list(range(m.rows)), tokens=[tok] * m.rows)
             if tok == Exploding.eos_id:
@@ -634,28 +642,24 @@ class SteppedBatch:
         self.members = []
 
 
-def test_a_translation_hook_that_raises_fails_only_its_request():
+def translated(texts: list[str], request_ids: list[str]) -> tuple[list, list[dict]]:
+    """(the jobs decode_request made, each one's answer) of a TranslateAPI over Exploding."""
     from service.worker.cancel import CancelBoard
     from service.config import Settings
-    from service.worker.scheduler import Failure
-    from service.worker.translate_scheduler import Job
     from service.worker.translate_api import TranslateAPI
     from service.http.gateway import translate_payload
     from service.shared.schemas import TranslateRequest
 
     api = TranslateAPI(Settings(), CancelBoard())
     api.use_engines({"m": Exploding()})
-    texts = ("a", "boom", "bad-out", "b")   # fine, decode_request raises, encode_response raises, fine
     jobs = [api.decode_request(translate_payload(TranslateRequest(text=t, source_lang="de", target_lang="en"), [t],
-                                              Settings().max_output_tokens)) for t in texts]
-    assert [type(j) for j in jobs] == [Job, Failure, Job, Job]
-    out = [api.encode_response(j) for j in api.scheduler.run(dict(enumerate(jobs))).values()]
-    for o in out[1:3]:
-        assert o["status"] == 500 and o["error"]["type"] == "internal_error", o
-    assert [o["translations"][0]["text"] for o in (out[0], out[3])] == ["xx", "xx"]
+                                                 Settings().max_output_tokens) | {"request_id": rid})
+            for t, rid in zip(texts, request_ids)]
+    return jobs, [api.encode_response(j) for j in api.scheduler.run(dict(enumerate(jobs))).values()]
 
 
-def test_a_generation_hook_that_raises_fails_only_its_request():
+def generated(requests: list[dict], request_ids: list[str]) -> list[list[dict]]:
+    """Each request's events from a GenerateAPI over Exploding, driven as the worker loop drives it."""
     from service.worker.cancel import CancelBoard
     from service.config import Settings
     from service.worker.generate_api import GenerateAPI
@@ -664,25 +668,60 @@ def test_a_generation_hook_that_raises_fails_only_its_request():
 
     api = GenerateAPI(Settings(), CancelBoard())
     api.use_engines({"m": Exploding()})
-    requests = [{"prompt": "ok", "temperature": 0, "max_new_tokens": 8},
-                {"prompt": "boom"},                                        # decode_request raises
-                {"prompt": "ok", "top_k": 7, "max_new_tokens": 8},         # its engine group raises
-                {"prompt": "ok", "top_k": 9, "max_new_tokens": 8},         # its first token has no text
-                {"prompt": "ok", "temperature": 0, "max_new_tokens": 8}]
-    jobs = [api.decode_request(generate_payload(GenerateRequest(**r), Settings().max_output_tokens) | {"number": n + 1})
-            for n, r in enumerate(requests)]
+    jobs = [api.decode_request(generate_payload(GenerateRequest(**r), Settings().max_output_tokens)
+                               | {"number": n + 1, "request_id": rid})
+            for n, (r, rid) in enumerate(zip(requests, request_ids))]
     events = [[] for _ in jobs]
     api.scheduler.admit(dict(enumerate(jobs)))
-    while True:   # as the worker loop drives it
+    while True:
         for j, job, _ in api.scheduler.take_progress():
             if event := api.encode_response(job):
                 events[j].append(event)
         if not api.scheduler.busy:
             break
         api.scheduler.step()
+    return events
+
+
+def test_a_translation_hook_that_raises_fails_only_its_request():
+    from service.worker.scheduler import Failure
+    from service.worker.translate_scheduler import Job
+
+    texts = ("a", "boom", "bad-out", "b")   # fine, decode_request raises, encode_response raises, fine
+    jobs, out = translated(texts, [""] * 4)
+    assert [type(j) for j in jobs] == [Job, Failure, Job, Job]
+    for o in out[1:3]:
+        assert o["status"] == 500 and o["error"]["type"] == "internal_error", o
+    assert [o["translations"][0]["text"] for o in (out[0], out[3])] == ["xx", "xx"]
+
+
+FAILING_GENERATIONS = [{"prompt": "boom"},                                        # decode_request raises
+                       {"prompt": "ok", "top_k": 7, "max_new_tokens": 8},         # its engine group raises
+                       {"prompt": "ok", "top_k": 9, "max_new_tokens": 8},         # its first token has no text
+                       {"prompt": "ok", "top_k": 11, "max_new_tokens": 8}]        # its search fails
+
+
+def test_a_generation_hook_that_raises_fails_only_its_request():
+    ok = {"prompt": "ok", "temperature": 0, "max_new_tokens": 8}
+    events = generated([ok, *FAILING_GENERATIONS[:3], ok], [""] * 5)
     for j in (1, 2, 3):
         assert events[j][-1] == {"error": {"type": "internal_error", "message": events[j][-1]["error"]["message"]},
                                  "status": 500}, events[j]
     for j in (0, 4):
         assert events[j][-1]["done"]["choices"][0]["finish_reason"] == "stop", events[j]
         assert "".join(p["text"] for e in events[j] for p in e["pieces"]) == "xx"
+
+
+def test_a_request_failing_in_the_worker_is_logged_by_its_request_id_only_as_request_id(caplog):
+    """The client chose its X-Request-ID: written as `request_id=` and no other way (tests/test_client_data.py's
+    rule), by every failure line of both schedulers (a hook that raises, a generation that cannot start, fails in
+    its search or cannot be decoded)."""
+    caplog.set_level(logging.ERROR, logger="transerve")
+    rids = [f"rid{i}x" for i in range(6)]
+    _, out = translated(["boom", "bad-out"], rids[:2])
+    events = generated(FAILING_GENERATIONS, rids[2:])
+    assert all(o["status"] == 500 for o in out) and all(e[-1]["status"] == 500 for e in events), (out, events)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    for rid in rids:
+        at = [m.start() for m in re.finditer(rid, text)]
+        assert at and all(text[:i].endswith("request_id=") for i in at), (rid, text)

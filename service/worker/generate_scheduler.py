@@ -141,7 +141,7 @@ class GenerationScheduler:
                 batch = self.batches[job.model] = engine.generation_batch()
             job.member = batch.join(prompts, job.options, seeds=job.seeds[:len(prompts)], cancel=job.cancel)
         except Exception:   # bad options, say: this request fails alone
-            log.exception("generation request %s could not start", job.request_id)
+            log.exception("a generation request could not start (request_id=%s)", job.request_id)
             job.failure = internal_failure()
             return
         job.started, job.t0 = time.monotonic(), time.perf_counter()
@@ -179,7 +179,7 @@ class GenerationScheduler:
         """Its search returned (or raised): beam search's hypotheses arrive whole; a sequence still open ends."""
         m = job.member
         if m.error is not None:
-            log.error("generation failed for request %s: %r", job.request_id, m.error)
+            log.error("a generation failed: %r (request_id=%s)", m.error, job.request_id)
             job.failure = internal_failure()
             return
         if job.beam:
@@ -198,7 +198,7 @@ class GenerationScheduler:
             job.tokens[k] += len(tokens)
             job.texts[k] += self.engines[job.model].piece_text(tokens)
         except Exception:   # this request fails alone: take_progress() reports it, its rows leave
-            log.exception("decoding the tokens of request %s failed", job.request_id)
+            log.exception("decoding a generation's tokens failed (request_id=%s)", job.request_id)
             job.failure = internal_failure()
             return
         stop_at = _stop_at(job.texts[k], job.stop)

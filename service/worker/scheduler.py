@@ -59,7 +59,8 @@ def for_one_request(hook: str, request_id: str, fn, *args):
     try:
         return fn(*args)
     except Exception:
-        log.exception("%s failed for request %s", hook, request_id)
+        # request_id=: the one form a client's X-Request-ID may be written in (docs/serving.md)
+        log.exception("%s failed (request_id=%s)", hook, request_id)
         return internal_failure()
 
 
