@@ -87,7 +87,7 @@ def build_server(settings: Settings, flavours: tuple[Flavour, ...] = FLAVOURS) -
     cuda = settings.device != "cpu" and probe_device(packages[0]["path"], settings.device) == "cuda"
     tasks = {p["task"] for p in packages}
     # One LitAPI per endpoint, each with its own workers, loading only its own packages.
-    board = CancelBoard(endpoints=(ENDPOINT, GENERATE))
+    board = CancelBoard(endpoints=(ENDPOINT, GENERATE), workers=settings.workers)
     stopping = Stopping()   # before LitServe starts any process
     # The served versions (model control), shared by the HTTP processes and the translation workers
     models = ModelTable()

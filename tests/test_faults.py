@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import pairs64, start_server, stop_server
+from conftest import ROOT, pairs64, start_server, stop_server
 
 # Each test starts a server of its own and waits for a killed worker's replacement to load.
 pytestmark = pytest.mark.slow
@@ -211,5 +211,44 @@ def test_translate_clients_that_go_away_free_their_place_in_the_batch(tiny_packa
         r = httpx.post(url + "/translate", json={"text": de, "source_lang": "de", "target_lang": "en"}, timeout=30)
         assert r.status_code == 200 and r.json()["translations"][0]["text"] == engine_translation(tiny_package, de)
         assert metric_sum(url, "transerve_inference_duration_seconds_count", endpoint="translate") == runs_before + 1
+    finally:
+        stop_server(proc)
+
+
+def test_a_killed_worker_fails_only_the_requests_it_held(tmp_path):
+    """Two workers, three long requests each (the sender spreads them evenly): one worker is killed mid-way. Its
+    requests get 503 worker_failed; its sibling's, still running when the death is seen, finish with 200 (the
+    gateway failed every request of the endpoint before, the sibling's too, with a message saying their worker
+    stopped; a CI run of test_model_control also lost a request sent to the restarted worker itself)."""
+    proc, url = start_server(ROOT / "models" / "de-en", "--workers", "2", "--request-timeout-s", "60")
+    try:
+        pids = worker_pids(url, "de-en")
+        assert len(pids) == 2
+        texts = [de for de, _ in pairs64()]
+
+        def long_request(k: int) -> tuple[int, dict, float]:
+            # 320 different sentences in 40 texts (numbered: the same one twice would be translated once), beam 4
+            body = {"text": [" ".join(f"{i + 1000 * k}. {texts[i % 64]}" for i in range(j, j + 8))
+                             for j in range(0, 320, 8)], "source_lang": "de",
+                    "target_lang": "en", "beam_size": 4}
+            t0 = time.monotonic()
+            r = httpx.post(url + "/translate", json=body, timeout=120)
+            return r.status_code, r.json(), time.monotonic() - t0
+
+        with cf.ThreadPoolExecutor(6) as pool:
+            futures = [pool.submit(long_request, k) for k in range(6)]
+            time.sleep(0.5)
+            os.kill(min(pids), signal.SIGKILL)
+            results = [f.result() for f in futures]
+        brief = [(status, round(seconds, 2), payload.get("error")) for status, payload, seconds in results]
+        assert sorted(status for status, _, _ in results) == [200] * 3 + [503] * 3, brief
+        for status, payload, _ in results:
+            if status == 503:
+                assert payload["error"]["type"] == "worker_failed", brief
+            else:
+                assert len(payload["translations"]) == 40
+        # A sibling's request was still running when the death was seen (else this test shows nothing)
+        failed_at = max(seconds for status, _, seconds in results if status == 503)
+        assert max(seconds for status, _, seconds in results if status == 200) > failed_at, brief
     finally:
         stop_server(proc)

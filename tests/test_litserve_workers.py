@@ -38,3 +38,32 @@ def test_ready_waits_until_a_restarted_worker_is_acted_on_and_its_hold_back_has_
 
     ready_at = asyncio.run(run())
     assert ready_at >= workers._lost_at["generate"] + LOST_HOLD_S
+
+
+def test_a_restart_fails_the_requests_of_the_dead_worker_only():
+    """Worker 0 died and its successor listens before a poll saw it: the request sent to the dead one fails; one
+    sent to its sibling and one sent to the successor do not (they were all failed before, with the endpoint)."""
+    from types import SimpleNamespace
+
+    from litserve.utils import WorkerSetupStatus
+
+    board = CancelBoard(("translate",), workers=2)
+    server = SimpleNamespace(workers_setup_status={"translate_0": WorkerSetupStatus.READY,
+                                                   "translate_1": WorkerSetupStatus.READY})
+    workers = Workers(server, {}, board, request_timeout_s=10)
+    board.worker_listening("translate", 0)
+    board.worker_listening("translate", 1)
+
+    async def run():
+        workers.sent("translate", "to-the-dead", 0)
+        workers.sent("translate", "to-the-sibling", 1)
+        dead, sibling = workers.lost("translate", "to-the-dead"), workers.lost("translate", "to-the-sibling")
+        await asyncio.sleep(0.1)
+        board.worker_listening("translate", 0)       # died; its successor listens at its address
+        workers.sent("translate", "to-the-successor", 0)
+        successor = workers.lost("translate", "to-the-successor")
+        await asyncio.wait_for(dead.wait(), 5)
+        await asyncio.sleep(1.2)                     # two more polls
+        return sibling.is_set(), successor.is_set()
+
+    assert asyncio.run(run()) == (False, False)

@@ -266,7 +266,8 @@ def test_a_restarted_worker_serves_the_versions_the_table_lists(server):
         assert time.monotonic() < deadline
         time.sleep(0.3)
     answers = [translate(url) for _ in range(12)]
-    assert all(r.status_code == 200 and r.json()["model_version"] == "v5" for r in answers)
+    assert all(r.status_code == 200 and r.json()["model_version"] == "v5" for r in answers), (
+        [(r.status_code, r.text) for r in answers], server_log(proc)[-3000:])
 
 
 SLOW_BYTES = 1 << 30     # a sparse file: no disk taken, yet its sha256 is computed in full (about 1 s of one core)

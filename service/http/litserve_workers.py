@@ -79,8 +79,8 @@ class Workers:
     """The inference workers of a LitServer as an HTTP process sees them: `call` for a request with one
     answer, `events` for a request answered step by step, `ready` and `stop` for the server's life.
 
-    A worker that stops being ready fails the requests in flight at once (503, retry); twice the queue
-    timeout bounds queue wait plus the longest computation (504)."""
+    A worker that stops being ready fails the requests it holds at once (503, retry), not those its siblings hold;
+    twice the queue timeout bounds queue wait plus the longest computation (504)."""
 
     def __init__(self, server: ls.LitServer, apis: dict[str, LitAPI | None], board: CancelBoard,
                  request_timeout_s: float):
@@ -88,7 +88,8 @@ class Workers:
         self.handlers = {endpoint: (StreamingRequestHandler if api.stream else RegularRequestHandler)(api, server)
                          for endpoint, api in apis.items() if api is not None}
         self._watcher: asyncio.Future | None = None      # see lost(); one per HTTP process
-        self._lost: dict[str, Alarm] = {}
+        self._lost: dict[tuple[str, int | None, int | None], Alarm] = {}   # see lost() and _gone()
+        self._holders: dict[str, tuple[str, int, int]] = {}   # uid -> (endpoint, worker, its listener count), sent
         self._lost_at: dict[str, float] = {}              # when the watcher last saw a worker stop (monotonic)
         self._seen_starts: dict[str, int] | None = None   # the workers' start counts the watcher has acted on
 
@@ -139,7 +140,7 @@ class Workers:
                 task.exception()          # retrieved: a receive() that raised has lost the client too
                 settle("client gone")
         self.server.response_buffer[uid] = item = ResponseBufferItem(Settles(settle, "answered"))
-        lost, on_lost = self.lost(endpoint), functools.partial(settle, "worker lost")
+        lost, on_lost = self.lost(endpoint, uid), functools.partial(settle, "worker lost")
         lost.on_set(on_lost)
         gone = None
         if request is not None:
@@ -171,7 +172,7 @@ class Workers:
         self.server.response_buffer[uid] = ResponseBufferItem(event=available, response_queue=queue)
         stream = self.server.data_streamer(queue, data_available=available, send_status=True)
         # As in call(): a worker that dies sends nothing more, so each wait races the worker watcher.
-        lost = asyncio.ensure_future(self.lost(endpoint).wait())
+        lost = asyncio.ensure_future(self.lost(endpoint, uid).wait())
         step = None
         try:
             while True:
@@ -216,6 +217,7 @@ class Workers:
         return senders.get(self.handlers[endpoint].lit_api.api_path) if senders else None
 
     def _done(self, endpoint: str, uid: str) -> None:
+        self._holders.pop(uid, None)
         if (sender := self._sender(endpoint)) is not None:
             sender.done(uid)
 
@@ -257,20 +259,29 @@ class Workers:
                                  self.request_timeout_s, worker)
             except TimeoutError:
                 raise queue_timeout(self.request_timeout_s) from None
+            if (worker := sender.worker_of(uid)) is not None:
+                self.sent(endpoint, uid, worker)     # no await since the send: the count is its receiver's
             return uid
         except BaseException:
             labelled(metrics().queue_depth, endpoint).dec()
             self.board.queued(endpoint, -1)
             raise
 
-    def lost(self, endpoint: str) -> Alarm:
-        """An event set when a worker of `endpoint` stops being ready or a new one starts (it died;
-        LitServe restarts it). One watcher per HTTP process polls the shared worker states and start
-        counts twice a second, whatever the load: a small model's new worker can be ready again before
-        the next poll, so its start is what shows the death."""
+    def sent(self, endpoint: str, uid: str, worker: int) -> None:
+        """Request `uid` was sent to `worker` just now: it is lost with that worker, not with a successor that listens
+        at its address later (a worker listens only once it has raised its count, CancelBoard.worker_listening)."""
+        self._holders[uid] = (endpoint, worker, self.board.listeners().get((endpoint, worker), 0))
+
+    def lost(self, endpoint: str, uid: str | None = None) -> Alarm:
+        """An event set when the worker holding request `uid` is lost: it stopped being ready (it died; LitServe
+        restarts it), or a worker with its id began to listen since it was sent. On LitServe's queues, where a
+        request goes to whichever worker takes it, when any worker of `endpoint` is lost: one stops being ready or a
+        new one starts. One watcher per HTTP process polls the shared worker states and counts twice a second,
+        whatever the load: a small model's new worker can be ready again before the next poll, so its start (its
+        listening) is what shows the death."""
         if self._watcher is None or self._watcher.done():
             self._lost, self._watcher = {}, asyncio.ensure_future(self._watch())
-        return self._lost.setdefault(endpoint, Alarm())
+        return self._lost.setdefault(self._holders.get(uid) or (endpoint, None, None), Alarm())
 
     async def _watch(self) -> None:
         status = getattr(self.server, "workers_setup_status", None)
@@ -282,17 +293,27 @@ class Workers:
                 now = status.copy()  # one round trip to the manager process
             except Exception:  # the manager is gone: shutting down
                 return
-            lost = {key.rsplit("_", 1)[0] for key, state in now.items()
-                    if seen.get(key) == WorkerSetupStatus.READY and state != WorkerSetupStatus.READY}
-            seen, now_starts = now, self.board.worker_starts()
-            lost |= {e for e, n in now_starts.items() if n != starts.get(e, n)}
+            stopped = {key for key, state in now.items()
+                       if seen.get(key) == WorkerSetupStatus.READY and state != WorkerSetupStatus.READY}
+            seen, now_starts, listeners = now, self.board.worker_starts(), self.board.listeners()
+            lost = {key.rsplit("_", 1)[0] for key in stopped} | {
+                e for e, n in now_starts.items() if n != starts.get(e, n)}
             starts = now_starts
             for endpoint in lost:
                 self._lost_at[endpoint] = time.monotonic()
-                event = self._lost.pop(endpoint, None)
-                if event is not None:
-                    event.set()  # requests waiting now fail; later ones get a new event
+            for holder in [h for h in self._lost if self._gone(h, lost, stopped, listeners)]:
+                self._lost.pop(holder).set()  # requests waiting now fail; later ones get a new event
             self._seen_starts = starts
+
+    @staticmethod
+    def _gone(holder: tuple[str, int | None, int | None], lost: set[str], stopped: set[str],
+              listeners: dict[tuple[str, int], int]) -> bool:
+        """Whether the worker(s) `holder` names were lost: (endpoint, None, None) any of the endpoint's (LitServe's
+        queues), (endpoint, worker, count) that worker, if it stopped or a successor listens."""
+        endpoint, worker, count = holder
+        if worker is None:
+            return endpoint in lost
+        return f"{endpoint}_{worker}" in stopped or listeners.get((endpoint, worker), count) != count
 
     def ready(self) -> bool:
         """Every worker loaded and warmed up, and, on LitServe's queues, no restart pending here: one this

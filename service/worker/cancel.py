@@ -1,5 +1,5 @@
-"""Which requests' clients went away, how often each endpoint's workers started and how many of its requests
-are queued: shared by the HTTP processes and the inference workers."""
+"""Which requests' clients went away, how often each endpoint's workers started (and each began to listen) and how
+many of its requests are queued: shared by the HTTP processes and the inference workers."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ class CancelBoard:
     """
     SIZE = 4096
 
-    def __init__(self, endpoints: tuple[str, ...] = ()):
+    def __init__(self, endpoints: tuple[str, ...] = (), workers: int = 1):
         # LitServe spawns its workers; locks of the default (fork) context cannot be pickled into them.
         ctx = mp.get_context("spawn")
         self._ring = ctx.Array("q", self.SIZE)
@@ -25,6 +25,8 @@ class CancelBoard:
         self._endpoints = endpoints
         self._starts = ctx.Array("q", max(1, len(endpoints)))
         self._queued = ctx.Array("q", max(1, len(endpoints)))
+        self._workers = workers                   # each endpoint's inference workers
+        self._listening = ctx.Array("q", max(1, len(endpoints) * workers))
 
     def worker_started(self, endpoint: str) -> None:
         """Called by a worker of `endpoint` as its setup begins: a restarted worker is seen by this count
@@ -34,6 +36,26 @@ class CancelBoard:
 
     def worker_starts(self) -> dict[str, int]:
         return dict(zip(self._endpoints, self._starts[:len(self._endpoints)]))
+
+    def worker_listening(self, endpoint: str, worker_id: int) -> None:
+        """Called by worker `worker_id` of `endpoint` as it begins to listen for requests (worker/request_inbox.py):
+        the requests an HTTP process sent to this worker id before are its dead predecessors', and only those fail
+        (http/litserve_workers.py)."""
+        i = self._listener_index(endpoint, worker_id)
+        if i is not None:
+            with self._listening.get_lock():
+                self._listening[i] += 1
+
+    def listeners(self) -> dict[tuple[str, int], int]:
+        """(endpoint, worker id) -> how many times a worker with that id began to listen."""
+        counts = self._listening[:len(self._endpoints) * self._workers]
+        return {(e, w): counts[i * self._workers + w] for i, e in enumerate(self._endpoints)
+                for w in range(self._workers)}
+
+    def _listener_index(self, endpoint: str, worker_id: int) -> int | None:
+        if endpoint not in self._endpoints or not 0 <= worker_id < self._workers:
+            return None
+        return self._endpoints.index(endpoint) * self._workers + worker_id
 
     def queued(self, endpoint: str, change: int = 0) -> int:
         """Requests of `endpoint` sent to its workers and not taken yet, after adding `change` (the HTTP side +1 as

@@ -69,6 +69,8 @@ class SchedulerLoop(LitLoop):
     def __call__(self, lit_api: LitAPI, device: str, worker_id: int, request_queue: Queue,
                  transport: MessageTransport, workers_setup_status: dict, callback_runner: CallbackRunner) -> None:
         if isinstance(request_queue, RequestInbox):
+            if (board := getattr(lit_api, "board", None)) is not None:
+                board.worker_listening(lit_api.api_path.strip("/"), worker_id)   # before: none is sent it unseen
             request_queue.listen(worker_id)
         try:
             while True:

@@ -49,6 +49,10 @@ class RequestSender:
                 raise TimeoutError(f"no worker listened within {timeout_s:g} s")
             await asyncio.sleep(RETRY_S)
 
+    def worker_of(self, uid: str) -> int | None:
+        """The worker request `uid` was sent to, until done()."""
+        return self._where.get(uid)
+
     def done(self, uid: str) -> None:
         """The request `uid` was answered, failed or given up: its worker holds one fewer of this process's."""
         worker = self._where.pop(uid, None)
