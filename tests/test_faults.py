@@ -1,9 +1,9 @@
 """Faults: an inference worker killed under load. The server stays up, LitServe starts a new worker,
-every request in flight gets an answer at once instead of hanging (200 if it finished first, otherwise
+every request in flight on it gets an answer at once instead of hanging (200 if it finished first, otherwise
 503 worker_failed with Retry-After: the gateway sees the worker stop being ready, within LitServe's
-2 s monitor period), and the service translates again once the new worker is ready. A request that
-reaches the gateway after the death was seen waits in the queue for the new worker (the queue timeout
-is long here: a new worker takes more than 10 s to load on a loaded 2-core CI machine)."""
+2 s monitor period), those on its sibling finish, and the service translates again once the new worker is
+ready. A request that reaches the gateway after the death was seen waits in the queue for the new worker (the
+queue timeout is long here: a new worker takes more than 10 s to load on a loaded 2-core CI machine)."""
 
 import concurrent.futures as cf
 import os
@@ -235,9 +235,16 @@ def test_a_killed_worker_fails_only_the_requests_it_held(tmp_path):
             r = httpx.post(url + "/translate", json=body, timeout=120)
             return r.status_code, r.json(), time.monotonic() - t0
 
+        # One request first: the HTTP process's worker watcher starts with it and sees both workers ready
+        assert httpx.post(url + "/translate", json={"text": texts[0], "source_lang": "de", "target_lang": "en"},
+                          timeout=60).status_code == 200
         with cf.ThreadPoolExecutor(6) as pool:
             futures = [pool.submit(long_request, k) for k in range(6)]
-            time.sleep(0.5)
+            deadline = time.monotonic() + 60    # the kill once the six are with the workers, not sooner, not later
+            while not (metric_sum(url, "transerve_requests_in_flight") >= 6
+                       and metric_sum(url, "transerve_queue_depth_requests") == 0):
+                assert time.monotonic() < deadline and not any(f.done() for f in futures)
+                time.sleep(0.02)
             os.kill(min(pids), signal.SIGKILL)
             results = [f.result() for f in futures]
         brief = [(status, round(seconds, 2), payload.get("error")) for status, payload, seconds in results]

@@ -67,3 +67,31 @@ def test_a_restart_fails_the_requests_of_the_dead_worker_only():
         return sibling.is_set(), successor.is_set()
 
     assert asyncio.run(run()) == (False, False)
+
+
+def test_a_worker_found_not_ready_fails_its_requests_though_no_poll_saw_it_ready():
+    """The watcher's first poll (it starts with a process's first request) finds worker 0 already restarting, or a
+    worker died again within a poll of its restart: no change from ready was seen, and its successor may never listen
+    (a setup that fails). The request sent to it fails all the same; its sibling's does not."""
+    from types import SimpleNamespace
+
+    from litserve.utils import WorkerSetupStatus
+
+    board = CancelBoard(("translate",), workers=2)
+    server = SimpleNamespace(workers_setup_status={"translate_0": WorkerSetupStatus.READY,
+                                                   "translate_1": WorkerSetupStatus.READY})
+    workers = Workers(server, {}, board, request_timeout_s=10)
+    board.worker_listening("translate", 0)
+    board.worker_listening("translate", 1)
+
+    async def run():
+        workers.sent("translate", "to-the-dead", 0)
+        workers.sent("translate", "to-the-sibling", 1)
+        server.workers_setup_status["translate_0"] = WorkerSetupStatus.STARTING   # before the watcher's first poll
+        dead, sibling = workers.lost("translate", "to-the-dead"), workers.lost("translate", "to-the-sibling")
+        await asyncio.wait_for(dead.wait(), 5)
+        server.workers_setup_status["translate_0"] = WorkerSetupStatus.ERROR      # its successor's setup failed
+        await asyncio.sleep(1.2)
+        return sibling.is_set()
+
+    assert asyncio.run(run()) is False

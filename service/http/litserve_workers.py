@@ -301,19 +301,24 @@ class Workers:
             starts = now_starts
             for endpoint in lost:
                 self._lost_at[endpoint] = time.monotonic()
-            for holder in [h for h in self._lost if self._gone(h, lost, stopped, listeners)]:
+            for holder in [h for h in self._lost if self._gone(h, lost, now, listeners)]:
                 self._lost.pop(holder).set()  # requests waiting now fail; later ones get a new event
             self._seen_starts = starts
 
     @staticmethod
-    def _gone(holder: tuple[str, int | None, int | None], lost: set[str], stopped: set[str],
+    def _gone(holder: tuple[str, int | None, int | None], lost: set[str], states: dict,
               listeners: dict[tuple[str, int], int]) -> bool:
         """Whether the worker(s) `holder` names were lost: (endpoint, None, None) any of the endpoint's (LitServe's
-        queues), (endpoint, worker, count) that worker, if it stopped or a successor listens."""
+        queues: what changed since the last poll), (endpoint, worker, count) that worker: it is not ready now or a
+        successor listens. Its state is read as it is, not as a change since the last poll: a request goes only to a
+        worker that listens, which is ready (LitServe sets it so before its loop listens), and only LitServe's
+        monitor, after a death, or a failed setup takes it off ready; a change would be missed by a watcher's first
+        poll, or where the worker died again within a poll of its restart."""
         endpoint, worker, count = holder
         if worker is None:
             return endpoint in lost
-        return f"{endpoint}_{worker}" in stopped or listeners.get((endpoint, worker), count) != count
+        return (states.get(f"{endpoint}_{worker}") != WorkerSetupStatus.READY
+                or listeners.get((endpoint, worker), count) != count)
 
     def ready(self) -> bool:
         """Every worker loaded and warmed up, and, on LitServe's queues, no restart pending here: one this

@@ -9,7 +9,8 @@ from .cancel import CancelBoard
 
 
 def start_worker(endpoint: str, settings: Settings, board: CancelBoard, stopping: Stopping | None) -> None:
-    """Called first in a LitAPI's setup(): the gateway then fails what a dead predecessor held; SIGINT and SIGTERM
+    """Called first in a LitAPI's setup(): on LitServe's queues the gateway then fails what a dead predecessor held
+    (with the workers' sockets, the worker's listening does: worker/litserve_bridge.py); SIGINT and SIGTERM
     stop this process once the main process has drained (`stopping` None outside a server, in tests: the signals
     are left alone); the HTTP processes' CPU comes before this one's; a spawned process logs as the main process
     was told to."""
