@@ -16,11 +16,28 @@
 #   bash scripts/gpu-session.sh restore    # here: models/ tracked again
 #
 # `measure` runs each stage under its own limit inside BUDGET_S (default 540 s) and goes on when one fails;
-# what it writes under $OUT: gpu-h200.md (benchmarks/gpu.py's report), serving-gpu.md (benchmarks/serving.py's
-# tables), logs.tar.xz (every stage's output) and pieces/ (the recipe's checkpoint, JOIN.sh joins it).
+# what it writes under $OUT, each file as its stage ends (so a call cut short brings back what was done):
+# gpu-h200.md (benchmarks/gpu.py's report), serving-gpu.md (benchmarks/serving.py's tables), logs/ (every stage's
+# output, written as it runs) and pieces/ (the recipe's checkpoint, JOIN.sh joins it).
+#
+# The dry run on a CPU (tests/test_gpu_session.py): the same `measure` with DEVICE=cpu, tiny packages and a short
+# budget; the CUDA-only stages fail there, and the script goes on past them as it would on a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-data/de-en-everyday}       # the corpus the default trains on (models/de-en/MODEL_CARD.md, docs/training.md)
+# What `measure` measures and continues, and where (the dry run names tiny packages, the CPU and its temporary folder)
+DEVICE=${DEVICE:-cuda}
+PACKAGE=${PACKAGE:-models/de-en}
+LM_PACKAGE=${LM_PACKAGE:-models/lm-small}
+GPU_DATA=${GPU_DATA:-.gpu-data}         # pack's corpus: dev.tsv, test.tsv, meta.json, train.tsv.xz
+WORK=${WORK:-/tmp}                      # measure's scratch: the fp16 and fp32 copies, the corpus, the recipe's run
+SERVE_SECONDS=${SERVE_SECONDS:-4}       # benchmarks/serving.py's seconds a level
+SERVE_CONCURRENCY=${SERVE_CONCURRENCY:-1,8,32,128}
+AFTER_TRAINING_MINUTES=${AFTER_TRAINING_MINUTES:-1.5}   # the recipe's export, evaluations and pieces (37 s on the H200)
+MIN_TRAINING_MINUTES=${MIN_TRAINING_MINUTES:-1}         # less time than this left for training: no recipe
+RECIPE_MINUTES=${RECIPE_MINUTES:-}      # the recipe's budget at most (empty: all the time left, less 20 s)
+RECIPE_OPTS=${RECIPE_OPTS:-}            # more model.recipe options (the dry run: --direction de-en --piece-mb 1)
+TRAIN_OPTS=${TRAIN_OPTS:---max-tokens 25000 --eval-every 200 --eval-sentences 200 --save-every-minutes 2}
 SITE=/tmp/site                          # the serve extra's wheels the machine lacks
 ORT_SITE=/tmp/ort-gpu/site              # onnxruntime-gpu, unpacked by scripts/gpu-wheels.sh gpu
 # What the device machine's image lacks of the gpu extra's lock (its python3 has torch, numpy, sentencepiece,
@@ -73,7 +90,7 @@ print('litserve', litserve.__version__, 'pydantic', pydantic.__version__)"
 
 measure() {
   local start budget logs
-  start=$(date +%s); budget=${BUDGET_S:-540}; logs=/tmp/gpu-logs
+  start=$(date +%s); budget=${BUDGET_S:-540}; logs=$OUT/logs
   mkdir -p "$logs" "$OUT/pieces"
   export PYTHONPATH=$ORT_SITE:$SITE PYTHONUNBUFFERED=1
   left() { echo $((budget - ($(date +%s) - start))); }
@@ -89,39 +106,39 @@ measure() {
   [ -d "$ORT_SITE" ] || echo "warning: $ORT_SITE is missing (a fresh machine, not the warm one setup ran on): no CUDA for onnxruntime"
   stage machine 20 sh -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc;
     python3 -c "import onnxruntime as o, torch; print(o.__version__, o.get_available_providers(), torch.__version__)"'
-  stage gpu-bench 170 python3 benchmarks/gpu.py --package models/de-en --quick --device cuda --out "$OUT/gpu-h200.md"
-  stage copies 80 sh -c 'python3 -m model.upgrade models/de-en --precision fp16 --out /tmp/de-en-fp16 &&
-    python3 -m model.upgrade models/lm-small --precision fp16 --out /tmp/lm-small-fp16 &&
-    python3 -m model.upgrade models/de-en --precision fp32 --out /tmp/de-en-fp32'
+  stage gpu-bench 170 python3 benchmarks/gpu.py --package "$PACKAGE" --quick --device "$DEVICE" --out "$OUT/gpu-h200.md"
+  local fp16=$WORK/de-en-fp16 fp32=$WORK/de-en-fp32 lm16=$WORK/lm-small-fp16
+  stage copies 80 sh -c "python3 -m model.upgrade '$PACKAGE' --precision fp16 --out '$fp16' &&
+    python3 -m model.upgrade '$LM_PACKAGE' --precision fp16 --out '$lm16' &&
+    python3 -m model.upgrade '$PACKAGE' --precision fp32 --out '$fp32'"
   # Where CUDA's searches part from the CPU's (wrong on 2026-11-28's H200: benchmarks/results/gpu-h200.md).
-  stage agreement 60 python3 benchmarks/cuda_agreement.py --package /tmp/de-en-fp32 --package /tmp/de-en-fp16
+  stage agreement 60 python3 benchmarks/cuda_agreement.py --package "$fp32" --package "$fp16"
   # The same with onnxruntime's attention kernels named and, one at a time, its fp16 fast paths off (read from
   # onnxruntime's source, docs/gpu.md): a kernel whose absence changes the answer is the suspect.
   stage kernels 40 env ORT_ENABLE_ATTENTION_KERNEL_DEBUG_INFO=1 python3 benchmarks/cuda_agreement.py \
-    --package /tmp/de-en-fp16 --sentences 2
+    --package "$fp16" --sentences 2
   for off in ORT_DISABLE_FLASH_DECODE ORT_DISABLE_FLASH_ATTENTION ORT_DISABLE_MEMORY_EFFICIENT_ATTENTION; do
-    stage "agreement-$off" 40 env "$off=1" python3 benchmarks/cuda_agreement.py --package /tmp/de-en-fp16 --sentences 8
+    stage "agreement-$off" 40 env "$off=1" python3 benchmarks/cuda_agreement.py --package "$fp16" --sentences 8
   done
-  stage serving 130 python3 benchmarks/serving.py --model /tmp/de-en-fp16 --model /tmp/lm-small-fp16 --layouts 1x0 \
-    --server-arg=--device --server-arg=cuda --concurrency 1,8,32,128 --rates 0.75 --seconds 4 --warmup-seconds 1 \
-    --title "H200, fp16, one worker" --out "$OUT/serving-gpu.md"
+  stage serving 130 python3 benchmarks/serving.py --model "$fp16" --model "$lm16" --layouts 1x0 \
+    --server-arg=--device --server-arg="$DEVICE" --concurrency "$SERVE_CONCURRENCY" --rates 0.75 \
+    --seconds "$SERVE_SECONDS" --warmup-seconds 1 --title "$DEVICE, fp16, one worker" --out "$OUT/serving-gpu.md"
   # The recipe: the default's run going on from its package on the GPU, in the time left (its --minutes count
-  # from its own start; 1.5 of them export, evaluate and cut the checkpoint into pieces: 37 s and the pieces on
-  # the H200, 2026-11-28, where the default 2.5 left a minute unused).
-  local minutes
-  minutes=$(python3 -c "print(round(($(left) - 20) / 60, 2))")
-  mkdir -p /tmp/data/corpus && cp .gpu-data/dev.tsv .gpu-data/test.tsv .gpu-data/meta.json /tmp/data/corpus/ \
-    && xz -dc .gpu-data/train.tsv.xz > /tmp/data/corpus/train.tsv
-  if python3 -c "import sys; sys.exit(float('$minutes') < 2.5)"; then
-    stage recipe "$(($(left) - 5))" python3 -m model.recipe --data /tmp/data/corpus --out /tmp/recipe \
-      --minutes "$minutes" --after-training-minutes 1.5 --bundle spot --piece-mb 16.5 --pieces "$OUT/pieces" \
-      -- --device cuda \
-      --max-tokens 25000 --init-from models/de-en --eval-every 200 --eval-sentences 200 --save-every-minutes 2
+  # from its own start; AFTER_TRAINING_MINUTES of them export, evaluate and cut the checkpoint into pieces: 37 s
+  # and the pieces on the H200, 2026-11-28, where 2.5 left a minute unused).
+  local minutes corpus=$WORK/data/corpus
+  minutes=$(python3 -c "print(round(min(($(left) - 20) / 60, float('${RECIPE_MINUTES:-inf}')), 2))")
+  mkdir -p "$corpus" && cp "$GPU_DATA"/dev.tsv "$GPU_DATA"/test.tsv "$GPU_DATA"/meta.json "$corpus"/ \
+    && xz -dc "$GPU_DATA"/train.tsv.xz > "$corpus"/train.tsv
+  if python3 -c "import sys; sys.exit(float('$minutes') < $AFTER_TRAINING_MINUTES + $MIN_TRAINING_MINUTES)"; then
+    # shellcheck disable=SC2086
+    stage recipe "$(($(left) - 5))" python3 -m model.recipe --data "$corpus" --out "$WORK/recipe" \
+      --minutes "$minutes" --after-training-minutes "$AFTER_TRAINING_MINUTES" --bundle spot --piece-mb 16.5 \
+      --pieces "$OUT/pieces" $RECIPE_OPTS -- --device "$DEVICE" --init-from "$PACKAGE" $TRAIN_OPTS
   else
     echo "== recipe: skipped, $minutes minutes left"
   fi
-  cp /tmp/recipe/MODEL_CARD.md "$logs/recipe-card.md" 2>/dev/null
-  tar -C "$logs" -cJf "$OUT/logs.tar.xz" .
+  cp "$WORK/recipe/MODEL_CARD.md" "$logs/recipe-card.md" 2>/dev/null
   ls -la "$OUT" "$OUT/pieces"
 }
 
