@@ -40,9 +40,8 @@ def test_ready_waits_until_a_restarted_worker_is_acted_on_and_its_hold_back_has_
     assert ready_at >= workers._lost_at["generate"] + LOST_HOLD_S
 
 
-def test_a_restart_fails_the_requests_of_the_dead_worker_only():
-    """Worker 0 died and its successor listens before a poll saw it: the request sent to the dead one fails; one
-    sent to its sibling and one sent to the successor do not (they were all failed before, with the endpoint)."""
+def two_listening_workers():
+    """(board, server, Workers) for two translation workers, both ready and listening, as a fake server shows them."""
     from types import SimpleNamespace
 
     from litserve.utils import WorkerSetupStatus
@@ -50,9 +49,15 @@ def test_a_restart_fails_the_requests_of_the_dead_worker_only():
     board = CancelBoard(("translate",), workers=2)
     server = SimpleNamespace(workers_setup_status={"translate_0": WorkerSetupStatus.READY,
                                                    "translate_1": WorkerSetupStatus.READY})
-    workers = Workers(server, {}, board, request_timeout_s=10)
     board.worker_listening("translate", 0)
     board.worker_listening("translate", 1)
+    return board, server, Workers(server, {}, board, request_timeout_s=10)
+
+
+def test_a_restart_fails_the_requests_of_the_dead_worker_only():
+    """Worker 0 died and its successor listens before a poll saw it: the request sent to the dead one fails; one
+    sent to its sibling and one sent to the successor do not (they were all failed before, with the endpoint)."""
+    board, server, workers = two_listening_workers()
 
     async def run():
         workers.sent("translate", "to-the-dead", 0)
@@ -73,16 +78,9 @@ def test_a_worker_found_not_ready_fails_its_requests_though_no_poll_saw_it_ready
     """The watcher's first poll (it starts with a process's first request) finds worker 0 already restarting, or a
     worker died again within a poll of its restart: no change from ready was seen, and its successor may never listen
     (a setup that fails). The request sent to it fails all the same; its sibling's does not."""
-    from types import SimpleNamespace
-
     from litserve.utils import WorkerSetupStatus
 
-    board = CancelBoard(("translate",), workers=2)
-    server = SimpleNamespace(workers_setup_status={"translate_0": WorkerSetupStatus.READY,
-                                                   "translate_1": WorkerSetupStatus.READY})
-    workers = Workers(server, {}, board, request_timeout_s=10)
-    board.worker_listening("translate", 0)
-    board.worker_listening("translate", 1)
+    board, server, workers = two_listening_workers()
 
     async def run():
         workers.sent("translate", "to-the-dead", 0)
