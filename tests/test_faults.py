@@ -215,7 +215,7 @@ def test_translate_clients_that_go_away_free_their_place_in_the_batch(tiny_packa
         stop_server(proc)
 
 
-def test_a_killed_worker_fails_only_the_requests_it_held(tmp_path):
+def test_a_killed_worker_fails_only_the_requests_it_held():
     """Two workers, three long requests each (the sender spreads them evenly): one worker is killed mid-way. Its
     requests get 503 worker_failed; its sibling's, still running when the death is seen, finish with 200 (the
     gateway failed every request of the endpoint before, the sibling's too, with a message saying their worker

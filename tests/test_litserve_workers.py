@@ -23,7 +23,7 @@ def test_ready_waits_until_a_restarted_worker_is_acted_on_and_its_hold_back_has_
 
     async def run():
         assert workers.ready()
-        lost = workers.lost("generate")              # a request waits: the watcher runs
+        lost = workers.lost(workers.holder("generate"))   # a request waits: the watcher runs
         await asyncio.sleep(0.1)
         board.worker_started("generate")             # died and started again, ready before any poll saw it
         assert not workers.ready()
@@ -60,13 +60,10 @@ def test_a_restart_fails_the_requests_of_the_dead_worker_only():
     board, server, workers = two_listening_workers()
 
     async def run():
-        workers.sent("translate", "to-the-dead", 0)
-        workers.sent("translate", "to-the-sibling", 1)
-        dead, sibling = workers.lost("translate", "to-the-dead"), workers.lost("translate", "to-the-sibling")
+        dead, sibling = workers.lost(workers.holder("translate", 0)), workers.lost(workers.holder("translate", 1))
         await asyncio.sleep(0.1)
         board.worker_listening("translate", 0)       # died; its successor listens at its address
-        workers.sent("translate", "to-the-successor", 0)
-        successor = workers.lost("translate", "to-the-successor")
+        successor = workers.lost(workers.holder("translate", 0))
         await asyncio.wait_for(dead.wait(), 5)
         await asyncio.sleep(1.2)                     # two more polls
         return sibling.is_set(), successor.is_set()
@@ -83,10 +80,8 @@ def test_a_worker_found_not_ready_fails_its_requests_though_no_poll_saw_it_ready
     board, server, workers = two_listening_workers()
 
     async def run():
-        workers.sent("translate", "to-the-dead", 0)
-        workers.sent("translate", "to-the-sibling", 1)
+        dead, sibling = workers.lost(workers.holder("translate", 0)), workers.lost(workers.holder("translate", 1))
         server.workers_setup_status["translate_0"] = WorkerSetupStatus.STARTING   # before the watcher's first poll
-        dead, sibling = workers.lost("translate", "to-the-dead"), workers.lost("translate", "to-the-sibling")
         await asyncio.wait_for(dead.wait(), 5)
         server.workers_setup_status["translate_0"] = WorkerSetupStatus.ERROR      # its successor's setup failed
         await asyncio.sleep(1.2)

@@ -32,6 +32,10 @@ from ..worker.litserve_bridge import IDLE_WAKE_S
 from ..worker.request_sender import RequestSender
 from ..worker.traces import carry
 
+# What a request is lost with (Workers.holder): (endpoint, the worker it was sent to, that worker id's listener count
+# as it was sent), or (endpoint, None, None) on LitServe's queues, where any worker of the endpoint may hold it.
+Holder = tuple[str, int | None, int | None]
+
 LOST_HOLD_S = IDLE_WAKE_S + 0.5   # new requests wait this long after a worker's loss is seen (Workers._enqueue)
 
 
@@ -88,8 +92,7 @@ class Workers:
         self.handlers = {endpoint: (StreamingRequestHandler if api.stream else RegularRequestHandler)(api, server)
                          for endpoint, api in apis.items() if api is not None}
         self._watcher: asyncio.Future | None = None      # see lost(); one per HTTP process
-        self._lost: dict[tuple[str, int | None, int | None], Alarm] = {}   # see lost() and _gone()
-        self._holders: dict[str, tuple[str, int, int]] = {}   # uid -> (endpoint, worker, its listener count), sent
+        self._lost: dict[Holder, Alarm] = {}              # see lost() and _gone()
         self._lost_at: dict[str, float] = {}              # when the watcher last saw a worker stop (monotonic)
         self._seen_starts: dict[str, int] | None = None   # the workers' start counts the watcher has acted on
 
@@ -105,9 +108,9 @@ class Workers:
                    worker: int | None = None) -> dict | None:
         """The worker's answer to `payload`; None when the client went away first (its request is then
         dropped from the worker's queue and from the engine batches not yet run). `worker`: sent to that one."""
-        uid = await self._enqueue(endpoint, payload, worker)
+        uid, holder = await self._enqueue(endpoint, payload, worker)
         try:
-            what, item = await self._outcome(endpoint, uid, request)
+            what, item = await self._outcome(holder, uid, request)
         finally:
             self.server.response_buffer.pop(uid, None)  # a late answer then finds no one waiting
             self._done(endpoint, uid)
@@ -123,9 +126,9 @@ class Workers:
         raise ApiError(504, "timeout", f"no answer within {2 * self.request_timeout_s:g} s",
                        headers={"Retry-After": "5"})
 
-    async def _outcome(self, endpoint: str, uid: str, request: Request | None) -> tuple[str, ResponseBufferItem]:
-        """What came first for request `uid`: "answered" (its answer in the item), "worker lost", "client gone" or
-        "timeout" (twice the request timeout). One future, settled by a callback each: a Task for each of three
+    async def _outcome(self, holder: Holder, uid: str, request: Request | None) -> tuple[str, ResponseBufferItem]:
+        """What came first for request `uid`: "answered" (its answer in the item), "worker lost" (`holder`), "client
+        gone" or "timeout" (twice the request timeout). One future, settled by a callback each: a Task for each of three
         waits and asyncio.wait over them took about 8% of the HTTP process's samples under load; only the
         client's needs a Task (it awaits receive())."""
         loop = asyncio.get_running_loop()
@@ -140,7 +143,7 @@ class Workers:
                 task.exception()          # retrieved: a receive() that raised has lost the client too
                 settle("client gone")
         self.server.response_buffer[uid] = item = ResponseBufferItem(Settles(settle, "answered"))
-        lost, on_lost = self.lost(endpoint, uid), functools.partial(settle, "worker lost")
+        lost, on_lost = self.lost(holder), functools.partial(settle, "worker lost")
         lost.on_set(on_lost)
         gone = None
         if request is not None:
@@ -167,12 +170,12 @@ class Workers:
 
     async def events(self, endpoint: str, payload: dict) -> AsyncIterator[dict]:
         """Submits to a streaming endpoint's workers and yields their per-step events for this request."""
-        uid = await self._enqueue(endpoint, payload)
+        uid, holder = await self._enqueue(endpoint, payload)
         available, queue = asyncio.Event(), deque()
         self.server.response_buffer[uid] = ResponseBufferItem(event=available, response_queue=queue)
         stream = self.server.data_streamer(queue, data_available=available, send_status=True)
         # As in call(): a worker that dies sends nothing more, so each wait races the worker watcher.
-        lost = asyncio.ensure_future(self.lost(endpoint, uid).wait())
+        lost = asyncio.ensure_future(self.lost(holder).wait())
         step = None
         try:
             while True:
@@ -217,7 +220,6 @@ class Workers:
         return senders.get(self.handlers[endpoint].lit_api.api_path) if senders else None
 
     def _done(self, endpoint: str, uid: str) -> None:
-        self._holders.pop(uid, None)
         if (sender := self._sender(endpoint)) is not None:
             sender.done(uid)
 
@@ -233,10 +235,10 @@ class Workers:
         return list(await asyncio.gather(*(self.call(endpoint, payload | {"number": self.board.new_number()}, None, w)
                                            for w in range(sender.workers))))
 
-    async def _enqueue(self, endpoint: str, payload: dict, worker: int | None = None) -> str:
-        """Sends a request to a worker (RequestSender); its uid. The queue-depth gauge goes up here and down only
-        where a worker takes the request off its queue (collect), whatever happens after. With no worker
-        listening for `--request-timeout-s`: 504, as a request LitServe's queue timed out.
+    async def _enqueue(self, endpoint: str, payload: dict, worker: int | None = None) -> tuple[str, Holder]:
+        """Sends a request to a worker (RequestSender); its uid and what it is lost with (`holder`). The queue-depth
+        gauge goes up here and down only where a worker takes the request off its queue (collect), whatever happens
+        after. With no worker listening for `--request-timeout-s`: 504, as a request LitServe's queue timed out.
 
         On LitServe's queues (kept where Unix sockets are not), held back for a moment after a worker of
         `endpoint` was lost: those queues live in a manager process, and a get() the dead worker was waiting in
@@ -252,36 +254,37 @@ class Workers:
         self.board.queued(endpoint, +1)
         try:
             if sender is None:
-                return (await self.handlers[endpoint]._submit_request(payload))[0]
+                return (await self.handlers[endpoint]._submit_request(payload))[0], self.holder(endpoint)
             uid = str(uuid.uuid4())
             try:
-                await sender.put((self.server.app.response_queue_id, uid, time.monotonic(), payload),
-                                 self.request_timeout_s, worker)
+                sent_to = await sender.put((self.server.app.response_queue_id, uid, time.monotonic(), payload),
+                                           self.request_timeout_s, worker)
             except TimeoutError:
                 raise queue_timeout(self.request_timeout_s) from None
-            if (worker := sender.worker_of(uid)) is not None:
-                self.sent(endpoint, uid, worker)     # no await since the send: the count is its receiver's
-            return uid
+            return uid, self.holder(endpoint, sent_to)     # no await since the send: the count is its receiver's
         except BaseException:
             labelled(metrics().queue_depth, endpoint).dec()
             self.board.queued(endpoint, -1)
             raise
 
-    def sent(self, endpoint: str, uid: str, worker: int) -> None:
-        """Request `uid` was sent to `worker` just now: it is lost with that worker, not with a successor that listens
-        at its address later (a worker listens only once it has raised its count, CancelBoard.worker_listening)."""
-        self._holders[uid] = (endpoint, worker, self.board.listeners().get((endpoint, worker), 0))
+    def holder(self, endpoint: str, worker: int | None = None) -> Holder:
+        """What a request of `endpoint` sent to `worker` just now is lost with: that worker, not a successor that
+        listens at its address later (a worker listens only once it has raised its count,
+        CancelBoard.worker_listening); with no worker (LitServe's queues), any of the endpoint's."""
+        if worker is None:
+            return endpoint, None, None
+        return endpoint, worker, self.board.listeners().get((endpoint, worker), 0)
 
-    def lost(self, endpoint: str, uid: str | None = None) -> Alarm:
-        """An event set when the worker holding request `uid` is lost: it stopped being ready (it died; LitServe
-        restarts it), or a worker with its id began to listen since it was sent. On LitServe's queues, where a
-        request goes to whichever worker takes it, when any worker of `endpoint` is lost: one stops being ready or a
-        new one starts. One watcher per HTTP process polls the shared worker states and counts twice a second,
+    def lost(self, holder: Holder) -> Alarm:
+        """An event set when the worker `holder` names is lost: it stopped being ready (it died; LitServe restarts
+        it), or a worker with its id began to listen since the request was sent. On LitServe's queues, where a
+        request goes to whichever worker takes it, when any worker of the endpoint is lost: one stops being ready or
+        a new one starts. One watcher per HTTP process polls the shared worker states and counts twice a second,
         whatever the load: a small model's new worker can be ready again before the next poll, so its start (its
         listening) is what shows the death."""
         if self._watcher is None or self._watcher.done():
             self._lost, self._watcher = {}, asyncio.ensure_future(self._watch())
-        return self._lost.setdefault(self._holders.get(uid) or (endpoint, None, None), Alarm())
+        return self._lost.setdefault(holder, Alarm())
 
     async def _watch(self) -> None:
         status = getattr(self.server, "workers_setup_status", None)
@@ -306,7 +309,7 @@ class Workers:
             self._seen_starts = starts
 
     @staticmethod
-    def _gone(holder: tuple[str, int | None, int | None], lost: set[str], states: dict,
+    def _gone(holder: Holder, lost: set[str], states: dict,
               listeners: dict[tuple[str, int], int]) -> bool:
         """Whether the worker(s) `holder` names were lost: (endpoint, None, None) any of the endpoint's (LitServe's
         queues: what changed since the last poll), (endpoint, worker, count) that worker: it is not ready now or a

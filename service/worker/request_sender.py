@@ -40,18 +40,16 @@ class RequestSender:
         self._where: dict[str, int] = {}           # uid -> the worker it was sent to, until done()
         self._turn = 0                             # the worker a tie goes to first
 
-    async def put(self, item: tuple, timeout_s: float, worker: int | None = None) -> None:
+    async def put(self, item: tuple, timeout_s: float, worker: int | None = None) -> int:
         """Sends LitServe's request tuple (response queue id, uid, queued at, payload) to a worker (`worker`: that
-        one, as model control sends to each); TimeoutError when no worker listened within `timeout_s`."""
+        one, as model control sends to each); the worker it went to. TimeoutError when no worker listened within
+        `timeout_s`."""
         deadline = time.monotonic() + timeout_s
-        while not self._send(item, worker):
+        while (sent_to := self._send(item, worker)) is None:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"no worker listened within {timeout_s:g} s")
             await asyncio.sleep(RETRY_S)
-
-    def worker_of(self, uid: str) -> int | None:
-        """The worker request `uid` was sent to, until done()."""
-        return self._where.get(uid)
+        return sent_to
 
     def done(self, uid: str) -> None:
         """The request `uid` was answered, failed or given up: its worker holds one fewer of this process's."""
@@ -59,7 +57,7 @@ class RequestSender:
         if worker is not None:
             self._held[worker] -= 1
 
-    def _send(self, item: tuple, only: int | None = None) -> bool:
+    def _send(self, item: tuple, only: int | None = None) -> int | None:
         if self._pid != os.getpid():               # a forked HTTP process: the parent's connections are not its own
             self._pid, self._out, self._where, self._held = os.getpid(), {}, {}, [0] * self.workers
         n = self.workers
@@ -76,8 +74,8 @@ class RequestSender:
             self._held[worker] += 1
             self._where[item[1]] = worker
             self._turn = (worker + 1) % n
-            return True
-        return False
+            return worker
+        return None
 
     def _connect(self, worker: int) -> Connection:
         connection = Client(request_address(self.folder, worker), family="AF_UNIX")
