@@ -275,17 +275,20 @@ class SqliteJobs:
         processes cannot both admit past the cap (redis_bridge.CREATE_DOCUMENT's count, in SQL)."""
         def create_now() -> bool:
             assert set(job) <= set(FIELDS)   # column names, never a client's text
-            with closing(self.connect()) as db, sqlite_file.immediate(db):
-                now = time.time()
-                db.execute("DELETE FROM documents WHERE expires < ?", (now,))
-                held = db.execute("SELECT count(*) FROM documents WHERE owner = ? AND status IN ('queued', "
-                                  "'translating') AND lease_until >= ?", (owner, now)).fetchone()[0] if cap else 0
-                if cap and held >= cap:
-                    return False
-                db.execute(f"INSERT INTO documents (document_id, owner, expires, source, {', '.join(job)}) VALUES "
-                           f"(?, ?, ?, ?{', ?' * len(job)})", (document_id, owner, now + ttl_s, source,
-                                                               *job.values()))
-            return True
+            with closing(self.connect()) as db:
+                with sqlite_file.immediate(db):
+                    now = time.time()
+                    expired = db.execute("DELETE FROM documents WHERE expires < ?", (now,)).rowcount
+                    held = db.execute("SELECT count(*) FROM documents WHERE owner = ? AND status IN ('queued', "
+                                      "'translating') AND lease_until >= ?", (owner, now)).fetchone()[0] if cap else 0
+                    admitted = not cap or held < cap
+                    if admitted:
+                        db.execute(f"INSERT INTO documents (document_id, owner, expires, source, {', '.join(job)}) "
+                                   f"VALUES (?, ?, ?, ?{', ?' * len(job)})", (document_id, owner, now + ttl_s,
+                                                                              source, *job.values()))
+                if expired:
+                    sqlite_file.forget(db)
+            return admitted
 
         return await asyncio.to_thread(create_now)
 
@@ -336,16 +339,22 @@ class SqliteJobs:
             conditions += " AND lease_until < ?"
             args.append(before)
         with closing(self.connect()) as db:
-            return db.execute(f"UPDATE documents SET {', '.join(sets)} WHERE {conditions}", args).rowcount == 1
+            changed = db.execute(f"UPDATE documents SET {', '.join(sets)} WHERE {conditions}", args).rowcount == 1
+            if changed and drop_source:
+                sqlite_file.forget(db)
+            return changed
 
     async def take(self, owner: str, document_id: str) -> tuple[str, bytes | None]:
         def take_now() -> tuple[str, bytes | None]:
-            with closing(self.connect()) as db, sqlite_file.immediate(db):   # the read and the change as one step
-                row = db.execute("SELECT status, result FROM documents WHERE owner = ? AND document_id = ? AND "
-                                 "expires >= ?", (owner, document_id, time.time())).fetchone()
+            with closing(self.connect()) as db:
+                with sqlite_file.immediate(db):            # the read and the change as one step
+                    row = db.execute("SELECT status, result FROM documents WHERE owner = ? AND document_id = ? AND "
+                                     "expires >= ?", (owner, document_id, time.time())).fetchone()
+                    if row is not None and row[0] == "done":
+                        db.execute("UPDATE documents SET status = 'downloaded', result = NULL WHERE owner = ? AND "
+                                   "document_id = ?", (owner, document_id))
                 if row is not None and row[0] == "done":
-                    db.execute("UPDATE documents SET status = 'downloaded', result = NULL WHERE owner = ? AND "
-                               "document_id = ?", (owner, document_id))
+                    sqlite_file.forget(db)
             return ("", None) if row is None else (row[0], row[1] if row[0] == "done" else None)
 
         return await asyncio.to_thread(take_now)
@@ -354,4 +363,5 @@ class SqliteJobs:
         """Deletes the expired jobs (their files with them)."""
         if self.path.exists():
             with closing(self.connect()) as db:
-                db.execute("DELETE FROM documents WHERE expires < ?", (time.time(),))
+                if db.execute("DELETE FROM documents WHERE expires < ?", (time.time(),)).rowcount:
+                    sqlite_file.forget(db)

@@ -253,7 +253,10 @@ class SqliteStore:
             if not self.path.exists():
                 return False
             with closing(self.connect(write=True)) as db:
-                return db.execute("DELETE FROM glossaries WHERE owner = ? AND glossary_id = ?",
-                                  (owner, glossary_id)).rowcount > 0
+                removed = db.execute("DELETE FROM glossaries WHERE owner = ? AND glossary_id = ?",
+                                     (owner, glossary_id)).rowcount > 0
+                if removed:
+                    sqlite_file.forget(db)
+                return removed
 
         return await asyncio.to_thread(remove_now)

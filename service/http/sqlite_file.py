@@ -1,7 +1,8 @@
 """A store's SQLite file, shared by every HTTP process of a server (--api-servers) without Redis:
 glossary_store.py's glossaries and document_jobs.py's jobs, each in a file of its own. Each call opens its own
 connection (a connection is not to cross threads or a fork, and opening one costs ~0.1 ms) in autocommit mode; a
-transaction of two statements is begun by hand."""
+transaction of two statements is begun by hand. What a client sent and we drop (a document, its result, a
+glossary) is left in neither file: see `forget`."""
 from __future__ import annotations
 
 import os
@@ -22,6 +23,7 @@ def connect(path: Path, schema: str) -> sqlite3.Connection:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
     db = sqlite3.connect(path, timeout=BUSY_S, isolation_level=None)
+    db.execute("PRAGMA secure_delete=ON")     # freed pages zeroed: Debian's build does so, SQLite's own does not
     use_wal(db)
     db.executescript(schema)
     return db
@@ -46,6 +48,15 @@ def use_wal(db: sqlite3.Connection) -> None:
             if not busy(e) or time.monotonic() > deadline:
                 raise
             time.sleep(0.005)
+
+
+def forget(db: sqlite3.Connection) -> None:
+    """After a write that dropped a client's data: the write-ahead log moved into the file and truncated. Until then
+    the log holds the dropped rows' old pages whenever another connection has the file open (another HTTP process,
+    another request's thread: SQLite deletes the log only when the last one closes), measured in
+    tests/test_sqlite_file.py; secure_delete has zeroed them in the file itself. Waits up to BUSY_S for readers to
+    finish; if they hold on, the log stays until the next forget()."""
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 def busy(e: sqlite3.OperationalError) -> bool:
