@@ -472,7 +472,7 @@ def promtool(*args, cwd=PROM) -> subprocess.CompletedProcess:
 
 def test_promtool_check_rules_and_config():
     r = promtool("check", "rules", "alerts.yaml")
-    assert r.returncode == 0 and "SUCCESS: 7 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "SUCCESS: 8 rules found" in r.stdout, r.stdout + r.stderr
     r = promtool("check", "config", "prometheus.yml")  # compose's, with the rule file it loads
     assert r.returncode == 0, r.stdout + r.stderr
 

@@ -224,6 +224,7 @@ def test_a_killed_worker_fails_only_the_requests_it_held():
     try:
         pids = worker_pids(url, "de-en")
         assert len(pids) == 2
+        assert worker_starts(url) == {"0": 1, "1": 1}
         texts = [de for de, _ in pairs64()]
 
         def long_request(k: int) -> tuple[int, dict, float]:
@@ -257,5 +258,19 @@ def test_a_killed_worker_fails_only_the_requests_it_held():
         # A sibling's request was still running when the death was seen (else this test shows nothing)
         failed_at = max(seconds for status, _, seconds in results if status == 503)
         assert max(seconds for status, _, seconds in results if status == 200) > failed_at, brief
+        # The restart is counted for the operator (the pod's container did not restart): worker 0 and 1 started
+        # once, the killed one twice once its successor takes requests
+        deadline = time.monotonic() + 90
+        while sorted(worker_starts(url).values()) != [1, 2]:
+            assert time.monotonic() < deadline, worker_starts(url)
+            time.sleep(0.5)
+        assert set(worker_starts(url)) == {"0", "1"}
     finally:
         stop_server(proc)
+
+
+def worker_starts(url: str) -> dict[str, float]:
+    """transerve_inference_worker_starts_total of /translate's workers, by worker id."""
+    return {s.labels["worker"]: s.value for family in text_string_to_metric_families(httpx.get(url + "/metrics").text)
+            for s in family.samples if s.name == "transerve_inference_worker_starts_total"
+            and s.labels["endpoint"] == "translate"}

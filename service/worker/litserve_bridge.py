@@ -68,6 +68,7 @@ class SchedulerLoop(LitLoop):
 
     def __call__(self, lit_api: LitAPI, device: str, worker_id: int, request_queue: Queue,
                  transport: MessageTransport, workers_setup_status: dict, callback_runner: CallbackRunner) -> None:
+        metrics().worker_starts.labels(lit_api.api_path.strip("/"), str(worker_id)).inc()
         if isinstance(request_queue, RequestInbox):
             if (board := getattr(lit_api, "board", None)) is not None:
                 board.worker_listening(lit_api.api_path.strip("/"), worker_id)   # before: none is sent it unseen
