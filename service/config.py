@@ -60,7 +60,7 @@ class Settings:
     max_file_elements: int = 300_000          # XML start tags in a document (a million runs); beyond: 413
     max_file_texts: int = 5_000               # texts to translate in a document (paragraphs, cells); beyond: 413
     # How long a translated file waits to be downloaded, then it is deleted (LibreTranslate's: 30 minutes); and
-    # where: a directory of this host only (empty: transerve-files in the system's temporary directory).
+    # where: a directory of this host only (empty: transerve-files-<uid> in the system's temporary directory).
     file_ttl_s: float = 1800.0
     file_dir: str = ""
     # A DeepL document job's lease (service/http/document_jobs.py): the server translating it renews it every third
@@ -199,7 +199,7 @@ _HELP = {
                         "translating it); a job whose server stops renewing is failed after it",
     "max_document_jobs_per_key": "DeepL document jobs one key may have queued or translating at once, over all "
                                  "replicas; beyond: 429 with Retry-After (0: no cap)",
-    "file_dir": "directory for the translated files waiting to be downloaded (empty: transerve-files in the "
+    "file_dir": "directory for the translated files waiting to be downloaded (empty: transerve-files-<uid> in the "
                 "system's temporary directory); only this host reads it",
     "data_dir": "directory for what outlives a restart without --redis-url: the stored glossaries' and DeepL "
                 "document jobs' SQLite files, shared by this host's HTTP processes (empty: $XDG_DATA_HOME/transerve "

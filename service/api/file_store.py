@@ -5,8 +5,11 @@ the key that made it (its name: "anonymous" on a server without keys) and when i
 come with the same key and before then; anything else is a 404 that does not say which (a file of another key
 is not known to exist). Expired files are deleted by a sweep that runs every quarter of the time to live
 (at most a minute) while the HTTP process runs, and on every store and download; a file therefore lives at
-most file_ttl_s plus one sweep interval. The directory is made 0700 and the files 0600: no other user of the
-host reads them, and nothing sends them anywhere. Every HTTP process of a server (--api-servers) shares the
+most file_ttl_s plus one sweep interval. The directory is made 0700 and the files 0600, and one that exists already
+is used only if it is this user's own, not a link, and closed to every other user (the default is named after the
+user, so two users' servers do not meet): no other user of the host reads, replaces or lists them, and nothing
+sends them anywhere. A download reads the file while its record is checked, so a sweep that deletes it meanwhile
+leaves a 404, never a half-served file or a 500 naming it. Every HTTP process of a server (--api-servers) shares the
 directory; replicas do not (route a client's download to the replica that answered it, as LibreTranslate
 needs too)."""
 
@@ -17,6 +20,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +32,8 @@ TOKEN = re.compile(r"[0-9a-f]{32}")
 
 class FileStore:
     def __init__(self, directory: str, ttl_s: float):
-        self.dir = Path(directory) if directory else Path(tempfile.gettempdir()) / "transerve-files"
+        self.dir = Path(directory) if directory else Path(tempfile.gettempdir()) / f"transerve-files-{os.geteuid()}"
+        private_directory(self.dir)
         self.ttl_s = ttl_s
         self.interval_s = min(60.0, ttl_s / 4)
         self.swept = 0.0
@@ -36,7 +41,7 @@ class FileStore:
 
     def put(self, data: bytes, name: str, owner: str, media_type: str) -> str:
         """Keeps `data`; returns the token that names it."""
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_directory(self.dir)
         self.sweep()
         token = secrets.token_hex(16)
         write_private(self.dir / token, data)
@@ -44,14 +49,22 @@ class FileStore:
         write_private(self.dir / f"{token}.json", json.dumps(meta).encode())
         return token
 
-    def get(self, token: str, owner: str) -> tuple[Path, dict]:
-        """The file's path and its record, or a 404 for one unknown, expired or made by another key."""
+    def get(self, token: str, owner: str) -> tuple[bytes, dict]:
+        """The file's contents and its record, or a 404 for one unknown, expired, made by another key, or deleted by a
+        sweep since its record was read."""
         self.sweep()
         meta = self.read_meta(token) if TOKEN.fullmatch(token) else None
-        if meta is None or meta["owner"] != owner or meta["expires"] < time.time():
+        data = None
+        if meta is not None and meta["owner"] == owner and meta["expires"] >= time.time():
+            try:
+                with open(self.dir / token, "rb") as f:
+                    data = f.read()
+            except OSError:
+                pass
+        if data is None:
             raise ApiError(404, "file_not_found", f"no translated file {token!r} for this key: files are kept "
                            f"{self.ttl_s:g} s, and only the key that sent a file may download it")
-        return self.dir / token, meta
+        return data, meta
 
     def read_meta(self, token: str) -> dict | None:
         try:
@@ -86,6 +99,17 @@ class FileStore:
         while True:
             await asyncio.sleep(self.interval_s)
             await asyncio.to_thread(self.sweep, True)
+
+
+def private_directory(path: Path) -> None:
+    """Makes `path` (0700), or checks that the one there is this user's own directory, not a link, and closed to every
+    other user: another user's directory (made first, in a shared /tmp) could list, replace or read the files."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise SystemExit(f"{path}: the translated files' directory must be this user's own directory, open to no "
+                         f"other user (mode 0700); it is {oct(st.st_mode & 0o777)} and owned by uid {st.st_uid}: "
+                         "remove it, or choose another with --file-dir")
 
 
 def older_than(path: Path, seconds: float) -> bool:

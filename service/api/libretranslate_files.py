@@ -12,9 +12,10 @@ characters as any translation; the engine is never called here. The result waits
 from __future__ import annotations
 
 import asyncio
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import FormData, UploadFile
 
 from ..documents.formats import EXTENSIONS, MEDIA_TYPES, format_of, load
@@ -157,8 +158,15 @@ async def detect_source(gateway: Gateway, texts: list[str], target: str) -> str:
 
 
 async def download_file(store: FileStore, gateway: Gateway, request: Request, filename: str) -> Response:
-    path, meta = await asyncio.to_thread(store.get, filename.split(".", 1)[0], gateway.tenant(request).name)
-    return FileResponse(path, media_type=meta["media_type"], filename=meta["name"])
+    data, meta = await asyncio.to_thread(store.get, filename.split(".", 1)[0], gateway.tenant(request).name)
+    return Response(data, media_type=meta["media_type"], headers={"Content-Disposition": attachment(meta["name"])})
+
+
+def attachment(name: str) -> str:
+    """Content-Disposition for a download named `name` (as Starlette's FileResponse writes it: RFC 6266's
+    filename*= where the name is not plain ASCII)."""
+    quoted = quote(name)
+    return f"attachment; filename*=utf-8''{quoted}" if quoted != name else f'attachment; filename="{name}"'
 
 
 def frontend_settings(gateway: Gateway) -> dict:

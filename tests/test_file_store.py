@@ -1,0 +1,57 @@
+"""service/api/file_store.py: the translated files waiting for LibreTranslate's /download_file. A download that a
+sweep races is a 404 (it was a 500 whose log line named the file's path, the download's token), and the directory is
+used only if it is this user's own and closed to everyone else (another user's, made first in a shared /tmp, could
+list, read and replace the files)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from service.api.file_store import FileStore
+from service.errors import ApiError
+
+
+def test_a_file_deleted_after_its_record_was_written_is_a_404_not_a_path(tmp_path):
+    store = FileStore(str(tmp_path / "files"), ttl_s=60)
+    token = store.put(b"Hello world", "a.txt", "alice", "text/plain")
+    assert store.get(token, "alice") == (b"Hello world", {"name": "a.txt", "media_type": "text/plain",
+                                                           "owner": "alice",
+                                                           "expires": store.read_meta(token)["expires"]})
+    (tmp_path / "files" / token).unlink()        # what a sweep does between a download's check and its read
+    with pytest.raises(ApiError) as e:
+        store.get(token, "alice")
+    assert e.value.status == 404
+    with pytest.raises(ApiError):
+        store.get(token, "mallory")
+
+
+def test_the_default_directory_is_named_after_the_user():
+    assert FileStore("", 60).dir.name == f"transerve-files-{os.geteuid()}"
+
+
+def refused(path) -> str:
+    with pytest.raises(SystemExit) as e:
+        FileStore(str(path), 60)
+    return str(e.value)
+
+
+def test_a_directory_open_to_other_users_or_a_link_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert "0o777" in refused(shared) and "--file-dir" in refused(shared)
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(private)
+    assert "must be this user's own directory" in refused(tmp_path / "link")
+    FileStore(str(private), 60)                  # its own, 0700: used
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user takes root")
+def test_another_users_directory_is_refused(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    assert "owned by uid 65534" in refused(theirs)
