@@ -216,6 +216,23 @@ def test_a_catalog_with_an_unterminated_string_is_refused_naming_its_line(catalo
     assert e.status == 400 and f"the .po file's {where} is not terminated" in e.message, e.message
 
 
+@pytest.mark.parametrize("nplurals", ["1000000", "9" * 5000, "0"])
+def test_a_catalog_declaring_too_many_plural_forms_is_refused_before_it_is_translated(nplurals):
+    """A header's nplurals of a million made a 159-byte upload render 36 MB (every plural entry that many times), one
+    of 5,000 digits a 500 (int() refuses it)."""
+    catalog = (f'msgid ""\nmsgstr ""\n"Plural-Forms: nplurals={nplurals}; plural=n;\\n"\n\n'
+               'msgid "Datei"\nmsgid_plural "Dateien"\nmsgstr[0] ""\n')
+    e = refusal("po", catalog.encode())
+    assert e.status == 400 and "nplurals outside 1..10" in e.message, e.message
+
+
+def test_a_catalog_with_six_plural_forms_gets_all_six():
+    catalog = ('msgid ""\nmsgstr ""\n"Plural-Forms: nplurals=6; plural=n;\\n"\n\n'
+               'msgid "Zelle"\nmsgid_plural "Zellen"\nmsgstr[0] ""\n')
+    out, _ = translated("po", catalog.encode())
+    assert len(polib.pofile(out.decode())[0].msgstr_plural) == 6
+
+
 def test_a_catalog_whose_strings_end_in_escapes_is_read():
     _, texts = translated("po", b'msgid "Zelle \\\\"\nmsgstr ""\n\nmsgid ""\n"Die \\"Kopf\\" "\n"zeile"\nmsgstr ""\n')
     assert texts == ["Zelle \\", 'Die "Kopf" zeile']

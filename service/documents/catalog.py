@@ -89,10 +89,21 @@ def untranslated(catalog: polib.POFile) -> list[polib.POEntry]:
             and not any(e.msgstr_plural.values())]
 
 
+# The most plural forms a catalog may declare: gettext's languages use 1 to 6 (Arabic's); a header's nplurals of a
+# million made a 159-byte upload render 36 MB, one of 5,000 digits a 500 (int() refuses it).
+MOST_PLURALS = 10
+
+
 def plurals(catalog: polib.POFile) -> int:
-    """nplurals of the catalog's Plural-Forms header (2, English's and German's, when it has none)."""
+    """nplurals of the catalog's Plural-Forms header (2, English's and German's, when it has none); a 400 above
+    MOST_PLURALS."""
     m = re.search(r"nplurals\s*=\s*(\d+)", catalog.metadata.get("Plural-Forms", ""))
-    return int(m.group(1)) if m else 2
+    if m is None:
+        return 2
+    if len(m.group(1)) > 2 or not 1 <= int(m.group(1)) <= MOST_PLURALS:
+        raise DocumentError(400, "invalid_catalog", f"the catalog's Plural-Forms header declares nplurals outside "
+                            f"1..{MOST_PLURALS}")
+    return int(m.group(1))
 
 
 class Entries:
@@ -122,9 +133,10 @@ class Catalog:
 
     def __init__(self, text: str):
         self.catalog = parse(text)
+        self.nplurals = plurals(self.catalog)        # refused here, before anything is translated
         self.entries = Entries(untranslated(self.catalog))
         self.texts = self.entries.texts
 
     def render(self, translations: list[str]) -> bytes:
-        self.entries.fill(translations, plurals(self.catalog))
+        self.entries.fill(translations, self.nplurals)
         return str(self.catalog).encode("utf-8")
