@@ -2,7 +2,9 @@
 line for a log pipeline: the server's own events ({"ts", "level", "logger", "pid", "message"}) and one access line per
 request (middleware.request_context: its id, trace id, key name, route, status, characters and tokens in and
 out, queue, inference and total ms, model, error type). Never a key, never a request's text: the access line takes only
-the fields named in ACCESS_FIELDS, and the server's own messages quote neither.
+the fields named in ACCESS_FIELDS, the server's own messages quote neither, and an exception is logged with its type
+and frames but not its message, which a library may have filled with what a client sent (a document's words, a file's
+path, whose name is a download's token): `QuietFormatter`.
 
 Process-wide (the standard library only): the main process configures logging before LitServe starts the
 others; the forked HTTP processes inherit it, uvicorn and LitServe take it through uvicorn's log_config
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import traceback
 
 ACCESS = "transerve.access"
 # What an access line may carry, besides the time and level: counts, timings and names only.
@@ -23,7 +26,28 @@ ACCESS_FIELDS = ("request_id", "trace_id", "key", "method", "route", "status", "
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-class JsonFormatter(logging.Formatter):
+class QuietFormatter(logging.Formatter):
+    """Python's text format, with exceptions as `quiet_exception` writes them."""
+
+    def formatException(self, exc_info) -> str:
+        return quiet_exception(exc_info[1])
+
+
+def quiet_exception(exc: BaseException | None) -> str:
+    """A traceback's frames and each chained exception's type, without their messages."""
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    parts = []
+    for e in reversed(chain):
+        kind = type(e)
+        parts += ["Traceback (most recent call last):\n", *traceback.format_tb(e.__traceback__),
+                  f"{kind.__module__}.{kind.__qualname__} (its message is not logged)\n"]
+    return "".join(parts).rstrip("\n")
+
+
+class JsonFormatter(QuietFormatter):
     """One JSON object per record: time (UTC, ISO 8601), level, logger, the process's id (an HTTP process's or an
     inference worker's: they write to the same stream), message, and an access line's fields."""
 
@@ -43,7 +67,7 @@ class JsonFormatter(logging.Formatter):
 def configure(level: str, log_format: str) -> None:
     """This process's root logger: text or JSON lines on stderr."""
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if log_format == "json" else QuietFormatter(TEXT_FORMAT))
     root = logging.getLogger()
     for old in root.handlers[:]:
         root.removeHandler(old)
