@@ -83,10 +83,8 @@ def metrics() -> SimpleNamespace:
                        ["endpoint", "kind"]),
         model_info=Gauge(p + "model_info", "Loaded model packages (value 1)",
                          ["model", "directions", "precision", "provider"], multiprocess_mode="liveall"),
-        worker_starts=Counter(p + "inference_worker_starts_total", "Times an inference worker began to take "
-                              "requests, by endpoint and worker id: 1 at its start, 1 more each time it died and "
-                              "LitServe started it again (inside the pod: its container does not restart)",
-                              ["endpoint", "worker"]),
+        worker_starts=Counter(p + "inference_worker_starts_total", "Inference worker starts (each restart inside "
+                              "the pod adds 1)", ["endpoint", "worker"]),
         rejected=Counter(p + "requests_rejected_total", "Requests refused because the queue was full", ["endpoint"]),
         cancelled=Counter(p + "requests_cancelled_total", "Requests whose client went away before the answer "
                           "(work not yet started for them is skipped)", ["endpoint"]),
