@@ -1,17 +1,17 @@
-"""The translation cache (service/http/translation_cache.py, --cache-size), against real servers over models/de-en:
-A and B keep answers in their memory and in one real redis-server, C keeps none (the reference: what the worker answers
-for each text whole). A cached answer is C's answer, per sentence joined back into texts (alternatives, scores,
-glossary reports); a request whose sentences are all kept makes no decoder call and takes no worker (/metrics say
-so), whichever key asks; a glossary or another option is an entry of its own; a document translated again makes no
-decoder call and comes back the same; what A computed is a hit on B; a value in Redis that is not an answer is one
+"""The translation cache (service/http/translation_cache.py, --cache-size), against real servers over models/de-en: A
+and B keep answers in their memory and in one real redis-server, C keeps none (the reference: what the worker
+answers for each text whole). A cached answer is C's answer, per sentence joined back into texts (alternatives,
+scores, glossary reports); a request whose sentences are all kept makes no decoder call and takes no worker
+(/metrics say so), and only for the key that asked it before (another key's is a miss: a hit would tell it what was
+sent); a glossary or another option is an entry of its own; a document translated again makes no decoder call and
+comes back the same; what A computed is a hit on B for the same key; a value in Redis that is not an answer is one
 miss and is written over; a key's limits and the input limits refuse a request the same with a warm cache as without
 one. A reaches Redis through `Gate`, a proxy that can hold Redis's replies or answer nothing: a request partly kept
 whose misses a swapped-in version answered is sent again whole, so it names the version that computed all of it;
-while Redis does not answer, one request waits the timeout and the next ones none, and once Redis is back it is
-used again after the back-off. Without servers: the memory's bounds, the key (every option, the glossary, the
-package's version; never the API key), sampling without a seed never kept, Redis down as misses. Timings are
+while Redis does not answer, one request waits the timeout and the next ones none, and once Redis is back it is used
+again after the back-off. Without servers: the memory's bounds, the key (every option, the glossary, the package's
+version, the key's name), sampling without a seed never kept, Redis down as misses. Timings are
 benchmarks/translation_cache.py's to print, not asserted here.
-
 redis-server comes from Debian's package (scripts/test.sh installs it); without it the server tests skip."""
 
 from __future__ import annotations
@@ -182,9 +182,10 @@ def test_a_cached_answer_is_the_one_the_worker_computes_for_the_text_whole(serve
     assert metric(servers.a, "transerve_translation_cache_misses_total") - misses == 2
 
 
-def test_a_request_all_kept_reaches_no_worker_whichever_key_asks_and_is_still_charged(servers):
+def test_a_request_all_kept_reaches_no_worker_for_the_key_that_asked_it_and_is_still_charged(servers):
     body = {"text": [GERMAN[30], f"{GERMAN[31]} {GERMAN[32]}"], "beam_size": 3}
-    computed = translate(servers.a, body)
+    computed = {key: translate(servers.a, body, key) for key in ("alice", "bob")}   # bob's: not alice's entries
+    assert computed["bob"]["timings"]["inference_ms"] > 0
     work, hits = worker_work(servers.a), metric(servers.a, "transerve_translation_cache_hits_total", tier="memory")
     chars = {n: metric(servers.a, "transerve_key_characters_total", key=n) for n in ("alice", "bob")}
     answers = [translate(servers.a, body, key) for key in ("alice", "bob", "bob")]
@@ -193,8 +194,23 @@ def test_a_request_all_kept_reaches_no_worker_whichever_key_asks_and_is_still_ch
     n = sum(map(len, body["text"]))
     assert [metric(servers.a, "transerve_key_characters_total", key=k) - chars[k] for k in chars] == [n, 2 * n]
     for answer in answers:
-        assert answer["translations"] == computed["translations"] and answer["model"] == computed["model"]
+        assert answer["translations"] == computed["alice"]["translations"] == computed["bob"]["translations"]
+        assert answer["model"] == computed["alice"]["model"]
         assert answer["timings"]["queue_ms"] == answer["timings"]["inference_ms"] == 0.0   # no worker ran
+
+
+def test_another_keys_kept_sentence_is_a_miss(servers):
+    """A hit answers in a millisecond with zero queue and inference times: shared between keys, it told one key
+    which of four guesses another had just sent."""
+    sent = "Wir entlassen im Mai vierzig Leute."
+    translate(servers.a, {"text": sent}, "alice")
+    hits = metric(servers.a, "transerve_translation_cache_hits_total")
+    work = worker_work(servers.a)
+    for guess in ("zehn", "vierzig"):
+        answer = translate(servers.a, {"text": sent.replace("vierzig", guess)}, "bob")
+        assert answer["timings"]["inference_ms"] > 0, guess
+    assert metric(servers.a, "transerve_translation_cache_hits_total") == hits and worker_work(servers.a) != work
+    assert translate(servers.a, {"text": sent}, "alice")["timings"]["inference_ms"] == 0.0   # alice's own: kept
 
 
 def test_a_glossary_or_an_option_is_an_entry_of_its_own_and_a_stored_glossary_its_entries(servers):
@@ -202,7 +218,7 @@ def test_a_glossary_or_an_option_is_an_entry_of_its_own_and_a_stored_glossary_it
     translate(servers.a, body)
     for other in ({"glossary": GLOSSARY}, {"beam_size": 2}, {"no_repeat_ngram_size": 2}, {"repetition_penalty": 1.2}):
         work = worker_work(servers.a)
-        translate(servers.a, body | other, "bob")
+        translate(servers.a, body | other)
         assert worker_work(servers.a)[0] > work[0], other          # computed: the options change the answer
     r = httpx.post(servers.a + "/glossaries", json={"name": "Bau", "source_lang": "de", "target_lang": "en",
                                                     "entries": GLOSSARY},
@@ -210,7 +226,7 @@ def test_a_glossary_or_an_option_is_an_entry_of_its_own_and_a_stored_glossary_it
     assert r.status_code in (200, 201), r.text
     work = worker_work(servers.a)
     stored = translate(servers.a, body | {"glossary_id": r.json()["glossary_id"]})
-    assert worker_work(servers.a) == work                       # its entries are bob's inline glossary's
+    assert worker_work(servers.a) == work                       # its entries are the inline glossary's
     assert stored["translations"] == translate(servers.c, body | {"glossary": GLOSSARY})["translations"]
 
 
@@ -237,7 +253,7 @@ def test_an_answer_computed_on_one_server_is_a_hit_on_another_sharing_redis(serv
     body = {"text": [f"{GERMAN[60]} {GERMAN[61]}", GERMAN[62]]}
     computed = translate(servers.a, body)
     work, hits = worker_work(servers.b), metric(servers.b, "transerve_translation_cache_hits_total", tier="redis")
-    assert translate(servers.b, body, "bob")["translations"] == computed["translations"]
+    assert translate(servers.b, body, "alice")["translations"] == computed["translations"]
     assert worker_work(servers.b) == work
     assert metric(servers.b, "transerve_translation_cache_hits_total", tier="redis") - hits == 3
     # Now in B's memory too.
@@ -286,12 +302,11 @@ def refusal(r: httpx.Response) -> tuple:
 
 def test_a_key_over_its_limits_or_a_request_over_the_input_limits_is_refused_the_same_with_a_warm_cache(servers):
     """The HTTP process's checks (the key's limits, the request's texts and characters) come before the cache is
-    asked: a request all kept is refused as one computed would be, and takes no hit."""
+    asked: a request all kept (by the key's own request before it) is refused as one computed would be, and takes
+    no hit."""
     short = next(t for t in GERMAN[10:] if CAROL_CHARS_PER_MINUTE / 3 < len(t) <= CAROL_CHARS_PER_MINUTE / 2)
     long = " ".join(GERMAN[12:16])
     assert len(long) > CAROL_CHARS_PER_MINUTE
-    for text in (short, long):
-        translate(servers.a, {"text": text})                # kept, by another key
     outcomes = {}
     for url in (servers.a, servers.c):
         hits = metric(servers.a, "transerve_translation_cache_hits_total")
@@ -301,7 +316,8 @@ def test_a_key_over_its_limits_or_a_request_over_the_input_limits_is_refused_the
                                     ([short] * 65, {}))]
         outcomes[url] = [r.status_code for r in post[:4]], refusal(post[0]), refusal(post[3]), refusal(post[4])
         if url == servers.a:
-            assert metric(servers.a, "transerve_translation_cache_hits_total") - hits == 2   # the two answered
+            # The second short, kept by the first; the refused ones take none
+            assert metric(servers.a, "transerve_translation_cache_hits_total") - hits == 1
     assert outcomes[servers.a] == outcomes[servers.c]
     assert outcomes[servers.a][:3] == ([413, 200, 200, 429], (413, "over_key_limit", CAROL_CHARS_PER_MINUTE, []),
                                        (429, "rate_limited", CAROL_CHARS_PER_MINUTE,
@@ -425,25 +441,28 @@ def test_memory_is_bounded_by_entries_and_bytes_least_recently_used_out_first():
     assert small.put("huge", b"z" * 10**4) == 0 and "huge" not in small.kept   # larger than the bound: not kept
 
 
-def test_the_key_names_every_option_the_pair_the_glossary_and_the_package_never_the_caller():
-    base = request_key(fields(), "sum-1")
-    assert base == request_key(fields(), "sum-1") and len(base) == 64
+def test_the_key_names_every_option_the_pair_the_glossary_the_package_and_the_caller():
+    base = request_key(fields(), "sum-1", "alice")
+    assert base == request_key(fields(), "sum-1", "alice") and len(base) == 64
     changed = {"beam_size": 2, "num_hypotheses": 2, "length_penalty": 0.5, "max_length_a": 1.0, "max_length_b": 3,
                "max_length": 20, "min_length": 0, "no_repeat_ngram_size": 3, "repetition_penalty": 1.3,
                "temperature": 0.5, "top_k": 5, "top_p": 0.9, "seed": 7, "length_rule": "ctranslate2"}
     assert set(changed) | {"sampling"} == {f.name for f in dataclasses.fields(SearchOptions)}
-    keys = {request_key(fields(**{name: value}), "sum-1") for name, value in changed.items()}
-    keys |= {request_key(fields() | {"glossary": [("Haus", "building")]}, "sum-1"),
-             request_key(fields() | {"glossary": []}, "sum-1"), request_key(fields() | {"target_lang": "fr"}, "sum-1"),
-             request_key(fields(), "sum-2"), request_key(fields(sampling=True, seed=1), "sum-1")}
-    assert base not in keys and len(keys) == len(changed) + 5
-    assert request_key(fields(texts=["Anderes."]), "sum-1") == base     # texts are the units' part of the key
+    keys = {request_key(fields(**{name: value}), "sum-1", "alice") for name, value in changed.items()}
+    keys |= {request_key(fields() | {"glossary": [("Haus", "building")]}, "sum-1", "alice"),
+             request_key(fields() | {"glossary": []}, "sum-1", "alice"),
+             request_key(fields() | {"target_lang": "fr"}, "sum-1", "alice"),
+             request_key(fields(), "sum-2", "alice"), request_key(fields(sampling=True, seed=1), "sum-1", "alice")}
+    keys.add(request_key(fields(), "sum-1", "bob"))
+    assert base not in keys and len(keys) == len(changed) + 6
+    assert request_key(fields(texts=["Anderes."]), "sum-1", "alice") == base   # texts: the units' part of the key
 
 
 def test_sampling_without_a_seed_is_never_kept():
-    assert request_key(fields(sampling=True), "sum-1") is None
+    assert request_key(fields(sampling=True), "sum-1", "alice") is None
     cache = TranslationCache(Settings(cache_size=10))
-    lookup = asyncio.run(cache.lookup(fields(sampling=True), SimpleNamespace(name="m", version="1", checksum="s")))
+    served = SimpleNamespace(name="m", version="1", checksum="s")
+    lookup = asyncio.run(cache.lookup(fields(sampling=True), served, "alice"))
     assert lookup.keys is None and lookup.sent() == fields()["texts"]
 
 
@@ -462,16 +481,16 @@ def test_another_version_never_reads_an_answer_and_redis_down_is_a_miss_not_an_e
     item = {"text": "The house is small.", "score": -0.25, "alternatives": [], "input_tokens": 6, "output_tokens": 5}
 
     async def run():
-        first = await cache.lookup(fields(["Das Haus ist klein."]), v1)
+        first = await cache.lookup(fields(["Das Haus ist klein."]), v1, "alice")
         assert first.sent() == ["Das Haus ist klein."]
         cache.store(first, {"translations": [item], "model": "de-en", "model_version": "1"})
-        again, other = await cache.lookup(fields(["Das Haus ist klein."]), v1), \
-            await cache.lookup(fields(["Das Haus ist klein."]), v2)
+        again, other = await cache.lookup(fields(["Das Haus ist klein."]), v1, "alice"), \
+            await cache.lookup(fields(["Das Haus ist klein."]), v2, "alice")
         assert again.sent() == [] and again.answer(None)["translations"] == [item]
         assert again.answer(None)["model_version"] == "1" and other.sent() == ["Das Haus ist klein."]
         # An answer from another version than the one routed to (the worker had unloaded it) is not kept.
         cache.store(other, {"translations": [item], "model": "de-en", "model_version": "1"})
-        assert (await cache.lookup(fields(["Das Haus ist klein."]), v2)).sent() == ["Das Haus ist klein."]
+        assert (await cache.lookup(fields(["Das Haus ist klein."]), v2, "alice")).sent() == ["Das Haus ist klein."]
 
     asyncio.run(run())
     assert cache.redis.down

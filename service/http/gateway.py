@@ -211,7 +211,8 @@ class Gateway:
         received = time.monotonic()
         route, out = self.route_for(request, body.source_lang, body.target_lang), {}
         fields = translate_payload(body, texts, self.settings.max_output_tokens, stored)
-        cached = await self.cache.lookup(fields, route)   # what this version answered before skips queue and worker
+        # What this version answered this key before skips queue and worker
+        cached = await self.cache.lookup(fields, route, self.tenant(request).name)
         if sent := cached.sent():
             out = await self.computed(fields | {"texts": sent, "received": received}, route, request, endpoint)
             if out and cached.mixed(out):   # a swap unloaded the routed version: all of it from the one answering

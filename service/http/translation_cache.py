@@ -15,10 +15,12 @@ The key: a hash of everything the worker reads of the request but the texts (tra
 the SearchOptions as mapped once in the Gateway (beam size, length penalty, n-best, max length, sampling and its
 seed, ...), the glossary's entries, a stored glossary's too), the checksum of the model.json of the version that will
 serve it (Gateway.route_for's Route, a canary's too: another version never reads this one's answers), this server's
-version (the code that keeps spans and joins sentences) and the unit's text. Never the API key: two keys asking the
-same get the same answer, and a key's glossary is in its key through its entries. Sampling without a seed is never
-cached (each run is meant to differ); with one it is (each sentence samples from its own generator seeded by it:
-shared/search.py).
+version (the code that keeps spans and joins sentences), the name of the key that asks (never the key itself) and the
+unit's text. Each key has entries of its own: shared, a hit (answered in a millisecond, with zero queue and inference
+times) told any key whether another had sent a sentence lately, a word of it guessed at a time (helper-36 found
+"vierzig" among four numbers in another key's sentence); a server without keys has one caller, so one cache.
+Sampling without a seed is never cached (each run is meant to differ); with one it is (each sentence samples from its
+own generator seeded by it: shared/search.py).
 
 Where: each HTTP process's memory, least recently used first out, bounded by entries (--cache-size) and bytes
 (--cache-bytes); with --redis-url also in Redis, with an expiry (--cache-ttl-s), so that replicas share it. Redis
@@ -83,14 +85,15 @@ def _plain(value):
     return repr(value)
 
 
-def request_key(fields: dict, package: str) -> str | None:
-    """The hash of what decides a request's answers but its texts, or None when they are not to be cached
-    (sampling without a seed)."""
+def request_key(fields: dict, package: str, caller: str) -> str | None:
+    """The hash of what decides a request's answers but its texts, and of who asks (`caller`: the key's name), or None
+    when they are not to be cached (sampling without a seed)."""
     options = fields.get("options")
     if isinstance(options, SearchOptions) and options.strategy == "sampling" and options.seed is None:
         return None
     what = {k: v for k, v in fields.items() if k != "texts"}
-    blob = json.dumps([CACHE_FORMAT, __version__, package, what], default=_plain, sort_keys=True, ensure_ascii=False)
+    blob = json.dumps([CACHE_FORMAT, __version__, package, caller, what], default=_plain, sort_keys=True,
+                      ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -321,10 +324,11 @@ class TranslationCache:
         for reason in ("backoff", "queue_full"):
             labelled(m.translation_cache_redis_skipped, reason)
 
-    async def lookup(self, fields: dict, served) -> Lookup:
+    async def lookup(self, fields: dict, served, caller: str) -> Lookup:
         """What of a request (translate_payload's `fields`) is kept for the version that will serve it (`served`:
-        Gateway.route_for's Route, its name, version and package checksum; None: not cached)."""
-        key = request_key(fields, served.checksum) if self.on and served is not None else None
+        Gateway.route_for's Route, its name, version and package checksum; None: not cached) and the key that asks
+        (`caller`, its name)."""
+        key = request_key(fields, served.checksum, caller) if self.on and served is not None else None
         if key is None:
             return Lookup(fields)
         out = Lookup(fields, served, [])
