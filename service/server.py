@@ -139,7 +139,7 @@ def install(app: FastAPI, gateway: Gateway, flavours: tuple[Flavour, ...]) -> No
     direct_paths = frozenset().union(*(f.direct_paths for f in flavours))
     direct = {r.path: r.endpoint for r in app.router.routes
               if isinstance(r, APIRoute) and r.path in direct_paths and "POST" in r.methods}
-    app.add_middleware(at_startup, start=gateway.models.watch)
+    app.add_middleware(at_startup, start=gateway.started)
     app.add_middleware(request_context, respond=respond, endpoints=endpoints,
                        max_payload_bytes=settings.max_payload_bytes, body_limits=body_limits,
                        keys=gateway.keys, quota=gateway.quota,
@@ -155,7 +155,7 @@ def install(app: FastAPI, gateway: Gateway, flavours: tuple[Flavour, ...]) -> No
 def at_startup(app, start):
     """`app` wrapped so that `start()` runs in each HTTP process as its server starts (the ASGI lifespan's scope,
     on its event loop): the models file's poller must not wait for a first /ready probe, which a server run
-    without probes never gets."""
+    without probes never gets, nor the document jobs' sweep for a first upload."""
     async def wrapped(scope, receive, send):
         if scope["type"] == "lifespan":
             start()

@@ -445,3 +445,31 @@ def test_a_documents_redis_calls_get_time_for_its_bytes_and_a_20_mb_result_comes
         assert await store.take("big", "A" * 32) == ("done", big[::-1])
 
     asyncio.run(run())
+
+
+def test_a_restarted_server_deletes_the_jobs_that_expired_meanwhile_before_any_upload(tmp_path):
+    """Without Redis, expired jobs (their source, their result) were deleted only by a sweep that the first upload of
+    a process started: a server restarted after their expiry kept them for as long as no one uploaded."""
+    from contextlib import closing
+
+    from service.http.document_jobs import SqliteJobs
+    from service.http.sqlite_file import reader
+
+    path, now = tmp_path / "documents.sqlite3", time.time()
+    job = {"key_hash": "k", "status": "done", "format": "txt", "source_lang": "de", "target_lang": "en",
+           "created": now - 3600, "holder": "gone:1:x", "lease_until": now - 3600}
+    assert asyncio.run(SqliteJobs(path).create("anonymous", "A" * 32, job, b"Hallo Welt", -1, 0))   # expired already
+
+    def rows() -> int:
+        with closing(reader(path)) as db:
+            return db.execute("SELECT count(*) FROM documents").fetchone()[0]
+
+    assert rows() == 1
+    proc, url = start_server(ROOT / "models" / "de-en", "--data-dir", str(tmp_path))
+    try:
+        deadline = time.monotonic() + 30
+        while rows():
+            assert time.monotonic() < deadline, "the expired job is still stored"
+            time.sleep(0.2)
+    finally:
+        stop_server(proc)

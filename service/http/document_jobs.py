@@ -182,18 +182,18 @@ class DocumentJobs:
                            headers={"Retry-After": "1"}) from None
 
     def start_sweeping(self) -> None:
-        """The expired rows' periodic sweep (SQLite's; Redis expires its own), started with the first job on this
-        process's event loop."""
+        """The expired rows' sweep (SQLite's; Redis expires its own), at once and then periodically, on this process's
+        event loop: started as the process starts (Gateway.started), and again by a job should it have ended."""
         if isinstance(self.backend, SqliteJobs) and (self.sweeper is None or self.sweeper.done()):
             self.sweeper = asyncio.get_running_loop().create_task(self.sweep_forever())
 
     async def sweep_forever(self) -> None:
         while True:
-            await asyncio.sleep(min(60.0, self.ttl_s / 4))
             try:
                 await asyncio.to_thread(self.backend.sweep)
             except (sqlite3.Error, OSError) as e:
                 log.warning("the document store (%s) failed its sweep: %s: %s", self.where, type(e).__name__, e)
+            await asyncio.sleep(min(60.0, self.ttl_s / 4))
 
 
 def no_result(status: str, job: dict) -> ApiError:

@@ -341,6 +341,13 @@ class Gateway:
             pass
 
     # --- operations -------------------------------------------------------------------------------
+    def started(self) -> None:
+        """What each HTTP process starts on its event loop as its server starts: the models file's poller, and the
+        document jobs' sweep, so that a restarted server deletes the jobs (their files) that expired meanwhile
+        without waiting for an upload."""
+        self.models.watch()
+        self.documents.start_sweeping()
+
     def readiness(self) -> tuple[bool, str]:
         if self.admission.draining.is_set():
             return False, "draining"
