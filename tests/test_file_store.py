@@ -1,11 +1,13 @@
 """service/api/file_store.py: the translated files waiting for LibreTranslate's /download_file. A download that a
 sweep races is a 404 (it was a 500 whose log line named the file's path, the download's token), and the directory is
 used only if it is this user's own and closed to everyone else (another user's, made first in a shared /tmp, could
-list, read and replace the files)."""
+list, read and replace the files). A server sweeps from its start, not from its first file."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 
 import pytest
 
@@ -55,3 +57,24 @@ def test_another_users_directory_is_refused(tmp_path):
     theirs.mkdir(mode=0o700)
     os.chown(theirs, 65534, 65534)
     assert "owned by uid 65534" in refused(theirs)
+
+
+def test_a_server_deletes_a_file_left_by_its_last_run_when_it_expires_before_any_upload(tmp_path):
+    """The periodic sweep was started by a process's first file: a file still valid when the server restarted stayed
+    on disk after its expiry for as long as no one translated a file."""
+    from conftest import ROOT, start_server, stop_server
+
+    files = tmp_path / "files"
+    token = FileStore(str(files), ttl_s=3600).put(b"Hello world", "a.txt", "anonymous", "text/plain")
+    proc, url = start_server(ROOT / "models" / "de-en", "--file-dir", str(files), "--file-ttl-s", "4")
+    try:
+        assert (files / token).exists()                   # not expired as the server started
+        record = files / f"{token}.json"
+        record.write_text(json.dumps(json.loads(record.read_text()) | {"expires": time.time() - 1}))   # now it is
+        deadline = time.monotonic() + 30
+        while (files / token).exists():
+            assert time.monotonic() < deadline, "the expired file is still on disk"
+            time.sleep(0.2)
+        assert not (files / f"{token}.json").exists()
+    finally:
+        stop_server(proc)

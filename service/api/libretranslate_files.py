@@ -184,6 +184,7 @@ def frontend_settings(gateway: Gateway) -> dict:
 def install(app: FastAPI, gateway: Gateway, errors: dict) -> None:
     store = FileStore(gateway.settings.file_dir, gateway.settings.file_ttl_s)
     store.sweep(force=True)          # what an earlier run of the server left
+    gateway.at_start.append(store.start_sweeping)    # and what expires before this run's first file
 
     async def translate_route(request: Request) -> Response:
         return await translate_file(gateway, store, request)

@@ -92,6 +92,8 @@ class Gateway:
         self.quota = Quota(settings)
         self.glossaries = GlossaryStore(settings)
         self.documents = DocumentJobs(settings)
+        # What else each HTTP process starts as its server starts (a flavour's sweeps: `started`)
+        self.at_start: list[Callable[[], None]] = []
         self.cache = TranslationCache(settings)   # --cache-size: translate() asks it first, then keeps what it sent
         self.generators = [p["name"] for p in packages if p["task"] == "generation"]
         if models is None:                      # the workers' table (server.build_server), or one of its own
@@ -343,10 +345,12 @@ class Gateway:
     # --- operations -------------------------------------------------------------------------------
     def started(self) -> None:
         """What each HTTP process starts on its event loop as its server starts: the models file's poller, and the
-        document jobs' sweep, so that a restarted server deletes the jobs (their files) that expired meanwhile
-        without waiting for an upload."""
+        document jobs' and the flavours' sweeps (`at_start`), so that a restarted server deletes the jobs and files
+        that expire while it waits for its first upload."""
         self.models.watch()
         self.documents.start_sweeping()
+        for start in self.at_start:
+            start()
 
     def readiness(self) -> tuple[bool, str]:
         if self.admission.draining.is_set():
