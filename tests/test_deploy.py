@@ -1280,7 +1280,7 @@ def test_prometheus_loaded_the_alerts_and_the_rejections_alert_is_pending(promet
         if "TranserveRequestsRejected" in pending or time.time() > deadline:
             break
         time.sleep(0.5)
-    assert len(rules) == 7 and all(r["health"] == "ok" for r in rules), rules
+    assert len(rules) == 8 and all(r["health"] == "ok" for r in rules), rules
     assert "TranserveRequestsRejected" in pending
 
 

@@ -33,7 +33,8 @@ TOKEN = re.compile(r"[0-9a-f]{32}")
 class FileStore:
     def __init__(self, directory: str, ttl_s: float):
         self.dir = Path(directory) if directory else Path(tempfile.gettempdir()) / f"transerve-files-{os.geteuid()}"
-        private_directory(self.dir)
+        if self.dir.exists() or self.dir.is_symlink():   # made with the first file; one there already is checked now
+            private_directory(self.dir)
         self.ttl_s = ttl_s
         self.interval_s = min(60.0, ttl_s / 4)
         self.swept = 0.0
