@@ -109,9 +109,9 @@ class Settings:
     redis_down: str = "admit"
     # The translation cache (service/http/translation_cache.py; docs/serving.md, "Translation cache"): answers kept
     # per sentence in each HTTP process's memory, and in Redis with --redis-url. Off by default (0), as LibreTranslate's
-    # --translation-cache and Triton's response cache are: it is shared by every key (a key can tell by the speed of
-    # an answer whether a sentence was asked before, by anyone), it keeps translations after their request, and load
-    # tests and benchmarks that repeat their texts would measure it instead of the engine. An operator turns it on.
+    # --translation-cache and Triton's response cache are: it keeps translations after their request (each key's
+    # under its own entries), and load tests and benchmarks that repeat their texts would measure it instead of the
+    # engine. An operator turns it on.
     cache_size: int = 0                 # sentences each HTTP process keeps; 0 = no cache at all (nor Redis's)
     # Each HTTP process's cache in bytes (answers, keys and their bookkeeping): a de-en sentence's answer costs about
     # 400, so 64 MiB holds some 150,000, beside the HTTP process's own 200-300 MB.

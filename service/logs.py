@@ -44,6 +44,9 @@ def quiet_exception(exc: BaseException | None) -> str:
         kind = type(e)
         parts += ["Traceback (most recent call last):\n", *traceback.format_tb(e.__traceback__),
                   f"{kind.__module__}.{kind.__qualname__} (its message is not logged)\n"]
+        members = getattr(e, "exceptions", None)          # an exception group's (no BaseExceptionGroup on 3.10)
+        for i, member in enumerate(members if isinstance(members, tuple) else ()):
+            parts.append(f"  +-- {i + 1} of the group:\n" + quiet_exception(member) + "\n")
     return "".join(parts).rstrip("\n")
 
 
@@ -75,11 +78,11 @@ def configure(level: str, log_format: str) -> None:
     root.setLevel(level.upper())
 
 
-def uvicorn_log_config(log_format: str) -> dict | None:
-    """uvicorn's log_config for JSON (None: uvicorn's own text). uvicorn's and LitServe's loggers go to the root
-    handler (configure), which writes JSON; uvicorn's access log is left off, as the middleware writes ours."""
-    if log_format != "json":
-        return None
+def uvicorn_log_config() -> dict:
+    """uvicorn's log_config, in either format: uvicorn's and LitServe's loggers go to the root handler (configure), so
+    their lines are written as ours are, their exceptions without messages (uvicorn's own text handler printed an
+    "Exception in ASGI application" with its message: a download's path, its token); uvicorn's access log is left off,
+    as the middleware writes ours."""
     return {"version": 1, "disable_existing_loggers": False,
             "loggers": {name: {"handlers": [], "propagate": True}
                         for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "litserve")}}

@@ -78,3 +78,15 @@ def test_a_server_deletes_a_file_left_by_its_last_run_when_it_expires_before_any
         assert not (files / f"{token}.json").exists()
     finally:
         stop_server(proc)
+
+
+def test_a_directory_opened_to_others_after_the_start_makes_a_store_a_503_not_an_exit(tmp_path):
+    """Made (or opened) by another user after the server started: an upload is refused with a 503 the Gateway answers,
+    where the SystemExit of the start-up check escaped the middleware as a bare 500."""
+    store = FileStore(str(tmp_path / "files"), 60)        # not there yet: made with the first file
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files").chmod(0o777)
+    with pytest.raises(ApiError) as e:
+        store.put(b"Hello", "a.txt", "alice", "text/plain")
+    assert (e.value.status, e.value.type) == (503, "file_store_unavailable")
+    assert list((tmp_path / "files").iterdir()) == []

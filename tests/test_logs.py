@@ -37,3 +37,24 @@ def test_an_exception_is_logged_with_its_types_and_frames_without_its_messages(f
     assert "builtins.RuntimeError (its message is not logged)" in text
     assert text.index("FileNotFoundError") < text.index("RuntimeError")     # the cause first, as Python prints it
     assert "in open_download" in text and "raise FileNotFoundError" in text   # where it was raised
+
+
+def test_an_exception_groups_members_are_logged_quietly_too():
+    secret = "zq" + "5e1f" * 4
+    try:
+        raise ExceptionGroup("two", [KeyError(secret), ValueError(secret)])   # anyio's and asyncio's task groups
+    except ExceptionGroup:
+        import sys
+        record = logging.LogRecord("transerve", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    line = QuietFormatter(TEXT_FORMAT).format(record)
+    assert secret not in line
+    assert "builtins.KeyError (its message is not logged)" in line and "builtins.ValueError" in line
+
+
+def test_uvicorns_and_litserves_loggers_write_through_ours_in_either_format():
+    """uvicorn's own text handler printed "Exception in ASGI application" with the exception's message."""
+    from service.logs import uvicorn_log_config
+
+    config = uvicorn_log_config()
+    assert {"uvicorn", "uvicorn.error", "litserve"} <= set(config["loggers"])
+    assert all(c == {"handlers": [], "propagate": True} for c in config["loggers"].values())

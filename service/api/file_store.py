@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import secrets
@@ -27,6 +28,8 @@ from pathlib import Path
 
 from ..errors import ApiError
 
+log = logging.getLogger("transerve")
+
 TOKEN = re.compile(r"[0-9a-f]{32}")
 
 
@@ -34,7 +37,10 @@ class FileStore:
     def __init__(self, directory: str, ttl_s: float):
         self.dir = Path(directory) if directory else Path(tempfile.gettempdir()) / f"transerve-files-{os.geteuid()}"
         if self.dir.exists() or self.dir.is_symlink():   # made with the first file; one there already is checked now
-            private_directory(self.dir)
+            try:
+                private_directory(self.dir)
+            except NotPrivate as e:
+                raise SystemExit(str(e)) from None
         self.ttl_s = ttl_s
         self.interval_s = min(60.0, ttl_s / 4)
         self.swept = 0.0
@@ -42,7 +48,12 @@ class FileStore:
 
     def put(self, data: bytes, name: str, owner: str, media_type: str) -> str:
         """Keeps `data`; returns the token that names it."""
-        private_directory(self.dir)
+        try:
+            private_directory(self.dir)
+        except NotPrivate as e:      # made or opened by another user since the start: no file is written there
+            log.error("%s", e)
+            raise ApiError(503, "file_store_unavailable", "translated files cannot be kept now: the server's file "
+                           "directory is not private (its log says why)", headers={"Retry-After": "60"}) from None
         self.sweep()
         token = secrets.token_hex(16)
         write_private(self.dir / token, data)
@@ -92,7 +103,8 @@ class FileStore:
                     path.unlink(missing_ok=True)
 
     def start_sweeping(self) -> None:
-        """The periodic sweep, started with the first file on this process's event loop."""
+        """The periodic sweep on this process's event loop, started as the process starts (Gateway.at_start), and
+        again by a file should it have ended."""
         if self.sweeper is None or self.sweeper.done():
             self.sweeper = asyncio.get_running_loop().create_task(self.sweep_forever())
 
@@ -102,13 +114,18 @@ class FileStore:
             await asyncio.to_thread(self.sweep, True)
 
 
+class NotPrivate(Exception):
+    """The files' directory is not this user's own and closed to others: at start the server does not start, later
+    an upload is a 503."""
+
+
 def private_directory(path: Path) -> None:
     """Makes `path` (0700), or checks that the one there is this user's own directory, not a link, and closed to every
     other user: another user's directory (made first, in a shared /tmp) could list, replace or read the files."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = path.lstat()
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        raise SystemExit(f"{path}: the translated files' directory must be this user's own directory, open to no "
+        raise NotPrivate(f"{path}: the translated files' directory must be this user's own directory, open to no "
                          f"other user (mode 0700); it is {oct(st.st_mode & 0o777)} and owned by uid {st.st_uid}: "
                          "remove it, or choose another with --file-dir")
 

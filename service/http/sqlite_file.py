@@ -55,7 +55,8 @@ def forget(db: sqlite3.Connection) -> None:
     the log holds the dropped rows' old pages whenever another connection has the file open (another HTTP process,
     another request's thread: SQLite deletes the log only when the last one closes), measured in
     tests/test_sqlite_file.py; secure_delete has zeroed them in the file itself. Waits up to BUSY_S for readers to
-    finish; if they hold on (or the checkpoint fails), the log stays until the next forget()."""
+    finish, and other writers wait meanwhile (our reads are short); if they hold on (or the checkpoint
+    fails), the log stays until the next forget()."""
     try:
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     except sqlite3.OperationalError:    # the write it follows went through: it is not to fail for this

@@ -303,8 +303,7 @@ def uvicorn_options(settings: Settings) -> dict:
     # uvicorn's access line is never written: it holds the path and query a client sent (a download's token, a
     # file's name). The middleware writes ours (logs.access), with the route's template, or none (--no-access-log).
     options["access_log"] = False
-    if settings.log_format == "json":   # uvicorn's and LitServe's lines as JSON
-        options["log_config"] = uvicorn_log_config("json")
+    options["log_config"] = uvicorn_log_config()     # uvicorn's and LitServe's lines through our handler
     return options
 
 
