@@ -350,10 +350,11 @@ class SqliteJobs:
                 with sqlite_file.immediate(db):            # the read and the change as one step
                     row = db.execute("SELECT status, result FROM documents WHERE owner = ? AND document_id = ? AND "
                                      "expires >= ?", (owner, document_id, time.time())).fetchone()
-                    if row is not None and row[0] == "done":
+                    taken = row is not None and row[0] == "done"
+                    if taken:
                         db.execute("UPDATE documents SET status = 'downloaded', result = NULL WHERE owner = ? AND "
                                    "document_id = ?", (owner, document_id))
-                if row is not None and row[0] == "done":
+                if taken:
                     sqlite_file.forget(db)
             return ("", None) if row is None else (row[0], row[1] if row[0] == "done" else None)
 

@@ -92,8 +92,9 @@ class Gateway:
         self.quota = Quota(settings)
         self.glossaries = GlossaryStore(settings)
         self.documents = DocumentJobs(settings)
-        # What else each HTTP process starts as its server starts (a flavour's sweeps: `started`)
-        self.at_start: list[Callable[[], None]] = []
+        # What each HTTP process starts as its server starts, besides the models file's poller (`started`): the
+        # document jobs' sweep, and the flavours' (LibreTranslate's files)
+        self.at_start: list[Callable[[], None]] = [self.documents.start_sweeping]
         self.cache = TranslationCache(settings)   # --cache-size: translate() asks it first, then keeps what it sent
         self.generators = [p["name"] for p in packages if p["task"] == "generation"]
         if models is None:                      # the workers' table (server.build_server), or one of its own
@@ -348,7 +349,6 @@ class Gateway:
         document jobs' and the flavours' sweeps (`at_start`), so that a restarted server deletes the jobs and files
         that expire while it waits for its first upload."""
         self.models.watch()
-        self.documents.start_sweeping()
         for start in self.at_start:
             start()
 
