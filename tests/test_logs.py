@@ -40,11 +40,16 @@ def test_an_exception_is_logged_with_its_types_and_frames_without_its_messages(f
 
 
 def test_an_exception_groups_members_are_logged_quietly_too():
+    import builtins
+    import sys
+
+    group = getattr(builtins, "ExceptionGroup", None)     # anyio's and asyncio's task groups raise them (3.11+)
+    if group is None:
+        pytest.skip("this Python has no exception groups")
     secret = "zq" + "5e1f" * 4
     try:
-        raise ExceptionGroup("two", [KeyError(secret), ValueError(secret)])   # anyio's and asyncio's task groups
-    except ExceptionGroup:
-        import sys
+        raise group("two", [KeyError(secret), ValueError(secret)])
+    except group:
         record = logging.LogRecord("transerve", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
     line = QuietFormatter(TEXT_FORMAT).format(record)
     assert secret not in line
