@@ -7,6 +7,7 @@ import zipfile
 
 import docx
 import pptx
+from docx.oxml import parse_xml
 
 ODF_NS = ('xmlns:office="urn:oasis:names:tc:opendocument:xmlns:office:1.0" '
           'xmlns:text="urn:oasis:names:tc:opendocument:xmlns:text:1.0" '
@@ -99,3 +100,45 @@ def many_runs(document: bytes, runs: int) -> bytes:
             'wordprocessingml/2006/main"><w:body><w:p>' + "<w:r><w:t>a</w:t></w:r>" * runs + "</w:p></w:body>"
             "</w:document>")
     return replaced(document, {"word/document.xml": body})
+
+
+W_NS = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
+WML = "application/vnd.openxmlformats-officedocument.wordprocessingml"
+NOTE_REL = "http://schemas.openxmlformats.org/officeDocument/2006/relationships"
+
+
+def word_with_notes(footnote: str, endnote: str, comment: str) -> bytes:
+    """A .docx whose paragraph refers to a footnote and an endnote (their parts added as Word writes them, which
+    python-docx cannot) and carries a comment, with the notes' and the comment's texts."""
+    d = docx.Document()
+    p = d.add_paragraph("Der Umsatz ist gestiegen")
+    d.add_comment(p.runs[0], text=comment, author="A", initials="A")
+    for kind in ("footnote", "endnote"):
+        p._p.append(parse_xml(f'<w:r {W_NS}><w:{kind}Reference w:id="1"/></w:r>'))
+    out = io.BytesIO()
+    d.save(out)
+    entries = {}
+    with zipfile.ZipFile(out) as z:
+        types, rels = z.read("[Content_Types].xml").decode(), z.read("word/_rels/document.xml.rels").decode()
+    for kind, text in (("footnote", footnote), ("endnote", endnote)):
+        entries[f"word/{kind}s.xml"] = (
+            f'<?xml version="1.0" encoding="UTF-8" standalone="yes"?><w:{kind}s {W_NS}>'
+            f'<w:{kind} w:type="separator" w:id="-1"><w:p><w:r><w:separator/></w:r></w:p></w:{kind}>'
+            f'<w:{kind} w:id="1"><w:p><w:r><w:{kind}Ref/></w:r><w:r><w:t xml:space="preserve"> {text}</w:t></w:r>'
+            f'</w:p></w:{kind}></w:{kind}s>')
+        types = types.replace("</Types>", f'<Override PartName="/word/{kind}s.xml" '
+                              f'ContentType="{WML}.{kind}s+xml"/></Types>')
+        rels = rels.replace("</Relationships>", f'<Relationship Id="rIdN{kind}" Type="{NOTE_REL}/{kind}s" '
+                            f'Target="{kind}s.xml"/></Relationships>')
+    return replaced(out.getvalue(), entries | {"[Content_Types].xml": types, "word/_rels/document.xml.rels": rels})
+
+
+def word_paragraph(xml: str) -> bytes:
+    """A .docx whose one paragraph's content is `xml` (runs, fields, revisions), in the w: namespace."""
+    d = docx.Document()
+    p = d.add_paragraph()
+    for child in list(parse_xml(f'<w:p {W_NS}>{xml}</w:p>')):
+        p._p.append(child)
+    out = io.BytesIO()
+    d.save(out)
+    return out.getvalue()

@@ -13,7 +13,8 @@ import pptx
 import pytest
 from lxml import etree
 
-from documents_help import ODF_NS, entity_bomb, many_runs, opendocument, replaced, slides, word, zip_bomb, zipped
+from documents_help import (ODF_NS, entity_bomb, many_runs, opendocument, replaced, slides, word, word_paragraph,
+                            word_with_notes, zip_bomb, zipped)
 from service.documents.formats import EXTENSIONS, format_of, load
 from service.documents.limits import DocumentError, Limits
 
@@ -51,6 +52,48 @@ def test_a_docx_whose_bold_words_move_keeps_every_run_and_its_text_whole():
     runs = d.paragraphs[0].runs
     assert "".join(r.text for r in runs) == "Here bold words stand in the middle of it."
     assert [r.bold for r in runs] == [None, True, None] and runs[1].text.strip()
+
+
+def test_a_docxs_footnotes_endnotes_and_comments_are_translated():
+    out, texts = translated("docx", word_with_notes("Die Fußzeile", "Die Kopfzeile", "Eine Notiz"))
+    assert {"Die Fußzeile", "Die Kopfzeile", "Eine Notiz"} <= set(texts)
+    z = zipfile.ZipFile(io.BytesIO(out))
+    notes = {part: "".join(etree.fromstring(z.read(f"word/{part}.xml")).itertext())
+             for part in ("footnotes", "endnotes")}
+    assert notes == {"footnotes": " The footer", "endnotes": " The header"}
+    assert [c.text for c in docx.Document(io.BytesIO(out)).comments] == ["A note"]
+
+
+def test_a_docxs_simple_fields_keep_their_results_and_cut_the_text_around_them():
+    """Word rewrites a field's result (a page number, a date, a cross-reference's text): the text around a field
+    goes around it, not into the runs before it, and a result with words is translated alone."""
+    def field(instr: str, result: str) -> str:
+        return f'<w:fldSimple w:instr="{instr}"><w:r><w:t>{result}</w:t></w:r></w:fldSimple>'
+    xml = ('<w:r><w:t xml:space="preserve">Seite </w:t></w:r>' + field("PAGE", "1") +
+           '<w:r><w:t xml:space="preserve"> von </w:t></w:r>' + field("NUMPAGES", "3") +
+           '<w:r><w:t xml:space="preserve"> in </w:t></w:r>' + field("REF _Ref1 \\h", "Die Kopfzeile"))
+    out, texts = translated("docx", word_paragraph(xml))
+    assert texts == ["Seite", "von", "in", "Die Kopfzeile"]
+    p = etree.fromstring(zipfile.ZipFile(io.BytesIO(out)).read("word/document.xml")).find(".//{*}body/{*}p")
+    W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
+    parts = [(el.tag == W + "fldSimple", "".join(el.itertext())) for el in p]
+    assert parts == [(False, "SEITE "), (True, "1"), (False, " VON "), (True, "3"), (False, " IN "),
+                     (True, "The header")]
+
+
+def test_a_docxs_tracked_insertion_keeps_its_translated_words_inside_it():
+    rev = 'w:id="7" w:author="A" w:date="2024-01-01T00:00:00Z"'
+    xml = ('<w:r><w:t xml:space="preserve">Das ist ein Satz mit </w:t></w:r>'
+           f'<w:ins {rev}><w:r><w:t>fetten Wörtern</w:t></w:r></w:ins>'
+           f'<w:del w:id="8" w:author="A" w:date="2024-01-01T00:00:00Z"><w:r><w:delText> alt</w:delText></w:r></w:del>'
+           '<w:r><w:t xml:space="preserve"> darin.</w:t></w:r>')
+    out, texts = translated("docx", word_paragraph(xml))
+    assert texts == ["Das ist ein Satz mit fetten Wörtern darin.", "fetten Wörtern"]
+    body = etree.fromstring(zipfile.ZipFile(io.BytesIO(out)).read("word/document.xml"))
+    W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
+    assert "".join(body.find(f".//{W}ins").itertext()) == "bold words"
+    assert "".join(body.find(f".//{W}del").itertext()) == " alt"           # a deletion stays as it was written
+    assert "".join(t.text for t in body.iter(W + "t")) == "This is a sentence with bold words in it."
 
 
 def test_a_pptx_keeps_its_title_runs_and_notes():
