@@ -3,6 +3,7 @@ pyproject installs as `transerve`) on models/de-en with greedy search and one th
 equal to the engine's own answers for the same options, every format's structure kept, --resume after a
 SIGTERM finishing the rest without redoing it, stdin to stdout, and --url through a running service."""
 
+import io
 import json
 import re
 import signal
@@ -19,6 +20,8 @@ from lxml import etree
 
 from conftest import ROOT, pairs64, start_server, stop_server
 from documents_help import opendocument, word
+from service.bulk.formats import JsonLines
+from service.bulk.options import BulkOptions
 
 MODEL = ROOT / "models" / "de-en"
 GERMAN = [de for de, _ in pairs64()]
@@ -96,6 +99,26 @@ def test_a_jsonl_field_to_another_field(tmp_path, reference):
     out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()]
     assert out[:5] == [r | {"en": reference[r["de"]]} for r in rows[:5]]
     assert out[5] == {"id": 9, "en": ""}
+
+
+@pytest.mark.parametrize("to_field", [None, "en"])
+def test_jsonl_lines_that_are_not_objects_with_the_field_are_copied_as_written(to_field):
+    """Other JSON values (null, a number, an array) come back byte for byte, and so does an object without the
+    field (--to-field gives it an empty column); an object whose field is translated and which holds a number a
+    float cannot hold (1e400 would come back as `Infinity`, which is not JSON) is refused naming its line."""
+    lines = ['null\n', '42\n', '["ab", "cd"]\n', '{"g": 1e400,  "t": 1.50}\n', '{"text": "Hallo", "n": 1.5e3}\n']
+    fmt = JsonLines(BulkOptions(format="jsonl", to_field=to_field))
+    if to_field:
+        lines[3] = '{"g": 2.5}\n'
+    records = list(fmt.read(io.StringIO("".join(lines))))
+    out = [fmt.write(r, r.segment.upper()) for r in records]
+    assert [r.segment for r in records] == ["", "", "", "", "Hallo"]
+    assert out[:3] == lines[:3]
+    assert out[3] == lines[3] if to_field is None else json.loads(out[3]) == {"g": 2.5, "en": ""}
+    assert json.loads(out[4]) == ({"text": "Hallo", "n": 1500.0, "en": "HALLO"} if to_field else
+                                  {"text": "HALLO", "n": 1500.0})
+    with pytest.raises(ValueError, match="line 2 cannot be written back as JSON"):
+        list(fmt.read(io.StringIO('{"x": 1}\n{"text": "Hallo", "f": 1e400}\n')))
 
 
 def catalog(path):

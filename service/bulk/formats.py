@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from typing import Iterator, TextIO
 
 from ..documents.records import Record
@@ -71,9 +72,19 @@ class Columns:
         return out.getvalue()
 
 
+def finite(number: str) -> float:
+    """A JSON number as a float, refused (ValueError) where the float could not be written back as JSON: 1e400 is
+    infinity to Python, which json.dumps would write as `Infinity` (and NaN, Infinity are not JSON at all)."""
+    value = float(number)
+    if not math.isfinite(value):
+        raise ValueError(f"{number[:24]} is not a finite number")
+    return value
+
+
 class JsonLines:
     """jsonl: one JSON object a line; --field translated, written in place or to --to-field (the source kept).
-    A line that is not an object with that text field is copied as it is."""
+    A line that is not an object is copied as it is, and so is an object without that text field, which only gets
+    --to-field's empty string when there is one (every object has the column)."""
 
     def __init__(self, options: BulkOptions):
         self.options = options
@@ -84,11 +95,23 @@ class JsonLines:
                 yield Record("", line)
                 continue
             try:
-                obj = json.loads(line)
-            except ValueError as e:
-                raise ValueError(f"line {n} is not JSON: {e}") from None
+                obj, infinite = json.loads(line, parse_float=finite, parse_constant=finite), None
+            except ValueError as e:             # not JSON, or a number a float cannot hold
+                obj, infinite = self.loose(line, n), e
             text = obj.get(self.options.field) if isinstance(obj, dict) else None
-            yield Record(text if isinstance(text, str) else "", obj)
+            if not (isinstance(text, str) or isinstance(obj, dict) and self.options.to_field):
+                yield Record("", line)          # copied as written
+            elif infinite:
+                raise ValueError(f"line {n} cannot be written back as JSON ({infinite})")
+            else:
+                yield Record(text if isinstance(text, str) else "", obj)
+
+    @staticmethod
+    def loose(line: str, n: int) -> object:
+        try:
+            return json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"line {n} is not JSON: {e}") from None
 
     def write(self, record: Record, translation: str) -> str:
         if isinstance(record.raw, str):
@@ -97,4 +120,4 @@ class JsonLines:
         if record.segment.strip() or self.options.to_field:
             obj[self.options.to_field or self.options.field] = translation if record.segment.strip() \
                 else record.segment
-        return json.dumps(obj, ensure_ascii=False) + "\n"
+        return json.dumps(obj, ensure_ascii=False, allow_nan=False) + "\n"
