@@ -148,6 +148,17 @@ def test_a_catalog_keeps_its_placeholders_and_marks_entries_fuzzy():
     assert entries[1].msgstr == "Kept."
 
 
+def test_a_percent_sign_in_a_catalogs_plain_text_is_no_placeholder():
+    """Outside an entry flagged as a format string, "% s" and "% a" (a printf space flag) and "%ig" (a conversion
+    followed by a letter) are words; in a flagged one every conversion is kept."""
+    po = polib.POFile(wrapwidth=0)
+    po.append(polib.POEntry(msgid="Zu 100% sicher und 50% aller sind 100%ig froh."))
+    po.append(polib.POEntry(msgid="% d Zelle eins", flags=["c-format"]))
+    po.append(polib.POEntry(msgid="%s Zelle eins"))                  # unflagged, a placeholder still
+    _, texts = translated("po", str(po).encode())
+    assert texts == ["Zu 100% sicher und 50% aller sind 100%ig froh.", "Zelle eins", "Zelle eins"]
+
+
 def test_a_catalog_that_names_a_file_of_this_host_is_not_read_from_disk(tmp_path):
     """polib.pofile takes a path or a catalog's text: an upload must never be taken for a path."""
     secret = tmp_path / "secret.po"

@@ -17,20 +17,30 @@ import polib
 
 from .limits import DocumentError
 
-PROTECTED = re.compile(r"""
-    %(?:\d+\$)?(?:\([^)]*\))?[-+ #0]*(?:\d+|\*)?(?:\.\d+)?[hlLqjzt]*[diouxXeEfFgGcrsa%]   # %s %d %(n)s %1$s %%
+# printf's conversions: %s %d %(n)s %1$s %%. {FLAGS}: the flag characters; {AFTER}: what may not follow.
+PRINTF = r"%(?:\d+\$)?(?:\([^)]*\))?[{FLAGS}]*(?:\d+|\*)?(?:\.\d+)?[hlLqjzt]*[diouxXeEfFgGcrsa%]{AFTER}"
+OTHERS = r"""
   | \{[^{}\s]*\}                                  # {x} {0} {name!r}: str.format and brace-format
   | <[^<>]+>                                      # markup tags
   | &(?:[A-Za-z]+|\#\d+|\#x[0-9A-Fa-f]+);         # entities
   | \n                                            # line breaks: the layout
-""", re.VERBOSE)
+"""
+# In an entry flagged as a format string (c-format, python-format, ...), every conversion is one. In any other, a
+# `%` followed by a space, or a conversion followed by a letter, is text: "zu 100% sicher", "50% aller", "100%ig".
+PROTECTED = re.compile(PRINTF.format(FLAGS="-+ #0", AFTER="") + OTHERS, re.VERBOSE)
+PROTECTED_IN_TEXT = re.compile(PRINTF.format(FLAGS="-+#0", AFTER=r"(?![^\W\d_])") + OTHERS, re.VERBOSE)
 
 
-def pieces(text: str) -> list[tuple[str, bool]]:
+def format_string(entry: polib.POEntry) -> bool:
+    """Whether the entry is flagged as a format string of some language (xgettext's c-format, python-format...)."""
+    return any(f.endswith("-format") and not f.startswith("no-") for f in entry.flags)
+
+
+def pieces(text: str, protected: re.Pattern = PROTECTED) -> list[tuple[str, bool]]:
     """text -> [(piece, translate it?)]; concatenated, the pieces are text. A run is translated without the
     spaces around it and the punctuation before it (kept as they were), and only when it has a letter."""
     out, pos = [], 0
-    for m in PROTECTED.finditer(text):
+    for m in protected.finditer(text):
         out += _run(text[pos:m.start()])
         out.append((m.group(), False))
         pos = m.end()
@@ -112,8 +122,8 @@ class Entries:
 
     def __init__(self, entries: list[polib.POEntry]):
         self.entries = entries
-        self.cut = [[pieces(t) for t in ([e.msgid, e.msgid_plural] if e.msgid_plural else [e.msgid])]
-                    for e in entries]
+        self.cut = [[pieces(t, PROTECTED if format_string(e) else PROTECTED_IN_TEXT)
+                     for t in ([e.msgid, e.msgid_plural] if e.msgid_plural else [e.msgid])] for e in entries]
         self.texts = [p for ts in self.cut for t in ts for p, translate in t if translate]
 
     def fill(self, translations: list[str], nplurals: int) -> None:
