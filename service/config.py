@@ -184,7 +184,8 @@ _HELP = {
     "request_timeout_s": "seconds a request may wait in the queue for a worker (then 504); twice this bounds its "
                          "whole wait for an answer",
     "drain_timeout_s": "on SIGINT or SIGTERM (Ctrl+C, the process group or the main process): seconds admitted "
-                       "requests may take to finish, while new ones get 503, before every process stops",
+                       "requests may take to finish, while new ones get 503; those still running a second later are "
+                       "cut (their connections closed) and every process stops",
     "max_payload_bytes": "bytes a request's body may take; beyond: 413 (a body declared larger is refused unread)",
     "max_file_bytes": "bytes a document may have (POST /libretranslate/translate_file, transerve translate); "
                       "beyond: 413",

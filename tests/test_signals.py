@@ -154,6 +154,41 @@ def test_sigint_to_the_main_process_of_a_background_server_stops_it(tiny_package
     check_stopped(proc, url, got)
 
 
+def test_requests_still_running_at_the_drain_timeout_are_cut_and_every_process_ends(tiny_package):
+    """The drain timeout bounds the stop: requests that outlive it are cut (their connections closed) and every
+    process ends a moment later, not when the last of them is done (uvicorn waited for every connection, so 48
+    requests of seconds' work each held the stop for as long as they ran)."""
+    drain_s, requests = 1, 48
+    proc, url = start_server(tiny_package, "--drain-timeout-s", str(drain_s), "--max-queue", "100")
+    body = {"text": TEXTS, "source_lang": "de", "target_lang": "en", "beam_size": 16}   # 0.5 s each, idle
+    statuses: list = []
+
+    def ask():
+        try:
+            statuses.append(httpx.post(url + "/translate", json=body, timeout=120).status_code)
+        except httpx.TransportError:                      # cut: its connection closed under it
+            statuses.append("cut")
+
+    askers = [threading.Thread(target=ask) for _ in range(requests)]
+    try:
+        for asker in askers:
+            asker.start()
+        deadline = time.monotonic() + 60
+        while in_flight(url) + len(statuses) < requests and time.monotonic() < deadline:
+            time.sleep(0.02)
+        signalled = time.monotonic()
+        os.killpg(proc.pid, signal.SIGTERM)
+        exit_status = proc.wait(timeout=60)
+        stopped_s = time.monotonic() - signalled
+        for asker in askers:
+            asker.join(60)
+    finally:
+        stop_server(proc)
+    assert "cut" in statuses, statuses                    # work was left at the timeout
+    assert stopped_s < drain_s + 6 and exit_status == 0, (stopped_s, exit_status)
+    assert_all_gone_within_10_s(proc, url)
+
+
 def assert_all_gone_within_10_s(proc, url: str) -> None:
     """Issue 54's bar for a server that lost its main process or every HTTP process: no process of its group
     alive 10 s later, the port free."""

@@ -53,6 +53,7 @@ HTTP_WATCH_S = 1.0  # the main process looks at its HTTP processes this often
 POLL_S = 0.005      # a busy translation worker looks for new requests this often at most (between steps)
 QUEUE_CHECK_S = 0.1  # ... and, when the board counts nothing queued, this often (should the count be off)
 LOAD_POLL_S = 0.01  # an idle worker loading a model version (worker/model_swap.py) looks for its end this often
+STOP_GRACE_S = 1.0  # once drained, an HTTP process's requests left are cut after this (Server)
 
 
 # --- the worker side -----------------------------------------------------------------------------
@@ -314,6 +315,13 @@ class Server(ls.LitServer):
     """LitServer, its requests reaching the workers and their answers the HTTP processes over sockets of their own
     (`RequestSender` to `RequestInbox`; `SocketAnswers`), not through LitServe's manager
     process."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Once the main process has drained (--drain-timeout-s), how long an HTTP process may take to end: uvicorn
+        # waits this long for the requests left before it cancels them, and LitServe as long before it kills the
+        # process. LitServe's 30 s let requests outlive the drain timeout by up to 30 s per HTTP process.
+        self.uvicorn_graceful_timeout = STOP_GRACE_S
 
     def _init_manager(self, num_api_servers: int):
         manager = super()._init_manager(num_api_servers)
