@@ -192,6 +192,16 @@ def test_subtitles_and_markdown_read_whole_keep_timings_and_markup():
     assert out.decode() == "# The header\n\n```\nDie Fußzeile\n```\n\n- Cell one\n"
 
 
+def markdown(text: str) -> str:
+    """A Markdown text translated by the dictionary: what it does not know comes back in upper case."""
+    return translated("md", text.encode())[0].decode()
+
+
+def test_markdown_keeps_an_indented_paragraphs_indentation_so_it_stays_in_its_list_item():
+    md = "- Erster Punkt der Liste\n\n  Ein zweiter Absatz im selben Listenpunkt.\n"
+    assert markdown(md) == md.upper()
+
+
 @pytest.mark.parametrize("fmt, data", [
     ("txt", b""), ("txt", b"\n  \r\n"), ("srt", b""), ("vtt", b"\n"), ("md", b" "), ("html", b""),
     ("po", b""), ("po", "\ufeff\n".encode()), ("docx", b""),

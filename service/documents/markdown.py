@@ -4,7 +4,8 @@ was, the text translated.
 A record is a line, or a paragraph: lines of plain text after one another are one text (the model sees the
 sentence whole) and are written back as one line, which Markdown renders the same. Kept as written: fenced and
 indented code, blank lines, thematic breaks, table rules, HTML blocks, link reference definitions. A heading's
-`#`s, a list item's marker (and task box), a quote's `>`s and a table row's pipes are kept around the text.
+`#`s, a list item's marker (and task box), a quote's `>`s, a table row's pipes and a paragraph's indentation
+are kept around the text.
 
 Inside the text, the markup is never shown to the model: inline code, a link's or image's target, autolinks
 and URLs, HTML tags, emphasis marks and footnote references cut the text into runs, and the runs go as one
@@ -25,6 +26,8 @@ KEPT = re.compile(r"^(\s*$|\s{0,3}([-*_])(\s*\2){2,}\s*$|\s*\|?\s*:?-+:?\s*(\|\s
                   r"|\s{0,3}\[[^\]]+\]:\s|( {4}|\t))")
 # A block's own marks, kept before its text: heading, quote, list item (with a task box).
 LEAD = re.compile(r"^(\s{0,3}#{1,6}\s+|\s*(>\s?)+|\s*([-*+]|\d{1,9}[.)])\s+(\[[ xX]\]\s+)?)")
+# A paragraph's indentation, kept too: inside a list item it is what keeps the paragraph in the item.
+INDENT = re.compile(r"[ \t]*")
 INLINE = re.compile(r"""
     `+[^`]*`+                               # inline code
   | !?\[ | \]\([^)]*\) | \]\[[^\]]*\] | \]  # a link's or image's brackets and target
@@ -82,7 +85,7 @@ class Markdown:
         """A block: its lead marks, its text cut into runs (a table row: at its pipes too), its line ending."""
         first = lines[0]
         end = first[len(first.rstrip("\r\n")):] or "\n"
-        lead = LEAD.match(first).group() if LEAD.match(first) else ""
+        lead = (LEAD.match(first) or INDENT.match(first)).group()
         text = " ".join([first[len(lead):].strip()] + [line.strip() for line in lines[1:]])
         pattern = re.compile(INLINE.pattern + r"| \|", re.VERBOSE) if "|" in text else INLINE
         runs, pieces = cut(text, pattern)
