@@ -202,6 +202,20 @@ def test_markdown_keeps_an_indented_paragraphs_indentation_so_it_stays_in_its_li
     assert markdown(md) == md.upper()
 
 
+def test_markdown_list_content_indented_four_spaces_or_a_tab_is_translated_and_code_beyond_it_kept():
+    """Inside a list item, a line indented to the item's text is the item's: only 4 columns more is code."""
+    items = ("1. Erster Schritt der Einrichtung\n\n    Dieser Absatz gehört noch zum ersten Schritt.\n\n"
+             "2. Zweiter Schritt\n    - Ein eingerückter Unterpunkt mit vier Leerzeichen\n"
+             "* Punkt mit Stern\n\t- Unterpunkt mit Tabulator eingerückt\n")
+    assert markdown(items) == items.upper()
+    code = ("1. Schritt\n\n    ```\n    Zaun im Punkt\n    ```\n\n       Code im Punkt\n\n"
+            "Absatz\n\n    Code außerhalb\n")
+    assert markdown(code) == code.replace("Schritt", "SCHRITT").replace("Absatz", "ABSATZ")
+    # indented code cannot interrupt a paragraph: an indented line after its text goes on with it
+    assert markdown("Ein Absatz\n    geht weiter.\n- Punkt\n        auch.\n") == (
+        "EIN ABSATZ GEHT WEITER.\n- PUNKT\n        AUCH.\n")
+
+
 @pytest.mark.parametrize("fmt, data", [
     ("txt", b""), ("txt", b"\n  \r\n"), ("srt", b""), ("vtt", b"\n"), ("md", b" "), ("html", b""),
     ("po", b""), ("po", "\ufeff\n".encode()), ("docx", b""),

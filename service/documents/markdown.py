@@ -3,7 +3,9 @@ was, the text translated.
 
 A record is a line, or a paragraph: lines of plain text after one another are one text (the model sees the
 sentence whole) and are written back as one line, which Markdown renders the same. Kept as written: fenced and
-indented code, blank lines, thematic breaks, table rules, HTML blocks, link reference definitions. A heading's
+indented code, blank lines, thematic breaks, table rules, HTML blocks, link reference definitions. Inside a list
+item, code is indented 4 columns past the item's text, as in CommonMark: a line indented less is the item's
+paragraph or list, translated; and an indented line right after a paragraph's text goes on with it. A heading's
 `#`s, a list item's marker (and task box), a quote's `>`s, a table row's pipes and a paragraph's indentation
 are kept around the text.
 
@@ -21,13 +23,17 @@ from typing import Iterator, TextIO
 from .records import Record
 
 FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
-# Kept whole: blank, thematic break, table rule, HTML block, link reference definition, indented code.
+# Kept whole: blank, thematic break, table rule, HTML block, link reference definition. (Indented code is told
+# by its indentation, which counts from the open list item's text: see Markdown.read.)
 KEPT = re.compile(r"^(\s*$|\s{0,3}([-*_])(\s*\2){2,}\s*$|\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$|\s{0,3}<"
-                  r"|\s{0,3}\[[^\]]+\]:\s|( {4}|\t))")
-# A block's own marks, kept before its text: heading, quote, list item (with a task box).
-LEAD = re.compile(r"^(\s{0,3}#{1,6}\s+|\s*(>\s?)+|\s*([-*+]|\d{1,9}[.)])\s+(\[[ xX]\]\s+)?)")
+                  r"|\s{0,3}\[[^\]]+\]:\s)")
+# A block's own marks, kept before its text: heading, quote, list item (with a task box). Matched on a line less
+# its list items' indentation (a heading inside an item is indented past 3), told from code before.
+LEAD = re.compile(r"^([ \t]*#{1,6}\s+|\s*(>\s?)+|\s*([-*+]|\d{1,9}[.)])\s+(\[[ xX]\]\s+)?)")
 # A paragraph's indentation, kept too: inside a list item it is what keeps the paragraph in the item.
 INDENT = re.compile(r"[ \t]*")
+# A list item's marker and the spaces after it: the item's text starts after them.
+ITEM = re.compile(r"([ \t]*(?:[-*+]|\d{1,9}[.)]))([ \t]*)")
 INLINE = re.compile(r"""
     `+[^`]*`+                               # inline code
   | !?\[ | \]\([^)]*\) | \]\[[^\]]*\] | \]  # a link's or image's brackets and target
@@ -59,21 +65,76 @@ def cut(text: str, pattern: re.Pattern) -> tuple[list[str], list[str]]:
     return runs, pieces + [keep]
 
 
+def columns(text: str) -> int:
+    """How far text's leading spaces and tabs reach (a tab stops at the next multiple of 4, as in CommonMark)."""
+    return len(INDENT.match(text).group().expandtabs(4))
+
+
+def outdent(line: str, width: int) -> str:
+    """line less its indentation up to width columns: what a block inside a list item starts with."""
+    i = column = 0
+    while i < len(line) and line[i] in " \t" and column < width:
+        column = column + 1 if line[i] == " " else column + 4 - column % 4
+        i += 1
+    return line[i:]
+
+
+def item_column(line: str) -> int:
+    """The column a list item's text starts at: after its marker and 1 to 4 spaces (one if it has more, the
+    rest then being the text's indentation)."""
+    m = ITEM.match(line)
+    marker = len(m.group(1).expandtabs(4))
+    spaces = len(m.group().expandtabs(4)) - marker
+    return marker + (spaces if 1 <= spaces <= 4 else 1)
+
+
+def starts_block(rest: str) -> bool:
+    """Whether a line (less its list items' indentation) starts a block, which ends a paragraph before it."""
+    return bool(FENCE.match(rest) or KEPT.match(rest) or LEAD.match(rest) or "|" in rest)
+
+
 class Markdown:
     def read(self, stream: TextIO) -> Iterator[Record]:
-        fence, paragraph = "", []
+        """Lines to records. items holds the column of each open list item's text, outermost first: a line
+        indented to it is inside the item (its paragraph, its list, its fence), and is code only 4 columns
+        further, as in CommonMark. open_text: a paragraph (or a list item's, a quote's, a table row's text) runs
+        on: a line that starts no block goes on with it, however it is indented."""
+        fence, fence_base, paragraph, items, open_text = "", 0, [], [], False
         for line in stream:
-            m = FENCE.match(line)
-            if fence or m:                       # code: kept, up to the fence that closes it
-                yield from self.flush(paragraph)
-                if m and (not fence or m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence)):
-                    fence = "" if fence else m.group(1)
+            if fence:                            # code: kept, up to the fence that closes it
+                m = FENCE.match(outdent(line, fence_base))
+                if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence):
+                    fence = ""
                 yield Record("", line)
-            elif KEPT.match(line) or LEAD.match(line) or "|" in line:
-                yield from self.flush(paragraph)
-                yield self.record([line]) if not KEPT.match(line) else Record("", line)
+                continue
+            indent, base = columns(line), items[-1] if items else 0
+            if line.strip() and open_text and (indent >= base + 4 or not starts_block(outdent(line, base))):
+                paragraph.append(line)           # the paragraph goes on (a lazy or indented line)
+                continue
+            yield from self.flush(paragraph)
+            if not line.strip():                 # a blank line: list items stay open
+                yield Record("", line)
+                open_text = False
+                continue
+            while items and items[-1] > indent:  # a line left of an item's text ends the item
+                items.pop()
+            base = items[-1] if items else 0
+            rest, open_text = outdent(line, base), False
+            if indent >= base + 4:               # indented code
+                yield Record("", line)
+            elif m := FENCE.match(rest):
+                fence, fence_base = m.group(1), base
+                yield Record("", line)
+            elif KEPT.match(rest):
+                yield Record("", line)
+            elif (lead := LEAD.match(rest)) or "|" in line:
+                if lead and lead.group(3):       # a list item: its text's column
+                    items.append(item_column(line))
+                open_text = not (lead and lead.group().lstrip().startswith("#"))     # a heading is one line
+                yield self.record([line])
             else:
                 paragraph.append(line)
+                open_text = True
         yield from self.flush(paragraph)
 
     def flush(self, paragraph: list[str]) -> Iterator[Record]:
