@@ -216,6 +216,11 @@ def test_markdown_list_content_indented_four_spaces_or_a_tab_is_translated_and_c
         "EIN ABSATZ GEHT WEITER.\n- PUNKT\n        AUCH.\n")
 
 
+def test_markdown_setext_heading_keeps_its_underline_on_its_own_line():
+    md = "Anleitung für das Werkzeug\n==========================\n\nZeile eins\nZeile zwei\n--\n"
+    assert markdown(md) == "ANLEITUNG FÜR DAS WERKZEUG\n==========================\n\nZEILE EINS ZEILE ZWEI\n--\n"
+
+
 @pytest.mark.parametrize("fmt, data", [
     ("txt", b""), ("txt", b"\n  \r\n"), ("srt", b""), ("vtt", b"\n"), ("md", b" "), ("html", b""),
     ("po", b""), ("po", "\ufeff\n".encode()), ("docx", b""),

@@ -3,11 +3,11 @@ was, the text translated.
 
 A record is a line, or a paragraph: lines of plain text after one another are one text (the model sees the
 sentence whole) and are written back as one line, which Markdown renders the same. Kept as written: fenced and
-indented code, blank lines, thematic breaks, table rules, HTML blocks, link reference definitions. Inside a list
-item, code is indented 4 columns past the item's text, as in CommonMark: a line indented less is the item's
-paragraph or list, translated; and an indented line right after a paragraph's text goes on with it. A heading's
-`#`s, a list item's marker (and task box), a quote's `>`s, a table row's pipes and a paragraph's indentation
-are kept around the text.
+indented code, blank lines, thematic breaks, setext headings' underlines (on their own line), table rules, HTML
+blocks, link reference definitions. Inside a list item, code is indented 4 columns past the item's text, as in
+CommonMark: a line indented less is the item's paragraph or list, translated; and an indented line right after
+a paragraph's text goes on with it. A heading's `#`s, a list item's marker (and task box), a quote's `>`s, a
+table row's pipes and a paragraph's indentation are kept around the text.
 
 Inside the text, the markup is never shown to the model: inline code, a link's or image's target, autolinks
 and URLs, HTML tags, emphasis marks and footnote references cut the text into runs, and the runs go as one
@@ -32,6 +32,8 @@ KEPT = re.compile(r"^(\s*$|\s{0,3}([-*_])(\s*\2){2,}\s*$|\s*\|?\s*:?-+:?\s*(\|\s
 LEAD = re.compile(r"^([ \t]*#{1,6}\s+|\s*(>\s?)+|\s*([-*+]|\d{1,9}[.)])\s+(\[[ xX]\]\s+)?)")
 # A paragraph's indentation, kept too: inside a list item it is what keeps the paragraph in the item.
 INDENT = re.compile(r"[ \t]*")
+# A setext heading's underline, after a paragraph's text (a line of `-`s alone is a thematic break).
+SETEXT = re.compile(r" {0,3}(=+|-+)\s*$")
 # A list item's marker and the spaces after it: the item's text starts after them.
 ITEM = re.compile(r"([ \t]*(?:[-*+]|\d{1,9}[.)]))([ \t]*)")
 INLINE = re.compile(r"""
@@ -108,6 +110,11 @@ class Markdown:
                 yield Record("", line)
                 continue
             indent, base = columns(line), items[-1] if items else 0
+            if paragraph and SETEXT.match(outdent(line, base)):     # the paragraph was a heading: its text ends
+                yield from self.flush(paragraph)
+                yield Record("", line)
+                open_text = False
+                continue
             if line.strip() and open_text and (indent >= base + 4 or not starts_block(outdent(line, base))):
                 paragraph.append(line)           # the paragraph goes on (a lazy or indented line)
                 continue
