@@ -221,6 +221,15 @@ def test_markdown_setext_heading_keeps_its_underline_on_its_own_line():
     assert markdown(md) == "ANLEITUNG FÜR DAS WERKZEUG\n==========================\n\nZEILE EINS ZEILE ZWEI\n--\n"
 
 
+def test_markdown_keeps_hard_line_breaks_and_translates_each_side_alone():
+    md = ("Eine Zeile mit hartem Umbruch  \nund hier geht sie weiter.\n\nEin Umbruch\\\nmit einem Backslash.\n\n"
+          "- Punkt  \n  weiter\n")
+    out, texts = translated("md", md.encode())
+    assert out.decode() == md.upper()
+    assert texts == ["Eine Zeile mit hartem Umbruch", "und hier geht sie weiter.", "Ein Umbruch",
+                     "mit einem Backslash.", "Punkt", "weiter"]
+
+
 @pytest.mark.parametrize("fmt, data", [
     ("txt", b""), ("txt", b"\n  \r\n"), ("srt", b""), ("vtt", b"\n"), ("md", b" "), ("html", b""),
     ("po", b""), ("po", "\ufeff\n".encode()), ("docx", b""),

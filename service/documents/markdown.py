@@ -1,13 +1,14 @@
 """Markdown (CommonMark's blocks, GitHub's tables), streamed block by block: the structure written back as it
 was, the text translated.
 
-A record is a line, or a paragraph: lines of plain text after one another are one text (the model sees the
-sentence whole) and are written back as one line, which Markdown renders the same. Kept as written: fenced and
+A record is a line, or a paragraph: lines of plain text after one another are one text (the model sees the sentence
+whole) and are written back as one line, which Markdown renders the same; but a hard line break (two spaces or a
+backslash at a line's end) ends the text, each side translated alone, the break kept. Kept as written: fenced and
 indented code, blank lines, thematic breaks, setext headings' underlines (on their own line), table rules, HTML
 blocks, link reference definitions. Inside a list item, code is indented 4 columns past the item's text, as in
-CommonMark: a line indented less is the item's paragraph or list, translated; and an indented line right after
-a paragraph's text goes on with it. A heading's `#`s, a list item's marker (and task box), a quote's `>`s, a
-table row's pipes and a paragraph's indentation are kept around the text.
+CommonMark: a line indented less is the item's paragraph or list, translated; and an indented line right after a
+paragraph's text goes on with it. A heading's `#`s, a list item's marker (and task box), a quote's `>`s, a table
+row's pipes and a paragraph's indentation are kept around the text.
 
 Inside the text, the markup is never shown to the model: inline code, a link's or image's target, autolinks
 and URLs, HTML tags, emphasis marks and footnote references cut the text into runs, and the runs go as one
@@ -67,6 +68,14 @@ def cut(text: str, pattern: re.Pattern) -> tuple[list[str], list[str]]:
     return runs, pieces + [keep]
 
 
+def hard_break(line: str) -> str:
+    """The mark of a hard line break ending line: two or more spaces, or a backslash (not itself escaped)."""
+    body = line.rstrip("\r\n")
+    if body.endswith("  "):
+        return body[len(body.rstrip(" ")):]
+    return "\\" if (len(body) - len(body.rstrip("\\"))) % 2 else ""
+
+
 def columns(text: str) -> int:
     """How far text's leading spaces and tabs reach (a tab stops at the next multiple of 4, as in CommonMark)."""
     return len(INDENT.match(text).group().expandtabs(4))
@@ -116,7 +125,7 @@ class Markdown:
                 open_text = False
                 continue
             if line.strip() and open_text and (indent >= base + 4 or not starts_block(outdent(line, base))):
-                paragraph.append(line)           # the paragraph goes on (a lazy or indented line)
+                yield from self.add(paragraph, line)     # the paragraph goes on (a lazy or indented line)
                 continue
             yield from self.flush(paragraph)
             if not line.strip():                 # a blank line: list items stay open
@@ -140,9 +149,16 @@ class Markdown:
                 open_text = not (lead and lead.group().lstrip().startswith("#"))     # a heading is one line
                 yield self.record([line])
             else:
-                paragraph.append(line)
+                yield from self.add(paragraph, line)
                 open_text = True
         yield from self.flush(paragraph)
+
+    def add(self, paragraph: list[str], line: str) -> Iterator[Record]:
+        """A paragraph's line. After a hard line break the record ends, the break kept at its end: joined to the
+        next line it would be lost (and a backslash shown); each side is translated alone."""
+        paragraph.append(line)
+        if hard_break(line):
+            yield from self.flush(paragraph)
 
     def flush(self, paragraph: list[str]) -> Iterator[Record]:
         if paragraph:
@@ -154,10 +170,14 @@ class Markdown:
         first = lines[0]
         end = first[len(first.rstrip("\r\n")):] or "\n"
         lead = (LEAD.match(first) or INDENT.match(first)).group()
-        text = " ".join([first[len(lead):].strip()] + [line.strip() for line in lines[1:]])
+        parts = [first[len(lead):], *lines[1:]]
+        last = parts[-1].rstrip("\r\n")
+        tail = hard_break(last)                  # kept after the text, not shown to the model
+        parts[-1] = last[:len(last) - len(tail)]
+        text = " ".join(part.strip() for part in parts)
         pattern = re.compile(INLINE.pattern + r"| \|", re.VERBOSE) if "|" in text else INLINE
         runs, pieces = cut(text, pattern)
-        return Record("\n".join(runs), (lines, lead, pieces, end))
+        return Record("\n".join(runs), (lines, lead, pieces[:-1] + [pieces[-1] + tail], end))
 
     def write(self, record: Record, translation: str) -> str:
         if isinstance(record.raw, str):
