@@ -230,6 +230,13 @@ def test_markdown_keeps_hard_line_breaks_and_translates_each_side_alone():
                      "mit einem Backslash.", "Punkt", "weiter"]
 
 
+def test_markdown_translates_a_footnotes_text_and_keeps_link_reference_definitions():
+    notes = ("Text mit Fußnote[^1].\n\n[^1]: Das ist die Fußnote mit Erklärung.\n\n"
+             "    Ein zweiter Absatz der Fußnote.\n\n")
+    links = '[foo]: https://example.org "Titel"\n[Die Kopfzeile]: <https://example.org/a b>\n'
+    assert markdown(notes + links) == notes.upper() + links
+
+
 @pytest.mark.parametrize("fmt, data", [
     ("txt", b""), ("txt", b"\n  \r\n"), ("srt", b""), ("vtt", b"\n"), ("md", b" "), ("html", b""),
     ("po", b""), ("po", "\ufeff\n".encode()), ("docx", b""),

@@ -8,7 +8,7 @@ indented code, blank lines, thematic breaks, setext headings' underlines (on the
 blocks, link reference definitions. Inside a list item, code is indented 4 columns past the item's text, as in
 CommonMark: a line indented less is the item's paragraph or list, translated; and an indented line right after a
 paragraph's text goes on with it. A heading's `#`s, a list item's marker (and task box), a quote's `>`s, a table
-row's pipes and a paragraph's indentation are kept around the text.
+row's pipes, a footnote definition's `[^1]:` and a paragraph's indentation are kept around the text.
 
 Inside the text, the markup is never shown to the model: inline code, a link's or image's target, autolinks
 and URLs, HTML tags, emphasis marks and footnote references cut the text into runs, and the runs go as one
@@ -27,10 +27,11 @@ FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
 # Kept whole: blank, thematic break, table rule, HTML block, link reference definition. (Indented code is told
 # by its indentation, which counts from the open list item's text: see Markdown.read.)
 KEPT = re.compile(r"^(\s*$|\s{0,3}([-*_])(\s*\2){2,}\s*$|\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$|\s{0,3}<"
-                  r"|\s{0,3}\[[^\]]+\]:\s)")
-# A block's own marks, kept before its text: heading, quote, list item (with a task box). Matched on a line less
-# its list items' indentation (a heading inside an item is indented past 3), told from code before.
-LEAD = re.compile(r"^([ \t]*#{1,6}\s+|\s*(>\s?)+|\s*([-*+]|\d{1,9}[.)])\s+(\[[ xX]\]\s+)?)")
+                  r"|\s{0,3}\[(?!\^)[^\]]+\]:\s)")
+# A block's own marks, kept before its text: heading, quote, list item (with a task box), footnote definition.
+# Matched on a line less its list items' indentation (a heading inside an item is indented past 3), told from
+# code before.
+LEAD = re.compile(r"^([ \t]*#{1,6}\s+|\s*(>\s?)+|\s*([-*+]|\d{1,9}[.)])\s+(\[[ xX]\]\s+)?|\s{0,3}(\[\^[^\]]+\]:)\s*)")
 # A paragraph's indentation, kept too: inside a list item it is what keeps the paragraph in the item.
 INDENT = re.compile(r"[ \t]*")
 # A setext heading's underline, after a paragraph's text (a line of `-`s alone is a thematic break).
@@ -146,6 +147,8 @@ class Markdown:
             elif (lead := LEAD.match(rest)) or "|" in line:
                 if lead and lead.group(3):       # a list item: its text's column
                     items.append(item_column(line))
+                elif lead and lead.group(5):     # a footnote: its paragraphs are indented 4 (GitHub's)
+                    items.append(columns(line) + 4)
                 open_text = not (lead and lead.group().lstrip().startswith("#"))     # a heading is one line
                 yield self.record([line])
             else:
