@@ -237,6 +237,18 @@ def test_markdown_translates_a_footnotes_text_and_keeps_link_reference_definitio
     assert markdown(notes + links) == notes.upper() + links
 
 
+def test_markdown_paragraph_starting_with_an_inline_tag_or_autolink_is_translated_and_html_blocks_kept():
+    """CommonMark's HTML block start conditions: block-level tags, comments and the like, or a tag alone on its
+    line; an inline tag or an autolink starts a paragraph."""
+    md = ("<b>Hinweis:</b> Bitte lesen Sie die Anleitung vollständig.\n\n"
+          "<kbd>Strg</kbd> drücken, um das Menü zu öffnen.\n\n<https://example.org> ist unsere Seite.\n\n")
+    blocks = ('<div align="center">\n\n<!-- Ein Kommentar -->\n<details>\n<summary>Mehr dazu</summary>\n\n'
+              "<table>\n<span class=\"x\">\n</details>\n")
+    assert markdown(md + blocks) == (
+        "<b>HINWEIS:</b> BITTE LESEN SIE DIE ANLEITUNG VOLLSTÄNDIG.\n\n"
+        "<kbd>STRG</kbd> DRÜCKEN, UM DAS MENÜ ZU ÖFFNEN.\n\n<https://example.org> IST UNSERE SEITE.\n\n" + blocks)
+
+
 @pytest.mark.parametrize("fmt, data", [
     ("txt", b""), ("txt", b"\n  \r\n"), ("srt", b""), ("vtt", b"\n"), ("md", b" "), ("html", b""),
     ("po", b""), ("po", "\ufeff\n".encode()), ("docx", b""),

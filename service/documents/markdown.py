@@ -4,11 +4,13 @@ was, the text translated.
 A record is a line, or a paragraph: lines of plain text after one another are one text (the model sees the sentence
 whole) and are written back as one line, which Markdown renders the same; but a hard line break (two spaces or a
 backslash at a line's end) ends the text, each side translated alone, the break kept. Kept as written: fenced and
-indented code, blank lines, thematic breaks, setext headings' underlines (on their own line), table rules, HTML
-blocks, link reference definitions. Inside a list item, code is indented 4 columns past the item's text, as in
-CommonMark: a line indented less is the item's paragraph or list, translated; and an indented line right after a
-paragraph's text goes on with it. A heading's `#`s, a list item's marker (and task box), a quote's `>`s, a table
-row's pipes, a footnote definition's `[^1]:` and a paragraph's indentation are kept around the text.
+indented code, blank lines, thematic breaks, setext headings' underlines (on their own line), table rules, an HTML
+block's first line (as CommonMark starts one: a block-level tag, a comment, a tag alone on its line; not an inline
+tag or an autolink, which start a paragraph), link reference definitions. Inside a list item, code is indented 4
+columns past the item's text, as in CommonMark: a line indented less is the item's paragraph or list, translated;
+and an indented line right after a paragraph's text goes on with it. A heading's `#`s, a list item's marker (and
+task box), a quote's `>`s, a table row's pipes, a footnote definition's `[^1]:` and a paragraph's indentation are
+kept around the text.
 
 Inside the text, the markup is never shown to the model: inline code, a link's or image's target, autolinks
 and URLs, HTML tags, emphasis marks and footnote references cut the text into runs, and the runs go as one
@@ -24,10 +26,22 @@ from typing import Iterator, TextIO
 from .records import Record
 
 FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
-# Kept whole: blank, thematic break, table rule, HTML block, link reference definition. (Indented code is told
-# by its indentation, which counts from the open list item's text: see Markdown.read.)
-KEPT = re.compile(r"^(\s*$|\s{0,3}([-*_])(\s*\2){2,}\s*$|\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$|\s{0,3}<"
+# Kept whole: blank, thematic break, table rule, link reference definition. (Indented code is told by its
+# indentation, which counts from the open list item's text: see Markdown.read; HTML blocks by HTML_BLOCK.)
+KEPT = re.compile(r"^(\s*$|\s{0,3}([-*_])(\s*\2){2,}\s*$|\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$"
                   r"|\s{0,3}\[(?!\^)[^\]]+\]:\s)")
+# An HTML block's first line, kept: CommonMark's start conditions 1 to 6 (a raw-text element, a comment, a
+# processing instruction, a declaration, CDATA, a block-level tag), which may interrupt a paragraph...
+BLOCK_TAGS = ("address|article|aside|base|basefont|blockquote|body|caption|center|col|colgroup|dd|details|dialog|"
+              "dir|div|dl|dt|fieldset|figcaption|figure|footer|form|frame|frameset|h[1-6]|head|header|hr|html|"
+              "iframe|legend|li|link|main|menu|menuitem|nav|noframes|ol|optgroup|option|p|param|search|section|"
+              "summary|table|tbody|td|tfoot|th|thead|title|tr|track|ul")
+HTML_BLOCK = re.compile(rf"\s{{0,3}}(<(script|pre|style|textarea)(\s|>|$)|<!--|<\?|<![a-z]|<!\[CDATA\["
+                        rf"|</?({BLOCK_TAGS})(\s|/?>|$))", re.IGNORECASE)
+# ... and 7: any other whole tag alone on its line, which may not. An inline tag (<b>, <kbd>, <a href=...>) or
+# an autolink with text after it starts a paragraph, translated around its tags.
+ATTRIBUTE = r"""\s+[A-Za-z_:][\w.:-]*(\s*=\s*([^\s"'=<>`]+|'[^']*'|"[^"]*"))?"""
+HTML_TAG_LINE = re.compile(rf"\s{{0,3}}(<[A-Za-z][A-Za-z0-9-]*({ATTRIBUTE})*\s*/?>|</[A-Za-z][A-Za-z0-9-]*\s*>)\s*$")
 # A block's own marks, kept before its text: heading, quote, list item (with a task box), footnote definition.
 # Matched on a line less its list items' indentation (a heading inside an item is indented past 3), told from
 # code before.
@@ -102,7 +116,7 @@ def item_column(line: str) -> int:
 
 def starts_block(rest: str) -> bool:
     """Whether a line (less its list items' indentation) starts a block, which ends a paragraph before it."""
-    return bool(FENCE.match(rest) or KEPT.match(rest) or LEAD.match(rest) or "|" in rest)
+    return bool(FENCE.match(rest) or KEPT.match(rest) or HTML_BLOCK.match(rest) or LEAD.match(rest) or "|" in rest)
 
 
 class Markdown:
@@ -142,7 +156,7 @@ class Markdown:
             elif m := FENCE.match(rest):
                 fence, fence_base = m.group(1), base
                 yield Record("", line)
-            elif KEPT.match(rest):
+            elif KEPT.match(rest) or HTML_BLOCK.match(rest) or HTML_TAG_LINE.match(rest):
                 yield Record("", line)
             elif (lead := LEAD.match(rest)) or "|" in line:
                 if lead and lead.group(3):       # a list item: its text's column
