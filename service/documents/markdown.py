@@ -43,8 +43,8 @@ HTML_BLOCK = re.compile(rf"\s{{0,3}}(<(script|pre|style|textarea)(\s|>|$)|<!--|<
 ATTRIBUTE = r"""\s+[A-Za-z_:][\w.:-]*(\s*=\s*([^\s"'=<>`]+|'[^']*'|"[^"]*"))?"""
 HTML_TAG_LINE = re.compile(rf"\s{{0,3}}(<[A-Za-z][A-Za-z0-9-]*({ATTRIBUTE})*\s*/?>|</[A-Za-z][A-Za-z0-9-]*\s*>)\s*$")
 # A block's own marks, kept before its text: heading, quote, list item (with a task box), footnote definition.
-# Matched on a line less its list items' indentation (a heading inside an item is indented past 3), told from
-# code before.
+# Matched on a line less its list items' indentation once indented code is ruled out, so its heading may be
+# indented past 3 (in a list item).
 LEAD = re.compile(r"^([ \t]*#{1,6}\s+|\s*(>\s?)+|\s*([-*+]|\d{1,9}[.)])\s+(\[[ xX]\]\s+)?|\s{0,3}(\[\^[^\]]+\]:)\s*)")
 # A paragraph's indentation, kept too: inside a list item it is what keeps the paragraph in the item.
 INDENT = re.compile(r"[ \t]*")
@@ -115,7 +115,8 @@ def item_column(line: str) -> int:
 
 
 def starts_block(rest: str) -> bool:
-    """Whether a line (less its list items' indentation) starts a block, which ends a paragraph before it."""
+    """Whether a line (less its list items' indentation) starts a block, which ends a paragraph before it. A tag
+    alone on its line (HTML_TAG_LINE) does not: CommonMark lets it start an HTML block only outside a paragraph."""
     return bool(FENCE.match(rest) or KEPT.match(rest) or HTML_BLOCK.match(rest) or LEAD.match(rest) or "|" in rest)
 
 
