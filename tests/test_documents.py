@@ -246,6 +246,63 @@ def test_subtitles_and_markdown_read_whole_keep_timings_and_markup():
     assert out.decode() == "# The header\n\n```\nDie Fußzeile\n```\n\n- Cell one\n"
 
 
+def markdown(text: str) -> str:
+    """A Markdown text translated by the dictionary: what it does not know comes back in upper case."""
+    return translated("md", text.encode())[0].decode()
+
+
+def test_markdown_keeps_an_indented_paragraphs_indentation_so_it_stays_in_its_list_item():
+    md = "- Erster Punkt der Liste\n\n  Ein zweiter Absatz im selben Listenpunkt.\n"
+    assert markdown(md) == md.upper()
+
+
+def test_markdown_list_content_indented_four_spaces_or_a_tab_is_translated_and_code_beyond_it_kept():
+    """Inside a list item, a line indented to the item's text is the item's: only 4 columns more is code."""
+    items = ("1. Erster Schritt der Einrichtung\n\n    Dieser Absatz gehört noch zum ersten Schritt.\n\n"
+             "2. Zweiter Schritt\n    - Ein eingerückter Unterpunkt mit vier Leerzeichen\n"
+             "* Punkt mit Stern\n\t- Unterpunkt mit Tabulator eingerückt\n")
+    assert markdown(items) == items.upper()
+    code = ("1. Schritt\n\n    ```\n    Zaun im Punkt\n    ```\n\n       Code im Punkt\n\n"
+            "Absatz\n\n    Code außerhalb\n")
+    assert markdown(code) == code.replace("Schritt", "SCHRITT").replace("Absatz", "ABSATZ")
+    # indented code cannot interrupt a paragraph: an indented line after its text goes on with it
+    assert markdown("Ein Absatz\n    geht weiter.\n- Punkt\n        auch.\n") == (
+        "EIN ABSATZ GEHT WEITER.\n- PUNKT\n        AUCH.\n")
+
+
+def test_markdown_setext_heading_keeps_its_underline_on_its_own_line():
+    md = "Anleitung für das Werkzeug\n==========================\n\nZeile eins\nZeile zwei\n--\n"
+    assert markdown(md) == "ANLEITUNG FÜR DAS WERKZEUG\n==========================\n\nZEILE EINS ZEILE ZWEI\n--\n"
+
+
+def test_markdown_keeps_hard_line_breaks_and_translates_each_side_alone():
+    md = ("Eine Zeile mit hartem Umbruch  \nund hier geht sie weiter.\n\nEin Umbruch\\\nmit einem Backslash.\n\n"
+          "- Punkt  \n  weiter\n")
+    out, texts = translated("md", md.encode())
+    assert out.decode() == md.upper()
+    assert texts == ["Eine Zeile mit hartem Umbruch", "und hier geht sie weiter.", "Ein Umbruch",
+                     "mit einem Backslash.", "Punkt", "weiter"]
+
+
+def test_markdown_translates_a_footnotes_text_and_keeps_link_reference_definitions():
+    notes = ("Text mit Fußnote[^1].\n\n[^1]: Das ist die Fußnote mit Erklärung.\n\n"
+             "    Ein zweiter Absatz der Fußnote.\n\n")
+    links = '[foo]: https://example.org "Titel"\n[Die Kopfzeile]: <https://example.org/a b>\n'
+    assert markdown(notes + links) == notes.upper() + links
+
+
+def test_markdown_paragraph_starting_with_an_inline_tag_or_autolink_is_translated_and_html_blocks_kept():
+    """CommonMark's HTML block start conditions: block-level tags, comments and the like, or a tag alone on its
+    line; an inline tag or an autolink starts a paragraph."""
+    md = ("<b>Hinweis:</b> Bitte lesen Sie die Anleitung vollständig.\n\n"
+          "<kbd>Strg</kbd> drücken, um das Menü zu öffnen.\n\n<https://example.org> ist unsere Seite.\n\n")
+    blocks = ('<div align="center">\n\n<!-- Ein Kommentar -->\n<details>\n<summary>Mehr dazu</summary>\n\n'
+              "<table>\n<span class=\"x\">\n</details>\n")
+    assert markdown(md + blocks) == (
+        "<b>HINWEIS:</b> BITTE LESEN SIE DIE ANLEITUNG VOLLSTÄNDIG.\n\n"
+        "<kbd>STRG</kbd> DRÜCKEN, UM DAS MENÜ ZU ÖFFNEN.\n\n<https://example.org> IST UNSERE SEITE.\n\n" + blocks)
+
+
 @pytest.mark.parametrize("fmt, data", [
     ("txt", b""), ("txt", b"\n  \r\n"), ("srt", b""), ("vtt", b"\n"), ("md", b" "), ("html", b""),
     ("po", b""), ("po", "\ufeff\n".encode()), ("docx", b""),
