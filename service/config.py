@@ -182,7 +182,7 @@ _HELP = {
     "max_request_tokens": "source tokens per translation request; beyond: 413",
     "max_queue": "requests waiting or running at once, over all HTTP processes; beyond: 503 with Retry-After",
     "request_timeout_s": "seconds a request may wait in the queue for a worker (then 504); twice this bounds its "
-                         "whole wait for an answer",
+                         "whole wait for an answer (a generation's for each of its events)",
     "drain_timeout_s": "on SIGINT or SIGTERM (Ctrl+C, the process group or the main process): seconds admitted "
                        "requests may take to finish, while new ones get 503; those still running a second later are "
                        "cut (their connections closed) and every process stops",

@@ -319,3 +319,14 @@ def tiny_lm_package(tiny_lm_run, tmp_path_factory):
     from model.export import export_package
 
     return made_once(tmp_path_factory, "lm-package", "tiny-lm", lambda out: export_package(tiny_lm_run, out))
+
+
+def worker_pids(url: str, model: str) -> set[int]:
+    """PIDs of the live workers serving `model`, from transerve_model_info (one series per process)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    pids = set()
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        if family.name == "transerve_model_info":
+            pids |= {int(s.labels["pid"]) for s in family.samples if s.labels.get("model") == model and s.value == 1}
+    return pids

@@ -15,19 +15,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT, pairs64, start_server, stop_server
+from conftest import ROOT, pairs64, start_server, stop_server, worker_pids
 
 # Each test starts a server of its own and waits for a killed worker's replacement to load.
 pytestmark = pytest.mark.slow
-
-
-def worker_pids(url: str, model: str) -> set[int]:
-    """PIDs of the live workers serving `model`, from transerve_model_info (one series per process)."""
-    pids = set()
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-        if family.name == "transerve_model_info":
-            pids |= {int(s.labels["pid"]) for s in family.samples if s.labels.get("model") == model and s.value == 1}
-    return pids
 
 
 def engine_translation(package, text: str) -> str:

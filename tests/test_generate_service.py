@@ -4,6 +4,8 @@ tiny translation and generation packages, and the SDK's generate() and stream() 
 import asyncio
 import concurrent.futures as cf
 import json
+import os
+import signal
 import time
 
 import httpx
@@ -13,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.client import AsyncClient, Client
 from service.inference.engine import Engine
 
-from conftest import pairs64, start_server, stop_server
+from conftest import pairs64, start_server, stop_server, worker_pids
 
 SENTENCES = [s for pair in pairs64() for s in pair]
 HALVES = [" ".join(s.split()[: len(s.split()) // 2]) for s in SENTENCES]
@@ -237,3 +239,31 @@ def test_sdk_generate_and_stream(server, engines):
 
     a, b = asyncio.run(run())
     assert a == b
+
+
+def test_a_stalled_generation_worker_answers_504_before_the_first_event_and_an_error_event_after(tiny_lm_package):
+    """Twice --request-timeout-s bounds each wait of a generation, as it bounds a translation's answer: the wait for
+    its first event (a 504) and, streamed, for its next (an error event of type timeout); a stream that goes on
+    producing is not cut. The worker is stopped (SIGSTOP) to stall it."""
+    proc, url = start_server(tiny_lm_package, "--request-timeout-s", "2")
+    (pid,) = worker_pids(url, tiny_lm_package.name)
+    try:
+        body = {"prompt": HALVES[0], "max_new_tokens": 200, "min_new_tokens": 200, "temperature": 0}
+        assert generate(url, **body).status_code == 200            # 200 tokens in well under 4 s here
+        with httpx.stream("POST", url + "/generate", json=body | {"stream": True}, timeout=30) as r:
+            lines = r.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            os.kill(pid, signal.SIGSTOP)
+            t0 = time.monotonic()
+            events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+        assert json.loads(first[6:])["type"] == "token" and time.monotonic() - t0 < 10
+        assert events[-1] == {"type": "error", "error": {"type": "timeout", "message": "no answer within 4 s"}}
+        t0 = time.monotonic()
+        refused = generate(url, **body)
+        assert refused.status_code == 504 and refused.json()["error"]["type"] == "timeout", refused.text
+        assert time.monotonic() - t0 < 10
+        os.kill(pid, signal.SIGCONT)
+        assert generate(url, **body).status_code == 200
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        stop_server(proc)

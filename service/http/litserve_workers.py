@@ -169,7 +169,10 @@ class Workers:
         raise worker_failed("the inference worker failed while running this request; retry")
 
     async def events(self, endpoint: str, payload: dict) -> AsyncIterator[dict]:
-        """Submits to a streaming endpoint's workers and yields their per-step events for this request."""
+        """Submits to a streaming endpoint's workers and yields their per-step events for this request. Each event,
+        the first (queue wait and the prompt's encoding) as the next, comes within twice the request timeout, or the
+        request is dropped with a 504 (raised here: a status before the first event, an error event after), as
+        `call` bounds a whole answer: a stream that goes on producing is not cut, a stalled one is."""
         uid, holder = await self._enqueue(endpoint, payload)
         available, queue = asyncio.Event(), deque()
         self.server.response_buffer[uid] = ResponseBufferItem(event=available, response_queue=queue)
@@ -180,7 +183,11 @@ class Workers:
         try:
             while True:
                 step = asyncio.ensure_future(anext(stream))
-                await asyncio.wait({step, lost}, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait({step, lost}, timeout=2 * self.request_timeout_s,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    raise ApiError(504, "timeout", f"no answer within {2 * self.request_timeout_s:g} s",
+                                   headers={"Retry-After": "5"})
                 if not step.done():
                     raise worker_failed("the generation worker stopped while running this request (it is being "
                                         "restarted); retry", retry_after_s=2)
