@@ -86,7 +86,9 @@ def test_glossary_terms_are_written_and_each_text_says_which_held(server):
      "glossary entry 2: its source term is already entry 1"),
     ([{"source": "Haus", "target": "house"}, {"source": "Dach", "target": "屋根"}], 400,
      "glossary entry 2: its target term has characters de-en cannot write"),
-    ([{"source": "Haus", "target": "x" * 201}], 422, "200 characters"),
+    ([{"source": "Haus", "target": "x" * 201}], 400, "glossary entry 1: its target term has 201 characters; the "
+                                                      "limit is 200"),
+    ([{"source": "", "target": "house"}], 400, "glossary entry 1: its source term is empty"),
     ([{"source": "Haus"}], 422, "target"),
 ])
 def test_a_bad_glossary_is_refused_naming_its_entry(server, glossary, status, message):

@@ -142,6 +142,8 @@ def test_translate_by_id_is_refused_where_it_cannot_apply(servers):
     ({"entries": "Auftrag\torder\nHaus\n"}, 400, "glossary line 2: 1 fields"),
     ({"entries": "Auftrag\torder\nAuftrag\tcontract\n"}, 400, "entry 2: its source term is already entry 1"),
     ({"entries": [{"source": "Auftrag", "target": "a\nb"}]}, 400, "entry 1: its target term holds a tab or a line"),
+    ({"entries": [{"source": "", "target": "a"}]}, 400, "entry 1: its source term is empty"),
+    ({"entries": [{"source": "a" * 201, "target": "a"}]}, 400, "entry 1: its source term has 201 characters"),
     ({"entries": "\n\n"}, 400, "no entries"),
     ({"entries_format": "csv"}, 422, "entries_format is for entries given as TSV or CSV text"),
     ({"entries": "a\tb", "entries_format": "xlsx"}, 422, "entries_format"),

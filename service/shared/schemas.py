@@ -13,6 +13,7 @@ from typing import Annotated, Literal, Optional, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator, model_validator
 
+from .glossary import MAX_TERM_CHARS
 from .options import DEFAULTS, GENERATION_MAX_NEW_TOKENS, GENERATION_MIN_LENGTH, SearchOptions
 
 LangCode = Annotated[str, Field(min_length=2, max_length=8, pattern=r"^[a-z]{2,3}(-[A-Za-z]{2,4})?$",
@@ -65,10 +66,12 @@ MAX_GLOSSARY_ENTRIES = 1000          # inline in one request (glossary.py's MAX_
 
 class GlossaryEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    source: str = Field(..., min_length=1, max_length=200, description="A term as it may stand in the source text "
-                        "(whole words; its first letter in either case; inflected forms are not matched)",
+    # Each term 1 to MAX_TERM_CHARS characters, checked with the rest of the glossary (glossary.check_entries):
+    # a 400 invalid_glossary naming the entry, as for a TSV glossary, not pydantic's 422.
+    source: str = Field(..., description="A term as it may stand in the source text (whole words; its first letter "
+                        f"in either case; inflected forms are not matched); 1 to {MAX_TERM_CHARS} characters",
                         examples=["Auftrag"])
-    target: str = Field(..., min_length=1, max_length=200, description="Its fixed translation, written as given",
+    target: str = Field(..., description=f"Its fixed translation, written as given; 1 to {MAX_TERM_CHARS} characters",
                         examples=["order"])
 
     _types = model_validator(mode="before")(classmethod(_json_types))   # no lone surrogate in a term
