@@ -17,7 +17,7 @@ import httpx
 import polib
 import pytest
 
-from conftest import pairs64, start_server, stop_server
+from conftest import pairs64, server_log, start_server, stop_server
 from documents_help import entity_bomb, many_runs, word, zip_bomb
 
 KEY, OTHER = "k-first", "k-second"
@@ -32,12 +32,18 @@ def files_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_package, files_dir):
+def served(tiny_package, files_dir):
+    """(the server's process, its URL)."""
     proc, url = start_server(tiny_package, "--api-keys", f"{KEY},{OTHER}", "--max-file-bytes", str(MAX_FILE),
                              "--max-file-unpacked-bytes", "20000000", "--max-file-elements", "50000",
                              "--file-ttl-s", str(TTL_S), "--file-dir", str(files_dir))
-    yield url
+    yield proc, url
     stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    return served[1]
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +91,22 @@ def test_a_catalog_keeps_its_placeholders_and_source_auto_is_detected(server, en
     assert out[0].msgstr == f"%(count)d: {english[GERMAN[8]]}\n<b>{{name}}</b> {english[GERMAN[9]]}"
     assert "fuzzy" in out[0].flags and out[0].occurrences == [("a.py", "3")]
     assert out[1].msgstr == "Kept as it was." and "fuzzy" not in out[1].flags
+
+
+def test_the_access_line_counts_the_whole_document_not_its_last_part(served):
+    """A document is translated in requests of --max-texts texts (64 by default); its one access line holds the
+    sum of their characters and tokens (it held whichever part finished last)."""
+    proc, url = served
+    paragraphs = GERMAN * 9                               # 144 texts: 3 parts
+    r = httpx.post(url + "/libretranslate/translate_file", data={"source": "de", "target": "en", "api_key": KEY},
+                   files={"file": ("brief.txt", "\n\n".join(paragraphs).encode())},
+                   headers={"X-Request-ID": "file-access-1"}, timeout=300)
+    assert r.status_code == 200, r.text
+    time.sleep(0.5)                                       # the line is written as the answer leaves
+    (line,) = [ln for ln in server_log(proc).splitlines() if "request_id=file-access-1" in ln]
+    fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+    assert int(fields["chars_in"]) == sum(map(len, paragraphs)), line
+    assert int(fields["tokens_in"]) >= len(paragraphs) and int(fields["tokens_out"]) >= len(paragraphs), line
 
 
 def test_an_html_file_with_a_cell_of_nbsp_alone_comes_back_translated_the_cell_kept(server, english):

@@ -133,11 +133,10 @@ async def translate_texts(gateway: Gateway, request: Request, texts: list[str], 
     chunks += [current] if current else []
     gate = asyncio.Semaphore(IN_FLIGHT)
 
-    async def one(chunk: list[str]) -> list[str] | None:
+    async def one(chunk: list[str]) -> dict | None:
         async with gate:
-            out = await gateway.translate(TranslateRequest(text=chunk, source_lang=source, target_lang=target,
-                                                           glossary=glossary), request, ENDPOINT)
-        return None if out is None else [item["text"] for item in out["translations"]]
+            return await gateway.translate(TranslateRequest(text=chunk, source_lang=source, target_lang=target,
+                                                            glossary=glossary), request, ENDPOINT)
 
     tasks = [asyncio.ensure_future(one(chunk)) for chunk in chunks]
     try:
@@ -145,7 +144,15 @@ async def translate_texts(gateway: Gateway, request: Request, texts: list[str], 
     finally:
         for task in tasks:           # one request refused: the others are not left running for nothing
             task.cancel()
-    return None if any(out is None for out in outs) else [t for out in outs for t in out]
+    if any(out is None for out in outs):
+        return None
+    if outs:                         # each chunk noted itself, the last over the others: the document's whole
+        gateway.noted(request, texts, {
+            "translations": [item for out in outs for item in out["translations"]],
+            "model": "+".join(dict.fromkeys(out["model"] for out in outs)),
+            "timings": {"queue_ms": max(out["timings"]["queue_ms"] for out in outs),        # its longest wait
+                        "inference_ms": round(sum(out["timings"]["inference_ms"] for out in outs), 2)}})
+    return [item["text"] for out in outs for item in out["translations"]]
 
 
 async def detect_source(gateway: Gateway, texts: list[str], target: str) -> str:
