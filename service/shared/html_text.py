@@ -92,6 +92,10 @@ class Mark:
     pos: int        # where it stands in Run.text
     raw: str        # the markup as written
     kind: str       # "open", "close" or "point"
+    # A point (an image, a comment) with whitespace before or after it among the text: a word edge of the
+    # translation has the space on one side only, so render_run writes the other back.
+    space_before: bool = False
+    space_after: bool = False
 
 
 @dataclass
@@ -278,16 +282,19 @@ def make_run(pieces: list[tuple[str, str, str]]) -> Run | None:
     opened: list[list] = []     # [index in marks, holds only text] of the inline elements open in the run
     leaves: list[int] = []
     pending = False             # whitespace seen since the last character
+    point: Mark | None = None   # a point with no character after it yet
     for kind, raw, value in pieces:
         if kind == "text":
             for c in value:
                 if c in SPACE:
                     pending = True
+                    if point is not None:
+                        point.space_after = True
                     continue
                 if pending and out:
                     out.append(" ")
                 out.append(c)
-                pending = False
+                pending, point = False, None
             continue
         if value == "close" and opened:
             k, only_text = opened.pop()
@@ -297,7 +304,10 @@ def make_run(pieces: list[tuple[str, str, str]]) -> Run | None:
             o[1] = False        # a tag inside: not only text
         if value == "open":
             opened.append([len(marks), True])
-        marks.append(Mark(len(out) + (1 if pending and out else 0), raw, value))
+        is_point = value == "point"
+        marks.append(Mark(len(out) + (1 if pending and out else 0), raw, value,
+                          space_before=is_point and pending and bool(out)))
+        point = marks[-1] if is_point else None
     text = "".join(out)
     if not text.strip():        # nothing to translate: a cell of &nbsp; (not HTML's white space) stays as it was
         return None
@@ -355,7 +365,9 @@ def render_run(run: Run, target: str, alone: dict[int, str], entities: dict[str,
     positions = place(run, target, alone)
     out, last = [run.prefix], 0
     for mark, at in zip(run.marks, positions):
-        out += [escape(target[last:at], entities), mark.raw]
+        before = " " if mark.space_before and 0 < at and target[at - 1] not in SPACE else ""
+        after = " " if mark.space_after and at < len(target) and target[at] not in SPACE else ""
+        out += [escape(target[last:at], entities), before, mark.raw, after]
         last = at
     out += [escape(target[last:], entities), run.suffix]
     return "".join(out)
