@@ -42,26 +42,36 @@ stay its own: a second set on an injected client would compete with them.
 Exceptions:
 
     TranserveError
-    ├── APIConnectionError            the server was unreachable (retried with backoff), or a stream broke off
+    ├── APIConnectionError            the server was unreachable, or the connection broke (a stream's too)
     │   └── APITimeoutError           ... or did not answer in time (not retried: it may have run)
     └── APIError                      the server reported an error: .message, .type, .limit, .request_id, .body
-        ├── APIStatusError            an error status; .status_code
+        ├── APIStatusError            an error status (or a redirect, which the client does not follow);
+        │   │                         .status_code, .retry_after (its Retry-After in seconds, or None)
         │   ├── BadRequestError       400, 422: the request is wrong (see .message)
         │   ├── AuthenticationError   401, 403
         │   ├── PayloadTooLargeError  413: over a limit (.limit says which value)
-        │   ├── OverloadedError       429, 503: queue full; .retry_after seconds (retried automatically)
+        │   ├── OverloadedError       429, 503: over a limit or queue full; .retry_after seconds (1 when not said)
         │   └── InternalServerError   500 and other 5xx, 504 (timed out in the queue)
-        └── APIStreamError            an error event after a stream began (status 200): .status_code is None
+        ├── APIStreamError            an error event after a stream began (status 200), or an event this client
+        │                             cannot read: .status_code is None
+        └── APIResponseValidationError  a success whose body is not what this API answers (a proxy's page, another
+                                        service): .status_code, .body (its first 200 characters)
 
-Retries (max_retries, default 2) happen only before a response is accepted: for a stream, before its
-first event (the server sends the stream's headers with its first event, and errors before it as a
-status). Once a stream has begun, nothing is retried: its pieces may already have been used.
+Retries (max_retries, default 2) happen only before a response is accepted, and only where the request
+cannot have run: a connection that could not be made (a GET also after the connection broke), and a 429 or
+503, after its Retry-After (1 s when it says none; one over MAX_RETRY_WAIT_S, 10 s, is raised at once: the
+caller decides whether to wait that long). A POST whose connection broke after it was sent, or that timed
+out, is not retried: it may have run and been charged. For a stream, retries end at its first event (the
+server sends the stream's headers with its first event, and errors before it as a status): once it has
+begun its pieces may already have been used.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
+import math
 import time
 from typing import (TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping, Optional, Sequence,
                     TypedDict, Union)
@@ -77,11 +87,26 @@ if TYPE_CHECKING:
 __all__ = ["Client", "AsyncClient", "TextStream", "AsyncTextStream", "Glossary", "GlossaryResult", "TranslateResponse",
            "GenerateOptions", "GenerateResult", "GenerationChoice", "GenerationUsage", "GenerationTimings",
            "TranserveError", "APIConnectionError", "APITimeoutError", "APIError", "APIStatusError", "APIStreamError",
-           "BadRequestError", "AuthenticationError", "PayloadTooLargeError", "OverloadedError", "InternalServerError"]
+           "APIResponseValidationError", "BadRequestError", "AuthenticationError", "PayloadTooLargeError",
+           "OverloadedError", "InternalServerError", "MAX_RETRY_WAIT_S"]
+
+
+# A 429's or 503's Retry-After above this is not waited for: the error is raised at once (a day's character limit
+# says hours), and the caller decides.
+MAX_RETRY_WAIT_S = 10.0
 
 
 class TranserveError(Exception):
-    pass
+    def __reduce__(self):
+        """Pickled and copied with its attributes (keyword-only constructors): for process pools."""
+        return _restored, (type(self), self.args, self.__dict__)
+
+
+def _restored(cls: type, args: tuple, state: dict) -> "TranserveError":
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
 
 
 class APIConnectionError(TranserveError):
@@ -108,8 +133,10 @@ class APIError(TranserveError):
 class APIStatusError(APIError):
     status_code: int
 
-    def __init__(self, message: str, *, status_code: int, request_id: Optional[str], body: Any):
+    def __init__(self, message: str, *, status_code: int, request_id: Optional[str], body: Any,
+                 retry_after: Optional[float] = None):
         super().__init__(message, status_code=status_code, request_id=request_id, body=body)
+        self.retry_after = retry_after
 
 
 class APIStreamError(APIError):
@@ -130,13 +157,38 @@ class PayloadTooLargeError(APIStatusError):
 
 
 class OverloadedError(APIStatusError):
-    @property
-    def retry_after(self) -> float:
-        return float(self.body.get("_retry_after", 1.0)) if isinstance(self.body, dict) else 1.0
+    retry_after: float
+
+    def __init__(self, message: str, *, status_code: int, request_id: Optional[str], body: Any,
+                 retry_after: Optional[float] = None):
+        super().__init__(message, status_code=status_code, request_id=request_id, body=body,
+                         retry_after=1.0 if retry_after is None else retry_after)
 
 
 class InternalServerError(APIStatusError):
     pass
+
+
+class APIResponseValidationError(APIError):
+    """A success (2xx) whose body this client cannot read as the API's answer."""
+
+
+def retry_after_s(value: Optional[str]) -> Optional[float]:
+    """A Retry-After header in seconds: a number of seconds or an HTTP date (RFC 9110); None when absent or
+    unreadable (a negative or non-finite number too)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None
+        return max(0.0, when.timestamp() - time.time())
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
 _STATUS = {400: BadRequestError, 422: BadRequestError, 401: AuthenticationError, 403: AuthenticationError,
@@ -214,14 +266,20 @@ class _EventParser:
                                  request_id=self.request_id,
                                  body={"error": {"type": "invalid_event", "message": data[:200]}}) from None
         kind = event.get("type") if isinstance(event, dict) else None
-        if kind == "token":
-            index, text = int(event.get("index", 0)), event.get("text") or ""
-            self._texts.setdefault(index, []).append(text)
-            return [text] if index == 0 and text else []
-        if kind == "done":
-            choices = [dict(c, text="".join(self._texts.get(c.get("index", 0), ()))) for c in event.get("choices", ())]
-            self.result = GenerateResult.model_validate(dict(event, choices=choices))
-            return []
+        try:
+            if kind == "token":
+                index, text = int(event.get("index", 0)), event.get("text") or ""
+                self._texts.setdefault(index, []).append(str(text))
+                return [text] if index == 0 and text else []
+            if kind == "done":
+                choices = [dict(c, text="".join(self._texts.get(c.get("index", 0), ())))
+                           for c in event.get("choices", ())]
+                self.result = GenerateResult.model_validate(dict(event, choices=choices))
+                return []
+        except (ValueError, TypeError, AttributeError):    # pydantic's ValidationError is a ValueError
+            raise APIStreamError(f"the server sent a {kind} event this client cannot read: {data[:200]!r}",
+                                 request_id=self.request_id,
+                                 body={"error": {"type": "invalid_event", "message": data[:200]}}) from None
         if kind == "error":
             err = event.get("error") if isinstance(event.get("error"), dict) else {}
             raise APIStreamError(str(err.get("message") or "the generation failed"), request_id=self.request_id,
@@ -376,6 +434,8 @@ class BaseClient:
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", *, api_key: Optional[str] = None,
                  timeout: float = 60.0, max_retries: int = 2):
+        if httpx.URL(base_url).scheme not in ("http", "https"):
+            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r:.80}")
         self.base_url = base_url.rstrip("/")
         self.api_key, self.timeout, self.max_retries = api_key, timeout, max_retries
 
@@ -448,32 +508,75 @@ class BaseClient:
 
     @staticmethod
     def _check(response: httpx.Response) -> httpx.Response:
-        """The response itself when it succeeded; otherwise the matching APIStatusError."""
-        if response.status_code < 400:
+        """The response itself when it succeeded; otherwise the matching APIStatusError (a redirect too: the
+        client does not follow one, and its body is not the answer)."""
+        status = response.status_code
+        if status < 300:
             return response
         try:
             body = response.json()
         except ValueError:
             body = {"error": {"type": "http_error", "message": response.text[:200]}}
         err = body.get("error") if isinstance(body, dict) else None
-        message = err.get("message") if isinstance(err, dict) else str(err or response.reason_phrase)
-        if isinstance(body, dict) and "retry-after" in response.headers:
-            body["_retry_after"] = response.headers["retry-after"]
-        cls = _STATUS.get(response.status_code, InternalServerError if response.status_code >= 500 else APIStatusError)
+        message = (err.get("message") if isinstance(err, dict) else err) or response.reason_phrase or f"HTTP {status}"
+        if status < 400:
+            message = f"redirected to {response.headers.get('location', 'no location')}: give the final URL"
+        cls = _STATUS.get(status, InternalServerError if status >= 500 else APIStatusError)
         request_id = response.headers.get("x-request-id") or (
             body.get("request_id") if isinstance(body, dict) else None)
-        raise cls(message, status_code=response.status_code, request_id=request_id, body=body)
+        raise cls(str(message), status_code=status, request_id=request_id, body=body,
+                  retry_after=retry_after_s(response.headers.get("retry-after")))
 
-    def _retry_delay(self, error: TranserveError, attempt: int) -> Optional[float]:
-        """Seconds to wait before retrying, or None to give up. Overload: the server's Retry-After;
-        connection errors: exponential backoff (0.5 s, 1 s, 2 s, ...)."""
+    @staticmethod
+    def _answer(response: httpx.Response, read: Callable[[Any], Any]) -> Any:
+        """read(the response's JSON): the answer; an APIResponseValidationError when the body is not JSON or
+        read() refuses it (pydantic's ValidationError is a ValueError)."""
+        try:
+            return read(response.json())
+        except (ValueError, TypeError, AttributeError) as e:
+            raise APIResponseValidationError(
+                f"{response.request.method} {response.request.url.path}: the answer is not this API's "
+                f"({type(e).__name__}): {response.text[:200]!r}", status_code=response.status_code,
+                request_id=response.headers.get("x-request-id"), body=response.text[:200]) from None
+
+    @staticmethod
+    def _not_events(response: httpx.Response) -> Optional[APIResponseValidationError]:
+        """The error to raise (once the response is closed) when a stream's answer is not server-sent events."""
+        kind = response.headers.get("content-type", "")
+        if kind.startswith("text/event-stream"):
+            return None
+        return APIResponseValidationError(f"the stream's answer is {kind or 'untyped'}, not server-sent events",
+                                          status_code=response.status_code,
+                                          request_id=response.headers.get("x-request-id"), body=None)
+
+    @staticmethod
+    def _object(body: Any) -> dict:
+        if not isinstance(body, dict):
+            raise TypeError("not a JSON object")
+        return body
+
+    @staticmethod
+    def _languages(body: Any) -> list[Language]:
+        if not isinstance(body, list):
+            raise TypeError("not a JSON list")
+        return [Language.model_validate(x) for x in body]
+
+    def _retry_delay(self, error: TranserveError, attempt: int, method: str) -> Optional[float]:
+        """Seconds to wait before retrying, or None to give up (see the module's docstring). Overload: the
+        server's Retry-After, unless over MAX_RETRY_WAIT_S; connection errors where the request cannot have
+        run: exponential backoff (0.5 s, 1 s, 2 s, ...)."""
         if attempt >= self.max_retries:
             return None
         if isinstance(error, OverloadedError):
-            return min(error.retry_after, 10.0)
+            return error.retry_after if error.retry_after <= MAX_RETRY_WAIT_S else None
         if isinstance(error, APIConnectionError) and not isinstance(error, APITimeoutError):
-            return 0.5 * 2 ** attempt
+            unsent = isinstance(error.__cause__, httpx.ConnectError)
+            return 0.5 * 2 ** attempt if unsent or method == "GET" else None
         return None
+
+    @staticmethod
+    def _connection_error(method: str, path: str, e: httpx.TransportError) -> APIConnectionError:
+        return APIConnectionError(f"{method} {path}: {type(e).__name__}" + (f": {e}" if str(e) else ""))
 
 
 class Client(BaseClient):
@@ -491,7 +594,7 @@ class Client(BaseClient):
             try:
                 return self._check(self._send(method, path, stream=stream, **kwargs))
             except TranserveError as e:
-                delay = self._retry_delay(e, attempt)
+                delay = self._retry_delay(e, attempt, method)
                 if delay is None:
                     raise
                 time.sleep(delay)
@@ -512,7 +615,7 @@ class Client(BaseClient):
         except httpx.TimeoutException as e:
             raise APITimeoutError(f"{method} {path}: no answer within {self.timeout} s") from e
         except httpx.TransportError as e:
-            raise APIConnectionError(f"{method} {path}: {e}") from e
+            raise self._connection_error(method, path, e) from e
 
     def translate(self, text: Union[str, Sequence[str]], *, source_lang: str, target_lang: str,
                   beam_size: Optional[int] = None, num_alternatives: Optional[int] = None,
@@ -527,25 +630,28 @@ class Client(BaseClient):
             beam_size=beam_size, num_alternatives=num_alternatives, length_penalty=length_penalty,
             max_length=max_length, no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
             glossary=glossary, glossary_id=glossary_id))
-        return TranslateResponse.model_validate(self._request("POST", "/translate", **self._json(body)).json())
+        return self._answer(self._request("POST", "/translate", **self._json(body)), TranslateResponse.model_validate)
 
     def generate(self, prompt: str, **options: Unpack[GenerateOptions]) -> GenerateResult:
         """Continues the prompt (POST /generate); options not given take the server's defaults."""
         body = self._generate_body(prompt, dict(options), stream=False)
-        return GenerateResult.model_validate(self._request("POST", "/generate", **self._json(body)).json())
+        return self._answer(self._request("POST", "/generate", **self._json(body)), GenerateResult.model_validate)
 
     def stream(self, prompt: str, **options: Unpack[GenerateOptions]) -> TextStream:
         """Like generate(), streamed: sends the request now (retrying until the stream begins) and returns
         the TextStream to iterate, best in a `with` block. num_return_sequences > 1 is a ValueError."""
         body = self._generate_body(prompt, dict(options), stream=True)
-        return TextStream(self._request("POST", "/generate", stream=True,
-                                        **self._json(body, self._STREAM_HEADERS)))
+        response = self._request("POST", "/generate", stream=True, **self._json(body, self._STREAM_HEADERS))
+        if error := self._not_events(response):
+            response.close()
+            raise error
+        return TextStream(response)
 
     def languages(self) -> list[Language]:
-        return [Language.model_validate(x) for x in self._request("GET", "/languages").json()]
+        return self._answer(self._request("GET", "/languages"), self._languages)
 
     def info(self) -> dict:
-        return self._request("GET", "/info").json()
+        return self._answer(self._request("GET", "/info"), self._object)
 
     def health(self) -> bool:
         return self._request("GET", "/health").status_code == 200
@@ -582,7 +688,7 @@ class AsyncClient(BaseClient):
             try:
                 return self._check(await self._send(method, path, stream=stream, **kwargs))
             except TranserveError as e:
-                delay = self._retry_delay(e, attempt)
+                delay = self._retry_delay(e, attempt, method)
                 if delay is None:
                     raise
                 await asyncio.sleep(delay)
@@ -602,7 +708,7 @@ class AsyncClient(BaseClient):
         except httpx.TimeoutException as e:
             raise APITimeoutError(f"{method} {path}: no answer within {self.timeout} s") from e
         except httpx.TransportError as e:
-            raise APIConnectionError(f"{method} {path}: {e}") from e
+            raise self._connection_error(method, path, e) from e
 
     async def translate(self, text: Union[str, Sequence[str]], *, source_lang: str, target_lang: str,
                         beam_size: Optional[int] = None, num_alternatives: Optional[int] = None,
@@ -613,24 +719,31 @@ class AsyncClient(BaseClient):
             beam_size=beam_size, num_alternatives=num_alternatives, length_penalty=length_penalty,
             max_length=max_length, no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
             glossary=glossary, glossary_id=glossary_id))
-        return TranslateResponse.model_validate((await self._request("POST", "/translate", **self._json(body))).json())
+        return self._answer(await self._request("POST", "/translate", **self._json(body)),
+                            TranslateResponse.model_validate)
 
     async def generate(self, prompt: str, **options: Unpack[GenerateOptions]) -> GenerateResult:
         body = self._generate_body(prompt, dict(options), stream=False)
-        return GenerateResult.model_validate((await self._request("POST", "/generate", **self._json(body))).json())
+        return self._answer(await self._request("POST", "/generate", **self._json(body)),
+                            GenerateResult.model_validate)
 
     def stream(self, prompt: str, **options: Unpack[GenerateOptions]) -> AsyncTextStream:
         """Not a coroutine: returns the AsyncTextStream at once (num_return_sequences > 1 is a ValueError
         here); the request goes out on `async with`, `await`, or the first `async for` step."""
         body = self._generate_body(prompt, dict(options), stream=True)
-        return AsyncTextStream(lambda: self._request("POST", "/generate", stream=True,
-                                                     **self._json(body, self._STREAM_HEADERS)))
+        async def opened() -> httpx.Response:
+            response = await self._request("POST", "/generate", stream=True, **self._json(body, self._STREAM_HEADERS))
+            if error := self._not_events(response):
+                await response.aclose()
+                raise error
+            return response
+        return AsyncTextStream(opened)
 
     async def languages(self) -> list[Language]:
-        return [Language.model_validate(x) for x in (await self._request("GET", "/languages")).json()]
+        return self._answer(await self._request("GET", "/languages"), self._languages)
 
     async def info(self) -> dict:
-        return (await self._request("GET", "/info")).json()
+        return self._answer(await self._request("GET", "/info"), self._object)
 
     async def health(self) -> bool:
         return (await self._request("GET", "/health")).status_code == 200

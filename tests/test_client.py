@@ -12,9 +12,10 @@ import httpx
 import pytest
 
 from conftest import ROOT, free_port
-from service.client import (APIConnectionError, APIError, APIStreamError, APITimeoutError, AsyncClient,
-                            AsyncTextStream, BadRequestError, Client, GenerateResult, GlossaryResult,
-                            InternalServerError, OverloadedError, TextStream)
+from service.client import (MAX_RETRY_WAIT_S, APIConnectionError, APIError, APIResponseValidationError,
+                            APIStatusError, APIStreamError, APITimeoutError, AsyncClient, AsyncTextStream,
+                            BadRequestError, Client, GenerateResult, GlossaryResult, InternalServerError,
+                            OverloadedError, TextStream)
 
 URL = "http://transerve.test"       # never resolved: the mock transport answers
 
@@ -139,11 +140,11 @@ def test_client_imports_neither_torch_nor_onnxruntime_nor_litserve():
 
 
 def test_503_is_retried_after_retry_after_then_succeeds(sleeps):
-    srv = Scripted(overloaded("2"), overloaded("30"), (200, OK, {}))
+    srv = Scripted(overloaded("2"), overloaded("3"), (200, OK, {}))
     with srv.client(max_retries=2, api_key="k") as c:
         r = c.translate("Das geht zu weit.", source_lang="de", target_lang="en", beam_size=2)
     assert r.translations[0].text == "That goes too far." and r.model == "m"
-    assert len(srv.calls) == 3 and sleeps == [2.0, 10.0]       # the server's Retry-After, capped at 10 s
+    assert len(srv.calls) == 3 and sleeps == [2.0, 3.0]        # the server's Retry-After
     path, body, headers = srv.calls[-1]
     assert path == "/translate" and body == {"text": "Das geht zu weit.", "source_lang": "de",
                                              "target_lang": "en", "beam_size": 2}
@@ -157,6 +158,87 @@ def test_retries_give_up_with_the_status_error_and_its_request_id(sleeps):
     assert len(srv.calls) == 2 and sleeps == [0.0]
     assert e.value.status_code == 503 and e.value.request_id == "r1" and e.value.limit == 2
     assert e.value.retry_after == 0
+
+
+def test_a_retry_after_over_the_longest_wait_is_raised_at_once_not_cut_short(sleeps):
+    """A day's character limit says hours: retrying after 10 s would only get the same 429 again."""
+    srv = Scripted(overloaded("40"), (200, OK, {}))
+    with srv.client(max_retries=2) as c, pytest.raises(OverloadedError) as e:
+        c.translate("x", source_lang="de", target_lang="en")
+    assert len(srv.calls) == 1 and sleeps == [] and e.value.retry_after == 40 > MAX_RETRY_WAIT_S
+
+
+@pytest.mark.parametrize("header, wait", [
+    ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),      # an HTTP date (RFC 9110), here in the past
+    ("-1", 1.0), ("nan", 1.0), ("soon", 1.0),    # unreadable: the default second
+])
+def test_a_retry_after_of_any_form_is_read_or_replaced_never_a_valueerror(header, wait, sleeps):
+    srv = Scripted(overloaded(header), (200, OK, {}))
+    with srv.client(max_retries=1) as c:
+        assert c.translate("x", source_lang="de", target_lang="en").model == "m"
+    assert sleeps == [wait]
+
+
+def test_the_error_body_is_the_servers_and_a_missing_message_is_the_status_phrase(sleeps):
+    srv = Scripted(overloaded("0"), overloaded("0"), (400, {"error": {"type": "x"}}, {}))
+    with srv.client(max_retries=1) as c:
+        with pytest.raises(OverloadedError) as e:
+            c.translate("x", source_lang="de", target_lang="en")
+        assert e.value.body == {"error": {"type": "overloaded", "message": "queue full", "limit": 2},
+                                "request_id": "r1"}
+        with pytest.raises(BadRequestError) as e:
+            c.translate("x", source_lang="de", target_lang="en")
+    assert e.value.message == "Bad Request" and str(e.value) == "400: Bad Request" and e.value.retry_after is None
+
+
+@pytest.mark.parametrize("body, calls", [
+    ("<html>a proxy's page</html>", ("translate", "languages", "info")),
+    ({"foo": 1}, ("translate", "languages")), ([1], ("translate", "languages", "info")),
+])
+def test_an_answer_that_is_not_the_apis_is_a_response_validation_error(body, calls, sleeps):
+    srv = Scripted(*[(200, body, {})] * len(calls))
+    with srv.client() as c:
+        for name in calls:
+            call = getattr(c, name)
+            with pytest.raises(APIResponseValidationError) as e:
+                call("x", source_lang="de", target_lang="en") if name == "translate" else call()
+            assert e.value.status_code == 200
+    assert len(srv.calls) == len(calls) and sleeps == []
+
+
+def test_a_redirect_is_an_error_naming_where_not_a_json_error(sleeps):
+    srv = Scripted((302, "", {"location": "https://transerve.test/translate"}))
+    with srv.client() as c, pytest.raises(APIStatusError) as e:
+        c.translate("x", source_lang="de", target_lang="en")
+    assert e.value.status_code == 302 and "https://transerve.test/translate" in e.value.message
+
+
+def test_a_base_url_without_a_scheme_is_refused_at_once():
+    for cls in (Client, AsyncClient):
+        with pytest.raises(ValueError, match="http:// or https://"):
+            cls("127.0.0.1:8000")
+
+
+def test_a_post_cut_after_it_was_sent_is_not_retried_a_get_is(sleeps):
+    """A read error may come after the server ran the request (and charged its key): only a GET goes again."""
+    srv = Scripted(httpx.ReadError(""), httpx.RemoteProtocolError("server disconnected"), [{"code": "de"}])
+    with srv.client(max_retries=2) as c:
+        with pytest.raises(APIConnectionError, match="POST /translate: ReadError"):
+            c.translate("x", source_lang="de", target_lang="en")
+        assert len(srv.calls) == 1 and sleeps == []
+        srv.script[-1] = (200, [{"code": "de", "name": "German", "targets": ["en"]}], {})
+        assert [lang.code for lang in c.languages()] == ["de"]
+    assert len(srv.calls) == 3 and sleeps == [0.5]
+
+
+def test_the_errors_pickle_with_their_fields():
+    import pickle
+
+    error = OverloadedError("m", status_code=429, request_id="r", body={"error": {"type": "t", "limit": 3}},
+                            retry_after=4.0)
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is OverloadedError and str(again) == str(error)
+    assert (again.status_code, again.request_id, again.type, again.limit, again.retry_after) == (429, "r", "t", 3, 4.0)
 
 
 @pytest.mark.parametrize("status, cls", [(422, BadRequestError), (500, InternalServerError)])
@@ -340,6 +422,29 @@ def test_stream_parses_events_split_across_lines_and_chunks():
     with srv.client() as c, c.stream("x") as s:
         assert list(s) == [" ein", "e"]
     assert s.result.text == " eine"
+
+
+@pytest.mark.parametrize("event", [{"type": "token", "index": "zero", "text": "x"},
+                                   dict(DONE, choices=["x"]), dict(DONE, usage=None)])
+def test_an_event_the_client_cannot_read_is_a_stream_error(event, sleeps):
+    srv = Scripted((200, Sse(token(" ein"), event), {"X-Request-Id": "r8"}))
+    with srv.client() as c, pytest.raises(APIStreamError) as e:
+        with c.stream("Das ist") as s:
+            list(s)
+    assert e.value.type == "invalid_event" and e.value.request_id == "r8" and sleeps == []
+
+
+def test_a_stream_answered_with_something_else_than_events_is_a_response_validation_error():
+    srv = Scripted((200, GENERATED, {}), (200, GENERATED, {}))
+    with srv.client() as c, pytest.raises(APIResponseValidationError, match="not server-sent events"):
+        c.stream("Das ist")
+
+    async def run():
+        async with srv.async_client() as c:
+            async with c.stream("Das ist"):
+                pass
+    with pytest.raises(APIResponseValidationError, match="not server-sent events"):
+        asyncio.run(run())
 
 
 def test_an_error_event_raises_with_the_request_id_and_is_not_retried(sleeps):
