@@ -278,7 +278,9 @@ def test_a_value_in_redis_that_is_not_an_answer_is_one_miss_and_is_written_over(
     # A writes to Redis after answering, off the request's path: its two keys come a moment later.
     new = until(lambda: len(keys := set(store.scan_iter("transerve:translation:*")) - kept) == 2 and keys,
                 what="A's two answers in Redis")
-    for key, garbage in zip(sorted(new), (b'{"text": 1}', b"\xff not JSON")):   # written by something else
+    # Written by something else: an answer's keys with other types (joined() raised on them: a 500), not JSON.
+    wrong_types = b'{"text": null, "score": "x", "alternatives": 5, "input_tokens": "a", "output_tokens": null}'
+    for key, garbage in zip(sorted(new), (wrong_types, b"\xff not JSON")):
         store.set(key, garbage)
     work, misses = worker_work(servers.b), metric(servers.b, "transerve_translation_cache_misses_total")
     hits = metric(servers.b, "transerve_translation_cache_hits_total")

@@ -130,13 +130,33 @@ def joined(items: list[dict], separators: list[str] | None) -> dict:
 
 
 def parsed(value: bytes) -> dict | None:
-    """A kept answer, or None for a value that is not one (a Redis key of ours written by something else): a miss,
-    never a 500."""
+    """A kept answer, or None for a value that is not one (a Redis key of ours written by something else, or an
+    answer's keys with other types): a miss, never a 500, and never kept in this process's memory."""
     try:
         item = json.loads(value)
     except ValueError:
         return None
-    return item if isinstance(item, dict) and ITEM <= item.keys() else None
+    return item if answer_shaped(item) else None
+
+
+def answer_shaped(item) -> bool:
+    """Whether `item` has an answer's fields with the types `joined` and the response read (TranslationItem)."""
+    return (isinstance(item, dict) and ITEM <= item.keys() and isinstance(item["text"], str) and number(item["score"])
+            and count(item["input_tokens"]) and count(item["output_tokens"])
+            and isinstance(item["alternatives"], list)
+            and all(isinstance(a, dict) and isinstance(a.get("text"), str) and number(a.get("score"))
+                    for a in item["alternatives"])
+            and (item.get("glossary") is None or isinstance(item["glossary"], list) and all(
+                isinstance(g, dict) and isinstance(g.get("source"), str) and isinstance(g.get("target"), str)
+                and isinstance(g.get("held"), bool) for g in item["glossary"])))
+
+
+def number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 @dataclass
