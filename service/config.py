@@ -13,6 +13,7 @@ import argparse
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .keyfile import KeysFileError, plain_keys, read_keys_file, structured
 
@@ -296,6 +297,27 @@ def check_admin_keys_file(p: argparse.ArgumentParser, path: str) -> None:
         p.error(str(e).replace("API keys file", "admin keys file"))
 
 
+def redis_url_problem(url: str) -> str | None:
+    """Why a --redis-url is not one Redis can be reached at, in words that never quote it (it may hold a password);
+    None when it is one. Checked at start: such a URL made every request that reads Redis a 500, and one whose
+    password held a / stopped the start with part of the password in the traceback."""
+    u = urlsplit(url)
+    encode = " (a password's /, # or ? must be percent-encoded: %2F, %23, %3F)"
+    if u.scheme not in ("redis", "rediss", "unix"):
+        return "must start with redis://, rediss:// or unix://"
+    if u.scheme == "unix":
+        return None if u.path else "names no socket path"
+    try:
+        u.port
+    except ValueError:
+        return "has a port that is not a number" + encode
+    if not u.hostname:
+        return "names no host" + encode
+    if u.path.strip("/") and not u.path.strip("/").isdigit():
+        return "has a database that is not a number" + encode
+    return None
+
+
 def parse_settings(argv: list[str] | None = None) -> Settings:
     defaults = Settings()
     p = argparse.ArgumentParser(prog="python -m service", description="Serve model packages over HTTP.")
@@ -338,6 +360,8 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         p.error(f"--redis-down must be admit or refuse, got {s.redis_down!r}")
     if not s.redis_timeout_ms > 0:
         p.error(f"--redis-timeout-ms must be more than 0, got {s.redis_timeout_ms}")
+    if s.redis_url and (problem := redis_url_problem(s.redis_url)):
+        p.error(f"--redis-url {problem}")      # never the URL itself: it may hold a password
     if s.cache_size < 0 or s.cache_bytes < 1 or not s.cache_ttl_s > 0:
         p.error(f"--cache-size must be 0 (off) or more, --cache-bytes at least 1 and --cache-ttl-s more than 0, got "
                 f"{s.cache_size}, {s.cache_bytes} and {s.cache_ttl_s}")

@@ -121,3 +121,22 @@ def test_log_format_is_text_or_json():
     assert parse_settings(["--log-format", "json"]).log_format == "json"
     with pytest.raises(SystemExit):
         parse_settings(["--log-format", "xml"])
+
+
+@pytest.mark.parametrize("url, words", [
+    ("127.0.0.1:6379", "must start with redis://"),                   # every request reading Redis was a 500
+    ("redis://:Kx9/Qm2SecretTail+w==@127.0.0.1:6379/0", "percent-encoded"),   # the start's traceback held "Kx9"
+    ("redis://:Kx9#Qm2SecretTail@127.0.0.1:6379/0", "percent-encoded"),
+    ("redis://127.0.0.1:6379/zero", "database"),
+])
+def test_a_redis_url_that_cannot_be_opened_stops_the_start_without_quoting_it(url, words, capsys):
+    with pytest.raises(SystemExit):
+        parse_settings(["--redis-url", url])
+    err = capsys.readouterr().err
+    assert words in err and "Kx9" not in err and "SecretTail" not in err, err
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "redis://:Kx9%2FQm2@10.0.0.1/3", "rediss://r.example:6380",
+                                 "unix:///run/redis.sock"])
+def test_a_redis_url_that_can_be_opened_is_taken(url):
+    assert parse_settings(["--redis-url", url]).redis_url == url

@@ -70,9 +70,13 @@ class StoreDown(Exception):
 
 
 def where(url: str) -> str:
-    """host:port of a Redis URL, for the log: the URL itself may hold a password."""
+    """host:port of a Redis URL, for the log: the URL itself may hold a password (never in an error either)."""
     u = urlsplit(url)
-    return f"{u.hostname or '?'}:{u.port or 6379}"
+    try:
+        port = u.port or 6379
+    except ValueError:                     # config.redis_url_problem refuses such a URL at start
+        port = "?"
+    return f"{u.hostname or '?'}:{port}"
 
 
 class RedisCounters:
