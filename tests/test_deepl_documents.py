@@ -473,3 +473,29 @@ def test_a_restarted_server_deletes_the_jobs_that_expired_meanwhile_before_any_u
             time.sleep(0.2)
     finally:
         stop_server(proc)
+
+
+def test_an_upload_to_a_redis_at_its_maxmemory_is_refused_and_leaves_nothing_there(redis):
+    """A full Redis (noeviction) refuses the job's first write, so nothing of it is stored: its creation's first
+    command used to be a write Redis lets through when full, after which the rest (a 1 MB source) went too."""
+    import redis as redis_client
+
+    from service.http.redis_bridge import StoreDown
+
+    admin = redis_client.Redis.from_url(redis.url)
+    job = {"key_hash": "0" * 64, "status": "queued", "format": "txt", "source_lang": "de", "target_lang": "en",
+           "created": time.time(), "holder": "me", "lease_until": time.time() + 30}
+
+    async def run():
+        store = RedisJobs(RedisDocuments(redis.url, 2.0))
+        try:
+            admin.config_set("maxmemory-policy", "noeviction")
+            admin.config_set("maxmemory", admin.info("memory")["used_memory"] + 50_000)
+            with pytest.raises(StoreDown):
+                await store.create("full", "F" * 32, job, os.urandom(1_000_000), 60, 3)
+            assert not list(admin.scan_iter("*{full}*"))
+        finally:
+            admin.config_set("maxmemory", 0)
+        assert await store.create("full", "F" * 32, job, b"Hallo", 60, 3)     # room again: stored
+
+    asyncio.run(run())

@@ -169,10 +169,12 @@ class RedisGlossaries:
 # set holds ARGV[2] live jobs already (0: no cap): two replicas admitting uploads of one key at once cannot both
 # pass it. KEYS: the job's hash, its source file, its owner's active set; ARGV: time to live (ms), the cap, now,
 # the job's lease end (its score), the source, then the hash's fields and values. Returns 1, or 0 when refused.
+# Its first write is the HSET, which a Redis at its maxmemory refuses (an error: the upload's 503) before anything is
+# written: a script's later writes go through once one has (ZREMRANGEBYSCORE first stored 20 MB uploads past it).
 CREATE_DOCUMENT = """
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[3])
-if tonumber(ARGV[2]) > 0 and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[2]) then return 0 end
+if tonumber(ARGV[2]) > 0 and redis.call('ZCOUNT', KEYS[3], ARGV[3], '+inf') >= tonumber(ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 6))
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[1])
 redis.call('ZADD', KEYS[3], ARGV[4], KEYS[1])
