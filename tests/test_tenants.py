@@ -35,12 +35,12 @@ assert len(TEXT) == 100
 HAMMER_S = float(os.environ.get("TRANSERVE_TENANT_HAMMER_S", "10"))   # the issue's 20 s, shortened for CI
 KEYS = {"capped": "capped-key-0001", "free": "free-key-0002", "chatty": "chatty-key-0003",
         "steady": "steady-key-0004", "newbie": "newbie-key-0005", "narrow": "narrow-key-0006",
-        "tokened": "tokened-key-0007"}
+        "tokened": "tokened-key-0007", "daily": "daily-key-0008"}
 
 
 def keys_yaml(*names: str) -> str:
     limits = {"capped": "{characters_per_minute: 1000}", "chatty": "{requests_per_minute: 2}",
-              "tokened": "{tokens_per_day: 10}"}
+              "tokened": "{tokens_per_day: 10}", "daily": "{characters_per_day: 100000}"}
     lines = ["keys:"]
     for name in names:
         if name == "steady":   # only its SHA-256 in the file
@@ -316,10 +316,11 @@ def test_keys_reload_on_sighup_and_on_file_change_without_failing_a_request(serv
 
 
 def test_redis_stopped_under_load_and_back(servers, redis):
-    """While Redis is out: no 5xx; the first server admits the capped key, the second refuses with 429. Back:
-    the capped key is limited again (its counters went with the Redis that held them)."""
+    """While Redis is out: no 5xx; the first server admits the capped key, the second refuses with 429; DeepL's
+    usage of a key's day is a 429 to retry on either (it said 0 used). Back: the capped key is limited again (its
+    counters went with the Redis that held them)."""
     urls, _, keys = servers
-    replace(keys, keys_yaml("capped", "free", "chatty", "steady"))
+    replace(keys, keys_yaml("capped", "free", "chatty", "steady", "daily"))
     time.sleep(1.0)
     answers = {}
 
@@ -330,6 +331,8 @@ def test_redis_stopped_under_load_and_back(servers, redis):
             answers[i] = [httpx.post(url + "/translate", json={"text": TEXT, "source_lang": "de", "target_lang": "en",
                                                                "beam_size": 1}, headers=bearer("capped"), timeout=60)
                           for _ in range(3)]
+        answers["usage"] = [httpx.get(url + "/deepl/v2/usage", headers={"Authorization": "DeepL-Auth-Key "
+                                                                       + KEYS["daily"]}, timeout=60) for url in urls]
         time.sleep(1.0)
 
     statuses = statuses_while(urls, "steady", outage, 4)
@@ -337,6 +340,8 @@ def test_redis_stopped_under_load_and_back(servers, redis):
     assert [r.status_code for r in answers[0]] == [200] * 3                       # admitted
     assert all(r.status_code == 429 and r.json()["error"]["type"] == "limits_unavailable"
                and r.headers["retry-after"] == "1" for r in answers[1])          # refused, retry shortly
+    assert [(r.status_code, r.headers.get("retry-after")) for r in answers["usage"]] == [(429, "1")] * 2, \
+        [r.text for r in answers["usage"]]
     metrics = httpx.get(urls[0] + "/metrics", headers=bearer("steady")).text
     assert 'transerve_ratelimit_store_errors_total{outcome="admitted"}' in metrics
     assert not any(k in metrics for k in KEYS.values())

@@ -417,7 +417,10 @@ async def usage(gateway: Gateway, request: Request) -> dict:
     if "characters_per_day" not in tenant.limits.given():
         return {"character_count": 0, "character_limit": UNLIMITED}
     day = (await gateway.quota.usage(tenant))["characters_per_day"]
-    return {"character_count": day["used"] or 0, "character_limit": day["limit"]}
+    if day["used"] is None:     # the counts' store does not answer: not "nothing used", which a client would spend
+        raise ApiError(429, "limits_unavailable", "the key's usage cannot be read now (its store does not answer); "
+                       "retry shortly", headers={"Retry-After": "1"})
+    return {"character_count": day["used"], "character_limit": day["limit"]}
 
 
 # --- glossaries: our store (http/glossary_store.py), in DeepL's v2 shapes ------------------------------------------
