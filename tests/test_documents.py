@@ -360,3 +360,16 @@ def test_html_with_an_internal_dtd_subset_is_refused_and_a_plain_doctype_kept():
     assert out.decode() == kept.replace("Zelle eins", "Cell one")
     out, _ = translated("html", "<!DOCTYPE html>\n<p>Zelle eins</p>".encode())
     assert out.decode() == "<!DOCTYPE html>\n<p>Cell one</p>"
+
+
+def test_markdown_keeps_a_raw_html_block_whole_up_to_its_end_marker():
+    """A comment, <pre>, <script> over several lines: every line up to the end marker kept as written (only the
+    first was: the comment's and the script's other lines went to the model)."""
+    kept = ("<!--\nEin Kommentar\nüber Zeilen -->\n", "<pre>\nCode bleibt\n</pre>\n",
+            "<script>\nvar x = 'Hallo';\n</script>\n")
+    md = ("Ein Satz.\n" + kept[0] + "Noch ein Satz.\n\n" + kept[1] + "\n" + kept[2]
+          + "Ende hier.\n<!-- kurz -->\nText.\n")
+    out, texts = translated("md", md.encode())
+    assert out.decode() == ("EIN SATZ.\n" + kept[0] + "NOCH EIN SATZ.\n\n" + kept[1] + "\n" + kept[2] + "ENDE HIER.\n"
+                            "<!-- kurz -->\nTEXT.\n")
+    assert texts == ["Ein Satz.", "Noch ein Satz.", "Ende hier.", "Text."]

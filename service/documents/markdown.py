@@ -6,8 +6,9 @@ whole) and are written back as one line, which Markdown renders the same; but a 
 backslash at a line's end) ends the text, each side translated alone, the break kept. Kept as written: fenced and
 indented code, blank lines, thematic breaks, setext headings' underlines (on their own line), table rules, an HTML
 block's first line (as CommonMark starts one: a block-level tag, a comment, a tag alone on its line; not an inline
-tag or an autolink, which start a paragraph), link reference definitions. Inside a list item, code is indented 4
-columns past the item's text, as in CommonMark: a line indented less is the item's paragraph or list, translated;
+tag or an autolink, which start a paragraph; a comment, script, pre, style or textarea whole, to its end marker),
+link reference definitions. Inside a list item, code is indented 4 columns past the item's text, as in
+CommonMark: a line indented less is the item's paragraph or list, translated;
 and an indented line right after a paragraph's text goes on with it. A heading's `#`s, a list item's marker (and
 task box), a quote's `>`s, a table row's pipes, a footnote definition's `[^1]:` and a paragraph's indentation are
 kept around the text.
@@ -42,6 +43,14 @@ HTML_BLOCK = re.compile(rf"\s{{0,3}}(<(script|pre|style|textarea)(\s|>|$)|<!--|<
 # an autolink with text after it starts a paragraph, translated around its tags.
 ATTRIBUTE = r"""\s+[A-Za-z_:][\w.:-]*(\s*=\s*([^\s"'=<>`]+|'[^']*'|"[^"]*"))?"""
 HTML_TAG_LINE = re.compile(rf"\s{{0,3}}(<[A-Za-z][A-Za-z0-9-]*({ATTRIBUTE})*\s*/?>|</[A-Za-z][A-Za-z0-9-]*\s*>)\s*$")
+# Raw HTML blocks (CommonMark's start conditions 1 to 5) and the marker that ends each: their lines up to it are
+# kept whole, none translated (a script, a <pre>, a comment over several lines).
+RAW_HTML = ((re.compile(r"\s{0,3}<(script|pre|style|textarea)(\s|>|$)", re.I),
+             re.compile(r"</(script|pre|style|textarea)>", re.I)),
+            (re.compile(r"\s{0,3}<!--"), re.compile(r"-->")),
+            (re.compile(r"\s{0,3}<\?"), re.compile(r"\?>")),
+            (re.compile(r"\s{0,3}<![A-Za-z]"), re.compile(r">")),
+            (re.compile(r"\s{0,3}<!\[CDATA\["), re.compile(r"\]\]>")))
 # A block's own marks, kept before its text: heading, quote, list item (with a task box), footnote definition.
 # Matched on a line less its list items' indentation once indented code is ruled out, so its heading may be
 # indented past 3 (in a list item).
@@ -114,6 +123,14 @@ def item_column(line: str) -> int:
     return marker + (spaces if 1 <= spaces <= 4 else 1)
 
 
+def raw_html_end(rest: str) -> re.Pattern | None:
+    """The end marker of the raw HTML block that `rest` starts (RAW_HTML), when it does not end on this line."""
+    for start, end in RAW_HTML:
+        if m := start.match(rest):
+            return None if end.search(rest, m.end()) else end
+    return None
+
+
 def starts_block(rest: str) -> bool:
     """Whether a line (less its list items' indentation) starts a block, which ends a paragraph before it. A tag
     alone on its line (HTML_TAG_LINE) does not: CommonMark lets it start an HTML block only outside a paragraph."""
@@ -126,8 +143,13 @@ class Markdown:
         indented to it is inside the item (its paragraph, its list, its fence), and is code only 4 columns
         further, as in CommonMark. open_text: a paragraph (or a list item's, a quote's, a table row's text) runs
         on: a line that starts no block goes on with it, however it is indented."""
-        fence, fence_base, paragraph, items, open_text = "", 0, [], [], False
+        fence, fence_base, paragraph, items, open_text, raw_end = "", 0, [], [], False, None
         for line in stream:
+            if raw_end:                          # a raw HTML block: kept, up to its end marker
+                if raw_end.search(line):
+                    raw_end = None
+                yield Record("", line)
+                continue
             if fence:                            # code: kept, up to the fence that closes it
                 m = FENCE.match(outdent(line, fence_base))
                 if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence):
@@ -158,6 +180,7 @@ class Markdown:
                 fence, fence_base = m.group(1), base
                 yield Record("", line)
             elif KEPT.match(rest) or HTML_BLOCK.match(rest) or HTML_TAG_LINE.match(rest):
+                raw_end = raw_html_end(rest)
                 yield Record("", line)
             elif (lead := LEAD.match(rest)) or "|" in line:
                 if lead and lead.group(3):       # a list item: its text's column
