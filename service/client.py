@@ -55,13 +55,16 @@ Exceptions:
         ├── APIStreamError            an error event after a stream began (status 200), or an event this client
         │                             cannot read: .status_code is None
         └── APIResponseValidationError  a success whose body is not what this API answers (a proxy's page, another
-                                        service): .status_code, .body (its first 200 characters)
+                                        service): .status_code, .body (its first 200 characters; None for
+                                        a stream that is not server-sent events)
 
 Retries (max_retries, default 2) happen only before a response is accepted, and only where the request
-cannot have run: a connection that could not be made (a GET also after the connection broke), and a 429 or
-503, after its Retry-After (1 s when it says none; one over MAX_RETRY_WAIT_S, 10 s, is raised at once: the
-caller decides whether to wait that long). A POST whose connection broke after it was sent, or that timed
-out, is not retried: it may have run and been charged. For a stream, retries end at its first event (the
+cannot have run: a connection that could not be made, in time or at all (a GET also after the connection broke),
+and a 429 or 503, after its Retry-After (1 s when it says none; one over max_retry_wait_s, by default
+MAX_RETRY_WAIT_S = 10 s, is raised at once: the caller decides whether to wait that long). A POST whose
+connection broke after it was sent, or that got no answer in time, is not retried: it may have run and been
+charged. Idle connections are let go after KEEPALIVE_S, before the server's keep-alive (5 s) closes them under
+a request. For a stream, retries end at its first event (the
 server sends the stream's headers with its first event, and errors before it as a status): once it has
 begun its pieces may already have been used.
 """
@@ -91,9 +94,13 @@ __all__ = ["Client", "AsyncClient", "TextStream", "AsyncTextStream", "Glossary",
            "OverloadedError", "InternalServerError", "MAX_RETRY_WAIT_S"]
 
 
-# A 429's or 503's Retry-After above this is not waited for: the error is raised at once (a day's character limit
-# says hours), and the caller decides.
+# A 429's or 503's Retry-After above this is not waited for (the default of max_retry_wait_s): the error is raised
+# at once (a day's character limit says hours), and the caller decides.
 MAX_RETRY_WAIT_S = 10.0
+# Idle connections are closed after this: under the server's keep-alive (--keep-alive-timeout-s, 5 s), so a request
+# is never sent on a connection the server is closing (which would break after it was sent: not retried).
+KEEPALIVE_S = 4.0
+LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_S)  # else httpx's
 
 
 class TranserveError(Exception):
@@ -433,11 +440,12 @@ class BaseClient:
     """Builds requests and parses responses; no I/O."""
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", *, api_key: Optional[str] = None,
-                 timeout: float = 60.0, max_retries: int = 2):
+                 timeout: float = 60.0, max_retries: int = 2, max_retry_wait_s: float = MAX_RETRY_WAIT_S):
         if httpx.URL(base_url).scheme not in ("http", "https"):
-            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r:.80}")
+            raise ValueError("base_url must start with http:// or https://")     # not quoted: it may hold a password
         self.base_url = base_url.rstrip("/")
         self.api_key, self.timeout, self.max_retries = api_key, timeout, max_retries
+        self.max_retry_wait_s = max_retry_wait_s
 
     def _headers(self) -> dict[str, str]:
         h = {"Accept": "application/json"}
@@ -563,14 +571,14 @@ class BaseClient:
 
     def _retry_delay(self, error: TranserveError, attempt: int, method: str) -> Optional[float]:
         """Seconds to wait before retrying, or None to give up (see the module's docstring). Overload: the
-        server's Retry-After, unless over MAX_RETRY_WAIT_S; connection errors where the request cannot have
+        server's Retry-After, unless over max_retry_wait_s; connection errors where the request cannot have
         run: exponential backoff (0.5 s, 1 s, 2 s, ...)."""
         if attempt >= self.max_retries:
             return None
         if isinstance(error, OverloadedError):
-            return error.retry_after if error.retry_after <= MAX_RETRY_WAIT_S else None
+            return error.retry_after if error.retry_after <= self.max_retry_wait_s else None
         if isinstance(error, APIConnectionError) and not isinstance(error, APITimeoutError):
-            unsent = isinstance(error.__cause__, httpx.ConnectError)
+            unsent = isinstance(error.__cause__, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
             return 0.5 * 2 ** attempt if unsent or method == "GET" else None
         return None
 
@@ -586,7 +594,7 @@ class Client(BaseClient):
                  **kwargs):
         super().__init__(base_url, **kwargs)
         self._http = httpx.Client(base_url=self.base_url, timeout=self.timeout, headers=self._headers(),
-                                  transport=transport)
+                                  transport=transport, limits=LIMITS)
 
     def _request(self, method: str, path: str, *, stream: bool = False, **kwargs) -> httpx.Response:
         attempt = 0
@@ -606,12 +614,14 @@ class Client(BaseClient):
             if not stream:
                 return self._http.request(method, path, **kwargs)
             response = self._http.send(self._http.build_request(method, path, **kwargs), stream=True)
-            if response.status_code >= 400:
+            if response.status_code >= 300:                            # _check raises: read it, close it
                 try:
                     response.read()
                 finally:
                     response.close()
             return response
+        except (httpx.ConnectTimeout, httpx.PoolTimeout) as e:        # not sent: retried as a refused connection
+            raise self._connection_error(method, path, e) from e
         except httpx.TimeoutException as e:
             raise APITimeoutError(f"{method} {path}: no answer within {self.timeout} s") from e
         except httpx.TransportError as e:
@@ -680,7 +690,7 @@ class AsyncClient(BaseClient):
                  transport: Optional[httpx.AsyncBaseTransport] = None, **kwargs):
         super().__init__(base_url, **kwargs)
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout, headers=self._headers(),
-                                       transport=transport)
+                                       transport=transport, limits=LIMITS)
 
     async def _request(self, method: str, path: str, *, stream: bool = False, **kwargs) -> httpx.Response:
         attempt = 0
@@ -699,12 +709,14 @@ class AsyncClient(BaseClient):
             if not stream:
                 return await self._http.request(method, path, **kwargs)
             response = await self._http.send(self._http.build_request(method, path, **kwargs), stream=True)
-            if response.status_code >= 400:
+            if response.status_code >= 300:
                 try:
                     await response.aread()
                 finally:
                     await response.aclose()
             return response
+        except (httpx.ConnectTimeout, httpx.PoolTimeout) as e:        # not sent: retried as a refused connection
+            raise self._connection_error(method, path, e) from e
         except httpx.TimeoutException as e:
             raise APITimeoutError(f"{method} {path}: no answer within {self.timeout} s") from e
         except httpx.TransportError as e:

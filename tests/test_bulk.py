@@ -18,7 +18,7 @@ import polib
 import pytest
 from lxml import etree
 
-from conftest import ROOT, pairs64, start_server, stop_server
+from conftest import ROOT, free_port, pairs64, start_server, stop_server
 from documents_help import opendocument, word
 from service.bulk.formats import JsonLines
 from service.bulk.options import BulkOptions
@@ -336,6 +336,20 @@ def test_ctrl_c_says_it_was_stopped_by_sigint(tmp_path, monkeypatch, capsys):
     src.write_text("Hallo\n", encoding="utf-8")
     assert command.main([str(src), "-o", str(tmp_path / "out.txt"), "--model", str(MODEL)]) == 130
     assert capsys.readouterr().err.strip() == "transerve translate: stopped by SIGINT"
+
+
+def test_a_service_that_cannot_be_reached_ends_the_run_with_a_message_to_resume(tmp_path, monkeypatch, capsys):
+    """--url: what the SDK gives up on (here a port nobody listens on, its retries not slept) is exit 2 with the
+    service's or the connection's words, not a traceback."""
+    from service.bulk import command
+
+    monkeypatch.setattr("service.client.time.sleep", lambda seconds: None)
+    src = tmp_path / "in.txt"
+    src.write_text("Hallo\n", encoding="utf-8")
+    url = f"http://127.0.0.1:{free_port()}"
+    assert command.main([str(src), "-o", str(tmp_path / "out.txt"), "--url", url, "--progress", "off"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"transerve translate: error: {url}: POST /translate: ConnectError") and "--resume" in err
 
 
 @pytest.mark.parametrize("name, content, words", [

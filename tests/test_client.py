@@ -207,10 +207,19 @@ def test_an_answer_that_is_not_the_apis_is_a_response_validation_error(body, cal
 
 
 def test_a_redirect_is_an_error_naming_where_not_a_json_error(sleeps):
-    srv = Scripted((302, "", {"location": "https://transerve.test/translate"}))
-    with srv.client() as c, pytest.raises(APIStatusError) as e:
-        c.translate("x", source_lang="de", target_lang="en")
-    assert e.value.status_code == 302 and "https://transerve.test/translate" in e.value.message
+    srv = Scripted(*[(302, "", {"location": "https://transerve.test/generate"})] * 2)
+    with srv.client() as c:
+        for call in (lambda: c.translate("x", source_lang="de", target_lang="en"), lambda: c.stream("x")):
+            with pytest.raises(APIStatusError) as e:
+                call()
+            assert e.value.status_code == 302 and "https://transerve.test/generate" in e.value.message
+
+
+def test_a_connection_not_made_in_time_is_retried_and_the_longest_wait_is_the_callers(sleeps):
+    srv = Scripted(httpx.ConnectTimeout("connect"), httpx.PoolTimeout("pool"), overloaded("40"), (200, OK, {}))
+    with srv.client(max_retries=3, max_retry_wait_s=60) as c:
+        assert c.translate("x", source_lang="de", target_lang="en").model == "m"
+    assert sleeps == [0.5, 1.0, 40.0]
 
 
 def test_a_base_url_without_a_scheme_is_refused_at_once():

@@ -103,6 +103,7 @@ def catalog_runner():
 
 def main(argv: list[str] | None = None) -> int:
     from .translators import translator
+    from ..client import TranserveError
     from ..documents.limits import DocumentError
     from ..shared.package import PackageError
 
@@ -115,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         run(options, t)
     except (ResumeError, PackageError, DocumentError, ValueError, OSError) as e:   # a file refused: its message
         print(f"transerve translate: error: {e}", file=sys.stderr)
+        return 2
+    except TranserveError as e:          # --url: the service refused, or could not be reached: --resume goes on
+        print(f"transerve translate: error: {options.url}: {e} (--resume goes on from here)", file=sys.stderr)
         return 2
     except (Stopped, KeyboardInterrupt) as e:
         # str(): a KeyboardInterrupt is truthy with no text, which printed "stopped by " and nothing after it

@@ -69,6 +69,9 @@ def batches(ids: list[list[int]], size: int, tokens: int) -> list[list[int]]:
     return out
 
 
+RETRY_WAIT_S = 120.0     # --url: the longest Retry-After a request waits for before the run stops (resumable)
+
+
 class Remote:
     """A running service (--url) through the SDK: the chunk's segments in requests of batch_size texts,
     `concurrency` of them in flight (the service batches them with other clients' and splits sentences
@@ -77,7 +80,9 @@ class Remote:
     def __init__(self, options: BulkOptions):
         from ..client import Client
 
-        self.client = Client(options.url, api_key=options.api_key, timeout=600.0, max_retries=8)
+        # A run of hours waits out a key's minute (a 429's Retry-After up to 60 s), not a day's limit.
+        self.client = Client(options.url, api_key=options.api_key, timeout=600.0, max_retries=8,
+                             max_retry_wait_s=RETRY_WAIT_S)
         self.options = options
         self.glossary = [(e.source, e.target) for e in options.glossary_entries] or None
         self.pool = ThreadPoolExecutor(options.concurrency)
