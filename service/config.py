@@ -303,14 +303,14 @@ def redis_url_problem(url: str) -> str | None:
     password held a / stopped the start with part of the password in the traceback."""
     u = urlsplit(url)
     encode = " (a password's /, # or ? must be percent-encoded: %2F, %23, %3F)"
-    if u.scheme not in ("redis", "rediss", "unix"):
+    if url.split(":", 1)[0] not in ("redis", "rediss", "unix"):      # as written: redis-py refuses REDIS://
         return "must start with redis://, rediss:// or unix://"
     if u.scheme == "unix":
         return None if u.path else "names no socket path"
     try:
         u.port
     except ValueError:
-        return "has a port that is not a number" + encode
+        return "has a port that is not a number from 0 to 65535" + encode
     if not u.hostname:
         return "names no host" + encode
     if u.path.strip("/") and not u.path.strip("/").isdigit():

@@ -368,8 +368,8 @@ def test_markdown_keeps_a_raw_html_block_whole_up_to_its_end_marker():
     kept = ("<!--\nEin Kommentar\nüber Zeilen -->\n", "<pre>\nCode bleibt\n</pre>\n",
             "<script>\nvar x = 'Hallo';\n</script>\n")
     md = ("Ein Satz.\n" + kept[0] + "Noch ein Satz.\n\n" + kept[1] + "\n" + kept[2]
-          + "Ende hier.\n<!-- kurz -->\nText.\n")
+          + "Ende hier.\n<!-- kurz -->\nText.\n<!-->\nLetzter Satz.\n")
     out, texts = translated("md", md.encode())
     assert out.decode() == ("EIN SATZ.\n" + kept[0] + "NOCH EIN SATZ.\n\n" + kept[1] + "\n" + kept[2] + "ENDE HIER.\n"
-                            "<!-- kurz -->\nTEXT.\n")
-    assert texts == ["Ein Satz.", "Noch ein Satz.", "Ende hier.", "Text."]
+                            "<!-- kurz -->\nTEXT.\n<!-->\nLETZTER SATZ.\n")
+    assert texts == ["Ein Satz.", "Noch ein Satz.", "Ende hier.", "Text.", "Letzter Satz."]

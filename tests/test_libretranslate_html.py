@@ -277,12 +277,12 @@ def test_an_image_keeps_the_spaces_beside_it():
     """A word edge of the translation has a space on one side: the side an image (or a comment) had whitespace on in
     the source gets it back, so it does not end up glued to a word."""
     src = ["<p><img src='a.png'> Das Haus steht hier.</p>", "<p>Ein Bild <img src='b.png'> und Text.</p>",
-           "<p>Ein Bild<img src='c.png'>, ohne Raum.</p>"]
+           "<p>Ein Bild<img src='c.png'>, ohne Raum.</p>", "<p>Zwei Bilder <img src='d'><img src='e'></p>"]
     out = fake(src, {"Das Haus steht hier.": "The house stands here.", "Ein Bild und Text.": "A picture and text.",
-                     "Ein Bild, ohne Raum.": "A picture, without room."})
+                     "Ein Bild, ohne Raum.": "A picture, without room.", "Zwei Bilder": "Two pictures"})
     assert out == ["<p><img src='a.png'> The house stands here.</p>",
                    "<p>A picture <img src='b.png'> and text.</p>",
-                   "<p>A picture<img src='c.png'>, without room.</p>"]
+                   "<p>A picture<img src='c.png'>, without room.</p>", "<p>Two pictures <img src='d'><img src='e'></p>"]
 
 
 def test_identity_keeps_every_tag_in_place():

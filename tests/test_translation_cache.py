@@ -35,7 +35,7 @@ from conftest import ROOT, free_port, pairs64, server_log, start_server, stop_se
 from service.config import Settings
 from service.http.redis_bridge import RedisCache
 from service.http.translation_cache import (BACKOFF_MOST_S, BACKOFF_S, ENTRY_OVERHEAD, WRITES_QUEUED, MemoryCache,
-                                            RedisTier, TranslationCache, parsed, request_key, units)
+                                            RedisTier, TranslationCache, joined, parsed, request_key, units)
 from service.shared.options import SearchOptions
 from service.shared.text import split_sentences
 
@@ -538,3 +538,13 @@ def test_a_kept_answer_round_trips_through_json_exactly():
     item = {"text": "Ä “quoted” 🙂", "score": -0.1234567890123456789, "alternatives": [{"text": "x", "score": -1e-300}],
             "input_tokens": 1, "output_tokens": 2}
     assert json.loads(json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode()) == item
+
+
+def test_units_kept_by_something_else_join_without_an_error_or_are_misses():
+    """Values in Redis of an answer's shape but not this server's (helper-43's review): a null glossary is a miss; a
+    sentence with fewer alternatives than another joins with its best in their place, as the worker joins them."""
+    item = {"text": "A.", "score": -1.0, "alternatives": [], "input_tokens": 1, "output_tokens": 1}
+    assert parsed(json.dumps(item | {"glossary": None}).encode()) is None
+    more = item | {"text": "B.", "alternatives": [{"text": "Bb.", "score": -3.0}]}
+    assert joined([more, item], [" "])["alternatives"] == [{"text": "Bb. A.", "score": -2.0}]
+    assert joined([more | {"glossary": []}, item], [" "])["glossary"] == []

@@ -126,8 +126,9 @@ def item_column(line: str) -> int:
 def raw_html_end(rest: str) -> re.Pattern | None:
     """The end marker of the raw HTML block that `rest` starts (RAW_HTML), when it does not end on this line."""
     for start, end in RAW_HTML:
-        if m := start.match(rest):
-            return None if end.search(rest, m.end()) else end
+        if start.match(rest):
+            # From the tag's third character: "<!-->" and "<!--->" are whole comments (CommonMark 0.31)
+            return None if end.search(rest, rest.index("<") + 2) else end
     return None
 
 

@@ -112,21 +112,26 @@ def joined(items: list[dict], separators: list[str] | None) -> dict:
     entry held where it held in every sentence that has it, in the order first found)."""
     if separators is None:
         return dict(items[0])
+    alternatives = [[alternative(i, a) for i in items] for a in range(max(len(i["alternatives"]) for i in items))]
     out = {"text": join_sentences([i["text"] for i in items], separators),
            "score": float(np.mean([i["score"] for i in items])),
-           "alternatives": [{"text": join_sentences([i["alternatives"][a]["text"] for i in items], separators),
-                             "score": float(np.mean([i["alternatives"][a]["score"] for i in items]))}
-                            for a in range(len(items[0]["alternatives"]))],
+           "alternatives": [{"text": join_sentences([x["text"] for x in alt], separators),
+                             "score": float(np.mean([x["score"] for x in alt]))} for alt in alternatives],
            "input_tokens": sum(i["input_tokens"] for i in items),
            "output_tokens": sum(i["output_tokens"] for i in items)}
     if "glossary" in items[0]:
         report: dict[str, dict] = {}
         for item in items:
-            for entry in item["glossary"]:
+            for entry in item.get("glossary") or ():
                 before = report.get(entry["source"])
                 report[entry["source"]] = entry | {"held": entry["held"] and (before is None or before["held"])}
         out["glossary"] = list(report.values())
     return out
+
+
+def alternative(item: dict, a: int) -> dict:
+    """A sentence's a-th alternative, or its best where it has fewer (as the worker joins a split text's)."""
+    return item["alternatives"][a] if a < len(item["alternatives"]) else item
 
 
 def parsed(value: bytes) -> dict | None:
@@ -146,7 +151,7 @@ def answer_shaped(item) -> bool:
             and isinstance(item["alternatives"], list)
             and all(isinstance(a, dict) and isinstance(a.get("text"), str) and number(a.get("score"))
                     for a in item["alternatives"])
-            and (item.get("glossary") is None or isinstance(item["glossary"], list) and all(
+            and ("glossary" not in item or isinstance(item["glossary"], list) and all(
                 isinstance(g, dict) and isinstance(g.get("source"), str) and isinstance(g.get("target"), str)
                 and isinstance(g.get("held"), bool) for g in item["glossary"])))
 

@@ -282,19 +282,20 @@ def make_run(pieces: list[tuple[str, str, str]]) -> Run | None:
     opened: list[list] = []     # [index in marks, holds only text] of the inline elements open in the run
     leaves: list[int] = []
     pending = False             # whitespace seen since the last character
+    spaced = False              # whitespace seen since the last character or mark
     point: Mark | None = None   # a point with no character after it yet
     for kind, raw, value in pieces:
         if kind == "text":
             for c in value:
                 if c in SPACE:
-                    pending = True
+                    pending = spaced = True
                     if point is not None:
                         point.space_after = True
                     continue
                 if pending and out:
                     out.append(" ")
                 out.append(c)
-                pending, point = False, None
+                pending, spaced, point = False, False, None
             continue
         if value == "close" and opened:
             k, only_text = opened.pop()
@@ -306,8 +307,8 @@ def make_run(pieces: list[tuple[str, str, str]]) -> Run | None:
             opened.append([len(marks), True])
         is_point = value == "point"
         marks.append(Mark(len(out) + (1 if pending and out else 0), raw, value,
-                          space_before=is_point and pending and bool(out)))
-        point = marks[-1] if is_point else None
+                          space_before=is_point and spaced and bool(out)))
+        point, spaced = (marks[-1] if is_point else None), False
     text = "".join(out)
     if not text.strip():        # nothing to translate: a cell of &nbsp; (not HTML's white space) stays as it was
         return None
