@@ -350,6 +350,12 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         values["api_keys"] = values["api_keys"] + [k for k in file_keys if k not in values["api_keys"]]
     check_admin_keys_file(p, values["admin_keys_file"])
     s = Settings(**values)
+    check_settings(p, s)
+    return s
+
+
+def check_settings(p: argparse.ArgumentParser, s: Settings) -> None:
+    """Each setting's range (and the Redis URL's form): p.error, naming the flag, for the first out of it."""
     if s.device not in ("auto", "cpu", "cuda"):
         p.error(f"--device must be auto, cpu or cuda, got {s.device!r}")
     if s.metrics_port and s.metrics_port == s.port:
@@ -379,4 +385,3 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
                  "max_file_entries", "max_file_elements", "max_file_texts"):
         if getattr(s, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(s, name)}")
-    return s
