@@ -170,6 +170,25 @@ def test_redis_counts_atomically_across_clients(redis):
     assert sum(isinstance(o, dict) for o in out) == 10, out
 
 
+def test_a_counter_that_is_not_a_number_starts_again_at_0_instead_of_failing_the_store(redis):
+    """A counter written by something else (a string, another type): its key counts from 0 again; it was a script
+    error, read as Redis down, which turned every key's limits off (admit) or refused them all (refuse) for a
+    second at each of its requests."""
+    import redis as redis_client
+
+    redis.flush()
+    tenant = capped_tenant()
+    store = redis_client.Redis.from_url(redis.url)
+    settings = Settings(redis_url=redis.url, redis_timeout_ms=5000, redis_down="refuse")
+    counter = charges(tenant, characters=1)[0].counter(tenant)
+    for garbage in (lambda: store.set(counter, "garbage"), lambda: store.hset(counter, "a", "b")):
+        store.delete(counter)
+        garbage()
+        out = asyncio.run(spend(Quota(settings), tenant, 12))
+        assert sum(isinstance(o, dict) for o in out) == 10, out          # its limit, counted from 0
+        assert {o.type for o in out if not isinstance(o, dict)} == {"rate_limited"}
+
+
 @pytest.mark.parametrize("choice,status", [("admit", None), ("refuse", 429)])
 def test_redis_unreachable_applies_the_configured_choice_within_the_timeout(choice, status):
     tenant = capped_tenant()

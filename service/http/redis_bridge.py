@@ -22,12 +22,19 @@ from redis.exceptions import RedisError
 # would go (or, for a cost of 0, a counter already at its limit) refuses the request, and then nothing is
 # charged; a limit of -1 is no limit (a charge after the fact: tokens generated). A counter is created with its
 # window's expiry: its window starts at the key's first request in it. Returns {refused counter's number or 0,
-# then used and milliseconds to the window's end of each counter}.
+# then used and milliseconds to the window's end of each counter}. A counter that is not a number (written by
+# something else) starts again at 0: raising, the script read as Redis down, every key's limits with it.
 TAKE = """
+local function used_of(key)
+  local value = redis.pcall('GET', key)
+  local used = type(value) ~= 'table' and tonumber(value or '0') or nil
+  if used == nil then redis.call('DEL', key); return 0 end
+  return used
+end
 local out, refused = {}, 0
 for i = 1, #KEYS do
   local cost, limit = tonumber(ARGV[3*i-2]), tonumber(ARGV[3*i-1])
-  local used = tonumber(redis.call('GET', KEYS[i]) or '0')
+  local used = used_of(KEYS[i])
   local ttl = redis.call('PTTL', KEYS[i])
   if ttl < 0 then ttl = tonumber(ARGV[3*i]) end
   if refused == 0 and limit >= 0 and (used + cost > limit or (cost == 0 and used >= limit)) then refused = i end
