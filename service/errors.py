@@ -20,9 +20,11 @@ from starlette.routing import Match
 
 # The `kind` label of transerve_errors_total for each status; anything else counts as "internal". A request
 # the routes cannot take (404, 405) is wrong as a malformed one is: "validation", not a bug of ours. 499 is
-# nginx's "client closed request": the client went away before its answer, no failure of ours either.
+# nginx's "client closed request": the client went away before its answer, no failure of ours either. 429 is a
+# key at its own limit (or its limits not checkable): "limit", which more replicas would not help; "overload" is
+# the queue full (503).
 ERROR_KIND = {400: "validation", 401: "auth", 403: "auth", 404: "validation", 405: "validation", 408: "limit",
-              413: "limit", 422: "validation", 429: "overload", 456: "limit", 499: "client_closed", 503: "overload",
+              413: "limit", 422: "validation", 429: "limit", 456: "limit", 499: "client_closed", 503: "overload",
               504: "timeout"}
 
 

@@ -645,6 +645,14 @@ def test_service_monitor_pdb_and_hpa_select_the_pods(overlay, rendered):
     assert (ref["kind"], ref["name"]) == ("Deployment", deployment["metadata"]["name"])
     assert "replicas" not in deployment["spec"], "the HPA owns the replica count"
     assert hpa["spec"]["minReplicas"] >= 2, "with maxUnavailable 1, one replica would go down on every drain"
+    # ... and no Ray job's pods (k8s/ray, applied in the same namespace): the HPA would average their CPU in, the
+    # NetworkPolicy cut their cluster's own traffic, the PDB count another controller's pods.
+    policy = one(objs, "NetworkPolicy")
+    for ray_pod in ray_pods(rayjob_doc()):
+        labels = ray_pod["metadata"]["labels"]
+        for selector in ({"matchLabels": svc["spec"]["selector"]}, pdb["spec"]["selector"],
+                         deployment["spec"]["selector"], policy["spec"]["podSelector"]):
+            assert not selects(selector, labels), (selector, labels)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -56,6 +56,14 @@ def keys_yaml(*names: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def metric_samples(url: str, family: str) -> list:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", headers=bearer("free"), timeout=30).text
+    return [s for f in text_string_to_metric_families(text) if f.name == family for s in f.samples
+            if s.name.endswith("_total")]
+
+
 def bearer(name: str) -> dict:
     return {"Authorization": f"Bearer {KEYS[name]}"}
 
@@ -261,6 +269,9 @@ def test_two_servers_share_a_keys_character_limit(servers):
     usage = httpx.get(urls[1] + "/usage", headers=bearer("capped")).json()
     assert usage["key"] == "capped" and usage["limits"]["characters_per_minute"]["used"] <= 1000
     assert usage["limits"]["characters_per_minute"]["remaining"] < 100
+    # A key at its own limit is a client's error, not the service overloaded (which more replicas would help).
+    errors = {(s.labels["endpoint"], s.labels["kind"]): s.value for s in metric_samples(urls[0], "transerve_errors")}
+    assert errors[("translate", "limit")] >= 1 and errors[("translate", "overload")] == 0, errors
 
 
 def test_openai_client_sees_its_rate_limit_error(servers):
