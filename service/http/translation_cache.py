@@ -55,6 +55,7 @@ from .redis_bridge import RedisCache, StoreDown, where
 from ..config import Settings
 from ..metrics import labelled, metrics
 from ..shared.options import SearchOptions
+from ..shared.schemas import TranslationItem
 from ..shared.text import join_sentences, split_sentences
 from ..tracing import child_span
 
@@ -67,7 +68,6 @@ REDIS_PREFIX = "transerve:translation:"
 # bytes object (33) and the ordered dict's slot and link: 237 bytes measured with tracemalloc over 100,000 entries
 # of 135-byte answers (372 bytes each in all).
 ENTRY_OVERHEAD = 250
-ITEM = {"text", "score", "alternatives", "input_tokens", "output_tokens"}   # what `joined` reads of each answer
 # After a Redis failure the cache asks Redis nothing for BACKOFF_S, then one probe (a PING, in the background)
 # decides: a failed probe doubles the back-off, up to BACKOFF_MOST_S. Requests meanwhile neither wait the timeout
 # nor pile connections on a Redis that does not answer; a Redis back is used again within the back-off.
@@ -136,32 +136,15 @@ def alternative(item: dict, a: int) -> dict:
 
 def parsed(value: bytes) -> dict | None:
     """A kept answer, or None for a value that is not one (a Redis key of ours written by something else, or an
-    answer's keys with other types): a miss, never a 500, and never kept in this process's memory."""
+    answer's keys with other types): a miss, never a 500, and never kept in this process's memory. Checked as the
+    response checks an answer (TranslationItem, strictly: no "1.5" for a score); a glossary report, when there is
+    one, is a list (the worker writes none otherwise)."""
     try:
         item = json.loads(value)
-    except ValueError:
+        TranslationItem.model_validate(item, strict=True)
+    except ValueError:                       # not JSON, or not an answer (pydantic's ValidationError is a ValueError)
         return None
-    return item if answer_shaped(item) else None
-
-
-def answer_shaped(item) -> bool:
-    """Whether `item` has an answer's fields with the types `joined` and the response read (TranslationItem)."""
-    return (isinstance(item, dict) and ITEM <= item.keys() and isinstance(item["text"], str) and number(item["score"])
-            and count(item["input_tokens"]) and count(item["output_tokens"])
-            and isinstance(item["alternatives"], list)
-            and all(isinstance(a, dict) and isinstance(a.get("text"), str) and number(a.get("score"))
-                    for a in item["alternatives"])
-            and ("glossary" not in item or isinstance(item["glossary"], list) and all(
-                isinstance(g, dict) and isinstance(g.get("source"), str) and isinstance(g.get("target"), str)
-                and isinstance(g.get("held"), bool) for g in item["glossary"])))
-
-
-def number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def count(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+    return item if item.get("glossary", []) is not None else None
 
 
 @dataclass
