@@ -139,7 +139,8 @@ def _translate(encoder: _Watched, decoder: _Watched, batch: list[list[int]], eng
     tokens = np.full((N, 1), engine.bos_id, dtype=np.int64)
     done = np.zeros(N, dtype=bool)
     for step in range(steps):
-        out = decoder.run(feeds | {"tokens": tokens, "positions": np.full(N, step, dtype=np.int32)})
+        out = decoder.run(feeds | {"tokens": tokens, "positions": np.full(N, step, dtype=np.int32),
+                                   "total": np.array([step + 1], dtype=np.int32)})
         tokens = out["top_ids"][:, :1].astype(np.int64)                     # (N, 1)
         done |= tokens[:, 0] == engine.eos_id
         if done.all():

@@ -15,6 +15,8 @@ The decoder step (translation):
 
     tokens        int64 (N, 1)             the newest token of each row
     positions     int32 (N,)               each row's position: the cache column its keys and values go to
+    total         int32 (1,)               max(positions) + 1, GroupQueryAttention's total_sequence_length,
+                                           from the host (below)
     src_mask      int32 (A, S)             1 at real source tokens of each group's source
     past_key_i, past_value_i   float (N, h, W, d_k)   layer i's self-attention cache, W >= positions + 1
                                            columns; bound to the same memory as present_*, so the new
@@ -36,6 +38,12 @@ layouts (a `past_rows` input that reordered and appended the cache in the graph,
 step, and a `sources` input that gathered the cross tensors every step; before that a stacked cache
 and no `top_k`) are refused by the engine; `python -m model.upgrade` re-exports such a package from
 the weights in its graphs.
+
+`total` is an input rather than computed in the graph from `positions`: onnxruntime reads that operator
+input on the host, and computed on a GPU (ReduceMax + 1, then copied) its CUDA kernel read it wrongly: every
+step's log-probs off by up to 16 on an H200 with onnxruntime 1.31.1, right to fp16's rounding when fed from
+the host (benchmarks/cuda_ops.py --decoder; benchmarks/results/gpu-h200.md). Packages without it still serve
+on the CPU; the engine warns on CUDA, and `python -m model.upgrade` re-exports them.
 
 A decoder-only model (text generation, task "generation") has no encoder.onnx; its decoder step
 reads a whole batch of right-padded prompts in one call, then one token per row per call:
@@ -156,12 +164,11 @@ class DecoderGraph(nn.Module):
         self.project = OutputProjection(model)
         self.self_qkv = nn.ModuleList(PackedProjection(layer.self_attn) for layer in model.decoder)
 
-    def forward(self, tokens, positions, src_mask, *caches):
+    def forward(self, tokens, positions, total, src_mask, *caches):
         m, c = self.model, self.model.config
         L, D, N = c.n_decoder_layers, c.d_model, tokens.size(0)
         past, cross = caches[:2 * L], caches[2 * L:]
         A = cross[0].size(0)                                                    # groups of N / A rows
-        total = (positions.max() + 1).reshape(1)                                # (1,) int32
         x = m.embed_tokens(tokens, positions=positions[:, None].long())         # (N, 1, d_model)
         present = []
         for i, layer in enumerate(m.decoder):
@@ -253,18 +260,19 @@ def export_translation(model: Transformer, out: Path, dtype: torch.dtype = torch
     # 6 rows in 2 groups (G = 3), a cache 5 columns wide: example sizes that differ, so none is fixed by export.
     N, A, W = 6, 2, 5
     args = (torch.randint(4, c.vocab_size, (N, 1)), torch.full((N,), 3, dtype=torch.int32),
-            torch.ones(A, S, dtype=torch.int32),
+            torch.tensor([4], dtype=torch.int32), torch.ones(A, S, dtype=torch.int32),
             *(torch.randn(N, c.h, W, c.d_k, dtype=dtype) for _ in past_names),
             *(torch.randn(A, c.h, S, c.d_k, dtype=dtype) for _ in cross_names))
     _export(DecoderGraph(model), args, out / "decoder.onnx",
-            ["tokens", "positions", "src_mask", *past_names, *cross_names, "top_k"],
+            ["tokens", "positions", "total", "src_mask", *past_names, *cross_names, "top_k"],
             [*NEXT_TOKEN_OUTPUTS, *present_names],
-            ({0: rows}, {0: rows}, {0: groups, 1: src_len},
+            ({0: rows}, {0: rows}, None, {0: groups, 1: src_len},
              (*({0: rows, 2: width} for _ in past_names), *({0: groups, 2: src_len} for _ in cross_names))))
     return {
         "encoder": {"inputs": {"src_ids": ["batch", "src_len"]},
                     "outputs": {n: _kv("batch", "src_len") for n in cross_names}},
-        "decoder": {"inputs": {"tokens": ["rows", 1], "positions": ["rows"], "src_mask": ["groups", "src_len"]}
+        "decoder": {"inputs": {"tokens": ["rows", 1], "positions": ["rows"], "total": [1],
+                               "src_mask": ["groups", "src_len"]}
                     | {n: _kv("rows", "width") for n in past_names}
                     | {n: _kv("groups", "src_len") for n in cross_names} | {"top_k": [1]},
                     "outputs": NEXT_TOKEN_SIGNATURE | {n: _kv("rows", "width") for n in present_names}},

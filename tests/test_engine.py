@@ -28,7 +28,7 @@ from service.inference.decoders import OrtDecoder, source_groups
 from service.inference.device import DeviceError, probe_device, session_options
 from service.inference.engine import Engine
 from service.shared.options import SearchOptions
-from service.shared.package import INT8_STATIC, PackageError, load_package
+from service.shared.package import INT8_STATIC, PackageError, file_entries, load_package
 
 from conftest import ROOT, pairs64, torch_reference
 
@@ -106,6 +106,52 @@ def test_graphs_pass_the_checker_and_have_the_documented_signatures(tiny_package
                         assert dim.dim_value == fixed.get(want, want), (v.name, want)
                     else:  # dynamic: a symbolic size, named as documented ("past_len + 1" is an expression)
                         assert dim.dim_param and want.split()[0] in dim.dim_param, (v.name, want, dim)
+
+
+def test_the_self_attention_reads_its_total_length_from_the_host(tiny_package):
+    """GroupQueryAttention's total_sequence_length is the `total` input, fed by the engine from the host: computed
+    in the graph (ReduceMax of positions + 1), onnxruntime's CUDA kernel read it wrongly (log-probs off by up to 16
+    on an H200; benchmarks/results/gpu-h200.md)."""
+    graph = onnx.load(str(tiny_package / "decoder.onnx")).graph
+    attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(attention) == json.loads((tiny_package / "model.json").read_text())["config"]["n_decoder_layers"]
+    assert all(n.input[6] == "total" for n in attention)
+    assert "total" in [i.name for i in graph.input]
+    assert not [n for n in graph.node if n.op_type == "ReduceMax"]
+
+
+def without_total_input(package, out):
+    """A copy of a translation package whose decoder computes `total` in the graph, as packages exported before
+    2026-12-04 did (ReduceMax(positions) + 1)."""
+    shutil.copytree(package, out)
+    model = onnx.load(str(out / "decoder.onnx"))
+    g = model.graph
+    g.node.extend([onnx.helper.make_node("ReduceMax", ["positions"], ["old_max"], keepdims=1),
+                   onnx.helper.make_node("Constant", [], ["old_one"], value=onnx.helper.make_tensor(
+                       "old_one", onnx.TensorProto.INT32, [1], [1])),
+                   onnx.helper.make_node("Add", ["old_max", "old_one"], ["old_total"])])
+    for node in g.node:
+        if node.op_type == "GroupQueryAttention":
+            node.input[6] = "old_total"
+    keep = [i for i in g.input if i.name != "total"]
+    del g.input[:]
+    g.input.extend(keep)
+    onnx.save(model, str(out / "decoder.onnx"))
+    meta = json.loads((out / "model.json").read_text())
+    meta["files"] |= file_entries(out, ["decoder.onnx"])
+    del meta["graphs"]["decoder"]["inputs"]["total"]
+    (out / "model.json").write_text(json.dumps(meta))
+    return out
+
+
+def test_a_package_computing_total_in_its_graph_still_translates_the_same_on_the_cpu(tiny_package, engine, ids,
+                                                                                      tmp_path):
+    old = Engine(without_total_input(tiny_package, tmp_path / "old"), device="cpu", intra_op_threads=1)
+    assert not old.graph.host_total and engine.graph.host_total
+    for beam in (1, 4):
+        options = SearchOptions(beam_size=beam)
+        assert ([h[0].tokens for h in old.search(ids[:8], options)]
+                == [h[0].tokens for h in engine.search(ids[:8], options)])
 
 
 # --- parity with PyTorch ----------------------------------------------------------------------------

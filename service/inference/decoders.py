@@ -55,6 +55,9 @@ class DecoderGraph:
     vocab_size: int
     output_dtypes: dict[str, type]
     pad_id: int
+    # The graph reads GroupQueryAttention's total_sequence_length (max(positions) + 1) from an input `total`
+    # fed from the host; older translation graphs compute it themselves, which CUDA reads wrongly (model/export.py).
+    host_total: bool = False
     # Called with the rows of every decoder call, before it runs (the worker's scheduler counts them for
     # its metrics: service/worker/watch.py); None: nothing is told.
     on_call: Callable[[int], None] | None = None
@@ -77,7 +80,17 @@ class DecoderGraph:
         return cls(session, pool, host, past_names, [o.name for o in outputs if o.name.startswith("present_")],
                    cross_names, h, d_k, package.config["vocab_size"],
                    {o.name: ONNX_TYPES[o.type] for o in outputs if o.type in ONNX_TYPES},
-                   package.meta["special_ids"]["pad"])
+                   package.meta["special_ids"]["pad"], "total" in inputs)
+
+    def bind_positions(self, io: ort.IOBinding, positions: np.ndarray) -> np.ndarray | None:
+        """Binds a step's `positions` (int32 (N,), kept alive by the caller) and, where the graph takes it, `total`;
+        returns the `total` array, which the caller keeps alive until the run ends too."""
+        self.host.input(io, "positions", positions.dtype, positions.shape, positions.ctypes.data)
+        if not self.host_total:
+            return None
+        total = np.array([int(positions.max()) + 1], dtype=np.int32)
+        self.host.input(io, "total", total.dtype, (1,), total.ctypes.data)
+        return total
 
     def outputs(self, io: ort.IOBinding, rows: int, top_k: int | None) -> list[np.ndarray]:
         """New host arrays bound as a step's outputs: [log_probs (N, V)], or with top_k [top_log_probs (N, k),
@@ -188,7 +201,7 @@ class OrtDecoder:
         self._tokens = np.ascontiguousarray(tokens, dtype=np.int64)       # kept alive until the run ends
         self._positions = np.full(N, self.position, dtype=np.int32)
         g.host.input(io, "tokens", self._tokens.dtype, (N, 1), self._tokens.ctypes.data)
-        g.host.input(io, "positions", self._positions.dtype, (N,), self._positions.ctypes.data)
+        self._total = g.bind_positions(io, self._positions)
         out = self._bind_outputs(N, top_k, whole)
         self.cache.bind(io)
         g.session.run_with_iobinding(io)

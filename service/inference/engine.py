@@ -91,11 +91,11 @@ class Engine:
                                                     int8_weight_bits=bits), open_session)
         self.layout.check_layout(self.package, [i.name for i in self.decoder.get_inputs()])
         self.float_dtype = np.float16 if meta["precision"] == "fp16" else np.float32
-        self._note_the_device(bits)
         self.pool = BlockPool(self.float_dtype, self.device_type)   # the cache's and the encoder outputs' memory
         self.host = Binder("cpu")                                    # for what the searches read on the host
         self.graph = DecoderGraph.read(self.package, self.decoder, self.encoder, self.pool, self.host)
         self.past_names, self.h, self.d_k = self.graph.past_names, self.graph.h, self.graph.d_k
+        self._note_the_device(bits)
         self.search_top_k = True               # False: searches read the whole distribution (for comparisons)
         self._load_tokenizers(meta["tokenizer"])
         ids = meta["special_ids"]
@@ -129,11 +129,11 @@ class Engine:
     def _note_the_device(self, bits: int) -> None:
         """What serving this package on this device costs, said once at load."""
         meta = self.package.meta
-        if self.device_type == "cuda" and self.task == "translation":
-            log.warning("%s runs on CUDA, where translations are known to differ from the CPU's: on an H200 with "
-                        "onnxruntime 1.31.1, fp16 wrote fp32's tokens on 0 of 64 sentences and fp32 went wrong too, "
-                        "the encoder agreeing (benchmarks/results/gpu-h200.md); serve translation with --device cpu "
-                        "until benchmarks/cuda_agreement.py agrees", self.package.path)
+        if self.device_type == "cuda" and self.task == "translation" and not self.graph.host_total:
+            log.warning("%s computes its self-attention's total length in the decoder graph, which onnxruntime's "
+                        "CUDA kernel reads wrongly (log-probs off by up to 16 on an H200, onnxruntime 1.31.1: "
+                        "benchmarks/results/gpu-h200.md): its translations on CUDA are wrong. Re-export it with "
+                        "python -m model.upgrade, or serve it with --device cpu", self.package.path)
         if self.device_type == "cuda" and self.task == "translation" and self.float_dtype == np.float32:
             log.warning("%s is fp32: onnxruntime's GroupQueryAttention has CUDA kernels for fp16 only, so the "
                         "decoder's self-attention runs on the CPU and its cache crosses to the host every step; "

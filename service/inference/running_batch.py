@@ -409,7 +409,7 @@ class RunningBatch:
         self._tokens = np.ascontiguousarray(tokens[:, None])                      # (N, 1), alive until the run ends
         self._positions = positions
         g.host.input(io, "tokens", self._tokens.dtype, self._tokens.shape, self._tokens.ctypes.data)
-        g.host.input(io, "positions", positions.dtype, positions.shape, positions.ctypes.data)
+        self._total = g.bind_positions(io, positions)
         self.cross.bind(io)
         outputs = (N, max((k for k in ks if k is not None), default=1), None in ks or whole)
         if self._outputs is None or self._outputs[0] != outputs:
