@@ -17,8 +17,10 @@
 #
 # `measure` runs each stage under its own limit inside BUDGET_S (default 540 s) and goes on when one fails;
 # what it writes under $OUT, each file as its stage ends (so a call cut short brings back what was done):
-# gpu-h200.md (benchmarks/gpu.py's report), serving-gpu.md (benchmarks/serving.py's tables), logs/ (every stage's
-# output, written as it runs) and pieces/ (the recipe's checkpoint, JOIN.sh joins it).
+# gpu-h200.md (benchmarks/gpu.py's report), serving-gpu.md (benchmarks/serving.py's tables), stages.log (every
+# stage's output, appended as it runs, and the recipe's model card) and pieces/ (the recipe's checkpoint, JOIN.sh
+# joins it): 7 files at most, as a device call brings back 8 (on 2026-12-04 per-stage logs made 12, and the
+# four after the eighth, the checkpoint's pieces among them, stayed behind).
 #
 # The dry run on a CPU (tests/test_gpu_session.py): the same `measure` with DEVICE=cpu, tiny packages and a short
 # budget; the CUDA-only stages fail there, and the script goes on past them as it would on a GPU.
@@ -48,19 +50,22 @@ WHEELS="annotated-types fastapi fastapi-offline litserve pydantic pydantic-core 
   starlette uvicorn redis polib python-docx python-pptx xlsxwriter pyzmq python-dotenv httptools watchfiles
   websockets opentelemetry-api"
 
-locked() {   # each of WHEELS as NAME==VERSION, the version the GPU lock pins
+locked() {   # each of WHEELS as NAME==VERSION, the version the GPU lock pins (uvicorn[standard]==V as uvicorn==V)
   for name in $WHEELS; do
-    grep -o "^$name==[^ ]*" deploy/docker/requirements-gpu.lock || { echo "$name is not in the GPU lock" >&2; return 1; }
+    grep -o "^$name\(\[[a-z,]*\]\)\?==[^ ]*" deploy/docker/requirements-gpu.lock | sed 's/\[[a-z,]*\]//' | grep . \
+      || { echo "$name is not in the GPU lock" >&2; return 1; }
   done
 }
 
 pack() {
   [ -f .gpu-wheels/SHA256SUMS ] || bash scripts/gpu-wheels.sh prepare
   mkdir -p .whl
+  local wheels
+  wheels=$(locked) || exit
   # shellcheck disable=SC2086
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .whl $(locked)
+    --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d .whl $wheels || exit
   rm -rf .gpu-data && mkdir -p .gpu-data
   cp "$DATA"/dev.tsv "$DATA"/test.tsv "$DATA"/meta.json .gpu-data/
   xz -T0 -6 -c "$DATA"/train.tsv > .gpu-data/train.tsv.xz
@@ -89,9 +94,9 @@ print('litserve', litserve.__version__, 'pydantic', pydantic.__version__)"
 }
 
 measure() {
-  local start budget logs
-  start=$(date +%s); budget=${BUDGET_S:-540}; logs=$OUT/logs
-  mkdir -p "$logs" "$OUT/pieces"
+  local start budget log
+  start=$(date +%s); budget=${BUDGET_S:-540}; log=$OUT/stages.log
+  mkdir -p "$OUT/pieces"
   export PYTHONPATH=$ORT_SITE:$SITE PYTHONUNBUFFERED=1
   left() { echo $((budget - ($(date +%s) - start))); }
   stage() {   # stage NAME LIMIT_S command...: output in the log and on stdout, the status and time after it
@@ -99,9 +104,9 @@ measure() {
     shift 2
     ((limit <= $(left))) || limit=$(left)
     ((limit > 0)) || { echo "== $name: skipped, no time left"; return; }
-    echo "== $name: limit ${limit} s, $(left) s left"
-    timeout -k 10 "$limit" "$@" 2>&1 | tee "$logs/$name.log"
-    echo "== $name: status ${PIPESTATUS[0]} after $((SECONDS - t0)) s"
+    echo "== $name: limit ${limit} s, $(left) s left" | tee -a "$log"
+    timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$log"
+    echo "== $name: status ${PIPESTATUS[0]} after $((SECONDS - t0)) s" | tee -a "$log"
   }
   [ -d "$ORT_SITE" ] || echo "warning: $ORT_SITE is missing (a fresh machine, not the warm one setup ran on): no CUDA for onnxruntime"
   stage machine 20 sh -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc;
@@ -111,15 +116,11 @@ measure() {
   stage copies 80 sh -c "python3 -m model.upgrade '$PACKAGE' --precision fp16 --out '$fp16' &&
     python3 -m model.upgrade '$LM_PACKAGE' --precision fp16 --out '$lm16' &&
     python3 -m model.upgrade '$PACKAGE' --precision fp32 --out '$fp32'"
-  # Where CUDA's searches part from the CPU's (wrong on 2026-11-28's H200: benchmarks/results/gpu-h200.md).
+  # Each attention operator alone, then the fp16 decoder step after step, on the CPU and on CUDA (2026-12-04: the
+  # decoder's in-graph total length was what CUDA read wrongly; fed from the host it agrees).
+  stage ops 60 python3 benchmarks/cuda_ops.py --decoder "$fp16/decoder.onnx"
+  # Whole searches, CUDA against the CPU (wrong on 2026-11-28's H200 before the fix: benchmarks/results/gpu-h200.md).
   stage agreement 60 python3 benchmarks/cuda_agreement.py --package "$fp32" --package "$fp16"
-  # The same with onnxruntime's attention kernels named and, one at a time, its fp16 fast paths off (read from
-  # onnxruntime's source, docs/gpu.md): a kernel whose absence changes the answer is the suspect.
-  stage kernels 40 env ORT_ENABLE_ATTENTION_KERNEL_DEBUG_INFO=1 python3 benchmarks/cuda_agreement.py \
-    --package "$fp16" --sentences 2
-  for off in ORT_DISABLE_FLASH_DECODE ORT_DISABLE_FLASH_ATTENTION ORT_DISABLE_MEMORY_EFFICIENT_ATTENTION; do
-    stage "agreement-$off" 40 env "$off=1" python3 benchmarks/cuda_agreement.py --package "$fp16" --sentences 8
-  done
   stage serving 130 python3 benchmarks/serving.py --model "$fp16" --model "$lm16" --layouts 1x0 \
     --server-arg=--device --server-arg="$DEVICE" --concurrency "$SERVE_CONCURRENCY" --rates 0.75 \
     --seconds "$SERVE_SECONDS" --warmup-seconds 1 --title "$DEVICE, fp16, one worker" --out "$OUT/serving-gpu.md"
@@ -138,7 +139,7 @@ measure() {
   else
     echo "== recipe: skipped, $minutes minutes left"
   fi
-  cp "$WORK/recipe/MODEL_CARD.md" "$logs/recipe-card.md" 2>/dev/null
+  cat "$WORK/recipe/MODEL_CARD.md" >> "$log" 2>/dev/null
   ls -la "$OUT" "$OUT/pieces"
 }
 
