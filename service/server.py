@@ -43,10 +43,10 @@ from .http.model_control import initial_table
 from .worker.model_swap import ModelTable
 from .worker.generate_api import ENDPOINT as GENERATE, GenerateAPI
 from .metrics import metrics, render
-from .http.middleware import request_context
+from .http.middleware import direct_first, request_context
 from .stopping import Stopping
 from .worker.translate_api import ENDPOINT, TranslateAPI, check_packages
-from .http.fastapi_bridge import without_native_telemetry
+from .http.fastapi_bridge import outermost, without_native_telemetry
 from .http.uvicorn_bridge import hold_signals
 
 log = logging.getLogger("transerve")
@@ -140,16 +140,18 @@ def install(app: FastAPI, gateway: Gateway, flavours: tuple[Flavour, ...]) -> No
     direct = {r.path: r.endpoint for r in app.router.routes
               if isinstance(r, APIRoute) and r.path in direct_paths and "POST" in r.methods}
     app.add_middleware(at_startup, start=gateway.started)
-    app.add_middleware(request_context, respond=respond, endpoints=endpoints,
-                       max_payload_bytes=settings.max_payload_bytes, body_limits=body_limits,
-                       keys=gateway.keys, quota=gateway.quota,
-                       open_paths=open_paths(frozenset().union(*(f.open_paths for f in flavours)),
-                                             public_docs=settings.public_docs),
-                       key_in_body=frozenset().union(*(f.key_in_body for f in flavours)),
-                       body_timeout_s=settings.body_timeout_s, access_log=settings.access_log,
-                       direct=direct, gzip=any(m.cls is GZipMiddleware for m in app.user_middleware),
-                       plain=frozenset(r.path for r in app.router.routes
-                                       if not isinstance(r, APIRoute) and "{" not in getattr(r, "path", "{")))
+    context = dict(respond=respond, endpoints=endpoints, max_payload_bytes=settings.max_payload_bytes,
+                   body_limits=body_limits, keys=gateway.keys, quota=gateway.quota,
+                   open_paths=open_paths(frozenset().union(*(f.open_paths for f in flavours)),
+                                         public_docs=settings.public_docs),
+                   key_in_body=frozenset().union(*(f.key_in_body for f in flavours)),
+                   body_timeout_s=settings.body_timeout_s, access_log=settings.access_log,
+                   direct=direct, gzip=any(m.cls is GZipMiddleware for m in app.user_middleware),
+                   plain=frozenset(r.path for r in app.router.routes
+                                   if not isinstance(r, APIRoute) and "{" not in getattr(r, "path", "{")))
+    app.add_middleware(request_context, **context)
+    # The direct routes' POSTs enter request_context before FastAPI's own middleware, every other request after it.
+    outermost(app, lambda stack: direct_first(stack, request_context(stack, **context), frozenset(direct)))
 
 
 def at_startup(app, start):

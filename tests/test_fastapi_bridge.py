@@ -27,3 +27,41 @@ def test_the_server_app_has_it_off(tmp_path):
 
     server, _ = build_server(Settings(models=["models/de-en"]))
     assert not any(server.app._telemetry[k] for k in ("tracing", "metrics", "logs"))
+
+
+def test_the_direct_routes_posts_skip_fastapis_own_middleware(monkeypatch):
+    """POST /translate enters request_context outside FastAPI's ServerErrorMiddleware and the rest of its own
+    layers (fastapi_bridge.outermost, middleware.direct_first: they cost it CPU and gave it nothing); every other
+    request still passes through them, and both answer in our error shape with their request id."""
+    import asyncio
+
+    import httpx
+    from starlette.middleware.errors import ServerErrorMiddleware
+
+    from service.config import Settings
+    from service.server import build_server
+
+    seen = []
+    through = ServerErrorMiddleware.__call__
+
+    async def noting(self, scope, receive, send):
+        seen.append((scope.get("method"), scope.get("path")))
+        return await through(self, scope, receive, send)
+
+    monkeypatch.setattr(ServerErrorMiddleware, "__call__", noting)
+    server, _ = build_server(Settings(models=["models/de-en"]))
+
+    async def requests():
+        transport = httpx.ASGITransport(app=server.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            bad = await client.post("/translate", content=b"{not json", headers={"content-type": "application/json",
+                                                                                 "x-request-id": "direct-1"})
+            health = await client.get("/health")
+            missing = await client.get("/translate")
+        return bad, health, missing
+
+    bad, health, missing = asyncio.run(requests())
+    assert bad.status_code == 400 and bad.json()["error"]["type"] and bad.headers["x-request-id"] == "direct-1"
+    assert health.status_code == 200 and health.headers["x-request-id"]
+    assert missing.status_code == 405
+    assert seen == [("GET", "/health"), ("GET", "/translate")]
