@@ -154,6 +154,19 @@ def test_a_package_computing_total_in_its_graph_still_translates_the_same_on_the
                 == [h[0].tokens for h in engine.search(ids[:8], options)])
 
 
+def test_on_cuda_a_package_computing_total_itself_is_told_to_be_upgraded(tiny_package, engine, tmp_path, caplog):
+    old = Engine(without_total_input(tiny_package, tmp_path / "old"), device="cpu", intra_op_threads=1)
+    for e in (old, engine):
+        e.device_type = "cuda"                  # what it says at load on a GPU, where this onnxruntime has none
+        e._note_the_device(8)
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    old_says = [m for m in said if str(old.package.path) in m and "total length" in m]
+    new_says = [m for m in said if str(engine.package.path) in m and "step by step" in m]
+    assert len(old_says) == 1 and "translations on CUDA are wrong" in old_says[0] and "model.upgrade" in old_says[0]
+    assert len(new_says) == 1 and "wrong" not in new_says[0] and "cuda_agreement.py" in new_says[0]
+    assert not [m for m in said if str(engine.package.path) in m and "total length" in m]
+
+
 # --- parity with PyTorch ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("beam", [1, 4])

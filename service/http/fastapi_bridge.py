@@ -25,7 +25,8 @@ def outermost(app: FastAPI, wrap: Callable[[ASGIApp], ASGIApp]) -> None:
     middleware (ServerErrorMiddleware, its telemetry's, its body limit's), which `add_middleware` always puts
     outside the app's. Starlette builds the stack at the first request (`build_middleware_stack`); the app's class
     is swapped for a subclass that wraps what it builds, as LitServe serves a copy of the app (copy.copy), whose
-    methods are the class's."""
+    methods are the class's. What `wrap` answers itself skips every middleware on the app, those added after this
+    call too (LitServe's RequestCountMiddleware with track_requests=True, which our Server does not set)."""
     base = type(app)
 
     class Wrapped(base):   # type: ignore[misc, valid-type]

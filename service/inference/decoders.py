@@ -82,13 +82,14 @@ class DecoderGraph:
                    {o.name: ONNX_TYPES[o.type] for o in outputs if o.type in ONNX_TYPES},
                    package.meta["special_ids"]["pad"], "total" in inputs)
 
-    def bind_positions(self, io: ort.IOBinding, positions: np.ndarray) -> np.ndarray | None:
-        """Binds a step's `positions` (int32 (N,), kept alive by the caller) and, where the graph takes it, `total`;
-        returns the `total` array, which the caller keeps alive until the run ends too."""
+    def bind_positions(self, io: ort.IOBinding, positions: np.ndarray, total: int) -> np.ndarray | None:
+        """Binds a step's `positions` (int32 (N,), kept alive by the caller) and, where the graph takes it, `total`
+        (max(positions) + 1, which the caller knows); returns the `total` array, which the caller keeps alive until
+        the run ends too."""
         self.host.input(io, "positions", positions.dtype, positions.shape, positions.ctypes.data)
         if not self.host_total:
             return None
-        total = np.array([int(positions.max()) + 1], dtype=np.int32)
+        total = np.array([total], dtype=np.int32)
         self.host.input(io, "total", total.dtype, (1,), total.ctypes.data)
         return total
 
@@ -201,7 +202,7 @@ class OrtDecoder:
         self._tokens = np.ascontiguousarray(tokens, dtype=np.int64)       # kept alive until the run ends
         self._positions = np.full(N, self.position, dtype=np.int32)
         g.host.input(io, "tokens", self._tokens.dtype, (N, 1), self._tokens.ctypes.data)
-        self._total = g.bind_positions(io, self._positions)
+        self._total = g.bind_positions(io, self._positions, self.position + 1)
         out = self._bind_outputs(N, top_k, whole)
         self.cache.bind(io)
         g.session.run_with_iobinding(io)

@@ -133,7 +133,13 @@ class Engine:
             log.warning("%s computes its self-attention's total length in the decoder graph, which onnxruntime's "
                         "CUDA kernel reads wrongly (log-probs off by up to 16 on an H200, onnxruntime 1.31.1: "
                         "benchmarks/results/gpu-h200.md): its translations on CUDA are wrong. Re-export it with "
-                        "python -m model.upgrade, or serve it with --device cpu", self.package.path)
+                        "python -m model.upgrade (a package made by model.import_marian: import it again), or "
+                        "serve it with --device cpu", self.package.path)
+        elif self.device_type == "cuda" and self.task == "translation":
+            log.warning("%s on CUDA: its decoder agrees with the CPU's step by step (benchmarks/cuda_ops.py, H200), "
+                        "but whole searches on CUDA have not yet been compared with the CPU's since the fix of "
+                        "2026-12-04 (benchmarks/cuda_agreement.py does): check before relying on them",
+                        self.package.path)
         if self.device_type == "cuda" and self.task == "translation" and self.float_dtype == np.float32:
             log.warning("%s is fp32: onnxruntime's GroupQueryAttention has CUDA kernels for fp16 only, so the "
                         "decoder's self-attention runs on the CPU and its cache crosses to the host every step; "

@@ -366,8 +366,9 @@ class RunningBatch:
         rows = np.concatenate([m.rows for m in live])
         if not same:                         # the call's rows in slot order
             tokens, positions, rows = tokens[order], positions[order], rows[order]
-        self.cache.fit(rows, columns_for(int(positions.max()) + 1), positions)
-        outs = self._run(tokens, positions, [m.k for m in live], any(m.whole for m in live))
+        total = int(positions.max()) + 1
+        self.cache.fit(rows, columns_for(total), positions)
+        outs = self._run(tokens, positions, total, [m.k for m in live], any(m.whole for m in live))
         if not same:                         # back in the members' order
             outs = {name: a[call_row] for name, a in outs.items()}
         offset, ended = 0, []
@@ -398,7 +399,7 @@ class RunningBatch:
             self._order = (call_row, order, bool(np.array_equal(call_row, np.arange(len(call_row)))))
         return self._order
 
-    def _run(self, tokens: np.ndarray, positions: np.ndarray, ks: list[int | None],
+    def _run(self, tokens: np.ndarray, positions: np.ndarray, total: int, ks: list[int | None],
              whole: bool = False) -> dict[str, np.ndarray]:
         """One run of the graph: the top outputs at the largest k any member wants, the whole distribution
         too when one wants it (k None, or `whole`: a constrained pool's). One binding for the batch's life: the
@@ -409,7 +410,7 @@ class RunningBatch:
         self._tokens = np.ascontiguousarray(tokens[:, None])                      # (N, 1), alive until the run ends
         self._positions = positions
         g.host.input(io, "tokens", self._tokens.dtype, self._tokens.shape, self._tokens.ctypes.data)
-        self._total = g.bind_positions(io, positions)
+        self._total = g.bind_positions(io, positions, total)
         self.cross.bind(io)
         outputs = (N, max((k for k in ks if k is not None), default=1), None in ks or whole)
         if self._outputs is None or self._outputs[0] != outputs:
