@@ -114,9 +114,9 @@ def request_context(app, respond: Responder, endpoints: dict[str, str], max_payl
 
 def direct_first(app, direct_app, paths: frozenset[str]):
     """`app`, but for a POST to one of `paths`, which goes to `direct_app` (request_context over the direct routes)
-    from outside FastAPI's own middleware (fastapi_bridge.outermost): those layers cost a one-sentence /translate
-    about 6% of the HTTP process's CPU and gave it nothing, as request_context answers its errors itself and
-    limits its body."""
+    from outside FastAPI's own middleware (fastapi_bridge.outermost): those layers gave it nothing, as
+    request_context answers its errors itself and limits its body, and cost a one-sentence /translate 8 of the app's
+    265 CPU µs in process (benchmarks/http_cost.py; benchmarks/results/serving-cpu.md)."""
     async def routed(scope, receive, send):
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in paths:
             return await direct_app(scope, receive, send)

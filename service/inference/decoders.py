@@ -89,9 +89,9 @@ class DecoderGraph:
         self.host.input(io, "positions", positions.dtype, positions.shape, positions.ctypes.data)
         if not self.host_total:
             return None
-        total = np.array([total], dtype=np.int32)
-        self.host.input(io, "total", total.dtype, (1,), total.ctypes.data)
-        return total
+        held = np.array([total], dtype=np.int32)
+        self.host.input(io, "total", held.dtype, (1,), held.ctypes.data)
+        return held
 
     def outputs(self, io: ort.IOBinding, rows: int, top_k: int | None) -> list[np.ndarray]:
         """New host arrays bound as a step's outputs: [log_probs (N, V)], or with top_k [top_log_probs (N, k),
