@@ -7,6 +7,7 @@ import pytest
 from service.api.openai_api import CompletionRequest, OpenAIRoutes
 from service.shared.options import DEFAULTS, SearchOptions
 from service.shared.schemas import GenerateRequest, generation_options
+from service.shared.search import _sampler
 
 
 @pytest.mark.parametrize("options, strategy, rows", [
@@ -35,6 +36,17 @@ def test_temperature_0_is_greedy_and_beams_return_the_n_best():
     assert (beam.strategy, beam.num_hypotheses, beam.min_length) == ("beam", 2, 8)
     with pytest.raises(ValueError, match="num_return_sequences=2 needs sampling"):
         generation_options(GenerateRequest(prompt="x", temperature=0, num_return_sequences=2), max_new=8)
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-310, 1e-308, 9e-6])
+def test_a_temperature_too_small_to_divide_by_is_greedy(temperature):
+    """Log-probs divided by 1e-308 overflow to -inf; sampling from them drew the padding token at every step, past
+    the budget (an empty text of max_tokens + 1 pieces). Below GREEDY_BELOW a temperature is greedy, as in vLLM."""
+    options = generation_options(GenerateRequest(prompt="x", temperature=temperature), max_new=8)
+    assert options.strategy == "greedy"
+    with pytest.raises(ValueError, match="at least 1e-05 for sampling"):
+        _sampler(SearchOptions(sampling=True, temperature=temperature), [0])
+    assert generation_options(GenerateRequest(prompt="x", temperature=1e-5), max_new=8).strategy == "sampling"
 
 
 def test_openai_nulls_take_the_same_defaults_as_left_out():

@@ -58,6 +58,15 @@ def lm_name(client) -> str:
     return next(m.id for m in client.models.list() if m.model_extra["task"] == "generation")
 
 
+def test_each_completion_has_its_own_id_whatever_request_id_the_client_chose(server, client):
+    body = {"model": lm_name(client), "prompt": "Das", "max_tokens": 2}
+    answers = [httpx.post(server + "/v1/completions", json=body, headers=AUTH | {"x-request-id": "mine-1"})
+               for _ in range(2)]
+    assert all(r.status_code == 200 and r.headers["x-request-id"] == "mine-1" for r in answers)
+    ids = [r.json()["id"] for r in answers]
+    assert ids[0] != ids[1] and all(i.startswith("cmpl-") and "mine-1" not in i for i in ids)
+
+
 def test_plain_completion_is_generates_answer(server, client):
     lm = lm_name(client)
     r = client.completions.create(model=lm, prompt=HALVES[3], max_tokens=20, seed=7, temperature=1.2, top_p=0.9)
@@ -170,6 +179,8 @@ def test_stop_sequences(server, client):
     ({"prompt": ["x"] * 9}, 413, "prompt"),
     ({"model": "no-such-model"}, 404, "model"),
     ({"model": "translation"}, 400, "model"),
+    ({"stream_options": {"include_usage": True}}, 400, "stream_options"),      # without stream: true
+    ({"best_of": 1, "n": 2}, 400, "best_of"),
 ])
 def test_what_we_do_not_take_is_a_400_naming_it(client, kw, status, param):
     models = {m.model_extra["task"]: m.id for m in client.models.list()}

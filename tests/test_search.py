@@ -101,7 +101,7 @@ def test_more_hypotheses_than_the_search_keeps_are_refused_with_the_options(opti
 
 
 def test_sampling_needs_a_positive_temperature():
-    with pytest.raises(ValueError, match="temperature must be > 0"):
+    with pytest.raises(ValueError, match="temperature must be at least 1e-05 for sampling"):
         decode(FakeDecoder(1), 1, SearchOptions(sampling=True, temperature=0.0), bos_id=BOS, eos_id=EOS,
                max_length=[4])
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from pathlib import Path
 from typing import Annotated, AsyncIterator, Literal, Optional, Union
 
@@ -75,7 +76,7 @@ class CompletionRequest(BaseModel):
         "not taken")
     max_tokens: Optional[int] = Field(DEFAULT_MAX_TOKENS, ge=1, le=4096, description="Pieces to generate at most "
                                       "(capped by the server)")
-    temperature: Optional[float] = Field(DEFAULTS.temperature, ge=0.0, le=2.0, description="0 = greedy")
+    temperature: Optional[float] = Field(DEFAULTS.temperature, ge=0.0, le=2.0, description="0 (or below 1e-5) = greedy")
     top_p: Optional[float] = Field(DEFAULTS.top_p, gt=0.0, le=1.0)
     n: Optional[int] = Field(1, ge=1, le=8, description="Choices per prompt (seeds seed, seed+1, …)")
     # up to 2**53 - 1, read exactly by every JSON parser (2**63 - 1 is read as 2**63 by those that use floats)
@@ -185,6 +186,10 @@ async def read_request(request: Request) -> CompletionRequest:
     if unknown := sorted(set(body.stream_options or {}) - {"include_usage"}):
         raise OpenAIError(400, "unsupported_parameter", f"stream_options: unrecognized {', '.join(unknown)} (only "
                           "include_usage is taken)", "stream_options")
+    if body.stream_options is not None and not body.stream:   # OpenAI's and vLLM's answer too
+        raise OpenAIError(400, "invalid_request", "stream_options is only allowed with stream: true", "stream_options")
+    if body.best_of is not None and body.best_of < (body.n or 1):
+        raise OpenAIError(400, "invalid_request", f"best_of ({body.best_of}) must be at least n ({body.n})", "best_of")
     return body
 
 
@@ -245,7 +250,8 @@ class OpenAIRoutes:
         prompts = self.check(body)
         runs, copies = self.generate_requests(body, prompts)
         streams = await _all_started(self.gateway, runs, request)
-        head = {"id": "cmpl-" + request.state.request_id, "object": "text_completion", "created": int(time.time()),
+        # A completion's own id, as OpenAI gives each (the request's id, which a client may choose, is X-Request-ID).
+        head = {"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
                 "model": body.model}
         n = body.n or 1
         if body.stream:

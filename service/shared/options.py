@@ -72,3 +72,6 @@ DEFAULTS = SearchOptions()   # the one place the defaults are written; the API's
 # its length budget is counted in new pieces, 64 unless asked, and it may end at once (min_length 0, "off")
 GENERATION_MAX_NEW_TOKENS = 64
 GENERATION_MIN_LENGTH = 0
+# Below this a temperature is greedy search, as in vLLM (its _SAMPLING_EPS): log-probs divided by less overflow to
+# -inf, and a sampler drawing from NaNs picked the padding token at every step, past the request's budget.
+GREEDY_BELOW = 1e-5

@@ -14,7 +14,7 @@ from typing import Annotated, Literal, Optional, Union, get_args
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator, model_validator
 
 from .glossary import MAX_TERM_CHARS
-from .options import DEFAULTS, GENERATION_MAX_NEW_TOKENS, GENERATION_MIN_LENGTH, SearchOptions
+from .options import DEFAULTS, GENERATION_MAX_NEW_TOKENS, GENERATION_MIN_LENGTH, GREEDY_BELOW, SearchOptions
 
 LangCode = Annotated[str, Field(min_length=2, max_length=8, pattern=r"^[a-z]{2,3}(-[A-Za-z]{2,4})?$",
                                 examples=["de"])]
@@ -337,8 +337,8 @@ class GenerateRequest(BaseModel):
                                 description="Pieces to generate at most (capped by the server)")
     min_new_tokens: int = Field(GENERATION_MIN_LENGTH, ge=0, le=4096, description="Pieces to generate before the "
                                 "end of text may come, at most max_new_tokens; 0 = off")
-    temperature: float = Field(DEFAULTS.temperature, ge=0.0, le=5.0, description="Sampling temperature; 0 = "
-                               "greedy (no sampling); 0 or 1.0 with beam_size > 1")
+    temperature: float = Field(DEFAULTS.temperature, ge=0.0, le=5.0, description="Sampling temperature; 0 "
+                               "(or below 1e-5) = greedy (no sampling); 0 or 1.0 with beam_size > 1")
     top_k: int = Field(DEFAULTS.top_k, ge=0, le=1000, description="Sample among the k most likely pieces; 0 = "
                        "off (the only value with beam_size > 1)")
     top_p: float = Field(DEFAULTS.top_p, gt=0.0, le=1.0, description="Nucleus sampling mass; 1.0 = off (the only value "
@@ -388,9 +388,10 @@ def generation_options(body: GenerateRequest, max_new: int) -> SearchOptions:
     which /v1/completions reaches through the GenerateRequest it builds. Temperature 0 is greedy search; beam_size
     > 1 is beam search returning the num_return_sequences best; else sampling, one row a sequence. max_new: the
     request's budget after the server's cap. ValueError where num_return_sequences asks more of greedy search than
-    its one text (GenerateRequest refused sampling options with beam search already)."""
+    its one text (GenerateRequest refused sampling options with beam search already). A temperature below
+    GREEDY_BELOW (1e-5) is greedy search too."""
     beam, n = body.beam_size, body.num_return_sequences
-    sampling = beam == 1 and body.temperature > 0
+    sampling = beam == 1 and body.temperature >= GREEDY_BELOW
     if n > 1 and not sampling and n > beam:
         raise ValueError(f"num_return_sequences={n} needs sampling (temperature > 0) or beam_size >= {n}; greedy "
                          "search returns one text")

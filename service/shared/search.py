@@ -59,7 +59,7 @@ from typing import Callable, Generator, NamedTuple, Protocol, Sequence
 import numpy as np
 
 from .constraints import START, Choice, State, Terms, any_terms, check, choose, rank
-from .options import SearchOptions
+from .options import GREEDY_BELOW, SearchOptions
 from .processors import Rows, logits_processors
 
 
@@ -472,8 +472,9 @@ def _sampler(options: SearchOptions, seeds: Sequence[int | None]) -> Callable:
     seeded by `seeds[input]` (None = random), so a seeded request samples the same text alone or batched.
     temperature: 1.0 = the model's distribution (> 0; beam_size 1 without sampling is greedy search).
     top_k: 0 = off. top_p: 1.0 = off."""
-    if options.temperature <= 0:
-        raise ValueError(f"temperature must be > 0 for sampling (e.g. 0.7), got {options.temperature}")
+    if options.temperature < GREEDY_BELOW:
+        raise ValueError(f"temperature must be at least {GREEDY_BELOW:g} for sampling (e.g. 0.7; below it, greedy "
+                         f"search), got {options.temperature}")
     rngs = [np.random.default_rng(s) for s in seeds]
     t, k, p = options.temperature, options.top_k, options.top_p
 
