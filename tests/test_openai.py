@@ -181,6 +181,7 @@ def test_stop_sequences(server, client):
     ({"model": "translation"}, 400, "model"),
     ({"stream_options": {"include_usage": True}}, 400, "stream_options"),      # without stream: true
     ({"best_of": 1, "n": 2}, 400, "best_of"),
+    ({"prompt": "x " * 3000}, 413, "prompt"),                                  # over the model's tokens
 ])
 def test_what_we_do_not_take_is_a_400_naming_it(client, kw, status, param):
     models = {m.model_extra["task"]: m.id for m in client.models.list()}

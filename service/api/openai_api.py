@@ -46,6 +46,10 @@ NEUTRAL = {"logprobs": (None,), "echo": (None, False), "suffix": (None,), "best_
            "frequency_penalty": (None, 0), "presence_penalty": (None, 0), "logit_bias": (None, {})}
 
 
+# The Gateway's and the worker's errors about a prompt's size, which name no field of ours: OpenAI's `param` is prompt.
+PROMPT_ERRORS = frozenset({"too_many_tokens", "text_too_long"})
+
+
 class OpenAIError(ApiError):
     """An ApiError that names the request field at fault (OpenAI's `param`)."""
 
@@ -58,7 +62,8 @@ def error_body(e: ApiError, request_id: str | None = None) -> dict:
     """OpenAI's error object: our error type is its `code`, the field at fault (if known) its `param`."""
     kind = ("authentication_error" if e.status in (401, 403) else "rate_limit_error" if e.status == 429 else
             "server_error" if e.status >= 500 else "invalid_request_error")
-    return {"error": {"message": e.message, "type": kind, "param": getattr(e, "param", None), "code": e.type}}
+    param = getattr(e, "param", None) or ("prompt" if e.type in PROMPT_ERRORS else None)
+    return {"error": {"message": e.message, "type": kind, "param": param, "code": e.type}}
 
 
 def _neutral(values: tuple) -> dict:

@@ -110,8 +110,10 @@ class Engine:
         self.hidden_ids = {self.pad_id, self.bos_id, self.eos_id, self.unk_id, *self.target_tags.values()}
         self.directions: list[str] = meta["directions"]
         self.max_positions: int = self.package.config["max_len"]
-        # Tags never appear in output: a model that wrote one would be writing nonsense.
-        self.banned_ids = [self.pad_id, self.bos_id, *self.target_tags.values()]
+        # Tags never appear in output: a model that wrote one would be writing nonsense. Nor does a generated text's
+        # unknown piece, which its text would show as SentencePiece's " ⁇ " (a translation hides it: hidden_ids).
+        self.banned_ids = [self.pad_id, self.bos_id, *self.target_tags.values(),
+                           *([self.unk_id] if self.task == "generation" else [])]
         self.languages: list[str] = meta.get("languages", [])
         # The target pieces that continue the word before them: a glossary's term ends where a word does
         # (service/shared/constraints.py's Terms).
