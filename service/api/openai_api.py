@@ -72,8 +72,14 @@ def _neutral(values: tuple) -> dict:
 
 class CompletionRequest(BaseModel):
     """OpenAI's completion request, as far as this server implements it."""
-    # allow_inf_nan=False: a NaN was told "should be less than or equal to 2", as if it were a number too large
-    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False)
+    # allow_inf_nan=False: a NaN was told "should be less than or equal to 2", as if it were a number too large.
+    # read_request's rules between fields, in the schema too, so generated clients and fuzzers know them:
+    # stream_options only with stream: true, best_of (1 at most here) not below n.
+    model_config = ConfigDict(extra="forbid", protected_namespaces=(), allow_inf_nan=False, json_schema_extra={
+        "allOf": [{"if": {"not": {"properties": {"stream": {"const": True}}, "required": ["stream"]}},
+                   "then": {"properties": {"stream_options": {"type": "null"}}}},
+                  {"if": {"properties": {"best_of": {"const": 1}}, "required": ["best_of"]},
+                   "then": {"properties": {"n": {"enum": [None, 1]}}}}]})
 
     model: str = Field(..., min_length=1, max_length=200, description="A generation package's id (GET /v1/models)")
     prompt: Union[str, Annotated[list[str], Field(min_length=1)]] = Field(
