@@ -130,26 +130,30 @@ class Engine:
 
     def _note_the_device(self, bits: int) -> None:
         """What serving this package on this device costs, said once at load."""
-        meta = self.package.meta
-        if self.device_type == "cuda" and self.task == "translation" and not self.graph.host_total:
+        if self.device_type == "cuda" and self.task == "translation":
+            self._note_cuda_translation()
+        if self.device_type == "cpu" and self.package.meta["precision"] == "int8" and widens_int8(bits):
+            log.info("model %s: this CPU has no VNNI, so its 8-bit int8 products are widened first to stay exact "
+                     "(int8 ran 13-23%% faster without it on an AVX2-only EPYC); a package exported with "
+                     "--int8-weight-bits 7 needs no widening (docs/training.md)", self.package.name)
+
+    def _note_cuda_translation(self) -> None:
+        """What is known of this translation package's answers and speed on CUDA (benchmarks/results/gpu-h200.md)."""
+        path = self.package.path
+        if not self.graph.host_total:
             log.warning("%s computes its self-attention's total length in the decoder graph, which onnxruntime's "
                         "CUDA kernel reads wrongly (log-probs off by up to 16 on an H200, onnxruntime 1.31.1: "
                         "benchmarks/results/gpu-h200.md): its translations on CUDA are wrong. Re-export it with "
                         "python -m model.upgrade (a package made by model.import_marian: import it again), or "
-                        "serve it with --device cpu", self.package.path)
-        elif self.device_type == "cuda" and self.task == "translation":
+                        "serve it with --device cpu", path)
+        else:
             log.warning("%s on CUDA: its decoder agrees with the CPU's step by step (benchmarks/cuda_ops.py, H200), "
                         "but whole searches on CUDA have not yet been compared with the CPU's since the fix of "
-                        "2026-12-04 (benchmarks/cuda_agreement.py does): check before relying on them",
-                        self.package.path)
-        if self.device_type == "cuda" and self.task == "translation" and self.float_dtype == np.float32:
+                        "2026-12-04 (benchmarks/cuda_agreement.py does): check before relying on them", path)
+        if self.float_dtype == np.float32:
             log.warning("%s is fp32: onnxruntime's GroupQueryAttention has CUDA kernels for fp16 only, so the "
                         "decoder's self-attention runs on the CPU and its cache crosses to the host every step; "
-                        "export with --fp16 for the GPU", self.package.path)
-        if self.device_type == "cpu" and meta["precision"] == "int8" and widens_int8(bits):
-            log.info("model %s: this CPU has no VNNI, so its 8-bit int8 products are widened first to stay exact "
-                     "(int8 ran 13-23%% faster without it on an AVX2-only EPYC); a package exported with "
-                     "--int8-weight-bits 7 needs no widening (docs/training.md)", self.package.name)
+                        "export with --fp16 for the GPU", path)
 
     def _open_sessions(self, device: str, so: ort.SessionOptions, open_session: SessionFactory) -> None:
         self.providers = pick_providers(device)
