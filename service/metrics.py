@@ -51,10 +51,20 @@ def labelled(metric, *values: str):
     return metric.labels(*values)
 
 
+def metric_classes() -> tuple:
+    """prometheus_client's Counter, Gauge and Histogram, their values written as prometheus_bridge.FastValue writes
+    them (installed before the first metric is made)."""
+    from prometheus_client import Counter, Gauge, Histogram
+
+    from .prometheus_bridge import install
+    install()
+    return Counter, Gauge, Histogram
+
+
 @lru_cache(maxsize=None)
 def metrics() -> SimpleNamespace:
     """The metric objects of this process."""
-    from prometheus_client import Counter, Gauge, Histogram
+    Counter, Gauge, Histogram = metric_classes()
 
     p = PREFIX
     return SimpleNamespace(

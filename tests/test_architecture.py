@@ -14,13 +14,14 @@ from conftest import ROOT
 PARTS = ("model", "service")
 # LitServe's boundary between HTTP processes and workers has two sides, a bridge each
 BRIDGES = {"service.worker.litserve_bridge": "litserve", "service.http.litserve_workers": "litserve",
-           "service.inference.onnxruntime_bridge": "onnxruntime", "service.http.fastapi_bridge": "fastapi"}
+           "service.inference.onnxruntime_bridge": "onnxruntime", "service.http.fastapi_bridge": "fastapi",
+           "service.prometheus_bridge": "prometheus_client"}
 # What each part may import (first-party modules by prefix, third-party by top-level name); stdlib is free.
 # service/'s folders are layers, each importing only those below it: inference (onnxruntime, no HTTP, no LitServe)
 # < worker (LitServe's workers and the scheduler) < http (the core, no routes) < api (the flavours); server.py
 # and __main__.py compose them. COMMON are the process-wide modules every layer may use; they import no layer.
-COMMON = {"service.config", "service.metrics", "service.stopping", "service.errors", "service.keyfile", "service.logs",
-          "service.tracing"}
+COMMON = {"service.config", "service.metrics", "service.prometheus_bridge", "service.stopping", "service.errors",
+          "service.keyfile", "service.logs", "service.tracing"}
 ALLOWED = {
     "service.shared": {"service.shared", "numpy", "pydantic"},
     "service.client": {"service.shared.options", "service.shared.schemas", "httpx", "pydantic", "typing_extensions"},
@@ -32,6 +33,9 @@ ALLOWED = {
     # the one module that knows OpenTelemetry (its SDK imported only when OTEL_* turn traces on)
     "service.tracing": {"opentelemetry"},
     "service.config": {"service.shared", "service.keyfile", "prometheus_client", "fastapi", "starlette", "pydantic"},
+    # prometheus_client's multiprocess value class, replaced by the one module that knows its layout
+    "service.metrics": {"service.shared", "service.prometheus_bridge", "prometheus_client", "fastapi", "starlette",
+                        "pydantic"},
     "service.inference": {"service.inference", "service.shared", "numpy", "onnxruntime", "sentencepiece"},
     "service.worker": {"service.worker", "service.inference", "service.shared", *COMMON, "numpy", "litserve"},
     # the worker loop answers a request that waited too long with LitServe's HTTPException (fastapi's)
