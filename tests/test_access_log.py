@@ -65,3 +65,31 @@ def test_a_method_no_rfc_names_is_logged_as_other():
     word, so it is named "_OTHER" in the access line and the span."""
     assert named_method({"method": "POST"}) == "POST" and named_method({"method": "PATCH"}) == "PATCH"
     assert named_method({"method": "ZQSECRET"}) == "_OTHER" and named_method({"method": "post"}) == "_OTHER"
+
+
+def test_an_access_record_has_what_a_log_record_made_now_would_have():
+    """access() copies one LogRecord made in the process instead of making its own: a handler or format still
+    finds every attribute a LogRecord has, with this line's time, thread and process (a forked HTTP process's own)."""
+    import os
+    import threading
+    import time
+
+    from service.logs import access_record
+
+    def made() -> tuple[logging.LogRecord, logging.LogRecord]:
+        reference = logging.LogRecord(ACCESS, logging.INFO, __file__, 1, "x", (), None)
+        return reference, access_record(("POST", "/translate", 200, 1.0, "r"), {"status": 200})
+
+    reference, record = made()
+    assert vars(reference).keys() - {"taskName"} <= vars(record).keys()
+    assert record.process == os.getpid() and record.thread == threading.get_ident()
+    assert abs(record.created - time.time()) < 1 and abs(record.msecs - record.created % 1 * 1000) < 1e-6
+    assert abs(record.relativeCreated - reference.relativeCreated) < 1000
+    assert record.getMessage() == "POST /translate 200 1.0 ms r" and record.access == {"status": 200}
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:   # a forked HTTP process: its own pid, not the template's
+        os.write(write, str(made()[1].process).encode())
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert int(os.read(read, 64)) == child
