@@ -33,6 +33,12 @@ async def read_model(request: Request, model: type[Model]) -> Model:
     if not raw:
         raise ApiError(400, "invalid_json", NOT_JSON)
     try:
+        return model.model_validate_json(raw)   # parsed and validated in one pass, in pydantic's Rust
+    except ValidationError:
+        pass
+    # Refused, or JSON that only Python's parser reads (a byte order mark, UTF-16): parsed and validated again
+    # as FastAPI does, which gives the answer and the error this route has always given
+    try:
         data = json.loads(raw)
     except json.JSONDecodeError:
         raise ApiError(400, "invalid_json", "the body is not valid JSON") from None
