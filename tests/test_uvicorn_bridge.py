@@ -7,7 +7,7 @@ import asyncio
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from service.http.uvicorn_bridge import GRACE_S, CoalescedWrites, GuardedHTTPProtocol
+from service.http.uvicorn_bridge import CLIENT_GONE, GRACE_S, ClientGone, CoalescedWrites, GuardedHTTPProtocol
 
 
 async def app(scope, receive, send):   # never reached: the clients send nothing
@@ -116,3 +116,34 @@ def test_writes_of_one_turn_leave_as_one_and_none_waits_past_its_turn():
     assert transport.writes == second + [b"last"] and transport.closed
     assert extra == "extra peername"                   # everything else is the transport's
 
+
+
+def test_a_request_learns_from_its_connection_that_its_client_went_away():
+    """The scope of a request the protocol parsed carries its connection's ClientGone (CLIENT_GONE): what waits on
+    its answer is told when the client closes, with no task of its own blocked in receive()."""
+    async def run() -> tuple:
+        loop = asyncio.get_running_loop()
+        told, gone = loop.create_future(), loop.create_future()
+
+        async def waiting(scope, receive, send):   # a route whose answer is computed elsewhere and never comes
+            watch = scope[CLIENT_GONE]
+            watch.callbacks.append(lambda: told.done() or told.set_result(True))
+            gone.set_result(watch)
+            await asyncio.sleep(30)
+
+        config = Config(app=waiting, log_level="warning")
+        config.load()
+        server = await loop.create_server(lambda: GuardedHTTPProtocol(config=config, server_state=ServerState(),
+                                                                       app_state={}, _loop=loop), "127.0.0.1", 0)
+        _, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+        writer.write(b"POST /translate HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+                     b"content-length: 2\r\n\r\n{}")
+        watch = await asyncio.wait_for(gone, 5)
+        before = (watch.lost, told.done())
+        writer.close()
+        await asyncio.wait_for(told, 5)
+        server.close()
+        return before, watch
+    before, watch = asyncio.run(run())
+    assert before == (False, False)          # not while the client waits
+    assert watch.lost and isinstance(watch, ClientGone)

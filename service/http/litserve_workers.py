@@ -13,8 +13,9 @@ import asyncio
 import functools
 import json
 import pickle
+import itertools
+import os
 import time
-import uuid
 from collections import deque
 from typing import AsyncIterator
 
@@ -26,11 +27,16 @@ from litserve.utils import LitAPIStatus, ResponseBufferItem, WorkerSetupStatus
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import ApiError, queue_timeout, worker_failed
+from .uvicorn_bridge import CLIENT_GONE
 from ..metrics import labelled, metrics
 from ..worker.cancel import CancelBoard
 from ..worker.litserve_bridge import IDLE_WAKE_S
 from ..worker.request_sender import RequestSender
 from ..worker.traces import carry
+
+# A request's key in the response buffer and at its worker: this process's id and a count, which cost less than
+# the uuid4 LitServe draws (an os.urandom each).
+_uids = itertools.count()
 
 # What a request is lost with (Workers.holder): (endpoint, the worker it was sent to, that worker id's listener count
 # as it was sent), or (endpoint, None, None) on LitServe's queues, where any worker of the endpoint may hold it.
@@ -129,8 +135,9 @@ class Workers:
     async def _outcome(self, holder: Holder, uid: str, request: Request | None) -> tuple[str, ResponseBufferItem]:
         """What came first for request `uid`: "answered" (its answer in the item), "worker lost" (`holder`), "client
         gone" or "timeout" (twice the request timeout). One future, settled by a callback each: a Task for each of three
-        waits and asyncio.wait over them took about 8% of the HTTP process's samples under load; only the
-        client's needs a Task (it awaits receive())."""
+        waits and asyncio.wait over them took about 8% of the HTTP process's samples under load. The client's is
+        told by its connection (uvicorn_bridge.ClientGone), or where the server gives none, a Task awaits
+        receive()."""
         loop = asyncio.get_running_loop()
         outcome = loop.create_future()
 
@@ -145,8 +152,13 @@ class Workers:
         self.server.response_buffer[uid] = item = ResponseBufferItem(Settles(settle, "answered"))
         lost, on_lost = self.lost(holder), functools.partial(settle, "worker lost")
         lost.on_set(on_lost)
-        gone = None
-        if request is not None:
+        gone = watch = on_gone_away = None
+        if request is not None and (watch := request.scope.get(CLIENT_GONE)) is not None:
+            on_gone_away = functools.partial(settle, "client gone")   # told by the connection (uvicorn_bridge)
+            watch.callbacks.append(on_gone_away)
+            if watch.lost:
+                settle("client gone")
+        elif request is not None:
             gone = asyncio.ensure_future(until_disconnected(request))
             gone.add_done_callback(on_gone)
         timer = loop.call_later(2 * self.request_timeout_s, settle, "timeout")
@@ -157,6 +169,8 @@ class Workers:
             lost.forget(on_lost)
             if gone is not None:
                 gone.cancel()
+            if on_gone_away is not None:
+                watch.callbacks.remove(on_gone_away)
 
     def _answer(self, endpoint: str, response, status) -> dict:
         if status != LitAPIStatus.ERROR:
@@ -262,7 +276,7 @@ class Workers:
         try:
             if sender is None:
                 return (await self.handlers[endpoint]._submit_request(payload))[0], self.holder(endpoint)
-            uid = str(uuid.uuid4())
+            uid = f"{os.getpid()}.{next(_uids)}"   # unique among the live requests (as LitServe's uuid4s)
             try:
                 sent_to = await sender.put((self.server.app.response_queue_id, uid, time.monotonic(), payload),
                                            self.request_timeout_s, worker)

@@ -37,6 +37,13 @@ sender's kernel also runs the receiving side of each, in the HTTP process's time
 process under 32 clients of one-sentence translations, uvicorn's two writes held the GIL in 21% of the samples,
 the one write 6% (2-core AMD EPYC, 2026-12-01).
 
+A request whose answer is computed elsewhere learns that its client went away from the connection itself
+(`ClientGone`, on the request's scope under CLIENT_GONE, told by connection_lost), not from a task per request
+blocked in receive() and cancelled once it is answered: that task, its cancellation and the exception thrown
+through its frames cost every one-sentence /translate about 5% of the HTTP process's CPU (a CPU-time profile of
+the process under load, benchmarks/results/serving-cpu.md). uvicorn's httptools protocol only (its h11 one
+builds the scope elsewhere): where the scope has no CLIENT_GONE, http/litserve_workers.py waits in receive().
+
 Signals (`hold_signals`): uvicorn's Server shuts its process down on SIGINT or SIGTERM, with handlers it sets
 with signal.signal when it starts (Server.capture_signals), before the app's lifespan. Ctrl+C and a SIGTERM to
 the process group reach every HTTP process with the main process; the lifespan puts a guard over uvicorn's
@@ -87,6 +94,24 @@ def write_error(protocol, status: bytes, type_: str, message: str, extra: list[b
     protocol.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
     if close:
         protocol.transport.close()
+
+
+CLIENT_GONE = "transerve.client_gone"   # the scope's key of its connection's ClientGone
+
+
+class ClientGone:
+    """Whether a request's connection was lost, and what to call when it is (callbacks added and removed by
+    whoever waits on the request's answer: Workers._outcome)."""
+
+    __slots__ = ("lost", "callbacks")
+
+    def __init__(self):
+        self.lost, self.callbacks = False, []
+
+    def connection_lost(self) -> None:
+        self.lost = True
+        for callback in self.callbacks[:]:
+            callback()
 
 
 class CoalescedWrites:
@@ -142,6 +167,7 @@ class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
         self.head: list | None = [0, 0, b""]   # of the head arriving: bytes, line ends, its last 3 bytes
         self.refused_bytes: int | None = None  # after a 431: the bytes read and dropped since
         self.waiting_since = self.loop.time()
+        self.gone = ClientGone()
         self.await_head()
         if len(self.connections) > self.max_connections:
             self.make_room()
@@ -149,6 +175,11 @@ class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
     def connection_lost(self, exc) -> None:
         self.stop_head_timer()
         super().connection_lost(exc)
+        self.gone.connection_lost()
+
+    def on_headers_complete(self) -> None:   # httptools' parser's callback (uvicorn's h11 protocol has none)
+        super().on_headers_complete()
+        self.scope[CLIENT_GONE] = self.gone   # the scope of the request whose cycle was just made
 
     def data_received(self, data: bytes) -> None:
         if self.refused_bytes is not None:
@@ -303,6 +334,9 @@ def uvicorn_options(settings: Settings) -> dict:
     # uvicorn's access line is never written: it holds the path and query a client sent (a download's token, a
     # file's name). The middleware writes ours (logs.access), with the route's template, or none (--no-access-log).
     options["access_log"] = False
+    # No client's address is read anywhere (neither logged nor limited by), so uvicorn's ProxyHeadersMiddleware,
+    # which rewrites it from X-Forwarded-For on every request, has nothing to do.
+    options["proxy_headers"] = False
     options["log_config"] = uvicorn_log_config()     # uvicorn's and LitServe's lines through our handler
     return options
 
