@@ -353,7 +353,7 @@ class Gateway:
             start()
 
     def readiness(self) -> tuple[bool, str]:
-        if self.admission.draining.is_set():
+        if self.admission.draining():
             return False, "draining"
         return (True, "ok") if self.workers.ready() else (False, "not ready")
 

@@ -66,9 +66,10 @@ class CancelBoard:
         i = self._endpoints.index(endpoint)
         if not change:
             return self._queued[i]
-        with self._queued.get_lock():
-            self._queued[i] += change
-            return self._queued[i]
+        with self._queued.get_lock():   # the raw array under its lock: each synchronized access would take it again
+            counts = self._queued.get_obj()
+            counts[i] += change
+            return counts[i]
 
     def cancellations(self) -> int:
         """How many cancellations were written so far: a reader that saw this many before has nothing new."""
@@ -76,13 +77,15 @@ class CancelBoard:
 
     def new_number(self) -> int:
         with self._numbers.get_lock():
-            self._numbers.value += 1
-            return self._numbers.value
+            numbers = self._numbers.get_obj()
+            numbers.value += 1
+            return numbers.value
 
     def cancel(self, number: int) -> None:
         with self._next.get_lock():
-            self._ring[self._next.value % self.SIZE] = number
-            self._next.value += 1
+            written = self._next.get_obj()
+            self._ring.get_obj()[written.value % self.SIZE] = number
+            written.value += 1
 
     def cancelled(self, numbers: np.ndarray) -> np.ndarray:
         # Only the part of the ring written so far (a worker asks at every step that admitted a request, and
