@@ -294,7 +294,7 @@ class Workers:
         CancelBoard.worker_listening); with no worker (LitServe's queues), any of the endpoint's."""
         if worker is None:
             return endpoint, None, None
-        return endpoint, worker, self.board.listeners().get((endpoint, worker), 0)
+        return endpoint, worker, self.board.listened(endpoint, worker)
 
     def lost(self, holder: Holder) -> Alarm:
         """An event set when the worker `holder` names is lost: it stopped being ready (it died; LitServe restarts

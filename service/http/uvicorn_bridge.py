@@ -97,6 +97,7 @@ def write_error(protocol, status: bytes, type_: str, message: str, extra: list[b
 
 
 CLIENT_GONE = "transerve.client_gone"   # the scope's key of its connection's ClientGone
+BODY_WHOLE = "transerve.body_whole"     # on the scope once the request's body has arrived whole (True)
 
 
 class ClientGone:
@@ -177,17 +178,21 @@ class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
         super().connection_lost(exc)
         self.gone.connection_lost()
 
-    def on_headers_complete(self) -> None:   # httptools' parser's callback (uvicorn's h11 protocol has none)
+    def on_headers_complete(self) -> None:   # httptools' parser's callbacks (uvicorn's h11 protocol has none)
         super().on_headers_complete()
         self.scope[CLIENT_GONE] = self.gone   # the scope of the request whose cycle was just made
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self.scope[BODY_WHOLE] = True         # the middleware's body deadline has nothing left to wait for
 
     def data_received(self, data: bytes) -> None:
         if self.refused_bytes is not None:
             self.drop(data)
             return
-        if self.head_timer is None and self.between_requests():
+        starting = self.head_timer is None and self.between_requests()
+        if starting:
             self.waiting_since = self.loop.time()   # the next request (or the rest of an unread body) begins
-            self.await_head()
         self.head_started = True
         if self.head is None and (self.cycle is None or not self.cycle.more_body):
             self.head = [0, 0, b""]   # the last request is whole: what comes is the next one's head
@@ -199,6 +204,8 @@ class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
             self.stop_head_timer()
             self.head_started = False
             self.waiting_since = self.loop.time()
+        elif starting and not self.transport.is_closing():
+            self.await_head()   # its head is not whole yet: the deadline runs (a whole one never needed a timer)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

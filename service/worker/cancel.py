@@ -52,6 +52,12 @@ class CancelBoard:
         return {(e, w): counts[i * self._workers + w] for i, e in enumerate(self._endpoints)
                 for w in range(self._workers)}
 
+    def listened(self, endpoint: str, worker_id: int) -> int:
+        """How many times a worker with that id began to listen (0 for one the board does not know): listeners()'s
+        one entry, read alone, as every request sent reads it."""
+        i = self._listener_index(endpoint, worker_id)
+        return 0 if i is None else self._listening.get_obj()[i]
+
     def _listener_index(self, endpoint: str, worker_id: int) -> int | None:
         if endpoint not in self._endpoints or not 0 <= worker_id < self._workers:
             return None
