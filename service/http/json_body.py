@@ -15,7 +15,7 @@ import json
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from ..errors import NOT_JSON, ApiError, declares_json, invalid_body, parse_error
@@ -29,7 +29,7 @@ async def read_model(request: Request, model: type[Model]) -> Model:
     field that does not validate: 422 invalid_request naming it."""
     if not declares_json(request.headers.get("content-type", "")):
         raise ApiError(400, "invalid_json", NOT_JSON)
-    raw = await request.body()
+    raw = await whole_body(request)
     if not raw:
         raise ApiError(400, "invalid_json", NOT_JSON)
     try:
@@ -48,6 +48,19 @@ async def read_model(request: Request, model: type[Model]) -> Model:
         return model.model_validate(data)
     except ValidationError as e:
         raise invalid_body(e, in_body=False) from None
+
+
+async def whole_body(request: Request) -> bytes:
+    """The body, read from the request's receive() as Request.body() reads it, without its async generator over
+    each part: the routes that read_model read nothing more of their request."""
+    parts = []
+    while True:
+        message = await request.receive()
+        if message["type"] != "http.request":
+            raise ClientDisconnect()
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def model_response(model: type[BaseModel], out: dict, exclude_none: bool = False) -> Response:

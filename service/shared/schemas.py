@@ -144,7 +144,8 @@ class TranslateRequest(BaseModel):
     def to_search_options(self, max_output_tokens: int) -> SearchOptions:
         """This request's engine options, mapped once (search_options()), in the Gateway: they travel in the
         worker's payload, and the worker applies no default of its own."""
-        return search_options(self.model_dump(include=set(SEARCH_FIELDS) | {"num_alternatives"}), max_output_tokens)
+        return search_options({name: getattr(self, name) for name in (*SEARCH_FIELDS, "num_alternatives")},
+                              max_output_tokens)
 
 
 class GlossaryCreateRequest(BaseModel):
