@@ -126,7 +126,7 @@ def access(state: dict, method: str, route: str, status: int, total_ms: float) -
     _access_log.handle(access_record((method, route, status, total_ms, Named(fields)), fields))
 
 
-_template: dict = {}   # pid -> the attributes of an access record made by LogRecord in that process
+_template: dict = {}   # pid -> an access record made by the record factory in that process
 
 
 def access_record(args: tuple, fields: dict) -> logging.LogRecord:
@@ -135,15 +135,17 @@ def access_record(args: tuple, fields: dict) -> logging.LogRecord:
     looked up each time) and Logger.info's search of the stack for the caller's line were half of an access line's
     CPU, on every request; neither format shows them."""
     pid = os.getpid()
-    template = _template.get(pid)
-    if template is None:
+    made = _template.get(pid)
+    if made is None:   # by the record factory in place (logging.setLogRecordFactory), as Logger.info's would be
         _template.clear()
-        template = _template[pid] = vars(logging.LogRecord(ACCESS, logging.INFO, __file__, 0, ACCESS_TEXT, (), None))
-    record = logging.LogRecord.__new__(logging.LogRecord)
-    record.__dict__.update(template)
-    now = time.time()
-    record.created, record.msecs, record.thread = now, now % 1 * 1000, threading.get_ident()
-    record.relativeCreated = template["relativeCreated"] + (now - template["created"]) * 1000
+        made = _template[pid] = logging.getLogRecordFactory()(ACCESS, logging.INFO, __file__, 0, ACCESS_TEXT, (),
+                                                               None, "access")
+    record = object.__new__(type(made))
+    record.__dict__.update(made.__dict__)
+    now_ns = time.time_ns()
+    record.created, record.msecs = now_ns / 1e9, (now_ns % 1_000_000_000) // 1_000_000 + 0.0   # as LogRecord's
+    record.relativeCreated = made.relativeCreated + (record.created - made.created) * 1000
+    record.thread, record.threadName = threading.get_ident(), threading.current_thread().name
     record.args, record.access = args, fields
     return record
 

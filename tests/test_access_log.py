@@ -83,7 +83,8 @@ def test_an_access_record_has_what_a_log_record_made_now_would_have():
     reference, record = made()
     assert vars(reference).keys() - {"taskName"} <= vars(record).keys()
     assert record.process == os.getpid() and record.thread == threading.get_ident()
-    assert abs(record.created - time.time()) < 1 and abs(record.msecs - record.created % 1 * 1000) < 1e-6
+    assert abs(record.created - time.time()) < 1 and 0 <= record.created % 1 * 1000 - record.msecs < 1.001
+    assert record.threadName == threading.current_thread().name and record.msecs == int(record.msecs)
     assert abs(record.relativeCreated - reference.relativeCreated) < 1000
     assert record.getMessage() == "POST /translate 200 1.0 ms r" and record.access == {"status": 200}
     read, write = os.pipe()
