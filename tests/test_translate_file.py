@@ -186,3 +186,13 @@ def test_frontend_settings_list_the_file_formats_without_a_key(server):
     assert body["filesTranslation"] is True and body["keyRequired"] is True
     assert {".docx", ".pptx", ".odt", ".odp", ".txt", ".html", ".po"} <= set(body["supportedFilesFormat"])
     assert body["language"]["source"]["code"] == "auto" and body["language"]["target"]["code"] == "en"
+
+
+def test_behind_a_tls_proxy_on_this_host_the_download_link_is_https(server):
+    """docs/serving.md (LibreTranslate's page): the link is built from the request, and a proxy on 127.0.0.1 that
+    ends TLS says so with X-Forwarded-Proto, which uvicorn's proxy headers turn into the scheme the link names."""
+    fields = {"source": "de", "target": "en", "api_key": KEY}
+    answer = httpx.post(server + "/libretranslate/translate_file", data=fields, timeout=300,
+                        files={"file": ("hallo.txt", b"Guten Morgen.")}, headers={"X-Forwarded-Proto": "https"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["translatedFileUrl"].startswith("https://127.0.0.1:"), answer.json()

@@ -341,9 +341,6 @@ def uvicorn_options(settings: Settings) -> dict:
     # uvicorn's access line is never written: it holds the path and query a client sent (a download's token, a
     # file's name). The middleware writes ours (logs.access), with the route's template, or none (--no-access-log).
     options["access_log"] = False
-    # No client's address is read anywhere (neither logged nor limited by), so uvicorn's ProxyHeadersMiddleware,
-    # which rewrites it from X-Forwarded-For on every request, has nothing to do.
-    options["proxy_headers"] = False
     options["log_config"] = uvicorn_log_config()     # uvicorn's and LitServe's lines through our handler
     return options
 
