@@ -47,6 +47,11 @@ def test_a_temperature_too_small_to_divide_by_is_greedy(temperature):
     with pytest.raises(ValueError, match="at least 1e-05 for sampling"):
         _sampler(SearchOptions(sampling=True, temperature=temperature), [0])
     assert generation_options(GenerateRequest(prompt="x", temperature=1e-5), max_new=8).strategy == "sampling"
+    # with beam search too a temperature below it is 0's: no sampling asked, so not refused as sampling
+    beam = generation_options(GenerateRequest(prompt="x", temperature=temperature, beam_size=4), max_new=8)
+    assert beam.strategy == "beam"
+    with pytest.raises(ValueError, match="beam search does not sample"):
+        GenerateRequest(prompt="x", temperature=1e-5, beam_size=4)
 
 
 def test_openai_nulls_take_the_same_defaults_as_left_out():

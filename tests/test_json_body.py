@@ -35,6 +35,8 @@ BODIES = [
     ("application/json", '"text"'),
     ("application/json", b'{"text": "\xff\xfe"}'),          # not UTF-8
     ("application/json", "[" * 100_000 + "]" * 100_000),   # nested too deeply
+    ("application/json", '{"beam_size": %s, "text": "Ja", "source_lang": "de", "target_lang": "en"}' % ("1" * 5000)),
+    # (an integer past Python's 4,300 digits: json.loads raises a plain ValueError)
     ("application/json", json.dumps(GOOD | {"beam_size": "4"})),       # a number as a string
     ("application/json", json.dumps(GOOD | {"beam_size": True})),
     ("application/json", json.dumps(GOOD | {"beam_size": 0})),

@@ -35,7 +35,7 @@ from . import sse
 from ..errors import NOT_JSON, ApiError, declares_json, parse_error
 from .flavour import Flavour
 from ..http.gateway import Finished, Gateway, GenerationStream
-from ..shared.options import DEFAULTS
+from ..shared.options import DEFAULTS, GREEDY_BELOW
 from ..shared.schemas import GenerateRequest, StopSequence, _json_types, generation_options
 
 ENDPOINT = "completions"      # the metrics' endpoint label of POST /v1/completions
@@ -87,7 +87,8 @@ class CompletionRequest(BaseModel):
         "not taken")
     max_tokens: Optional[int] = Field(DEFAULT_MAX_TOKENS, ge=1, le=4096, description="Pieces to generate at most "
                                       "(capped by the server)")
-    temperature: Optional[float] = Field(DEFAULTS.temperature, ge=0.0, le=2.0, description="0 (or below 1e-5) = greedy")
+    temperature: Optional[float] = Field(DEFAULTS.temperature, ge=0.0, le=2.0,
+                                         description=f"0 (or below {GREEDY_BELOW:g}) = greedy")
     top_p: Optional[float] = Field(DEFAULTS.top_p, gt=0.0, le=1.0)
     n: Optional[int] = Field(1, ge=1, le=8, description="Choices per prompt (seeds seed, seed+1, …)")
     # up to 2**53 - 1, read exactly by every JSON parser (2**63 - 1 is read as 2**63 by those that use floats)

@@ -339,7 +339,8 @@ class GenerateRequest(BaseModel):
     min_new_tokens: int = Field(GENERATION_MIN_LENGTH, ge=0, le=4096, description="Pieces to generate before the "
                                 "end of text may come, at most max_new_tokens; 0 = off")
     temperature: float = Field(DEFAULTS.temperature, ge=0.0, le=5.0, description="Sampling temperature; 0 "
-                               "(or below 1e-5) = greedy (no sampling); 0 or 1.0 with beam_size > 1")
+                               f"(or below {GREEDY_BELOW:g}) = greedy (no sampling); 0 (or below {GREEDY_BELOW:g}) or "
+                               "1.0 with beam_size > 1")
     top_k: int = Field(DEFAULTS.top_k, ge=0, le=1000, description="Sample among the k most likely pieces; 0 = "
                        "off (the only value with beam_size > 1)")
     top_p: float = Field(DEFAULTS.top_p, gt=0.0, le=1.0, description="Nucleus sampling mass; 1.0 = off (the only value "
@@ -378,7 +379,8 @@ class GenerateRequest(BaseModel):
             raise ValueError(f"min_new_tokens ({self.min_new_tokens}) is more than max_new_tokens "
                              f"({self.max_new_tokens}); send min_new_tokens={self.max_new_tokens} or less, or raise "
                              "max_new_tokens")
-        if self.beam_size > 1 and (self.temperature not in (0, 1.0) or self.top_k or self.top_p < 1.0):
+        sampled = self.temperature >= GREEDY_BELOW and self.temperature != 1.0   # 1.0: the default, no change
+        if self.beam_size > 1 and (sampled or self.top_k or self.top_p < 1.0):
             raise ValueError("beam search does not sample: leave temperature, top_k and top_p at their defaults "
                              "with beam_size > 1, or use beam_size=1")
         return self
@@ -394,8 +396,8 @@ def generation_options(body: GenerateRequest, max_new: int) -> SearchOptions:
     beam, n = body.beam_size, body.num_return_sequences
     sampling = beam == 1 and body.temperature >= GREEDY_BELOW
     if n > 1 and not sampling and n > beam:
-        raise ValueError(f"num_return_sequences={n} needs sampling (temperature > 0) or beam_size >= {n}; greedy "
-                         "search returns one text")
+        raise ValueError(f"num_return_sequences={n} needs sampling (temperature >= {GREEDY_BELOW:g}) or beam_size >= "
+                         f"{n}; greedy search returns one text")
     return SearchOptions(beam_size=beam, num_hypotheses=n if beam > 1 else 1, max_length=max_new + 1,
                          min_length=min(body.min_new_tokens, max_new), repetition_penalty=body.repetition_penalty,
                          sampling=sampling, temperature=body.temperature if sampling else DEFAULTS.temperature,
