@@ -115,7 +115,7 @@ def access(state: dict, method: str, route: str, status: int, total_ms: float) -
     """The access line of one request (--access-log): what the Gateway noted in `state["access"]`, with the
     request's id, key name, route (its template: middleware.route_of), status and duration. JSON: those fields;
     text: the method, route, status and duration, then the rest as name=value. Handed to the logger's handlers
-    as Logger.info would hand it (its level, filters and handlers as they are), made as AccessRecord makes it."""
+    as Logger.info would hand it (its level, filters and handlers as they are), made by access_record."""
     if not _access_log.isEnabledFor(logging.INFO):
         return
     tenant = state.get("tenant")
@@ -126,20 +126,24 @@ def access(state: dict, method: str, route: str, status: int, total_ms: float) -
     _access_log.handle(access_record((method, route, status, total_ms, Named(fields)), fields))
 
 
-_template: dict = {}   # pid -> an access record made by the record factory in that process
+_template: list[logging.LogRecord] = []   # an access record made by the record factory in this process
+os.register_at_fork(after_in_child=_template.clear)
 
 
 def access_record(args: tuple, fields: dict) -> logging.LogRecord:
     """An access line's record: a copy of one LogRecord made once in this process, with its own time, thread and
     arguments. LogRecord's own __init__ (the caller's file and module names, the thread's and the process's names
     looked up each time) and Logger.info's search of the stack for the caller's line were half of an access line's
-    CPU, on every request; neither format shows them."""
-    pid = os.getpid()
-    made = _template.get(pid)
-    if made is None:   # by the record factory in place (logging.setLogRecordFactory), as Logger.info's would be
-        _template.clear()
-        made = _template[pid] = logging.getLogRecordFactory()(ACCESS, logging.INFO, __file__, 0, ACCESS_TEXT, (),
-                                                               None, "access")
+    CPU, on every request; neither format shows them. Under a record factory of someone else's
+    (logging.setLogRecordFactory: one may add each record's own context, a trace's ids) every record is its."""
+    factory = logging.getLogRecordFactory()
+    if factory is not logging.LogRecord:
+        record = factory(ACCESS, logging.INFO, __file__, 0, ACCESS_TEXT, args, None, "access")
+        record.access = fields
+        return record
+    if not _template:
+        _template.append(factory(ACCESS, logging.INFO, __file__, 0, ACCESS_TEXT, (), None, "access"))
+    made = _template[0]
     record = object.__new__(type(made))
     record.__dict__.update(made.__dict__)
     now_ns = time.time_ns()

@@ -32,8 +32,9 @@ def install() -> None:
     base = values.ValueClass
     if not getattr(base, "_multiprocess", False) or getattr(base, "_fast", False):
         return
-    pid = [os.getpid()]                  # the process whose files the values' _file are
+    forked = [False]                     # since the last change through prometheus_client's own methods
     known: list[bool] = []               # [whether the layout is this module's], once a value was made
+    os.register_at_fork(after_in_child=lambda: forked.__setitem__(0, True))   # no getpid() a change
 
     class FastValue(base):
         _fast = True
@@ -41,15 +42,15 @@ def install() -> None:
         def __init__(self, *args, **kwargs):
             with _lock:
                 super().__init__(*args, **kwargs)
-                pid[0] = os.getpid()     # made (and every value's file reopened if it had forked) in this one
+                forked[0] = False        # made (and every value's file reopened if it had forked) in this one
                 if not known:
                     known.append(_layout_known(self))
 
         def inc(self, amount):
             with _lock:
-                if os.getpid() != pid[0] or not known[0]:
-                    base.inc(self, amount)
-                    pid[0] = os.getpid()
+                if forked[0] or not known[0]:
+                    base.inc(self, amount)       # reopens every value's file after a fork
+                    forked[0] = False
                     return
                 self._value += amount
                 self._timestamp = 0.0
@@ -59,9 +60,9 @@ def install() -> None:
 
         def set(self, value, timestamp=None):
             with _lock:
-                if os.getpid() != pid[0] or not known[0]:
+                if forked[0] or not known[0]:
                     base.set(self, value, timestamp)
-                    pid[0] = os.getpid()
+                    forked[0] = False
                     return
                 self._value, self._timestamp = value, timestamp or 0.0
                 file = self._file

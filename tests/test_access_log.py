@@ -94,3 +94,25 @@ def test_an_access_record_has_what_a_log_record_made_now_would_have():
         os._exit(0)
     os.waitpid(child, 0)
     assert int(os.read(read, 64)) == child
+
+
+def test_a_record_factory_of_someone_elses_makes_each_access_record():
+    """A factory installed with logging.setLogRecordFactory (OpenTelemetry's logging instrumentation adds each record's
+    trace ids so) makes every access record: a copy of the first one would carry the first request's context."""
+    from service.logs import access_record
+
+    made = iter(range(1, 100))
+    old = logging.getLogRecordFactory()
+
+    def factory(*args, **kwargs):
+        record = old(*args, **kwargs)
+        record.context = next(made)
+        return record
+
+    logging.setLogRecordFactory(factory)
+    try:
+        first, second = (access_record(("POST", "/translate", 200, 1.0, "r"), {"status": 200}) for _ in range(2))
+    finally:
+        logging.setLogRecordFactory(old)
+    assert (first.context, second.context) == (1, 2)
+    assert second.getMessage() == "POST /translate 200 1.0 ms r" and second.access == {"status": 200}

@@ -37,6 +37,8 @@ from ..worker.traces import carry
 # A request's key in the response buffer and at its worker: this process's id and a count, which cost less than
 # the uuid4 LitServe draws (an os.urandom each).
 _uids = itertools.count()
+_pid = [f"{os.getpid()}."]
+os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, f"{os.getpid()}."))   # no getpid() a request
 
 # What a request is lost with (Workers.holder): (endpoint, the worker it was sent to, that worker id's listener count
 # as it was sent), or (endpoint, None, None) on LitServe's queues, where any worker of the endpoint may hold it.
@@ -276,7 +278,7 @@ class Workers:
         try:
             if sender is None:
                 return (await self.handlers[endpoint]._submit_request(payload))[0], self.holder(endpoint)
-            uid = f"{os.getpid()}.{next(_uids)}"   # unique among the live requests (as LitServe's uuid4s)
+            uid = f"{_pid[0]}{next(_uids)}"   # unique among the live requests (as LitServe's uuid4s)
             try:
                 sent_to = await sender.put((self.server.app.response_queue_id, uid, time.monotonic(), payload),
                                            self.request_timeout_s, worker)
