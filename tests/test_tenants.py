@@ -296,6 +296,14 @@ def test_a_key_limited_to_routes_gets_403_elsewhere(servers):
 
 def test_tokens_per_day_are_counted_when_a_generation_ends_and_models_are_kept_to_the_list(servers):
     urls, _, _ = servers
+    # OpenAI's model list shows a key the models it may use; another is not found, as OpenAI answers
+    listed = httpx.get(urls[0] + "/v1/models", headers=bearer("tokened")).json()["data"]
+    assert [m["id"] for m in listed] == ["lm-small"]
+    assert {m["id"] for m in httpx.get(urls[0] + "/v1/models", headers=bearer("free")).json()["data"]} == {
+        "de-en", "lm-small"}
+    r = httpx.get(urls[1] + "/v1/models/de-en", headers=bearer("tokened"))
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+    assert httpx.get(urls[1] + "/v1/models/lm-small", headers=bearer("tokened")).json()["id"] == "lm-small"
     prompt = {"prompt": "Das ist", "max_new_tokens": 8, "seed": 1}
     first = httpx.post(urls[0] + "/generate", json=prompt, headers=bearer("tokened"), timeout=60)
     assert first.status_code == 200, first.text

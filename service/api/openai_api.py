@@ -273,15 +273,22 @@ class OpenAIRoutes:
             return Response(status_code=499)   # the client went away
         return JSONResponse(_completion(head, answers, n, copies))
 
-    def list_models(self) -> dict:
-        return {"object": "list", "data": self.models}
+    def visible(self, request: Request) -> list[dict]:
+        """The cards of the models the request's key may use (every one for a key without a `models` list): as
+        OpenAI's list shows an account its own, and a model a key may not use is not found."""
+        allowed = self.gateway.tenant(request).models
+        return self.models if allowed is None else [m for m in self.models if m["id"] in allowed]
 
-    def model(self, model: str) -> dict:
-        for card in self.models:
+    def list_models(self, request: Request) -> dict:
+        return {"object": "list", "data": self.visible(request)}
+
+    def model(self, model: str, request: Request) -> dict:
+        cards = self.visible(request)
+        for card in cards:
             if card["id"] == model:
                 return card
-        raise OpenAIError(404, "model_not_found", f"the model {model!r} does not exist; loaded: "
-                          + ", ".join(m["id"] for m in self.models), "model")
+        raise OpenAIError(404, "model_not_found", f"the model {model!r} does not exist or the key may not use it; "
+                          "its models: " + ", ".join(m["id"] for m in cards), "model")
 
     async def chat(self) -> Response:
         raise OpenAIError(400, "chat_not_supported", "no served model has a chat template: they are plain language "
@@ -306,7 +313,8 @@ class OpenAIRoutes:
                                                          "content": {"application/json": {"schema": schema}}}},
                           summary="OpenAI-compatible completions (a generation model)", tags=["openai"])
         app.add_api_route("/v1/models", self.list_models, methods=["GET"], response_model=ModelList,
-                          summary="OpenAI-compatible: every loaded package with its task", tags=["openai"])
+                          summary="OpenAI-compatible: every loaded package with its task (those the key may use)",
+                          tags=["openai"])
         app.add_api_route("/v1/models/{model}", self.model, methods=["GET"], response_model=ModelCard,
                           responses={404: errors[404]}, summary="OpenAI-compatible: one package", tags=["openai"])
         app.add_api_route("/v1/chat/completions", self.chat, methods=["POST"], include_in_schema=False)
