@@ -3,6 +3,7 @@
 same prompt, options and seed; what we do not implement is a 400 in OpenAI's shape naming it."""
 
 import concurrent.futures as cf
+import json
 import os
 
 import httpx
@@ -147,6 +148,17 @@ def test_streaming_ends_with_done(server):
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in r.iter_lines() if line]
     assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]" and len(lines) >= 3
+    assert all("usage" not in json.loads(line[6:]) for line in lines[:-1])   # not asked for: none
+
+
+def test_with_the_usage_asked_for_every_other_chunk_has_usage_null(server):
+    """OpenAI: 'All other chunks will also include a usage field, but with a null value.'"""
+    with httpx.stream("POST", server + "/v1/completions", headers=AUTH, timeout=60,
+                      json={"model": "tiny-lm", "prompt": "Das", "max_tokens": 5, "stream": True,
+                            "stream_options": {"include_usage": True}}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line and line != "data: [DONE]"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] >= 1
+    assert len(chunks) >= 3 and all("usage" in c and c["usage"] is None for c in chunks[:-1])
 
 
 def test_stop_sequences(server, client):

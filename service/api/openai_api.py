@@ -367,9 +367,11 @@ async def _chunks(head: dict, streams: list[GenerationStream], n: int, copies: i
                   include_usage: bool) -> AsyncIterator[str]:
     """Each prompt's events, merged as they come, as OpenAI's chunks: one per choice and piece, one with each
     choice's finish_reason, the usage with stream_options.include_usage, then [DONE]. A worker's failure after
-    the 200 comes as OpenAI's error object (which its client raises)."""
+    the 200 comes as OpenAI's error object (which its client raises). With the usage asked for, every other chunk
+    has "usage": null, as OpenAI's."""
     prompt_tokens = completion_tokens = 0
     merged = _merged(streams)
+    head, last = (head | {"usage": None}, head) if include_usage else (head, head)
     try:
         async for i, event in merged:
             if isinstance(event, Finished):
@@ -389,7 +391,7 @@ async def _chunks(head: dict, streams: list[GenerationStream], n: int, copies: i
         yield sse.event({"error": error_body(e)["error"] | {"type": "server_error"}})
     else:
         if include_usage:
-            yield sse.event(head | {"choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
+            yield sse.event(last | {"choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
     finally:
         await merged.aclose()   # at once, also when the client went away: its streams' rows cancelled
     yield sse.event("[DONE]")
