@@ -202,3 +202,31 @@ def test_an_oversized_body_written_whole_still_reads_its_413(server):
         except (urllib.error.URLError, ConnectionError) as e:
             broken.append(repr(e))
     assert broken == [] and statuses == [413] * 100, (broken, statuses)
+
+
+def test_a_body_declared_too_large_to_drain_still_reads_its_413(server):
+    """A body declared over DRAIN_BYTES is refused unread, and its connection closed with the body still coming:
+    that reset the connection under the 413 of a client writing it whole (urllib: a broken pipe; httpx's
+    AsyncClient: a ReadError). The server now half-closes and drops the rest for a while (uvicorn_bridge.linger)."""
+    import httpx
+
+    from service.http.middleware import DRAIN_BYTES
+
+    async def by_httpx(body: bytes) -> int:
+        async with httpx.AsyncClient(timeout=30) as client:
+            return (await client.post(server.url + "/translate", content=body,
+                                      headers={"Content-Type": "application/json"})).status_code
+
+    def by_urllib(body: bytes) -> int:
+        req = urllib.request.Request(server.url + "/translate", data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            assert json.loads(e.read())["error"]["type"] == "payload_too_large"
+            return e.code
+
+    for size in (DRAIN_BYTES + 2**20, 2 * DRAIN_BYTES):
+        body = b'{"text": "' + b"a" * size + b'"}'
+        assert (asyncio.run(by_httpx(body)), by_urllib(body)) == (413, 413), size
+    assert urllib.request.urlopen(server.url + "/health", timeout=5).status == 200

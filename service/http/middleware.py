@@ -39,7 +39,8 @@ REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")   # an X-Request-ID taken from t
 # The most of a refused body (over --max-payload-bytes) read and dropped before the 413, so that a client
 # that writes its whole body before reading (urllib, most scripts) reads the answer: closing with the body
 # unread resets the connection under it (a broken pipe, the 413 lost). A body declared larger is refused
-# at once, unread, as is one whose client waits for "100 Continue".
+# at once, unread, as is one whose client waits for "100 Continue"; the connection then lingers half-closed,
+# dropping what still comes (uvicorn_bridge's `linger`), so that a client still writing reads the 413.
 DRAIN_BYTES = 16 * 2**20
 
 # The methods a log line or a span names as sent (HTTP's, RFC 9110, and PATCH); any other, a token a client chose

@@ -19,7 +19,8 @@ use every file descriptor and the probes get no answer (issue 27). GuardedHTTPPr
   whatever its size (one 32 MB header was answered 200; 16 connections each trickling 64 MB of headers held
   462 MB). Beyond: 431, as nginx and h11 answer it, and the connection closes once the client has had time
   to read it (LINGER_S; closing with the rest of the request unread would reset the connection under the
-  answer);
+  answer); so too after any answer that ends a connection while its request's body is still arriving (`linger`:
+  the 413 of a body declared too large, refused unread), as nginx's lingering close;
 - a cap on open connections per HTTP process (`--max-connections`, kept below the file-descriptor
   limit, which start-up raises to its hard limit): a connection opened over the cap closes those that
   have waited longest on their clients (for headers, a body or a next request), so a new one, a
@@ -75,6 +76,11 @@ HEAD_END = re.compile(rb"\r?\n\r?\n")   # the empty line that ends a request's h
 # After a 431: how long, and how many more bytes of the refused request, are read and dropped before the close.
 LINGER_S = 2.0
 LINGER_BYTES = 4 * 2**20
+# After an answer that ends the connection while its request's body is still arriving (the 413 of a body declared
+# over DRAIN_BYTES, service/http/middleware.py, refused unread; a 408): as after a 431, for LINGER_S, but up to this
+# many bytes: a body a client is writing whole before it reads (httpx's AsyncClient, urllib) is taken in at the
+# network's pace and dropped, so that it reads the answer, not a reset under it.
+BODY_LINGER_BYTES = 256 * 2**20
 # How long a new connection is safe from the cap: time for its client's request to arrive and be read. A
 # probe opened in a burst of slow connections is then answered, not closed by the burst's own newcomers.
 GRACE_S = 1.0
@@ -120,8 +126,9 @@ class CoalescedWrites:
     turn (loop.call_soon) or at close(): a streamed response's head or event is never held past the turn it was
     written in. Everything else is the transport's."""
 
-    def __init__(self, transport, loop):
+    def __init__(self, transport, loop, linger=None):
         self._transport, self._loop, self._held = transport, loop, None
+        self._linger = linger      # called at close(): True when it keeps the connection open a while itself
 
     def write(self, data: bytes) -> None:
         if self._held is None:
@@ -137,7 +144,8 @@ class CoalescedWrites:
 
     def close(self) -> None:
         self._flush()
-        self._transport.close()
+        if self._linger is None or not self._linger():
+            self._transport.close()
 
     def __getattr__(self, name: str):
         return getattr(self._transport, name)
@@ -161,12 +169,14 @@ class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
     recheck = None      # the pending make_room of this process (see make_room)
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
-        super().connection_made(CoalescedWrites(transport, self.loop))
+        super().connection_made(CoalescedWrites(transport, self.loop, self.linger))
         self.head_timer = None
         self.head_started = False       # some bytes of the awaited request arrived
         self.seen_cycle = None          # the request whose headers were complete last
         self.head: list | None = [0, 0, b""]   # of the head arriving: bytes, line ends, its last 3 bytes
-        self.refused_bytes: int | None = None  # after a 431: the bytes read and dropped since
+        self.refused_bytes: int | None = None  # after a 431 or while lingering: the bytes read and dropped since
+        self.drop_limit = LINGER_BYTES
+        self.stopping = False
         self.waiting_since = self.loop.time()
         self.gone = ClientGone()
         self.await_head()
@@ -254,6 +264,25 @@ class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
         self.head = None if end is not None else [size, lines, (tail + part)[-3:]]
         return True
 
+    def shutdown(self) -> None:
+        self.stopping = True            # the server is stopping: a connection closes at once, never lingers
+        super().shutdown()
+
+    def linger(self) -> bool:
+        """At the close of a connection whose answer was sent while its request's body is still arriving: half
+        closed instead (the answer and then the end of it reach the client), the rest read and dropped until the
+        client closes, BODY_LINGER_BYTES or LINGER_S; True then. Closing with the body unread resets the
+        connection, and a client still writing its body loses the answer in the reset."""
+        cycle = self.cycle
+        if (self.stopping or cycle is None or not cycle.more_body or self.refused_bytes is not None
+                or self.transport.is_closing() or not self.transport.can_write_eof()):
+            return False
+        self.stop_head_timer()
+        self.head, self.refused_bytes, self.drop_limit = None, 0, BODY_LINGER_BYTES
+        self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
+        return True
+
     def refuse_head(self, message: str, limit: int) -> None:
         self.stop_head_timer()
         self.head, self.refused_bytes = None, 0
@@ -262,10 +291,10 @@ class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
         self.loop.call_later(LINGER_S, self.transport.close)
 
     def drop(self, data: bytes) -> None:
-        """After a 431, the rest of the request read and dropped (LINGER_BYTES at most), so the client that
-        writes it whole before reading reads the 431 rather than a reset."""
+        """After a 431 (or while lingering), the rest of the request read and dropped (LINGER_BYTES at most, or
+        BODY_LINGER_BYTES), so the client that writes it whole before reading reads the answer rather than a reset."""
         self.refused_bytes += len(data)
-        if self.refused_bytes > LINGER_BYTES:
+        if self.refused_bytes > self.drop_limit:
             self.transport.close()
 
     # --- the connection cap ----------------------------------------------------------------------
