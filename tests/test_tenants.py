@@ -304,6 +304,8 @@ def test_tokens_per_day_are_counted_when_a_generation_ends_and_models_are_kept_t
     r = httpx.get(urls[1] + "/v1/models/de-en", headers=bearer("tokened"))
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
     assert httpx.get(urls[1] + "/v1/models/lm-small", headers=bearer("tokened")).json()["id"] == "lm-small"
+    r = httpx.post(urls[0] + "/v1/completions", json={"model": "de-en", "prompt": "Das"}, headers=bearer("tokened"))
+    assert r.status_code == 404 and "lm-small" in r.text and "de-en'" in r.text and "de-en," not in r.text, r.text
     prompt = {"prompt": "Das ist", "max_new_tokens": 8, "seed": 1}
     first = httpx.post(urls[0] + "/generate", json=prompt, headers=bearer("tokened"), timeout=60)
     assert first.status_code == 200, first.text

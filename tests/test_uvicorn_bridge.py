@@ -147,3 +147,46 @@ def test_a_request_learns_from_its_connection_that_its_client_went_away():
     before, watch = asyncio.run(run())
     assert before == (False, False)          # not while the client waits
     assert watch.lost and isinstance(watch, ClientGone)
+
+
+def test_a_close_lingers_only_after_the_answer_of_the_request_whose_body_is_coming():
+    """`linger` half-closes a connection whose answer said close while that request's body still comes (the 413
+    of a body too large: tests/test_slow_clients.py). A request pipelined behind such an answer, its body still
+    coming, is not started (its answer would be written after the half-close) and the connection just closes;
+    a request answered before its body was whole, with `connection: close`, gets the rest of its body dropped
+    until the client is done, then the close."""
+    async def run() -> tuple:
+        loop = asyncio.get_running_loop()
+        started = []
+
+        async def routes(scope, receive, send):
+            started.append(scope["path"])
+            close = [(b"connection", b"close")] if scope["path"] == "/close" else []
+            await send({"type": "http.response.start", "status": 413,
+                        "headers": [(b"content-length", b"2"), *close]})
+            await send({"type": "http.response.body", "body": b"no"})
+
+        config = Config(app=routes, log_level="warning")
+        config.load()
+        server = await loop.create_server(lambda: GuardedHTTPProtocol(config=config, server_state=ServerState(),
+                                                                       app_state={}, _loop=loop), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)   # a body answered, then written on
+        writer.write(b"POST /close HTTP/1.1\r\nhost: t\r\ncontent-length: 3000000\r\n\r\n" + b"x" * 1000)
+        answer = await asyncio.wait_for(reader.read(), 5)        # the answer, then the half-close's end
+        for _ in range(30):                                       # the rest still taken in: no reset
+            writer.write(b"x" * 100_000)
+            await writer.drain()
+        writer.close()
+        reader2, writer2 = await asyncio.open_connection("127.0.0.1", port)   # pipelined behind a close
+        writer2.write(b"GET /close HTTP/1.1\r\nhost: t\r\n\r\nPOST /behind HTTP/1.1\r\nhost: t\r\n"
+                      b"content-length: 100000\r\n\r\n" + b"x" * 1000)
+        pipelined = await asyncio.wait_for(reader2.read(), 5)
+        await asyncio.sleep(0.2)
+        server.close()
+        writer2.close()
+        return answer, pipelined, started
+    answer, pipelined, started = asyncio.run(run())
+    assert answer.startswith(b"HTTP/1.1 413") and answer.endswith(b"\r\n\r\nno")
+    assert pipelined.startswith(b"HTTP/1.1 413") and pipelined.count(b"HTTP/1.1") == 1
+    assert started == ["/close", "/close"]          # /behind never started

@@ -222,13 +222,13 @@ class OpenAIRoutes:
             self._cards = (served, [_card(p) for p in packages])
         return self._cards[1]
 
-    def check(self, body: CompletionRequest) -> list[str]:
-        """The prompts, once the model and the request's size are checked (OpenAI's statuses: 404 for an
-        unknown model)."""
-        task = {m["id"]: m["task"] for m in self.models}.get(body.model)
+    def check(self, body: CompletionRequest, request: Request) -> list[str]:
+        """The prompts, once the model and the request's size are checked (OpenAI's statuses: 404 for a model
+        that is unknown, or that the key may not use, as GET /v1/models/{model})."""
+        cards = self.visible(request)
+        task = {m["id"]: m["task"] for m in cards}.get(body.model)
         if task is None:
-            raise OpenAIError(404, "model_not_found", f"the model {body.model!r} does not exist; loaded: "
-                              + ", ".join(m["id"] for m in self.models), "model")
+            raise not_found(body.model, cards)
         if task != "generation":
             raise OpenAIError(400, "invalid_request", f"{body.model!r} is a {task} model: POST /translate (or "
                               "/libretranslate/translate) uses it; /v1/completions takes a generation model (GET "
@@ -259,7 +259,7 @@ class OpenAIRoutes:
 
     async def completions(self, request: Request) -> Response:
         body = await read_request(request)
-        prompts = self.check(body)
+        prompts = self.check(body, request)
         runs, copies = self.generate_requests(body, prompts)
         streams = await _all_started(self.gateway, runs, request)
         # A completion's own id, as OpenAI gives each (the request's id, which a client may choose, is X-Request-ID).
@@ -287,8 +287,7 @@ class OpenAIRoutes:
         for card in cards:
             if card["id"] == model:
                 return card
-        raise OpenAIError(404, "model_not_found", f"the model {model!r} does not exist or the key may not use it; "
-                          "its models: " + ", ".join(m["id"] for m in cards), "model")
+        raise not_found(model, cards)
 
     async def chat(self) -> Response:
         raise OpenAIError(400, "chat_not_supported", "no served model has a chat template: they are plain language "
@@ -318,6 +317,12 @@ class OpenAIRoutes:
         app.add_api_route("/v1/models/{model}", self.model, methods=["GET"], response_model=ModelCard,
                           responses={404: errors[404]}, summary="OpenAI-compatible: one package", tags=["openai"])
         app.add_api_route("/v1/chat/completions", self.chat, methods=["POST"], include_in_schema=False)
+
+
+def not_found(model: str, cards: list[dict]) -> OpenAIError:
+    """OpenAI's 404 for a model that is not served, or that the key may not use (`cards`: those it may)."""
+    return OpenAIError(404, "model_not_found", f"the model {model!r} does not exist or the key may not use it; "
+                       "its models: " + ", ".join(m["id"] for m in cards), "model")
 
 
 def _card(package: dict) -> dict:

@@ -77,9 +77,11 @@ HEAD_END = re.compile(rb"\r?\n\r?\n")   # the empty line that ends a request's h
 LINGER_S = 2.0
 LINGER_BYTES = 4 * 2**20
 # After an answer that ends the connection while its request's body is still arriving (the 413 of a body declared
-# over DRAIN_BYTES, service/http/middleware.py, refused unread; a 408): as after a 431, for LINGER_S, but up to this
-# many bytes: a body a client is writing whole before it reads (httpx's AsyncClient, urllib) is taken in at the
-# network's pace and dropped, so that it reads the answer, not a reset under it.
+# over DRAIN_BYTES, service/http/middleware.py, refused unread; a 408): as after a 431, but for LINGER_S after the
+# last read, BODY_LINGER_S and BODY_LINGER_BYTES at most (nginx's lingering_timeout, lingering_time): a body a client
+# is writing whole before it reads (httpx's AsyncClient, urllib) is taken in at the network's pace and dropped, so
+# that it reads the answer, not a reset under it.
+BODY_LINGER_S = 30.0
 BODY_LINGER_BYTES = 256 * 2**20
 # How long a new connection is safe from the cap: time for its client's request to arrive and be read. A
 # probe opened in a burst of slow connections is then answered, not closed by the burst's own newcomers.
@@ -176,6 +178,7 @@ class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
         self.head: list | None = [0, 0, b""]   # of the head arriving: bytes, line ends, its last 3 bytes
         self.refused_bytes: int | None = None  # after a 431 or while lingering: the bytes read and dropped since
         self.drop_limit = LINGER_BYTES
+        self.lingering: list | None = None     # while lingering after an answer (`linger`): [close timer, last time]
         self.stopping = False
         self.waiting_since = self.loop.time()
         self.gone = ClientGone()
@@ -185,6 +188,8 @@ class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
 
     def connection_lost(self, exc) -> None:
         self.stop_head_timer()
+        if self.lingering is not None:
+            self.lingering[0].cancel()
         super().connection_lost(exc)
         self.gone.connection_lost()
 
@@ -220,6 +225,9 @@ class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self.waiting_since = self.loop.time()   # uvicorn's keep-alive timer now bounds the idle wait
+        if self.lingering is not None and getattr(self, "timeout_keep_alive_task", None) is not None:
+            self.timeout_keep_alive_task.cancel()   # `linger`'s own timers bound it
+            self.timeout_keep_alive_task = None
 
     # --- the header deadline ---------------------------------------------------------------------
     def between_requests(self) -> bool:
@@ -269,18 +277,23 @@ class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
         super().shutdown()
 
     def linger(self) -> bool:
-        """At the close of a connection whose answer was sent while its request's body is still arriving: half
-        closed instead (the answer and then the end of it reach the client), the rest read and dropped until the
-        client closes, BODY_LINGER_BYTES or LINGER_S; True then. Closing with the body unread resets the
-        connection, and a client still writing its body loses the answer in the reset."""
+        """At the close that ends the answer of a request whose body is still arriving (an answer that said
+        `connection: close`, the 413 of a body too large): half closed instead (the answer and then its end
+        reach the client), the rest read and dropped until the client closes, LINGER_S pass without a read, or
+        BODY_LINGER_S or BODY_LINGER_BYTES are reached; True then. Closing with the body unread resets the
+        connection, and a client still writing its body loses the answer in the reset. Any other close (by the
+        connection cap, a timeout, a pipelined request's, the server stopping) closes at once."""
         cycle = self.cycle
-        if (self.stopping or cycle is None or not cycle.more_body or self.refused_bytes is not None
-                or self.transport.is_closing() or not self.transport.can_write_eof()):
+        if (self.stopping or cycle is None or not cycle.more_body or not cycle.response_started or cycle.keep_alive
+                or self.refused_bytes is not None or self.transport.is_closing()
+                or not self.transport.can_write_eof()):
             return False
         self.stop_head_timer()
         self.head, self.refused_bytes, self.drop_limit = None, 0, BODY_LINGER_BYTES
+        self.flow.resume_reading()
         self.transport.write_eof()
-        self.loop.call_later(LINGER_S, self.transport.close)
+        now = self.loop.time()
+        self.lingering = [self.loop.call_later(LINGER_S, self.transport.close), now + BODY_LINGER_S]
         return True
 
     def refuse_head(self, message: str, limit: int) -> None:
@@ -292,10 +305,16 @@ class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
 
     def drop(self, data: bytes) -> None:
         """After a 431 (or while lingering), the rest of the request read and dropped (LINGER_BYTES at most, or
-        BODY_LINGER_BYTES), so the client that writes it whole before reading reads the answer rather than a reset."""
+        BODY_LINGER_BYTES), so the client that writes it whole before reading reads the answer rather than a reset.
+        Lingering, each read gives the client LINGER_S more, up to BODY_LINGER_S in all."""
         self.refused_bytes += len(data)
         if self.refused_bytes > self.drop_limit:
             self.transport.close()
+        elif self.lingering is not None:
+            timer, ends = self.lingering
+            timer.cancel()
+            self.lingering[0] = self.loop.call_later(min(LINGER_S, max(0.0, ends - self.loop.time())),
+                                                     self.transport.close)
 
     # --- the connection cap ----------------------------------------------------------------------
     def waiting_on_client(self, now: float) -> bool:
