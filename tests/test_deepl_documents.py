@@ -499,3 +499,46 @@ def test_an_upload_to_a_redis_at_its_maxmemory_is_refused_and_leaves_nothing_the
         assert await store.create("full", "F" * 32, job, b"Hallo", 60, 3)     # room again: stored
 
     asyncio.run(run())
+
+
+def test_an_upload_answered_503_by_a_paused_redis_leaves_no_job_there(redis):
+    """A Redis that stops answering for a while (here: paused) makes an upload's creation time out, a 503; but its
+    script was sent, and ran once Redis went on: the job and the client's file stayed stored until their time to
+    live, queued, counted against the key's cap, with no one to translate it and no id its client knows. The job is
+    now forgotten once the store answers again, and a creation Redis runs only after that stores nothing (its
+    tombstone)."""
+    import redis as redis_client
+
+    admin = redis_client.Redis.from_url(redis.url)
+    settings = Settings(redis_url=redis.url, file_ttl_s=60, max_document_jobs_per_key=3)
+    fields = {"format": "txt", "source_lang": "de", "target_lang": "en"}
+
+    async def run():
+        jobs = DocumentJobs(settings)
+        store = jobs.backend = RedisJobs(RedisDocuments(redis.url, 0.3))   # a short bound: the 503 comes quickly
+        await jobs.create("warm", fields, b"Hallo")          # connected, its scripts loaded in Redis
+        redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(ApiError) as refused:
+                await jobs.create("late", fields, b"Geheimer Text des Kunden.")
+        finally:
+            redis.proc.send_signal(signal.SIGCONT)
+        assert refused.value.status == 503
+        deadline = time.monotonic() + 10
+        while jobs.forgetting:
+            assert time.monotonic() < deadline, "the failed upload's job was not forgotten"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        left = sorted(k.decode() for k in admin.scan_iter("*{late}*"))
+        assert left and all(k.endswith(":forgotten") and admin.get(k) == b"1" for k in left), left   # none of the file
+        assert admin.zcard("transerve:{late}:documents:active") == 0
+        forgotten = left[0].split(":")[3]
+        job = {"key_hash": "0" * 64, "status": "queued", "created": time.time(), "holder": "me",
+               "lease_until": time.time() + 30} | fields
+        store.redis.timeout_s = 2.0
+        assert not await store.create("late", forgotten, job, b"zu spaet", 60, 3)   # its creation, had it run late
+        assert not admin.exists(f"transerve:{{late}}:document:{forgotten}")
+        document_id, _ = await jobs.create("late", fields, b"Hallo")     # the store as before
+        assert (await store.fields("late", document_id))["status"] == "queued"
+
+    asyncio.run(run())

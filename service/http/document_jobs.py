@@ -40,7 +40,8 @@ SQLite: one transaction that takes the write lock first), so two replicas cannot
 leaves the count when it is done or failed, or once its lease has run out, read or not.
 
 A store that fails (Redis down, a disk that cannot be written) is a 503 `documents_unavailable`, logged with its
-cause, never a 500. A Redis call that moves a document's bytes may take the store's timeout plus its bytes at
+cause, never a 500. An upload answered so is forgotten (`forget`) once the store answers again: a Redis that was
+only slow may have run its creation after all, or may run it later (a tombstone refuses it then). A Redis call that moves a document's bytes may take the store's timeout plus its bytes at
 redis_bridge.TRANSFER_BYTES_PER_S, so a large file is not lost to a bound made for small calls.
 """
 
@@ -72,6 +73,7 @@ ACTIVE = ("queued", "translating")          # the states a lease covers
 NUMBERS = {"created": float, "started": float, "lease_until": float, "chars": int, "translated": int, "billed": int}
 STOPPED = "the server translating the document stopped before it finished (its lease ran out); upload it again"
 RETRY_S = 5     # a refused upload's Retry-After: DeepL's clients poll a job every 5 s, so one ends at that pace
+FORGET_RETRY_S = 1.0   # how often a failed upload's job is tried to be forgotten while the store cannot answer
 
 
 def not_found() -> ApiError:
@@ -106,6 +108,7 @@ class DocumentJobs:
             self.where = str(self.backend.path)
         self.holders: dict[int, str] = {}
         self.sweeper: asyncio.Task | None = None
+        self.forgetting: set[asyncio.Task] = set()   # forget()s under way, kept until each ends
 
     def holder(self) -> str:
         """This process as a lease's holder: host and pid, and a token (a pid comes back after a restart)."""
@@ -122,7 +125,11 @@ class DocumentJobs:
         now = time.time()
         job = fields | {"key_hash": digest(key), "status": "queued", "created": now, "holder": self.holder(),
                         "lease_until": now + self.lease_s}
-        admitted = await self.call(self.backend.create(owner, document_id, job, source, self.ttl_s, self.cap))
+        try:
+            admitted = await self.call(self.backend.create(owner, document_id, job, source, self.ttl_s, self.cap))
+        except ApiError:   # the store failed, or only answered late: what it may still store of the job is forgotten
+            self.forgetting.add(asyncio.get_running_loop().create_task(self.forget(owner, document_id)))
+            raise
         self.start_sweeping()
         if not admitted:
             metrics().key_rate_limited.labels(owner, "document_jobs").inc()
@@ -130,6 +137,26 @@ class DocumentJobs:
                            f"translated, its limit (--max-document-jobs-per-key); upload this one when one is done",
                            self.cap, {"Retry-After": str(RETRY_S)})
         return document_id, key
+
+    async def forget(self, owner: str, document_id: str) -> None:
+        """A job whose upload was answered 503: whatever of it a store that was only slow kept is deleted, and its
+        creation, should the store run it only now, refused (Redis: a tombstone; SQLite's transaction stored it
+        whole or not at all, and a row stored is deleted). Tried every FORGET_RETRY_S until it is done, for the
+        job's time to live at most (Redis expires all of it by then anyway)."""
+        ends = time.monotonic() + self.ttl_s
+        try:
+            while True:
+                try:
+                    await self.backend.forget(owner, document_id, self.ttl_s)
+                    return
+                except (StoreDown, sqlite3.Error, OSError):
+                    if time.monotonic() + FORGET_RETRY_S > ends:
+                        log.warning("a job whose upload failed could not be forgotten: it expires with its time to "
+                                    "live")
+                        return
+                    await asyncio.sleep(FORGET_RETRY_S)
+        finally:
+            self.forgetting.discard(asyncio.current_task())
 
     async def find(self, owner: str, document_id: str, document_key: str) -> dict:
         """The job, or the 404; one whose lease has run out failed first (STOPPED)."""
@@ -219,14 +246,18 @@ class RedisJobs:
 
     @staticmethod
     def keys(owner: str, document_id: str) -> list[str]:
-        """The job's hash, its source, its result, and its owner's active set (redis_bridge.CREATE_DOCUMENT)."""
+        """The job's hash, its source, its result, its owner's active set and its tombstone
+        (redis_bridge.CREATE_DOCUMENT, FORGET_DOCUMENT)."""
         job = f"transerve:{{{owner}}}:document:{document_id}"
-        return [job, f"{job}:source", f"{job}:result", f"transerve:{{{owner}}}:documents:active"]
+        return [job, f"{job}:source", f"{job}:result", f"transerve:{{{owner}}}:documents:active", f"{job}:forgotten"]
 
     async def create(self, owner: str, document_id: str, job: dict, source: bytes, ttl_s: float, cap: int) -> bool:
         keys = self.keys(owner, document_id)
-        return await self.redis.create([keys[0], keys[1], keys[3]], {k: str(v) for k, v in job.items()}, source,
-                                       int(ttl_s * 1000), cap, time.time())
+        return await self.redis.create([keys[0], keys[1], keys[3], keys[4]], {k: str(v) for k, v in job.items()},
+                                       source, int(ttl_s * 1000), cap, time.time())
+
+    async def forget(self, owner: str, document_id: str, ttl_s: float) -> None:
+        await self.redis.forget(self.keys(owner, document_id), int(ttl_s * 1000))
 
     async def fields(self, owner: str, document_id: str) -> dict | None:
         return await self.redis.fields(self.keys(owner, document_id)[0])
@@ -291,6 +322,14 @@ class SqliteJobs:
             return admitted
 
         return await asyncio.to_thread(create_now)
+
+    async def forget(self, owner: str, document_id: str, ttl_s: float) -> None:
+        def delete() -> None:
+            with closing(self.connect()) as db:
+                if db.execute("DELETE FROM documents WHERE owner = ? AND document_id = ?", (owner, document_id)
+                              ).rowcount:
+                    sqlite_file.forget(db)
+        await asyncio.to_thread(delete)
 
     async def fields(self, owner: str, document_id: str) -> dict | None:
         def read() -> dict | None:

@@ -173,12 +173,14 @@ class RedisGlossaries:
 # server stopped renewing its lease no longer counts once the lease has run out, whether or not a reader failed it.
 #
 # A document job (document_jobs.py) created with its source file and entered in its owner's active set, unless the
-# set holds ARGV[2] live jobs already (0: no cap): two replicas admitting uploads of one key at once cannot both
-# pass it. KEYS: the job's hash, its source file, its owner's active set; ARGV: time to live (ms), the cap, now,
+# set holds ARGV[2] live jobs already (0: no cap), or the job was forgotten (FORGET_DOCUMENT): two replicas admitting
+# uploads of one key at once cannot both pass it. KEYS: the job's hash, its source file, its owner's active set, its
+# tombstone; ARGV: time to live (ms), the cap, now,
 # the job's lease end (its score), the source, then the hash's fields and values. Returns 1, or 0 when refused.
 # Its first write is the HSET, which a Redis at its maxmemory refuses (an error: the upload's 503) before anything is
 # written: a script's later writes go through once one has (ZREMRANGEBYSCORE first stored 20 MB uploads past it).
 CREATE_DOCUMENT = """
+if redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
 if tonumber(ARGV[2]) > 0 and redis.call('ZCOUNT', KEYS[3], ARGV[3], '+inf') >= tonumber(ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 6))
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. ARGV[3])
@@ -186,6 +188,16 @@ redis.call('PEXPIRE', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[1])
 redis.call('ZADD', KEYS[3], ARGV[4], KEYS[1])
 redis.call('PEXPIRE', KEYS[3], ARGV[1])
+return 1
+"""
+# A job whose upload was answered 503 (its creation's call failed, perhaps only late) forgotten: whatever of it a Redis
+# that was only slow stored deleted, and a tombstone left for the job's time to live, so that its creation, should
+# Redis run it only now, stores nothing. KEYS: the job's hash, its source, its result, its owner's active set, its
+# tombstone; ARGV: time to live (ms).
+FORGET_DOCUMENT = """
+redis.call('SET', KEYS[5], '1', 'PX', ARGV[1])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('ZREM', KEYS[4], KEYS[1])
 return 1
 """
 # A document job changed only while it is still queued or translating and, where ARGV[2] names one, still held by
@@ -254,7 +266,7 @@ class RedisDocuments:
             self.client = aioredis.Redis.from_url(self.url, socket_timeout=None,
                                                   socket_connect_timeout=self.timeout_s)
             self.scripts = tuple(self.client.register_script(s) for s in (CHANGE_DOCUMENT, TAKE_DOCUMENT,
-                                                                           CREATE_DOCUMENT))
+                                                                           CREATE_DOCUMENT, FORGET_DOCUMENT))
             self.pid = os.getpid()
         return self.client
 
@@ -269,9 +281,14 @@ class RedisDocuments:
 
     async def create(self, keys: list[str], fields: dict[str, str], blob: bytes, ttl_ms: int, cap: int,
                      now: float) -> bool:
-        """CREATE_DOCUMENT's step on the keys (hash, source, the owner's active set); whether it was taken."""
+        """CREATE_DOCUMENT's step on the keys (hash, source, the owner's active set, the tombstone); whether it was
+        taken."""
         args = [ttl_ms, cap, repr(now), fields["lease_until"], blob, *(x for item in fields.items() for x in item)]
         return bool(await self.answer(lambda c: self.scripts[2](keys=keys, args=args), len(blob)))
+
+    async def forget(self, keys: list[str], ttl_ms: int) -> None:
+        """FORGET_DOCUMENT's step on the keys (hash, source, result, the owner's active set, the tombstone)."""
+        await self.answer(lambda c: self.scripts[3](keys=keys, args=[ttl_ms]))
 
     async def fields(self, key: str) -> dict[str, str] | None:
         row = await self.answer(lambda c: c.hgetall(key))
