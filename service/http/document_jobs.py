@@ -41,8 +41,9 @@ leaves the count when it is done or failed, or once its lease has run out, read 
 
 A store that fails (Redis down, a disk that cannot be written) is a 503 `documents_unavailable`, logged with its
 cause, never a 500. An upload answered so is forgotten (`forget`) once the store answers again: a Redis that was
-only slow may have run its creation after all, or may run it later (a tombstone refuses it then). A Redis call that moves a document's bytes may take the store's timeout plus its bytes at
-redis_bridge.TRANSFER_BYTES_PER_S, so a large file is not lost to a bound made for small calls.
+only slow may have run its creation after all, or may run it later (a tombstone refuses it then). A Redis call
+that moves a document's bytes may take the store's timeout plus its bytes at redis_bridge.TRANSFER_BYTES_PER_S, so
+a large file is not lost to a bound made for small calls.
 """
 
 from __future__ import annotations
