@@ -193,11 +193,12 @@ return 1
 # A job whose upload was answered 503 (its creation's call failed, perhaps only late) forgotten: whatever of it a Redis
 # that was only slow stored deleted, and a tombstone left for the job's time to live, so that its creation, should
 # Redis run it only now, stores nothing. KEYS: the job's hash, its source, its result, its owner's active set, its
-# tombstone; ARGV: time to live (ms).
+# tombstone; ARGV: time to live (ms). The deletions first: a Redis at its maxmemory refuses the tombstone's write
+# (an error: the step is tried again), not the deletions before it.
 FORGET_DOCUMENT = """
-redis.call('SET', KEYS[5], '1', 'PX', ARGV[1])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 redis.call('ZREM', KEYS[4], KEYS[1])
+redis.call('SET', KEYS[5], '1', 'PX', ARGV[1])
 return 1
 """
 # A document job changed only while it is still queued or translating and, where ARGV[2] names one, still held by
