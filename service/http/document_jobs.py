@@ -40,8 +40,10 @@ SQLite: one transaction that takes the write lock first), so two replicas cannot
 leaves the count when it is done or failed, or once its lease has run out, read or not.
 
 A store that fails (Redis down, a disk that cannot be written) is a 503 `documents_unavailable`, logged with its
-cause, never a 500. An upload answered so is forgotten (`forget`) once the store answers again: a Redis that was
-only slow may have run its creation after all, or may run it later (a tombstone refuses it then). A Redis call
+cause, never a 500. An upload answered so because its Redis call timed out or lost its connection is forgotten
+(`forget`) once Redis answers again: a Redis that was only slow may have run its creation after all, or may run it
+later (a tombstone refuses it then); one that answered an error stored nothing, nor does a failed SQLite
+transaction. A Redis call
 that moves a document's bytes may take the store's timeout plus its bytes at redis_bridge.TRANSFER_BYTES_PER_S, so
 a large file is not lost to a bound made for small calls.
 """
@@ -49,6 +51,7 @@ a large file is not lost to a bound made for small calls.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import hmac
 import logging
@@ -74,7 +77,11 @@ ACTIVE = ("queued", "translating")          # the states a lease covers
 NUMBERS = {"created": float, "started": float, "lease_until": float, "chars": int, "translated": int, "billed": int}
 STOPPED = "the server translating the document stopped before it finished (its lease ran out); upload it again"
 RETRY_S = 5     # a refused upload's Retry-After: DeepL's clients poll a job every 5 s, so one ends at that pace
-FORGET_RETRY_S = 1.0   # how often a failed upload's job is tried to be forgotten while the store cannot answer
+# The uploads answered 503 whose creation may have run in Redis all the same (DocumentJobs.forget): at most this
+# many wait to be forgotten in a process (past it the oldest is let go: it expires with its time to live), tried
+# by one task, FORGET_WAIT_S apart at first and twice as long after each failure, up to FORGET_WAIT_MOST_S.
+FORGET_MOST = 10_000
+FORGET_WAIT_S, FORGET_WAIT_MOST_S = 1.0, 30.0
 
 
 def not_found() -> ApiError:
@@ -109,7 +116,8 @@ class DocumentJobs:
             self.where = str(self.backend.path)
         self.holders: dict[int, str] = {}
         self.sweeper: asyncio.Task | None = None
-        self.forgetting: set[asyncio.Task] = set()   # forget()s under way, kept until each ends
+        self.to_forget: dict[tuple[str, str], None] = {}   # (owner, document id), oldest first (forget)
+        self.forgetter: asyncio.Task | None = None
 
     def holder(self) -> str:
         """This process as a lease's holder: host and pid, and a token (a pid comes back after a restart)."""
@@ -127,10 +135,13 @@ class DocumentJobs:
         job = fields | {"key_hash": digest(key), "status": "queued", "created": now, "holder": self.holder(),
                         "lease_until": now + self.lease_s}
         try:
-            admitted = await self.call(self.backend.create(owner, document_id, job, source, self.ttl_s, self.cap))
-        except ApiError:   # the store failed, or only answered late: what it may still store of the job is forgotten
-            self.forgetting.add(asyncio.get_running_loop().create_task(self.forget(owner, document_id)))
-            raise
+            admitted = await self.backend.create(owner, document_id, job, source, self.ttl_s, self.cap)
+        except StoreDown as e:
+            if e.unsure:   # Redis may have run the creation all the same, or may run it once it goes on
+                self.forget(owner, document_id)
+            raise self.unavailable(e) from None
+        except (sqlite3.Error, OSError) as e:   # SQLite's transaction stored it whole or not at all
+            raise self.unavailable(e) from None
         self.start_sweeping()
         if not admitted:
             metrics().key_rate_limited.labels(owner, "document_jobs").inc()
@@ -139,25 +150,31 @@ class DocumentJobs:
                            self.cap, {"Retry-After": str(RETRY_S)})
         return document_id, key
 
-    async def forget(self, owner: str, document_id: str) -> None:
-        """A job whose upload was answered 503: whatever of it a store that was only slow kept is deleted, and its
-        creation, should the store run it only now, refused (Redis: a tombstone; SQLite's transaction stored it
-        whole or not at all, and a row stored is deleted). Tried every FORGET_RETRY_S until it is done, for the
-        job's time to live at most (Redis expires all of it by then anyway)."""
-        ends = time.monotonic() + self.ttl_s
-        try:
-            while True:
-                try:
-                    await self.backend.forget(owner, document_id, self.ttl_s)
-                    return
-                except (StoreDown, sqlite3.Error, OSError):
-                    if time.monotonic() + FORGET_RETRY_S > ends:
-                        log.warning("a job whose upload failed could not be forgotten: it expires with its time to "
-                                    "live")
-                        return
-                    await asyncio.sleep(FORGET_RETRY_S)
-        finally:
-            self.forgetting.discard(asyncio.current_task())
+    def forget(self, owner: str, document_id: str) -> None:
+        """A job whose upload was answered 503 though Redis may have run its creation (or may run it when it goes
+        on): deleted, and a tombstone left that refuses its creation should Redis run it later
+        (redis_bridge.FORGET_DOCUMENT), by this process's one forgetter task, as soon as Redis answers again."""
+        self.to_forget[owner, document_id] = None
+        while len(self.to_forget) > FORGET_MOST:
+            del self.to_forget[next(iter(self.to_forget))]
+        if self.forgetter is None or self.forgetter.done():
+            # a context of its own: not the request's (its span), which it outlives
+            self.forgetter = asyncio.get_running_loop().create_task(self.forget_all(), context=contextvars.Context())
+
+    async def forget_all(self) -> None:
+        """Forgets the jobs waiting (`to_forget`), one call at a time; while Redis does not answer, waits FORGET_WAIT_S
+        and twice as long after each failure (FORGET_WAIT_MOST_S at most)."""
+        wait = FORGET_WAIT_S
+        while self.to_forget:
+            owner, document_id = next(iter(self.to_forget))
+            try:
+                await self.backend.forget(owner, document_id, self.ttl_s)
+            except StoreDown:
+                await asyncio.sleep(wait)
+                wait = min(2 * wait, FORGET_WAIT_MOST_S)
+                continue
+            self.to_forget.pop((owner, document_id), None)
+            wait = FORGET_WAIT_S
 
     async def find(self, owner: str, document_id: str, document_key: str) -> dict:
         """The job, or the 404; one whose lease has run out failed first (STOPPED)."""
@@ -205,9 +222,13 @@ class DocumentJobs:
         try:
             return await work
         except (StoreDown, sqlite3.Error, OSError) as e:
-            log.warning("the document store (%s) failed: %s: %s", self.where, type(e).__name__, e)
-            raise ApiError(503, "documents_unavailable", "the document store cannot answer now; retry shortly",
-                           headers={"Retry-After": "1"}) from None
+            raise self.unavailable(e) from None
+
+    def unavailable(self, e: BaseException) -> ApiError:
+        """The 503 of a store that failed, its cause logged (with no client text)."""
+        log.warning("the document store (%s) failed: %s: %s", self.where, type(e).__name__, e)
+        return ApiError(503, "documents_unavailable", "the document store cannot answer now; retry shortly",
+                        headers={"Retry-After": "1"})
 
     def start_sweeping(self) -> None:
         """The expired rows' sweep (SQLite's; Redis expires its own), at once and then periodically, on this process's
@@ -323,14 +344,6 @@ class SqliteJobs:
             return admitted
 
         return await asyncio.to_thread(create_now)
-
-    async def forget(self, owner: str, document_id: str, ttl_s: float) -> None:
-        def delete() -> None:
-            with closing(self.connect()) as db:
-                if db.execute("DELETE FROM documents WHERE owner = ? AND document_id = ?", (owner, document_id)
-                              ).rowcount:
-                    sqlite_file.forget(db)
-        await asyncio.to_thread(delete)
 
     async def fields(self, owner: str, document_id: str) -> dict | None:
         def read() -> dict | None:

@@ -16,7 +16,7 @@ import os
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError, RedisError, TimeoutError as RedisTimeoutError
 
 # KEYS: the counters; ARGV: cost, limit, window (ms) of each, in order. A counter over which this request's cost
 # would go (or, for a cost of 0, a counter already at its limit) refuses the request, and then nothing is
@@ -73,7 +73,13 @@ return 1
 
 
 class StoreDown(Exception):
-    """Redis did not answer in time, or could not be reached: the exception's class name says which."""
+    """Redis did not answer in time, or could not be reached: the exception's class name says which. `unsure`: the
+    call may have reached Redis and run there all the same (it timed out, or its connection was lost), where an
+    error Redis answered (a write refused at its maxmemory) says that it did not."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(type(cause).__name__)
+        self.unsure = isinstance(cause, (TimeoutError, OSError, RedisTimeoutError, RedisConnectionError))
 
 
 def where(url: str) -> str:
@@ -110,7 +116,7 @@ class RedisCounters:
             async with asyncio.timeout(self.timeout_s):
                 return [int(x) for x in await script(keys=keys, args=args)]
         except (RedisError, OSError, TimeoutError) as e:
-            raise StoreDown(type(e).__name__) from None
+            raise StoreDown(e) from None
 
     async def close(self) -> None:
         if self.client is not None:
@@ -143,7 +149,7 @@ class RedisGlossaries:
             async with asyncio.timeout(self.timeout_s):
                 return await call(client)
         except (RedisError, OSError, TimeoutError) as e:
-            raise StoreDown(type(e).__name__) from None
+            raise StoreDown(e) from None
 
     async def add(self, owned: str, key: str, member: str, fields: dict[str, str], most: int) -> bool:
         """The hash `key` written and `member` added to the set `owned`, unless the set holds `most` already."""
@@ -193,8 +199,7 @@ return 1
 # A job whose upload was answered 503 (its creation's call failed, perhaps only late) forgotten: whatever of it a Redis
 # that was only slow stored deleted, and a tombstone left for the job's time to live, so that its creation, should
 # Redis run it only now, stores nothing. KEYS: the job's hash, its source, its result, its owner's active set, its
-# tombstone; ARGV: time to live (ms). The deletions first: a Redis at its maxmemory refuses the tombstone's write
-# (an error: the step is tried again), not the deletions before it.
+# tombstone; ARGV: time to live (ms).
 FORGET_DOCUMENT = """
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 redis.call('ZREM', KEYS[4], KEYS[1])
@@ -278,7 +283,7 @@ class RedisDocuments:
             async with asyncio.timeout(transfer_timeout_s(self.timeout_s, size)):
                 return await call(client)
         except (RedisError, OSError, TimeoutError) as e:
-            raise StoreDown(type(e).__name__) from None
+            raise StoreDown(e) from None
 
     async def create(self, keys: list[str], fields: dict[str, str], blob: bytes, ttl_ms: int, cap: int,
                      now: float) -> bool:
@@ -334,7 +339,7 @@ class RedisCache:
             async with asyncio.timeout(self.timeout_s):
                 return await call(self.client)
         except (RedisError, OSError, TimeoutError) as e:
-            raise StoreDown(type(e).__name__) from None
+            raise StoreDown(e) from None
 
     async def get_many(self, keys: list[str]) -> list[bytes | None]:
         async def read(client):
