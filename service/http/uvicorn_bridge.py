@@ -178,7 +178,7 @@ class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
         self.head: list | None = [0, 0, b""]   # of the head arriving: bytes, line ends, its last 3 bytes
         self.refused_bytes: int | None = None  # after a 431 or while lingering: the bytes read and dropped since
         self.drop_limit = LINGER_BYTES
-        self.lingering: list | None = None     # while lingering after an answer (`linger`): [close timer, last time]
+        self.lingering: list | None = None     # while lingering after an answer (`linger`): [close timer, end time]
         self.stopping = False
         self.waiting_since = self.loop.time()
         self.gone = ClientGone()
