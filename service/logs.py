@@ -40,16 +40,16 @@ class QuietFormatter(logging.Formatter):
             return super().formatTime(record, datefmt)
         return self.default_msec_format % (self.second_text(int(record.created)), record.msecs)
 
-    def second_text(self, second: int, iso_utc: bool = False) -> str:
-        """The text of the whole second `second` (time.time()): in local time as logging's default writes it, or
-        ISO 8601 in UTC (the JSON lines'); the last one made is kept."""
+    def second_text(self, second: int) -> str:
+        """The text of the whole second `second` (time.time()), as `format_second` writes it; the last one kept."""
         kept = getattr(self, "_second", None)
-        if kept is not None and kept[0] == (second, iso_utc):
-            return kept[1]
-        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)) if iso_utc else \
-            time.strftime(self.default_time_format, self.converter(second))
-        self._second = ((second, iso_utc), text)
-        return text
+        if kept is None or kept[0] != second:
+            kept = self._second = (second, self.format_second(second))
+        return kept[1]
+
+    def format_second(self, second: int) -> str:
+        """In local time, as logging's default writes it."""
+        return time.strftime(self.default_time_format, self.converter(second))
 
 
 def quiet_exception(exc: BaseException | None) -> str:
@@ -73,8 +73,12 @@ class JsonFormatter(QuietFormatter):
     """One JSON object per record: time (UTC, ISO 8601), level, logger, the process's id (an HTTP process's or an
     inference worker's: they write to the same stream), message, and an access line's fields."""
 
+    def format_second(self, second: int) -> str:
+        """ISO 8601, in UTC."""
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+
     def format(self, record: logging.LogRecord) -> str:
-        out = {"ts": f"{self.second_text(int(record.created), iso_utc=True)}.{int(record.msecs):03d}Z",
+        out = {"ts": f"{self.second_text(int(record.created))}.{int(record.msecs):03d}Z",
                "level": record.levelname.lower(), "logger": record.name, "pid": record.process}
         access = getattr(record, "access", None)
         if access is not None:

@@ -54,9 +54,7 @@ def install() -> None:
                     return
                 self._value += amount
                 self._timestamp = 0.0
-                file = self._file
-                at = file._positions[self._key]
-                file._m[at:at + 16] = _pack(self._value, 0.0)
+                self._store()
 
         def set(self, value, timestamp=None):
             with _lock:
@@ -65,9 +63,13 @@ def install() -> None:
                     forked[0] = False
                     return
                 self._value, self._timestamp = value, timestamp or 0.0
-                file = self._file
-                at = file._positions[self._key]
-                file._m[at:at + 16] = _pack(self._value, self._timestamp)
+                self._store()
+
+        def _store(self):
+            """The value and its timestamp written where prometheus_client writes them (under _lock)."""
+            file = self._file
+            at = file._positions[self._key]
+            file._m[at:at + 16] = _pack(self._value, self._timestamp)
 
         def get(self):
             with _lock:

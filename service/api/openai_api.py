@@ -376,13 +376,13 @@ async def _chunks(head: dict, streams: list[GenerationStream], n: int, copies: i
     has "usage": null, as OpenAI's."""
     prompt_tokens = completion_tokens = 0
     merged = _merged(streams)
-    head, last = (head | {"usage": None}, head) if include_usage else (head, head)
+    each = head | {"usage": None} if include_usage else head     # every chunk but the usage chunk
     try:
         async for i, event in merged:
             if isinstance(event, Finished):
                 for c in event.choices:
                     for j in range(copies):
-                        yield sse.event(head | {"choices": [{
+                        yield sse.event(each | {"choices": [{
                             "text": "", "index": i * n + c["index"] * copies + j, "logprobs": None,
                             "finish_reason": FINISH.get(c["finish_reason"], "stop")}]})
                 prompt_tokens += event.usage["prompt_tokens"]
@@ -390,13 +390,13 @@ async def _chunks(head: dict, streams: list[GenerationStream], n: int, copies: i
                 continue
             for p in event.pieces:
                 for j in range(copies):
-                    yield sse.event(head | {"choices": [{"text": p["text"], "index": i * n + p["index"] * copies + j,
+                    yield sse.event(each | {"choices": [{"text": p["text"], "index": i * n + p["index"] * copies + j,
                                                          "logprobs": None, "finish_reason": None}]})
     except ApiError as e:    # the others are closed as _merged is left
         yield sse.event({"error": error_body(e)["error"] | {"type": "server_error"}})
     else:
         if include_usage:
-            yield sse.event(last | {"choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
+            yield sse.event(head | {"choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
     finally:
         await merged.aclose()   # at once, also when the client went away: its streams' rows cancelled
     yield sse.event("[DONE]")

@@ -43,9 +43,8 @@ A store that fails (Redis down, a disk that cannot be written) is a 503 `documen
 cause, never a 500. An upload answered so because its Redis call timed out or lost its connection is forgotten
 (`forget`) once Redis answers again: a Redis that was only slow may have run its creation after all, or may run it
 later (a tombstone refuses it then); one that answered an error stored nothing, nor does a failed SQLite
-transaction. A Redis call
-that moves a document's bytes may take the store's timeout plus its bytes at redis_bridge.TRANSFER_BYTES_PER_S, so
-a large file is not lost to a bound made for small calls.
+transaction. A Redis call that moves a document's bytes may take the store's timeout plus its bytes at
+redis_bridge.TRANSFER_BYTES_PER_S, so a large file is not lost to a bound made for small calls.
 """
 
 from __future__ import annotations
@@ -62,6 +61,7 @@ import socket
 import sqlite3
 import time
 from contextlib import closing
+from typing import Callable
 from pathlib import Path
 
 from . import sqlite_file
@@ -134,14 +134,10 @@ class DocumentJobs:
         now = time.time()
         job = fields | {"key_hash": digest(key), "status": "queued", "created": now, "holder": self.holder(),
                         "lease_until": now + self.lease_s}
-        try:
-            admitted = await self.backend.create(owner, document_id, job, source, self.ttl_s, self.cap)
-        except StoreDown as e:
-            if e.unsure:   # Redis may have run the creation all the same, or may run it once it goes on
-                self.forget(owner, document_id)
-            raise self.unavailable(e) from None
-        except (sqlite3.Error, OSError) as e:   # SQLite's transaction stored it whole or not at all
-            raise self.unavailable(e) from None
+        # Redis may have run a creation that failed all the same, or may run it once it goes on (SQLite's
+        # transaction stored it whole or not at all)
+        admitted = await self.call(self.backend.create(owner, document_id, job, source, self.ttl_s, self.cap),
+                                   unsure=lambda: self.forget(owner, document_id))
         self.start_sweeping()
         if not admitted:
             metrics().key_rate_limited.labels(owner, "document_jobs").inc()
@@ -217,18 +213,17 @@ class DocumentJobs:
             raise no_result(status, job)
         return job, data
 
-    async def call(self, work):
-        """The store's answer, or the 503 of a store that failed (its cause logged, with no client text)."""
+    async def call(self, work, unsure: Callable[[], None] | None = None):
+        """The store's answer, or the 503 of a store that failed (its cause logged, with no client text); `unsure`
+        is called first when the store may have done the work all the same (StoreDown.unsure)."""
         try:
             return await work
         except (StoreDown, sqlite3.Error, OSError) as e:
-            raise self.unavailable(e) from None
-
-    def unavailable(self, e: BaseException) -> ApiError:
-        """The 503 of a store that failed, its cause logged (with no client text)."""
-        log.warning("the document store (%s) failed: %s: %s", self.where, type(e).__name__, e)
-        return ApiError(503, "documents_unavailable", "the document store cannot answer now; retry shortly",
-                        headers={"Retry-After": "1"})
+            if unsure is not None and getattr(e, "unsure", False):
+                unsure()
+            log.warning("the document store (%s) failed: %s: %s", self.where, type(e).__name__, e)
+            raise ApiError(503, "documents_unavailable", "the document store cannot answer now; retry shortly",
+                           headers={"Retry-After": "1"}) from None
 
     def start_sweeping(self) -> None:
         """The expired rows' sweep (SQLite's; Redis expires its own), at once and then periodically, on this process's

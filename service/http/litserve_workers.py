@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
-import pickle
 import itertools
+import json
 import os
+import pickle
 import time
 from collections import deque
 from typing import AsyncIterator

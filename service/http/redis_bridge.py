@@ -79,7 +79,7 @@ class StoreDown(Exception):
 
     def __init__(self, cause: BaseException):
         super().__init__(type(cause).__name__)
-        self.unsure = isinstance(cause, (TimeoutError, OSError, RedisTimeoutError, RedisConnectionError))
+        self.unsure = isinstance(cause, (OSError, RedisTimeoutError, RedisConnectionError))   # TimeoutError too
 
 
 def where(url: str) -> str:
@@ -181,8 +181,8 @@ class RedisGlossaries:
 # A document job (document_jobs.py) created with its source file and entered in its owner's active set, unless the
 # set holds ARGV[2] live jobs already (0: no cap), or the job was forgotten (FORGET_DOCUMENT): two replicas admitting
 # uploads of one key at once cannot both pass it. KEYS: the job's hash, its source file, its owner's active set, its
-# tombstone; ARGV: time to live (ms), the cap, now,
-# the job's lease end (its score), the source, then the hash's fields and values. Returns 1, or 0 when refused.
+# tombstone; ARGV: time to live (ms), the cap, now, the job's lease end (its score), the source, then the hash's
+# fields and values. Returns 1, or 0 when refused.
 # Its first write is the HSET, which a Redis at its maxmemory refuses (an error: the upload's 503) before anything is
 # written: a script's later writes go through once one has (ZREMRANGEBYSCORE first stored 20 MB uploads past it).
 CREATE_DOCUMENT = """

@@ -292,8 +292,7 @@ class GuardedHTTPProtocol(JsonErrorHTTPProtocol):
         self.head, self.refused_bytes, self.drop_limit = None, 0, BODY_LINGER_BYTES
         self.flow.resume_reading()
         self.transport.write_eof()
-        now = self.loop.time()
-        self.lingering = [self.loop.call_later(LINGER_S, self.transport.close), now + BODY_LINGER_S]
+        self.lingering = [self.loop.call_later(LINGER_S, self.transport.close), self.loop.time() + BODY_LINGER_S]
         return True
 
     def refuse_head(self, message: str, limit: int) -> None:
